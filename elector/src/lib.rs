@@ -1,1 +1,26 @@
-//! placeholder
+//! Leader election for the broker cluster: BlazingMQ's elector with ElectionScouting (pre-vote)
+//! and a durable term (DESIGN.md §4).
+//!
+//! - [`Elector`] (`core.rs`): the pure state machine, `handle_*(now, ..)` in, [`ElectorOutput`]
+//!   out, [`Elector::poll_timeout`] for the next deadline.
+//! - [`ElectorConfig`] (`config.rs`): timings and quorum, validated at start-up.
+//! - [`ElectorState`], [`TransitionReason`], [`ElectorStatus`] (`state.rs`): what is published.
+//! - [`TermStore`] (`term_store.rs`): the fsynced term file.
+//! - [`ElectorActor`] (`actor.rs`): the actix shell that executes the outputs.
+#![warn(missing_docs)]
+
+pub mod actor;
+pub mod config;
+pub mod core;
+pub mod state;
+pub mod term_store;
+
+pub use crate::actor::{
+    CedeLeadership, ElectorActor, ElectorInbound, ElectorOutbound, ElectorSnapshot,
+    GetElectorStatus, LeadershipChanged, PeerAvailability, SetQuorum, SubscribeLeadership,
+    ELECTOR_MAILBOX_CAPACITY,
+};
+pub use crate::config::{ConfigError, ElectorConfig};
+pub use crate::core::{Elector, ElectorCounters, ElectorOutput};
+pub use crate::state::{ElectorState, ElectorStatus, TransitionReason};
+pub use crate::term_store::TermStore;

@@ -1,0 +1,844 @@
+//! The elector's pure state machine: BlazingMQ's leader election with ElectionScouting
+//! (the article "Leader Election and State Machine Replication in BlazingMQ"; Raft §5.2 and
+//! §9.6 "PreVote"), plus a durable term (DESIGN.md §4).
+//!
+//! No I/O, no clock, no hidden randomness: inputs are `handle_*(now, ..)` and
+//! [`Elector::on_term_persisted`], outputs are drained with [`Elector::poll_output`], and
+//! [`Elector::poll_timeout`] says when [`Elector::handle_timeout`] must be called next
+//! (quinn-proto's shape). The random waits come from a ChaCha8 RNG seeded by the caller.
+//!
+//! Architecture invariants:
+//! - the term never decreases (asserted);
+//! - a node supports at most one candidate per term, itself included: supporting or proposing
+//!   needs a term strictly above the node's term, and the `ElectionResponse` or
+//!   `ElectionProposal` is released only after [`ElectorOutput::PersistTerm`] for that term
+//!   was confirmed with [`Elector::on_term_persisted`];
+//! - network input never panics: unknown senders, empty or stale messages are dropped and
+//!   counted in [`ElectorCounters::messages_dropped`].
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bmq_proto::peer::{
+    elector_message::Kind, ElectionProposal, ElectionResponse, ElectionScoutingRequest,
+    ElectionScoutingResponse, ElectorMessage, HeartbeatResponse, LeaderHeartbeat,
+    LeadershipCession,
+};
+use bmq_proto::{NodeId, Term};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tracing::debug;
+
+use crate::config::ElectorConfig;
+use crate::state::{ElectorState, ElectorStatus, TransitionReason};
+
+/// What the elector asks its shell to do, drained with [`Elector::poll_output`] in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ElectorOutput {
+    /// Send `message` to peer `to` (best effort: the protocol tolerates loss).
+    Send {
+        /// The destination peer.
+        to: NodeId,
+        /// The elector message.
+        message: ElectorMessage,
+    },
+    /// Send `message` to every peer.
+    Broadcast {
+        /// The elector message.
+        message: ElectorMessage,
+    },
+    /// Durably store `term` (write + fsync), then call [`Elector::on_term_persisted`]. The
+    /// elector withholds its vote or its proposal for `term` until then.
+    PersistTerm {
+        /// The term to store; never lower than a previously requested one.
+        term: Term,
+    },
+    /// The state, term, leader or tentative leader changed; `status.age` grows by one each time.
+    StateChanged {
+        /// The new status.
+        status: ElectorStatus,
+    },
+}
+
+/// Monotonic event counters of one elector, for the shell to publish as metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ElectorCounters {
+    /// ElectionScouting rounds started.
+    pub scoutings_started: u64,
+    /// Elections started (the node became Candidate).
+    pub elections_started: u64,
+    /// Elections won (the node became Leader).
+    pub elections_won: u64,
+    /// Heartbeat periods that elapsed without a heartbeat from the followed leader, as seen by
+    /// the periodic check (a check exactly one period after the last heartbeat counts one).
+    pub heartbeats_missed: u64,
+    /// Messages dropped: unknown sender, empty, stale or not applicable in the current state.
+    pub messages_dropped: u64,
+}
+
+/// What is released once a term is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    /// Send `ElectionResponse { term }` to `to` (a candidate supported, or a leader discovered).
+    Support { to: NodeId, term: Term },
+    /// Become Candidate in `term` and broadcast `ElectionProposal`.
+    Candidacy { term: Term },
+}
+
+/// An ElectionScouting round in progress.
+#[derive(Debug, Clone)]
+struct Scouting {
+    /// The proposed term: own term + 1.
+    term: Term,
+    /// Peers that answered `will_vote = true`.
+    supporters: BTreeSet<NodeId>,
+    deadline: Instant,
+}
+
+/// The elector state machine of one node. See the module documentation.
+#[derive(Debug)]
+pub struct Elector {
+    self_id: NodeId,
+    peers: BTreeSet<NodeId>,
+    /// Peers whose connection is down; every peer starts available.
+    unavailable: BTreeSet<NodeId>,
+    config: ElectorConfig,
+    quorum_setting: usize,
+    rng: ChaCha8Rng,
+
+    state: ElectorState,
+    /// The highest term adopted or promised; `>= persisted_term`.
+    term: Term,
+    persisted_term: Term,
+    /// The followed leader (Follower only).
+    leader: Option<NodeId>,
+    /// The supported candidate of `term` (Follower without leader only).
+    tentative_leader: Option<NodeId>,
+    reason: TransitionReason,
+    age: u64,
+    last_published: (ElectorState, Term, Option<NodeId>, Option<NodeId>),
+
+    /// Leaderless follower: when to start the next ElectionScouting.
+    scout_at: Option<Instant>,
+    scouting: Option<Scouting>,
+    /// Candidate: when the election fails.
+    election_deadline: Option<Instant>,
+    /// Candidate and Leader: peers that sent `ElectionResponse` for `term` and are available.
+    supporters: BTreeSet<NodeId>,
+    /// Following: time of the last heartbeat from the leader.
+    last_heartbeat: Option<Instant>,
+    heartbeats_missed_reported: u64,
+    heartbeat_check_at: Option<Instant>,
+    /// Leader: next heartbeat broadcast.
+    heartbeat_at: Option<Instant>,
+
+    pending: Option<Pending>,
+    outputs: VecDeque<ElectorOutput>,
+    counters: ElectorCounters,
+}
+
+fn message(kind: Kind) -> ElectorMessage {
+    ElectorMessage { kind: Some(kind) }
+}
+
+impl Elector {
+    /// A dormant elector for node `self_id` among `peers` (self and duplicates are ignored).
+    ///
+    /// `persisted_term` is the term read from the term store (DESIGN.md §4: the max of the
+    /// elector term and the last ledger LSN's term); `rng_seed` seeds every random wait.
+    ///
+    /// # Panics
+    /// If `config` does not pass [`ElectorConfig::validate`]: the shell validates at start-up.
+    pub fn new(
+        self_id: NodeId,
+        peers: &[NodeId],
+        config: ElectorConfig,
+        persisted_term: Term,
+        rng_seed: u64,
+    ) -> Self {
+        if let Err(e) = config.validate() {
+            panic!("invalid elector config: {e}");
+        }
+        let peers: BTreeSet<NodeId> = peers.iter().copied().filter(|p| *p != self_id).collect();
+        Elector {
+            self_id,
+            peers,
+            unavailable: BTreeSet::new(),
+            quorum_setting: config.quorum,
+            config,
+            rng: ChaCha8Rng::seed_from_u64(rng_seed),
+            state: ElectorState::Dormant,
+            term: persisted_term,
+            persisted_term,
+            leader: None,
+            tentative_leader: None,
+            reason: TransitionReason::None,
+            age: 0,
+            last_published: (ElectorState::Dormant, persisted_term, None, None),
+            scout_at: None,
+            scouting: None,
+            election_deadline: None,
+            supporters: BTreeSet::new(),
+            last_heartbeat: None,
+            heartbeats_missed_reported: 0,
+            heartbeat_check_at: None,
+            heartbeat_at: None,
+            pending: None,
+            outputs: VecDeque::new(),
+            counters: ElectorCounters::default(),
+        }
+    }
+
+    /// Dormant -> Follower (`Started`), term = persisted term. Arms `initial_wait` plus a random
+    /// wait to discover a leader before scouting (0 without peers, so a single node elects
+    /// itself at once).
+    /// A no-op if already started.
+    pub fn start(&mut self, now: Instant) {
+        if self.state != ElectorState::Dormant {
+            return;
+        }
+        self.state = ElectorState::Follower;
+        self.reason = TransitionReason::Started;
+        // The article: after the initial wait, "some additional time (random interval)" so
+        // that nodes started together do not scout together.
+        let wait = if self.peers.is_empty() {
+            Duration::ZERO
+        } else {
+            self.config.initial_wait + self.random_wait()
+        };
+        self.scout_at = Some(now + wait);
+        self.publish_status();
+    }
+
+    /// Handles one elector message from peer `from`. Unknown senders, empty messages and
+    /// messages that do not apply are dropped (debug log + counter), never an error.
+    pub fn handle_message(&mut self, now: Instant, from: NodeId, message: ElectorMessage) {
+        let kind = match message.kind {
+            Some(kind) if self.state != ElectorState::Dormant && self.peers.contains(&from) => kind,
+            _ => {
+                self.drop_message(from, "unknown sender, empty message or dormant");
+                return;
+            }
+        };
+        // "A node will always honor a message with a higher term" (the article), except
+        // ElectionScouting (which never changes terms) and ElectionProposal, which a leader
+        // ignores whatever its term (sticky leader, DESIGN.md §4).
+        let mut preempted = false;
+        if self.state == ElectorState::Leader {
+            let higher = match &kind {
+                Kind::ElectionResponse(m) => Some(m.term),
+                Kind::Heartbeat(m) => Some(m.term),
+                Kind::HeartbeatResponse(m) => Some(m.term),
+                Kind::Cession(m) => Some(m.term),
+                Kind::NodeStatus(m) => Some(m.term),
+                Kind::ScoutingRequest(_) | Kind::ScoutingResponse(_) | Kind::Proposal(_) => None,
+            }
+            .map(Term)
+            .filter(|t| *t > self.term);
+            if let Some(term) = higher {
+                self.step_down(now, TransitionReason::LeaderPreempted, Some(term));
+                preempted = true;
+            }
+        }
+        match kind {
+            Kind::ScoutingRequest(m) => self.on_scouting_request(from, Term(m.term)),
+            Kind::ScoutingResponse(m) => {
+                self.on_scouting_response(now, from, Term(m.term), m.will_vote)
+            }
+            Kind::Proposal(m) => self.on_proposal(now, from, Term(m.term)),
+            Kind::ElectionResponse(m) => self.on_election_response(now, from, Term(m.term)),
+            Kind::Heartbeat(m) => self.on_heartbeat(now, from, Term(m.term), preempted),
+            Kind::HeartbeatResponse(_) => {
+                // Only meaningful to a leader with a lower term, handled above.
+                if !preempted {
+                    self.drop_message(from, "heartbeat response not applicable");
+                }
+            }
+            Kind::Cession(m) => self.on_cession(now, from, Term(m.term)),
+            // A peer announcing its own availability (e.g. `false` when it stops).
+            Kind::NodeStatus(m) => self.set_peer_available(now, from, m.available),
+        }
+        self.publish_status();
+    }
+
+    /// The connection to `peer` went up (`true`) or down (`false`). Unknown peers are ignored.
+    pub fn handle_peer_available(&mut self, now: Instant, peer: NodeId, available: bool) {
+        if !self.peers.contains(&peer) {
+            return;
+        }
+        self.set_peer_available(now, peer, available);
+        self.publish_status();
+    }
+
+    /// Fires every expired deadline. Call when `now >= poll_timeout()`; calling earlier is
+    /// harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.scout_at.is_some_and(|at| at <= now) {
+            self.scout_at = None;
+            self.start_scouting(now);
+        }
+        if self.scouting.as_ref().is_some_and(|s| s.deadline <= now) {
+            // No quorum of `will_vote`: wait a random interval and scout again (the article).
+            let scouting = self.scouting.take().expect("checked above");
+            debug!(term = %scouting.term, supporters = scouting.supporters.len(), "elector scouting failed");
+            let wait = self.random_wait();
+            self.scout_at = Some(now + wait);
+        }
+        if self.election_deadline.is_some_and(|at| at <= now) {
+            self.election_deadline = None;
+            let wait = self.random_wait();
+            self.become_leaderless_follower(now, TransitionReason::QuorumNotAchieved, wait);
+        }
+        if let Some(at) = self.heartbeat_check_at.filter(|at| *at <= now) {
+            self.check_heartbeat(now, at);
+        }
+        if self.heartbeat_at.is_some_and(|at| at <= now) {
+            self.broadcast(Kind::Heartbeat(LeaderHeartbeat { term: self.term.0 }));
+            self.heartbeat_at = Some(now + self.config.heartbeat_period);
+        }
+        self.publish_status();
+    }
+
+    /// The shell has durably stored `term` (after [`ElectorOutput::PersistTerm`]). Releases the
+    /// vote or the candidacy that waited for it, if still relevant.
+    ///
+    /// # Panics
+    /// If `term` is above the elector's term: the shell persisted a term it was not asked for.
+    pub fn on_term_persisted(&mut self, now: Instant, term: Term) {
+        assert!(
+            term <= self.term,
+            "persisted term {term} above elector term {}",
+            self.term
+        );
+        self.persisted_term = self.persisted_term.max(term);
+        match self.pending {
+            Some(Pending::Support { to, term }) if term <= self.persisted_term => {
+                self.pending = None;
+                let still_relevant = term == self.term
+                    && self.state == ElectorState::Follower
+                    && (self.leader == Some(to) || self.tentative_leader == Some(to));
+                if still_relevant {
+                    self.send(
+                        to,
+                        Kind::ElectionResponse(ElectionResponse { term: term.0 }),
+                    );
+                }
+            }
+            Some(Pending::Candidacy { term }) if term <= self.persisted_term => {
+                self.pending = None;
+                let still_relevant = term == self.term
+                    && self.state == ElectorState::Follower
+                    && self.leader.is_none()
+                    && self.tentative_leader.is_none();
+                if still_relevant {
+                    self.become_candidate(now);
+                } else if self.state == ElectorState::Follower
+                    && self.leader.is_none()
+                    && self.scout_at.is_none()
+                    && self.scouting.is_none()
+                {
+                    let wait = self.random_wait();
+                    self.scout_at = Some(now + wait);
+                }
+            }
+            _ => {}
+        }
+        self.publish_status();
+    }
+
+    /// Sets the quorum at run time (`0` = `N/2 + 1`; above `N` forbids leadership). A leader
+    /// whose live supporters fall below the new quorum steps down (`QuorumNotAchieved`); a
+    /// candidate or a scouting node that now has enough support proceeds.
+    pub fn set_quorum(&mut self, now: Instant, quorum: usize) {
+        self.quorum_setting = quorum;
+        match self.state {
+            ElectorState::Leader => self.check_leader_quorum(now),
+            ElectorState::Candidate => self.check_candidate_quorum(now),
+            ElectorState::Follower => self.check_scouting_quorum(),
+            ElectorState::Dormant => {}
+        }
+        self.publish_status();
+    }
+
+    /// Graceful leadership hand-off (DESIGN.md §4, beyond BlazingMQ): a leader broadcasts
+    /// `LeadershipCession`, becomes a leaderless follower (`LeadershipCeded`) and waits
+    /// `random_wait_max` plus a random wait before scouting, so that another node scouts
+    /// first. A no-op on a non-leader.
+    pub fn cede_leadership(&mut self, now: Instant) {
+        if self.state != ElectorState::Leader {
+            return;
+        }
+        let wait = self.config.random_wait_max + self.random_wait();
+        self.broadcast(Kind::Cession(LeadershipCession { term: self.term.0 }));
+        self.become_leaderless_follower(now, TransitionReason::LeadershipCeded, wait);
+        self.publish_status();
+    }
+
+    /// The next output to execute, in order.
+    pub fn poll_output(&mut self) -> Option<ElectorOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// The earliest deadline at which [`Elector::handle_timeout`] must be called, if any.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.scout_at,
+            self.scouting.as_ref().map(|s| s.deadline),
+            self.election_deadline,
+            self.heartbeat_check_at,
+            self.heartbeat_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// The current status (its `age` is that of the last published change).
+    pub fn status(&self) -> ElectorStatus {
+        ElectorStatus {
+            state: self.state,
+            term: self.term,
+            leader: self.status_leader(),
+            tentative_leader: self.tentative_leader,
+            reason: self.reason,
+            age: self.age,
+        }
+    }
+
+    /// The effective quorum, self included: the configured value, or `N/2 + 1` when it is 0.
+    pub fn quorum(&self) -> usize {
+        if self.quorum_setting == 0 {
+            let cluster_size = self.peers.len() + 1;
+            cluster_size / 2 + 1
+        } else {
+            self.quorum_setting
+        }
+    }
+
+    /// Event counters since construction.
+    pub fn counters(&self) -> ElectorCounters {
+        self.counters
+    }
+
+    /// This node's id.
+    pub fn self_id(&self) -> NodeId {
+        self.self_id
+    }
+
+    // ------------------------------------------------------------------ message handlers
+
+    /// The article's ElectionScouting answer: `No` when a leader is known (sticky leader), else
+    /// `Yes` iff the proposed term is above the own term. Never changes the own term.
+    fn on_scouting_request(&mut self, from: NodeId, proposed: Term) {
+        let has_leader = match self.state {
+            ElectorState::Leader => true,
+            ElectorState::Follower => self.leader.is_some(),
+            ElectorState::Candidate | ElectorState::Dormant => false,
+        };
+        let will_vote = !has_leader && proposed > self.term;
+        self.send(
+            from,
+            Kind::ScoutingResponse(ElectionScoutingResponse {
+                term: proposed.0,
+                will_vote,
+            }),
+        );
+    }
+
+    fn on_scouting_response(&mut self, _now: Instant, from: NodeId, term: Term, will_vote: bool) {
+        let available = self.is_available(from);
+        match self.scouting.as_mut() {
+            Some(s) if s.term == term && will_vote && available => {
+                s.supporters.insert(from);
+                self.check_scouting_quorum();
+            }
+            Some(s) if s.term == term => {}
+            _ => self.drop_message(from, "scouting response not applicable"),
+        }
+    }
+
+    /// Proposal rule (DESIGN.md §4): a leader or a follower with a leader ignores it; a
+    /// leaderless follower or a candidate supports a strictly higher term.
+    fn on_proposal(&mut self, now: Instant, from: NodeId, term: Term) {
+        let may_support = match self.state {
+            ElectorState::Follower => self.leader.is_none(),
+            ElectorState::Candidate => true,
+            ElectorState::Leader | ElectorState::Dormant => false,
+        };
+        if !may_support || term <= self.term {
+            self.drop_message(from, "proposal not supported");
+            return;
+        }
+        let reason = if self.state == ElectorState::Candidate {
+            TransitionReason::ElectionPreempted
+        } else {
+            TransitionReason::None
+        };
+        self.clear_role();
+        self.state = ElectorState::Follower;
+        self.reason = reason;
+        self.tentative_leader = Some(from);
+        self.adopt_term(term);
+        self.pending = Some(Pending::Support { to: from, term });
+        // If the candidate never sends a heartbeat, scout after its election would have ended.
+        let wait = self.config.election_result_timeout + self.random_wait();
+        self.scout_at = Some(now + wait);
+    }
+
+    fn on_election_response(&mut self, now: Instant, from: NodeId, term: Term) {
+        let counts = term == self.term
+            && self.is_available(from)
+            && matches!(self.state, ElectorState::Candidate | ElectorState::Leader);
+        if !counts {
+            self.drop_message(from, "election response not applicable");
+            return;
+        }
+        self.supporters.insert(from);
+        if self.state == ElectorState::Candidate {
+            self.check_candidate_quorum(now);
+        }
+    }
+
+    /// `preempted`: this heartbeat has just made this leader step down (reported as the reason).
+    fn on_heartbeat(&mut self, now: Instant, from: NodeId, term: Term, preempted: bool) {
+        match self.state {
+            ElectorState::Leader => {
+                // Higher terms were handled by the step-down above: the sender is stale (or,
+                // impossibly, a second leader of our term); our heartbeat makes it step down.
+                self.send(from, Kind::Heartbeat(LeaderHeartbeat { term: self.term.0 }));
+            }
+            ElectorState::Candidate => {
+                if term >= self.term {
+                    self.follow(now, from, term, TransitionReason::ElectionPreempted, true);
+                } else {
+                    self.send_heartbeat_response(from);
+                }
+            }
+            ElectorState::Follower => {
+                if term < self.term {
+                    self.send_heartbeat_response(from);
+                    return;
+                }
+                match self.leader {
+                    Some(leader) if leader == from && term == self.term => {
+                        self.last_heartbeat = Some(now);
+                        self.heartbeats_missed_reported = 0;
+                    }
+                    // Our leader was re-elected in a later term.
+                    Some(leader) if leader == from => {
+                        self.follow(now, from, term, TransitionReason::None, true)
+                    }
+                    Some(_) if term > self.term => {
+                        self.follow(now, from, term, TransitionReason::LeaderPreempted, true)
+                    }
+                    Some(_) => self.drop_message(from, "heartbeat from a second leader"),
+                    None => {
+                        // The supported candidate won: its own ElectionResponse is (or will be,
+                        // once persisted) sent already. Any other leader gets an unsolicited one.
+                        let solicited = self.tentative_leader == Some(from) && term == self.term;
+                        let reason = if preempted {
+                            TransitionReason::LeaderPreempted
+                        } else {
+                            TransitionReason::None
+                        };
+                        self.follow(now, from, term, reason, !solicited);
+                    }
+                }
+            }
+            ElectorState::Dormant => {}
+        }
+    }
+
+    fn on_cession(&mut self, now: Instant, from: NodeId, term: Term) {
+        if self.state != ElectorState::Follower || term < self.term {
+            self.drop_message(from, "cession not applicable");
+            return;
+        }
+        if self.leader == Some(from) {
+            let wait = self.random_wait();
+            self.become_leaderless_follower(now, TransitionReason::LeadershipCeded, wait);
+        } else if self.tentative_leader == Some(from) {
+            self.tentative_leader = None;
+        } else {
+            self.drop_message(from, "cession from a node we do not follow");
+        }
+    }
+
+    fn set_peer_available(&mut self, now: Instant, peer: NodeId, available: bool) {
+        if available {
+            self.unavailable.remove(&peer);
+            match self.state {
+                // Let a (re)connected peer discover us at once.
+                ElectorState::Leader => {
+                    self.send(peer, Kind::Heartbeat(LeaderHeartbeat { term: self.term.0 }))
+                }
+                // The leader dropped us from its supporters when the connection went down.
+                ElectorState::Follower
+                    if self.leader == Some(peer) && self.persisted_term >= self.term =>
+                {
+                    self.send(
+                        peer,
+                        Kind::ElectionResponse(ElectionResponse { term: self.term.0 }),
+                    )
+                }
+                _ => {}
+            }
+            return;
+        }
+        self.unavailable.insert(peer);
+        self.supporters.remove(&peer);
+        if let Some(s) = self.scouting.as_mut() {
+            s.supporters.remove(&peer);
+        }
+        match self.state {
+            ElectorState::Follower if self.leader == Some(peer) => {
+                let wait = self.random_wait();
+                self.become_leaderless_follower(now, TransitionReason::LeaderUnavailable, wait);
+            }
+            ElectorState::Follower if self.tentative_leader == Some(peer) => {
+                self.tentative_leader = None;
+            }
+            ElectorState::Leader => self.check_leader_quorum(now),
+            _ => {}
+        }
+    }
+
+    // ------------------------------------------------------------------ transitions
+
+    fn start_scouting(&mut self, now: Instant) {
+        let term = self.term.next();
+        self.counters.scoutings_started += 1;
+        debug!(term = %term, "elector scouting");
+        self.scouting = Some(Scouting {
+            term,
+            supporters: BTreeSet::new(),
+            deadline: now + self.config.scouting_result_timeout,
+        });
+        self.broadcast(Kind::ScoutingRequest(ElectionScoutingRequest {
+            term: term.0,
+        }));
+        self.check_scouting_quorum();
+    }
+
+    /// Scouting reached quorum: promise the term, and propose once it is on disk.
+    fn check_scouting_quorum(&mut self) {
+        let Some(s) = self.scouting.as_ref() else {
+            return;
+        };
+        if s.supporters.len() + 1 < self.quorum() {
+            return;
+        }
+        let term = s.term;
+        self.scouting = None;
+        // Scouting is cancelled whenever the term changes, so the proposed term is still next.
+        assert_eq!(term, self.term.next(), "scouting for a stale term");
+        self.adopt_term(term);
+        self.pending = Some(Pending::Candidacy { term });
+    }
+
+    fn become_candidate(&mut self, now: Instant) {
+        self.clear_role();
+        self.state = ElectorState::Candidate;
+        self.reason = TransitionReason::None;
+        self.election_deadline = Some(now + self.config.election_result_timeout);
+        self.counters.elections_started += 1;
+        self.broadcast(Kind::Proposal(ElectionProposal { term: self.term.0 }));
+        self.check_candidate_quorum(now);
+    }
+
+    fn check_candidate_quorum(&mut self, now: Instant) {
+        if self.state == ElectorState::Candidate && self.supporters.len() + 1 >= self.quorum() {
+            self.become_leader(now);
+        }
+    }
+
+    fn become_leader(&mut self, now: Instant) {
+        let supporters = std::mem::take(&mut self.supporters);
+        self.clear_role();
+        self.supporters = supporters;
+        self.state = ElectorState::Leader;
+        self.reason = TransitionReason::None;
+        self.counters.elections_won += 1;
+        self.broadcast(Kind::Heartbeat(LeaderHeartbeat { term: self.term.0 }));
+        self.heartbeat_at = Some(now + self.config.heartbeat_period);
+    }
+
+    fn check_leader_quorum(&mut self, now: Instant) {
+        if self.state == ElectorState::Leader && self.supporters.len() + 1 < self.quorum() {
+            self.step_down(now, TransitionReason::QuorumNotAchieved, None);
+        }
+    }
+
+    /// Leader -> leaderless follower: broadcast `LeadershipCession` for the old term, then
+    /// adopt `new_term` if given, then scout after a random wait.
+    fn step_down(&mut self, now: Instant, reason: TransitionReason, new_term: Option<Term>) {
+        self.broadcast(Kind::Cession(LeadershipCession { term: self.term.0 }));
+        if let Some(term) = new_term {
+            self.adopt_term(term);
+        }
+        let wait = self.random_wait();
+        self.become_leaderless_follower(now, reason, wait);
+    }
+
+    fn become_leaderless_follower(
+        &mut self,
+        now: Instant,
+        reason: TransitionReason,
+        wait: Duration,
+    ) {
+        self.clear_role();
+        self.state = ElectorState::Follower;
+        self.reason = reason;
+        self.scout_at = Some(now + wait);
+    }
+
+    /// Follow `leader` of `term` (`term >= self.term`); with `send_support`, send it an
+    /// (unsolicited) `ElectionResponse`, after persisting the term if it is new.
+    fn follow(
+        &mut self,
+        now: Instant,
+        leader: NodeId,
+        term: Term,
+        reason: TransitionReason,
+        send_support: bool,
+    ) {
+        self.clear_role();
+        self.state = ElectorState::Follower;
+        self.reason = reason;
+        self.leader = Some(leader);
+        self.last_heartbeat = Some(now);
+        self.heartbeats_missed_reported = 0;
+        self.heartbeat_check_at = Some(now + self.config.heartbeat_check_period);
+        if term > self.term {
+            self.adopt_term(term);
+        }
+        if send_support {
+            if self.persisted_term >= term {
+                self.send(
+                    leader,
+                    Kind::ElectionResponse(ElectionResponse { term: term.0 }),
+                );
+            } else {
+                self.pending = Some(Pending::Support { to: leader, term });
+            }
+        }
+    }
+
+    fn check_heartbeat(&mut self, now: Instant, check_at: Instant) {
+        let (Some(_), Some(last)) = (self.leader, self.last_heartbeat) else {
+            self.heartbeat_check_at = None;
+            return;
+        };
+        let period = self.config.heartbeat_period;
+        let silent = now.saturating_duration_since(last);
+        let missed = (silent.as_nanos() / period.as_nanos()) as u64;
+        if missed > self.heartbeats_missed_reported {
+            self.counters.heartbeats_missed += missed - self.heartbeats_missed_reported;
+            self.heartbeats_missed_reported = missed;
+        }
+        if silent >= period * self.config.heartbeat_miss_count {
+            let wait = self.random_wait();
+            self.become_leaderless_follower(now, TransitionReason::LeaderNoHeartbeat, wait);
+            return;
+        }
+        let next = check_at + self.config.heartbeat_check_period;
+        self.heartbeat_check_at = Some(if next > now {
+            next
+        } else {
+            now + self.config.heartbeat_check_period
+        });
+    }
+
+    /// Resets everything specific to a role; keeps term, persisted term and pending write.
+    fn clear_role(&mut self) {
+        self.leader = None;
+        self.tentative_leader = None;
+        self.scout_at = None;
+        self.scouting = None;
+        self.election_deadline = None;
+        self.supporters.clear();
+        self.last_heartbeat = None;
+        self.heartbeats_missed_reported = 0;
+        self.heartbeat_check_at = None;
+        self.heartbeat_at = None;
+    }
+
+    /// Raises the term and asks for it to be persisted; whatever waited on a lower term is
+    /// obsolete. Raft §5.1: terms only grow.
+    fn adopt_term(&mut self, term: Term) {
+        assert!(
+            term > self.term,
+            "elector term regressed: {} -> {term}",
+            self.term
+        );
+        self.term = term;
+        self.pending = None;
+        self.scouting = None;
+        self.outputs.push_back(ElectorOutput::PersistTerm { term });
+    }
+
+    // ------------------------------------------------------------------ helpers
+
+    fn status_leader(&self) -> Option<NodeId> {
+        match self.state {
+            ElectorState::Leader => Some(self.self_id),
+            ElectorState::Follower => self.leader,
+            ElectorState::Candidate | ElectorState::Dormant => None,
+        }
+    }
+
+    fn publish_status(&mut self) {
+        let now = (
+            self.state,
+            self.term,
+            self.status_leader(),
+            self.tentative_leader,
+        );
+        if now != self.last_published {
+            self.last_published = now;
+            self.age += 1;
+            self.outputs.push_back(ElectorOutput::StateChanged {
+                status: self.status(),
+            });
+        }
+    }
+
+    fn random_wait(&mut self) -> Duration {
+        let max_ms = self.config.random_wait_max.as_millis() as u64;
+        if max_ms == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(self.rng.gen_range(0..=max_ms))
+    }
+
+    fn is_available(&self, peer: NodeId) -> bool {
+        !self.unavailable.contains(&peer)
+    }
+
+    fn send_heartbeat_response(&mut self, to: NodeId) {
+        self.send(
+            to,
+            Kind::HeartbeatResponse(HeartbeatResponse { term: self.term.0 }),
+        );
+    }
+
+    fn send(&mut self, to: NodeId, kind: Kind) {
+        self.outputs.push_back(ElectorOutput::Send {
+            to,
+            message: message(kind),
+        });
+    }
+
+    fn broadcast(&mut self, kind: Kind) {
+        if !self.peers.is_empty() {
+            self.outputs.push_back(ElectorOutput::Broadcast {
+                message: message(kind),
+            });
+        }
+    }
+
+    fn drop_message(&mut self, from: NodeId, why: &'static str) {
+        self.counters.messages_dropped += 1;
+        debug!(from = %from, term = %self.term, state = self.state.as_str(), why, "elector message dropped");
+    }
+}
