@@ -1,0 +1,191 @@
+//! Pure decisions about placement (DESIGN.md §6, §7): which partition a new queue goes to, and
+//! which node is primary for each partition. The active leader applies them by proposing
+//! advisories; they never touch the state themselves.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bmq_proto::{peer, NodeId, PartitionId};
+
+use crate::state::{ClusterState, PrimaryStatus};
+
+/// The partition a new queue is assigned to: among partitions that have a primary, the one with
+/// the fewest queues; ties go to the lowest partition id. `None` when no partition has a primary
+/// (the caller retries once primaries are assigned).
+pub fn pick_partition_for_queue(state: &ClusterState) -> Option<PartitionId> {
+    let counts = state.queue_counts();
+    state
+        .partitions
+        .iter()
+        .filter(|(_, p)| p.primary.is_some())
+        .map(|(id, _)| (counts.get(id).copied().unwrap_or(0), *id))
+        .min()
+        .map(|(_, id)| id)
+}
+
+/// The primary changes the active leader should propose, as `PartitionPrimaryAdvisory` entries.
+///
+/// - Every partition whose primary is `None` or not in `available` goes to the available node with
+///   the fewest primaries, counting the assignments made earlier in this plan (ties: lowest node
+///   id), with `primary_lease_id + 1` and status `ACTIVE`. BlazingMQ documents this "least
+///   assigned" policy.
+/// - A partition whose primary is available keeps it: a healthy primary is never moved to fill a
+///   gap.
+/// - When nothing needs reassignment but the primary counts of the available nodes differ by 2 or
+///   more, ONE partition (the lowest id) moves from the most loaded node (ties: lowest id) to the
+///   least loaded (ties: lowest id), lease + 1. Calling the plan again after each commit
+///   rebalances gradually, one partition at a time.
+/// - An empty `available` set gives an empty plan.
+pub fn plan_primary_assignment(
+    state: &ClusterState,
+    available: &BTreeSet<NodeId>,
+) -> Vec<peer::PartitionInfo> {
+    if available.is_empty() {
+        return Vec::new();
+    }
+    let mut load: BTreeMap<NodeId, usize> = available.iter().map(|n| (*n, 0)).collect();
+    let mut orphans = Vec::new();
+    for (id, p) in &state.partitions {
+        match p.primary {
+            Some(node) if available.contains(&node) => *load.entry(node).or_default() += 1,
+            _ => orphans.push(*id),
+        }
+    }
+    let info = |id: PartitionId, node: NodeId| peer::PartitionInfo {
+        partition_id: id.0,
+        primary_node_id: Some(node.0),
+        primary_lease_id: state.partitions[&id].primary_lease_id + 1,
+        status: PrimaryStatus::Active.to_wire(),
+    };
+    if !orphans.is_empty() {
+        let mut plan = Vec::with_capacity(orphans.len());
+        for id in orphans {
+            let node = least_loaded(&load);
+            *load.get_mut(&node).expect("node is available") += 1;
+            plan.push(info(id, node));
+        }
+        return plan;
+    }
+    let least = least_loaded(&load);
+    let (most, most_count) = load
+        .iter()
+        .map(|(n, c)| (*n, *c))
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .expect("available is not empty");
+    if most_count < load[&least] + 2 {
+        return Vec::new();
+    }
+    let id = state
+        .partitions
+        .iter()
+        .find(|(_, p)| p.primary == Some(most))
+        .map(|(id, _)| *id)
+        .expect("the most loaded node is primary somewhere");
+    vec![info(id, least)]
+}
+
+fn least_loaded(load: &BTreeMap<NodeId, usize>) -> NodeId {
+    load.iter()
+        .map(|(n, c)| (*c, *n))
+        .min()
+        .map(|(_, n)| n)
+        .expect("load is not empty")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::{assign, primaries};
+
+    fn nodes(ids: &[u32]) -> BTreeSet<NodeId> {
+        ids.iter().map(|n| NodeId(*n)).collect()
+    }
+
+    fn plan(entries: &[(u32, u32, u64)]) -> Vec<peer::PartitionInfo> {
+        entries
+            .iter()
+            .map(|(p, n, lease)| peer::PartitionInfo {
+                partition_id: *p,
+                primary_node_id: Some(*n),
+                primary_lease_id: *lease,
+                status: peer::PrimaryStatus::Active as i32,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn queue_goes_to_the_partition_with_fewest_queues() {
+        // Scenario: only partitions with a primary are candidates; fewest queues wins, then lowest id.
+        let mut s = ClusterState::new(3);
+        assert_eq!(pick_partition_for_queue(&s), None);
+        s.apply(&primaries(&[(1, Some(1), 1), (2, Some(2), 1)]))
+            .unwrap();
+        assert_eq!(pick_partition_for_queue(&s), Some(PartitionId(1)));
+        s.apply(&assign("a", 1, 0)).unwrap();
+        assert_eq!(pick_partition_for_queue(&s), Some(PartitionId(2)));
+        s.apply(&assign("b", 2, 1)).unwrap();
+        assert_eq!(pick_partition_for_queue(&s), Some(PartitionId(1)));
+        // Partition 0 has no primary: never chosen even with zero queues.
+        s.apply(&assign("c", 1, 2)).unwrap();
+        assert_eq!(pick_partition_for_queue(&s), Some(PartitionId(2)));
+    }
+
+    #[test]
+    fn fresh_cluster_spreads_primaries_round_robin() {
+        // Scenario: no partition has a primary; each goes to the least loaded node, lease 1.
+        let s = ClusterState::new(4);
+        assert_eq!(
+            plan_primary_assignment(&s, &nodes(&[1, 2, 3])),
+            plan(&[(0, 1, 1), (1, 2, 1), (2, 3, 1), (3, 1, 1)])
+        );
+        assert!(plan_primary_assignment(&s, &BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn failed_node_partitions_go_to_least_loaded_and_healthy_ones_stay() {
+        // Scenario: node 3 dies; only its partitions move, to the nodes with fewest primaries.
+        let mut s = ClusterState::new(5);
+        s.apply(&primaries(&[
+            (0, Some(1), 1),
+            (1, Some(2), 1),
+            (2, Some(3), 4),
+            (3, Some(1), 1),
+            (4, Some(3), 2),
+        ]))
+        .unwrap();
+        // Node 1 has 2, node 2 has 1: partition 2 -> node 2, then partition 4 -> node 1 (tie 2/2, lowest id).
+        assert_eq!(
+            plan_primary_assignment(&s, &nodes(&[1, 2])),
+            plan(&[(2, 2, 5), (4, 1, 3)])
+        );
+        // All primaries alive and balanced: nothing to do.
+        assert!(plan_primary_assignment(&s, &nodes(&[1, 2, 3])).is_empty());
+    }
+
+    #[test]
+    fn returning_node_gets_one_partition_at_a_time() {
+        // Scenario: node 3 returns empty while 1 and 2 hold everything; exactly one partition moves.
+        let mut s = ClusterState::new(4);
+        s.apply(&primaries(&[
+            (0, Some(1), 1),
+            (1, Some(2), 1),
+            (2, Some(1), 1),
+            (3, Some(2), 1),
+        ]))
+        .unwrap();
+        let step = plan_primary_assignment(&s, &nodes(&[1, 2, 3]));
+        assert_eq!(step, plan(&[(0, 3, 2)]));
+        s.apply(&peer::Advisory {
+            kind: Some(peer::advisory::Kind::PartitionPrimary(
+                peer::PartitionPrimaryAdvisory { partitions: step },
+            )),
+        })
+        .unwrap();
+        // Now 1:1, 2:2, 3:1 -> max-min is 1: balanced enough, nothing moves.
+        assert!(plan_primary_assignment(&s, &nodes(&[1, 2, 3])).is_empty());
+        // A node with no primaries among two with 1 each: difference 1, nothing moves.
+        let mut s = ClusterState::new(2);
+        s.apply(&primaries(&[(0, Some(1), 1), (1, Some(2), 1)]))
+            .unwrap();
+        assert!(plan_primary_assignment(&s, &nodes(&[1, 2, 3])).is_empty());
+    }
+}

@@ -1,0 +1,1368 @@
+//! The metadata replication state machine (DESIGN.md §5): pure, no I/O, no clock.
+//!
+//! Inputs are `handle_*(now, ..)`, [`MetadataCore::propose`], [`MetadataCore::on_persisted`];
+//! outputs are drained with [`MetadataCore::poll_output`]; [`MetadataCore::poll_timeout`] says
+//! when to call [`MetadataCore::handle_timeout`] next. Durability is an output: the shell writes
+//! [`MetadataOutput::Persist`] records and then calls `on_persisted`, and acks (and the leader's
+//! own vote towards a quorum) are released only after that.
+//!
+//! # Roles
+//!
+//! - **Follower**: accepts records only from the leader it follows, at its current term, in order:
+//!   the sequence of a record (or commit) must be `last + 1` within the term. Older terms are stale,
+//!   a smaller or equal LSN is a duplicate (re-acked if durable), a larger one is a gap (answered
+//!   with `FollowerHello`; the leader replies with a `CatchUp`). Records of a term whose snapshot
+//!   (the `LeaderAdvisory` at `(term, 1)`) has not been seen are gated (buffered, bounded) until it
+//!   arrives. Acks go out after `on_persisted`.
+//! - **Passive leader**: runs leader sync (below), then proposes the `LeaderAdvisory` at
+//!   `(term, 1)`; it becomes **active** when that commits. Only an active leader accepts
+//!   proposals and queue assignment requests.
+//! - **Active leader**: stamps each advisory with the next LSN, persists it, broadcasts it, counts
+//!   acks (its own after `on_persisted`), and at quorum persists a COMMIT record (its own LSN is
+//!   the next sequence, naming the committed LSN) and broadcasts `AdvisoryCommit`. Committing an
+//!   LSN commits every smaller one; state is applied **only** on commit.
+//!
+//! # Why leader sync keeps the most advanced node's uncommitted advisories
+//!
+//! BlazingMQ lets any node become leader (no Raft §5.4.1 election restriction), so a new leader
+//! may lack committed advisories. It therefore asks a quorum for their last LSN and adopts the
+//! state of the node with the highest one, uncommitted advisories included. This is safe (the
+//! Raft §5.4 argument, moved from the election to the sync):
+//!
+//! 1. A committed advisory was acked, hence durably held, by a quorum Q1.
+//! 2. The sync quorum Q2 intersects Q1 in some node n. A node answers the sync of term T only when
+//!    it follows the term-T leader, and from then on refuses records of older terms; so n held the
+//!    advisory (or a later term's snapshot, which by induction contains it) when it answered.
+//! 3. Logs are gap-free per term (a follower accepts `(t, s)` only after `(t, s - 1)`, and the
+//!    first record of a term is that term's snapshot). So the node m with the highest last LSN
+//!    either shares n's last term and holds a superset of n's records in it, or has a later
+//!    term's snapshot, which contains everything committed before that term's sync.
+//! 4. Hence m's state with all its advisories applied contains every committed advisory, and so
+//!    does the new leader's `LeaderAdvisory`. Uncommitted advisories that survive this way are
+//!    committed by the new term (that is allowed: no client was told they failed); those that do
+//!    not survive were never committed.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bmq_proto::peer::{self, metadata_message::Kind as Msg};
+use bmq_proto::{NodeId, Term};
+use thiserror::Error;
+use tracing::{debug, error, info};
+
+use crate::assignment::pick_partition_for_queue;
+use crate::ledger::{is_leader_advisory, LedgerRecord, Recovered};
+use crate::lsn::{lsn_of, Lsn};
+use crate::state::{ApplyError, ClusterState};
+
+/// Timers and limits of the core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataConfig {
+    /// Re-send interval of `LeaderSyncStateQuery` / `LeaderSyncDataQuery` until answered.
+    pub sync_retry: Duration,
+    /// A record not acked by a follower within this time is re-sent to it.
+    pub record_resend: Duration,
+    /// Interval between `FollowerHello`s of an out-of-sync follower.
+    pub hello_retry: Duration,
+    /// Data query attempts to the most advanced node before the leader drops its answer and
+    /// collects a new quorum of sync responses without it.
+    pub sync_data_attempts_max: u32,
+    /// Uncommitted advisories the leader accepts before `propose` answers `Overloaded`.
+    pub uncommitted_max: usize,
+    /// Records a follower gates while waiting for its term's snapshot.
+    pub gated_max: usize,
+}
+
+impl Default for MetadataConfig {
+    fn default() -> Self {
+        MetadataConfig {
+            sync_retry: Duration::from_millis(200),
+            record_resend: Duration::from_millis(500),
+            hello_retry: Duration::from_millis(500),
+            sync_data_attempts_max: 5,
+            uncommitted_max: 1024,
+            gated_max: 1024,
+        }
+    }
+}
+
+/// The metadata role of this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum MetadataRole {
+    /// Follows the elector's leader (or has none).
+    Follower,
+    /// Elected leader, syncing; refuses proposals.
+    PassiveLeader,
+    /// Leader whose term snapshot is committed; accepts proposals.
+    ActiveLeader,
+}
+
+/// A summary of the core's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataStatus {
+    /// The role.
+    pub role: MetadataRole,
+    /// The current term (the elector's).
+    pub term: Term,
+    /// The current leader, if known.
+    pub leader: Option<NodeId>,
+    /// The LSN of the last record held.
+    pub last_lsn: Lsn,
+    /// The last committed LSN.
+    pub committed_lsn: Lsn,
+    /// The number of uncommitted advisories held.
+    pub uncommitted: usize,
+}
+
+/// What the shell must do. Executed in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetadataOutput {
+    /// Append this record to the ledger (fsync per policy), then call `on_persisted(lsn)`.
+    Persist {
+        /// The record.
+        record: LedgerRecord,
+    },
+    /// Replace the ledger's history (`Ledger::reset_to`), then call `on_persisted` with the
+    /// last LSN of it. The committed state changed wholesale: publish it.
+    ResetLedger {
+        /// The committed state.
+        state: ClusterState,
+        /// Its LSN.
+        committed_lsn: Lsn,
+        /// Uncommitted advisories after it.
+        uncommitted: Vec<(Lsn, peer::Advisory)>,
+    },
+    /// Send to one peer.
+    Send {
+        /// The peer.
+        to: NodeId,
+        /// The message.
+        message: peer::MetadataMessage,
+    },
+    /// Send to every peer.
+    Broadcast {
+        /// The message.
+        message: peer::MetadataMessage,
+    },
+    /// This advisory is committed and applied to [`MetadataCore::state`].
+    Committed {
+        /// Its LSN.
+        lsn: Lsn,
+        /// The advisory.
+        advisory: peer::Advisory,
+    },
+    /// The role, term or leader changed.
+    RoleChanged {
+        /// The new status.
+        status: MetadataStatus,
+    },
+}
+
+/// Why a proposal was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ProposeError {
+    /// This node is not the leader; try `leader`.
+    #[error("not the leader (leader is {leader:?})")]
+    NotLeader {
+        /// The leader, if known.
+        leader: Option<NodeId>,
+    },
+    /// The leader has not finished leader sync yet.
+    #[error("leader is not active yet")]
+    NotActive,
+    /// Too many uncommitted advisories; retry later.
+    #[error("{uncommitted} advisories uncommitted; retry later")]
+    Overloaded {
+        /// The number of uncommitted advisories.
+        uncommitted: usize,
+    },
+    /// The advisory does not apply to the state as it will be after the pending advisories.
+    #[error("invalid advisory: {0}")]
+    Invalid(#[from] ApplyError),
+}
+
+/// Bad or stale peer input, dropped and counted (never an error, never a panic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MetadataCounters {
+    /// Messages from a node that is not a member (or from self).
+    pub unknown_sender: u64,
+    /// Records or leader messages from a node we do not follow, or while not a follower.
+    pub wrong_leader: u64,
+    /// Messages of an older term.
+    pub stale_term: u64,
+    /// Records of a newer term than ours (the elector has not told us yet).
+    pub future_term: u64,
+    /// Records or commits already held.
+    pub duplicate: u64,
+    /// Records or commits that skip sequences.
+    pub gap: u64,
+    /// Records gated until the term's snapshot arrives.
+    pub gated: u64,
+    /// Gated records dropped because the gate was full.
+    pub gated_overflow: u64,
+    /// Malformed messages (missing fields, invalid snapshots, impossible LSNs).
+    pub invalid: u64,
+    /// Leader-only requests received while not an active leader.
+    pub not_active: u64,
+    /// Leadership notifications for an older term, or a term we already hold records of.
+    pub stale_leadership: u64,
+    /// Committed advisories that did not apply (a bug elsewhere; the state skipped them).
+    pub apply_failures: u64,
+    /// Records re-sent to followers that had not acked them in time.
+    pub records_resent: u64,
+    /// CatchUps sent by this node as leader.
+    pub catch_ups_sent: u64,
+    /// FollowerHellos sent by this node.
+    pub hellos_sent: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Pending {
+    lsn: Lsn,
+    advisory: peer::Advisory,
+    /// Leader: when the record was last sent (for re-sending).
+    sent_at: Option<Instant>,
+    /// Follower: whether it was acked to the leader.
+    acked: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Gated {
+    Record(Lsn, peer::Advisory),
+    Commit(Lsn, Lsn),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SyncPhase {
+    /// Collecting `LeaderSyncStateResponse`s.
+    Collecting,
+    /// Waiting for `LeaderSyncDataResponse` from `from`.
+    Fetching { from: NodeId, attempts: u32 },
+    /// The term's `LeaderAdvisory` is proposed at `lsn`; waiting for its commit.
+    Proposed { lsn: Lsn },
+}
+
+#[derive(Debug, Clone)]
+struct LeaderSync {
+    /// Node -> its last LSN (self included).
+    responses: BTreeMap<NodeId, Lsn>,
+    phase: SyncPhase,
+    next_retry: Instant,
+}
+
+/// The replication state machine of one node. See the module documentation for the rules.
+#[derive(Debug)]
+pub struct MetadataCore {
+    self_id: NodeId,
+    members: BTreeSet<NodeId>,
+    quorum_setting: usize,
+    config: MetadataConfig,
+    term: Term,
+    leader: Option<NodeId>,
+    role: MetadataRole,
+    committed_state: ClusterState,
+    committed_lsn: Lsn,
+    /// Uncommitted advisories in LSN order.
+    pending: VecDeque<Pending>,
+    /// `committed_state` with every pending advisory applied.
+    tip_state: ClusterState,
+    last_lsn: Lsn,
+    persisted_lsn: Lsn,
+    // Follower.
+    snapshot_seen: bool,
+    out_of_sync: bool,
+    gated: BTreeMap<u64, Gated>,
+    hello_deadline: Option<Instant>,
+    last_hello: Option<Instant>,
+    /// After a CatchUp: the committed LSN a resync `AdvisoryCommit` must name.
+    resync: Option<Lsn>,
+    // Leader.
+    matched: BTreeMap<NodeId, Lsn>,
+    sync: Option<LeaderSync>,
+    last_status: Option<MetadataStatus>,
+    /// The latest `now` seen, for inputs that carry no time (`set_quorum`).
+    last_now: Option<Instant>,
+    outputs: VecDeque<MetadataOutput>,
+    counters: MetadataCounters,
+}
+
+impl MetadataCore {
+    /// A core for `self_id` among `members` (self included), starting from what the ledger held.
+    /// `quorum` 0 means `members.len() / 2 + 1`. The node starts as a follower with no leader at
+    /// the term of its last LSN.
+    pub fn new(self_id: NodeId, members: &[NodeId], quorum: usize, recovered: Recovered) -> Self {
+        Self::with_config(
+            self_id,
+            members,
+            quorum,
+            recovered,
+            MetadataConfig::default(),
+        )
+    }
+
+    /// [`MetadataCore::new`] with explicit timers and limits.
+    pub fn with_config(
+        self_id: NodeId,
+        members: &[NodeId],
+        quorum: usize,
+        recovered: Recovered,
+        config: MetadataConfig,
+    ) -> Self {
+        let mut members: BTreeSet<NodeId> = members.iter().copied().collect();
+        members.insert(self_id);
+        let mut tip_state = recovered.committed_state.clone();
+        let mut pending = VecDeque::new();
+        for (lsn, advisory) in recovered.uncommitted {
+            if let Err(error) = tip_state.apply(&advisory) {
+                debug!(lsn = %lsn, error = %error, "recovered uncommitted advisory does not apply");
+            }
+            pending.push_back(Pending {
+                lsn,
+                advisory,
+                sent_at: None,
+                acked: true,
+            });
+        }
+        MetadataCore {
+            self_id,
+            members,
+            quorum_setting: quorum,
+            config,
+            term: recovered.last_lsn.term,
+            leader: None,
+            role: MetadataRole::Follower,
+            committed_state: recovered.committed_state,
+            committed_lsn: recovered.committed_lsn,
+            pending,
+            tip_state,
+            last_lsn: recovered.last_lsn,
+            persisted_lsn: recovered.last_lsn,
+            snapshot_seen: false,
+            out_of_sync: false,
+            gated: BTreeMap::new(),
+            hello_deadline: None,
+            last_hello: None,
+            resync: None,
+            matched: BTreeMap::new(),
+            sync: None,
+            last_status: None,
+            last_now: None,
+            outputs: VecDeque::new(),
+            counters: MetadataCounters::default(),
+        }
+    }
+
+    /// The quorum in effect (`0` resolved to a majority).
+    pub fn quorum(&self) -> usize {
+        if self.quorum_setting == 0 {
+            self.members.len() / 2 + 1
+        } else {
+            self.quorum_setting
+        }
+    }
+
+    /// Changes the quorum at runtime (`0` = majority). A quorum above the member count forbids
+    /// commits (tests use that).
+    pub fn set_quorum(&mut self, quorum: usize) {
+        info!(quorum, "metadata quorum changed");
+        self.quorum_setting = quorum;
+        if let Some(now) = self.last_now {
+            if self.role != MetadataRole::Follower {
+                self.try_advance_sync(now);
+                self.try_commit(now);
+            }
+        }
+    }
+
+    /// The committed state.
+    pub fn state(&self) -> &ClusterState {
+        &self.committed_state
+    }
+
+    /// The committed state with every held advisory applied, committed or not.
+    pub fn tip_state(&self) -> &ClusterState {
+        &self.tip_state
+    }
+
+    /// The counters of dropped input.
+    pub fn counters(&self) -> &MetadataCounters {
+        &self.counters
+    }
+
+    /// The current position.
+    pub fn status(&self) -> MetadataStatus {
+        MetadataStatus {
+            role: self.role,
+            term: self.term,
+            leader: self.leader,
+            last_lsn: self.last_lsn,
+            committed_lsn: self.committed_lsn,
+            uncommitted: self.pending.len(),
+        }
+    }
+
+    /// The next output, if any.
+    pub fn poll_output(&mut self) -> Option<MetadataOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// When to call [`MetadataCore::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut deadline: Option<Instant> = None;
+        let mut consider = |t: Instant| deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        match self.role {
+            MetadataRole::Follower => {
+                if self.needs_hello() {
+                    if let Some(t) = self.hello_deadline {
+                        consider(t);
+                    }
+                }
+            }
+            MetadataRole::PassiveLeader | MetadataRole::ActiveLeader => {
+                if let Some(sync) = &self.sync {
+                    if !matches!(sync.phase, SyncPhase::Proposed { .. }) {
+                        consider(sync.next_retry);
+                    }
+                }
+                for p in &self.pending {
+                    if let Some(sent_at) = p.sent_at {
+                        if p.lsn.term == self.term && !self.resend_targets(p.lsn).is_empty() {
+                            consider(sent_at + self.config.record_resend);
+                        }
+                    }
+                }
+            }
+        }
+        deadline
+    }
+
+    /// The elector's view changed: `leader` leads `term` (`Some(self_id)`: this node does).
+    pub fn handle_leadership(&mut self, now: Instant, term: Term, leader: Option<NodeId>) {
+        self.last_now = Some(now);
+        if term < self.term {
+            self.counters.stale_leadership += 1;
+            debug!(term = %term, current = %self.term, "stale leadership notification dropped");
+            return;
+        }
+        if term == self.term && leader == self.leader {
+            return;
+        }
+        if term > self.term {
+            self.snapshot_seen = false;
+            self.out_of_sync = false;
+            self.gated.clear();
+            self.resync = None;
+        }
+        self.term = term;
+        self.leader = leader;
+        self.matched.clear();
+        self.sync = None;
+        if leader == Some(self.self_id) {
+            self.role = MetadataRole::PassiveLeader;
+            self.emit_role_changed();
+            if self.last_lsn.term >= term {
+                // We hold records of this term from another leader: two leaders in one term. The
+                // elector prevents it; refuse to sync rather than fork the history.
+                self.counters.stale_leadership += 1;
+                error!(term = %term, last_lsn = %self.last_lsn, "elected for a term we already hold records of");
+                return;
+            }
+            info!(term = %term, "metadata leader sync started");
+            let mut responses = BTreeMap::new();
+            responses.insert(self.self_id, self.last_lsn);
+            self.sync = Some(LeaderSync {
+                responses,
+                phase: SyncPhase::Collecting,
+                next_retry: now + self.config.sync_retry,
+            });
+            self.broadcast(Msg::SyncStateQuery(peer::LeaderSyncStateQuery {
+                term: term.0,
+            }));
+            self.try_advance_sync(now);
+        } else {
+            self.role = MetadataRole::Follower;
+            self.hello_deadline = leader.map(|_| now + self.config.hello_retry);
+            self.emit_role_changed();
+        }
+    }
+
+    /// A metadata message from peer `from`.
+    pub fn handle_message(&mut self, now: Instant, from: NodeId, message: peer::MetadataMessage) {
+        self.last_now = Some(now);
+        if from == self.self_id || !self.members.contains(&from) {
+            self.counters.unknown_sender += 1;
+            debug!(from = %from, "metadata message from a non-member dropped");
+            return;
+        }
+        let Some(kind) = message.kind else {
+            self.counters.invalid += 1;
+            return;
+        };
+        match kind {
+            Msg::Record(record) => self.on_record(now, from, record),
+            Msg::Ack(ack) => self.on_ack(now, from, ack),
+            Msg::Commit(commit) => self.on_commit(now, from, commit),
+            Msg::NodeStatus(_) => {
+                // Node status is the health actor's business; it is not ledgered.
+                debug!(from = %from, "node status ignored by the metadata core");
+            }
+            Msg::SyncStateQuery(query) => {
+                if self.follows(from, Term(query.term)) {
+                    let response = peer::LeaderSyncStateResponse {
+                        term: query.term,
+                        last_lsn: Some(self.last_lsn.into()),
+                        committed_lsn: Some(self.committed_lsn.into()),
+                    };
+                    self.send(from, Msg::SyncStateResponse(response));
+                } else {
+                    self.drop_not_following(from, Term(query.term), "sync state query");
+                }
+            }
+            Msg::SyncStateResponse(response) => self.on_sync_state_response(now, from, response),
+            Msg::SyncDataQuery(query) => {
+                if self.follows(from, Term(query.term)) {
+                    let response = peer::LeaderSyncDataResponse {
+                        term: query.term,
+                        last_lsn: Some(self.last_lsn.into()),
+                        state: Some(self.tip_state.to_snapshot()),
+                    };
+                    self.send(from, Msg::SyncDataResponse(response));
+                } else {
+                    self.drop_not_following(from, Term(query.term), "sync data query");
+                }
+            }
+            Msg::SyncDataResponse(response) => self.on_sync_data_response(now, from, response),
+            Msg::FollowerHello(hello) => {
+                if self.role == MetadataRole::ActiveLeader && Term(hello.term) == self.term {
+                    self.send_catch_up(from);
+                } else {
+                    self.counters.not_active += 1;
+                    debug!(from = %from, term = hello.term, "follower hello dropped: not the active leader of that term");
+                }
+            }
+            Msg::CatchUp(catch_up) => self.on_catch_up(now, from, catch_up),
+            Msg::QueueAssignmentRequest(request) => {
+                if self.role == MetadataRole::ActiveLeader {
+                    self.request_queue_assignment(now, &request.uri);
+                } else {
+                    self.counters.not_active += 1;
+                    debug!(from = %from, uri = %request.uri, "queue assignment request dropped: not the active leader");
+                }
+            }
+        }
+    }
+
+    /// Re-sends what has not been answered in time.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = Some(now);
+        match self.role {
+            MetadataRole::Follower => {
+                if self.needs_hello() && self.hello_deadline.is_some_and(|d| d <= now) {
+                    self.send_hello(now);
+                }
+            }
+            MetadataRole::PassiveLeader | MetadataRole::ActiveLeader => {
+                self.retry_sync(now);
+                self.resend_records(now);
+            }
+        }
+    }
+
+    /// Proposes an advisory (active leader only). Returns its LSN; [`MetadataOutput::Committed`]
+    /// follows once a quorum holds it.
+    ///
+    /// # Errors
+    /// `NotLeader`, `NotActive`, `Overloaded`, or `Invalid` when it does not apply to the state
+    /// as it will be after the pending advisories.
+    pub fn propose(&mut self, now: Instant, advisory: peer::Advisory) -> Result<Lsn, ProposeError> {
+        self.last_now = Some(now);
+        match self.role {
+            MetadataRole::Follower => {
+                return Err(ProposeError::NotLeader {
+                    leader: self.leader,
+                })
+            }
+            MetadataRole::PassiveLeader => return Err(ProposeError::NotActive),
+            MetadataRole::ActiveLeader => {}
+        }
+        if self.pending.len() >= self.config.uncommitted_max {
+            return Err(ProposeError::Overloaded {
+                uncommitted: self.pending.len(),
+            });
+        }
+        let mut next = self.tip_state.clone();
+        next.apply(&advisory)?;
+        self.tip_state = next;
+        Ok(self.append_own(now, advisory))
+    }
+
+    /// Asks for `uri` to be assigned to a partition. The active leader proposes a
+    /// `QueueAssignmentAdvisory` (partition from [`pick_partition_for_queue`], key
+    /// `next_queue_key`) unless the queue is already assigned or being assigned; a follower
+    /// forwards the request to its leader; without a leader (or while passive) nothing happens
+    /// and the caller retries.
+    pub fn request_queue_assignment(&mut self, now: Instant, uri: &str) {
+        match self.role {
+            MetadataRole::ActiveLeader => {
+                if self.tip_state.queues.contains_key(uri) {
+                    return;
+                }
+                let Some(partition) = pick_partition_for_queue(&self.tip_state) else {
+                    debug!(uri, "no partition has a primary; queue assignment deferred");
+                    return;
+                };
+                let advisory = peer::Advisory {
+                    kind: Some(peer::advisory::Kind::QueueAssignment(
+                        peer::QueueAssignmentAdvisory {
+                            queues: vec![peer::QueueInfo {
+                                uri: uri.to_owned(),
+                                partition_id: partition.0,
+                                queue_key: self.tip_state.next_queue_key,
+                            }],
+                        },
+                    )),
+                };
+                if let Err(error) = self.propose(now, advisory) {
+                    debug!(uri, error = %error, "queue assignment not proposed");
+                }
+            }
+            MetadataRole::Follower => {
+                if let Some(leader) = self.leader {
+                    self.send(
+                        leader,
+                        Msg::QueueAssignmentRequest(peer::QueueAssignmentRequest {
+                            uri: uri.to_owned(),
+                        }),
+                    );
+                }
+            }
+            MetadataRole::PassiveLeader => {}
+        }
+    }
+
+    /// The record with `lsn`, and every one before it, is durable.
+    pub fn on_persisted(&mut self, now: Instant, lsn: Lsn) {
+        self.last_now = Some(now);
+        if lsn > self.persisted_lsn {
+            self.persisted_lsn = lsn;
+        }
+        match self.role {
+            MetadataRole::Follower => {
+                let Some(leader) = self.leader else { return };
+                let mut acks = Vec::new();
+                for p in self.pending.iter_mut() {
+                    if !p.acked && p.lsn.term == self.term && p.lsn <= self.persisted_lsn {
+                        p.acked = true;
+                        acks.push(p.lsn);
+                    }
+                }
+                for lsn in acks {
+                    self.send(
+                        leader,
+                        Msg::Ack(peer::AdvisoryAck {
+                            lsn: Some(lsn.into()),
+                        }),
+                    );
+                }
+            }
+            MetadataRole::PassiveLeader | MetadataRole::ActiveLeader => {
+                self.matched.insert(self.self_id, self.persisted_lsn);
+                self.try_commit(now);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- follower
+
+    fn follows(&self, from: NodeId, term: Term) -> bool {
+        self.role == MetadataRole::Follower && self.leader == Some(from) && self.term == term
+    }
+
+    fn drop_not_following(&mut self, from: NodeId, term: Term, what: &str) {
+        if term < self.term {
+            self.counters.stale_term += 1;
+        } else {
+            self.counters.wrong_leader += 1;
+        }
+        debug!(from = %from, term = %term, current = %self.term, leader = ?self.leader, what, "dropped: not following the sender at that term");
+    }
+
+    /// Common checks for a record or commit from `from` stamped `lsn`. `false`: dropped.
+    fn accept_from_leader(&mut self, from: NodeId, lsn: Lsn, what: &str) -> bool {
+        if self.role != MetadataRole::Follower || self.leader != Some(from) {
+            self.counters.wrong_leader += 1;
+            debug!(from = %from, lsn = %lsn, leader = ?self.leader, what, "dropped: not from the leader we follow");
+            return false;
+        }
+        if lsn.term < self.term {
+            self.counters.stale_term += 1;
+            debug!(from = %from, lsn = %lsn, term = %self.term, what, "dropped: stale term");
+            return false;
+        }
+        if lsn.term > self.term {
+            self.counters.future_term += 1;
+            debug!(from = %from, lsn = %lsn, term = %self.term, what, "dropped: term not announced by the elector yet");
+            return false;
+        }
+        true
+    }
+
+    fn on_record(&mut self, now: Instant, from: NodeId, record: peer::AdvisoryRecord) {
+        let lsn = lsn_of(record.lsn);
+        if !self.accept_from_leader(from, lsn, "record") {
+            return;
+        }
+        let Some(advisory) = record.advisory else {
+            self.counters.invalid += 1;
+            return;
+        };
+        if lsn <= self.last_lsn {
+            self.counters.duplicate += 1;
+            debug!(lsn = %lsn, last_lsn = %self.last_lsn, "duplicate record");
+            // The ack may have been lost: re-ack what is durable.
+            // Within the term our log is gap-free, so a durable LSN of it is held.
+            if self.snapshot_seen && lsn <= self.persisted_lsn {
+                self.send(
+                    from,
+                    Msg::Ack(peer::AdvisoryAck {
+                        lsn: Some(lsn.into()),
+                    }),
+                );
+            }
+            return;
+        }
+        if !self.snapshot_seen {
+            if lsn.sequence == 1 {
+                if self.accept_record(now, lsn, advisory) {
+                    self.snapshot_seen = true;
+                    self.drain_gated(now);
+                }
+            } else {
+                self.gate(now, lsn.sequence, Gated::Record(lsn, advisory));
+            }
+            return;
+        }
+        if lsn.sequence != self.last_lsn.sequence + 1 {
+            self.on_gap(now, lsn);
+            return;
+        }
+        self.accept_record(now, lsn, advisory);
+    }
+
+    fn on_commit(&mut self, now: Instant, from: NodeId, commit: peer::AdvisoryCommit) {
+        let lsn = lsn_of(commit.lsn);
+        let committed = lsn_of(commit.committed);
+        if !self.accept_from_leader(from, lsn, "commit") {
+            return;
+        }
+        if self.resync == Some(committed) && self.snapshot_seen && lsn > self.last_lsn {
+            // The leader's latest commit record, sent right after a CatchUp so that our next
+            // expected sequence matches the leader's (commit records take sequences too).
+            self.resync = None;
+            self.accept_commit(lsn, committed);
+            return;
+        }
+        if lsn <= self.last_lsn {
+            self.counters.duplicate += 1;
+            debug!(lsn = %lsn, last_lsn = %self.last_lsn, "duplicate commit");
+            return;
+        }
+        if !self.snapshot_seen {
+            self.gate(now, lsn.sequence, Gated::Commit(lsn, committed));
+            return;
+        }
+        if lsn.sequence != self.last_lsn.sequence + 1 {
+            self.on_gap(now, lsn);
+            return;
+        }
+        self.accept_commit(lsn, committed);
+    }
+
+    /// Accepts the next record in sequence. `false` if it is invalid (dropped).
+    fn accept_record(&mut self, _now: Instant, lsn: Lsn, advisory: peer::Advisory) -> bool {
+        let leader_advisory = is_leader_advisory(&advisory);
+        if (lsn.sequence == 1) != leader_advisory {
+            // A term starts with its snapshot and has only one.
+            self.counters.invalid += 1;
+            debug!(lsn = %lsn, "dropped: a term's first record must be its LeaderAdvisory, and only it");
+            return false;
+        }
+        let mut tip = self.tip_state.clone();
+        match tip.apply(&advisory) {
+            Ok(()) => {}
+            Err(error) if leader_advisory => {
+                self.counters.invalid += 1;
+                debug!(lsn = %lsn, error = %error, "dropped: invalid LeaderAdvisory");
+                return false;
+            }
+            Err(error) => {
+                // The leader validated it against the same history; only a bug gets here.
+                self.counters.apply_failures += 1;
+                error!(lsn = %lsn, error = %error, "replicated advisory does not apply to the tip state");
+            }
+        }
+        if leader_advisory {
+            // The new term's snapshot supersedes every older uncommitted advisory.
+            self.pending.retain(|p| p.lsn.term >= lsn.term);
+        }
+        self.tip_state = tip;
+        self.advance_last(lsn);
+        self.resync = None;
+        self.pending.push_back(Pending {
+            lsn,
+            advisory: advisory.clone(),
+            sent_at: None,
+            acked: false,
+        });
+        self.outputs.push_back(MetadataOutput::Persist {
+            record: LedgerRecord::Update { lsn, advisory },
+        });
+        true
+    }
+
+    fn accept_commit(&mut self, lsn: Lsn, committed: Lsn) {
+        if committed > self.last_lsn || committed >= lsn {
+            self.counters.invalid += 1;
+            debug!(lsn = %lsn, committed = %committed, last_lsn = %self.last_lsn, "dropped: commit names a record we do not hold");
+            return;
+        }
+        self.advance_last(lsn);
+        self.outputs.push_back(MetadataOutput::Persist {
+            record: LedgerRecord::Commit { lsn, committed },
+        });
+        if committed > self.committed_lsn {
+            self.apply_committed(committed);
+        }
+    }
+
+    fn gate(&mut self, now: Instant, sequence: u64, gated: Gated) {
+        if self.gated.len() >= self.config.gated_max && !self.gated.contains_key(&sequence) {
+            self.counters.gated_overflow += 1;
+        } else {
+            self.counters.gated += 1;
+            self.gated.insert(sequence, gated);
+        }
+        if self.hello_deadline.is_none() {
+            self.hello_deadline = Some(now + self.config.hello_retry);
+        }
+    }
+
+    fn drain_gated(&mut self, now: Instant) {
+        let gated = std::mem::take(&mut self.gated);
+        for (sequence, item) in gated {
+            if sequence <= self.last_lsn.sequence {
+                continue;
+            }
+            if sequence != self.last_lsn.sequence + 1 {
+                self.on_gap(now, Lsn::new(self.term, sequence));
+                return;
+            }
+            match item {
+                Gated::Record(lsn, advisory) => {
+                    self.accept_record(now, lsn, advisory);
+                }
+                Gated::Commit(lsn, committed) => self.accept_commit(lsn, committed),
+            }
+        }
+    }
+
+    fn on_gap(&mut self, now: Instant, lsn: Lsn) {
+        self.counters.gap += 1;
+        debug!(lsn = %lsn, last_lsn = %self.last_lsn, "gap in the leader's records");
+        self.out_of_sync = true;
+        let recently = self
+            .last_hello
+            .is_some_and(|t| now < t + self.config.hello_retry);
+        if !recently {
+            self.send_hello(now);
+        }
+    }
+
+    fn needs_hello(&self) -> bool {
+        self.role == MetadataRole::Follower
+            && self.leader.is_some()
+            && (!self.snapshot_seen || self.out_of_sync)
+    }
+
+    fn send_hello(&mut self, now: Instant) {
+        let Some(leader) = self.leader else { return };
+        self.counters.hellos_sent += 1;
+        self.last_hello = Some(now);
+        self.hello_deadline = Some(now + self.config.hello_retry);
+        let hello = peer::FollowerHello {
+            term: self.term.0,
+            last_lsn: Some(self.last_lsn.into()),
+        };
+        self.send(leader, Msg::FollowerHello(hello));
+    }
+
+    fn on_catch_up(&mut self, _now: Instant, from: NodeId, catch_up: peer::CatchUp) {
+        let term = Term(catch_up.term);
+        if !self.follows(from, term) {
+            self.drop_not_following(from, term, "catch up");
+            return;
+        }
+        let committed = lsn_of(catch_up.committed);
+        if committed.term != term || committed < self.committed_lsn {
+            self.counters.stale_term += 1;
+            debug!(committed = %committed, own = %self.committed_lsn, "dropped: stale catch up");
+            return;
+        }
+        let Some(state) = catch_up
+            .state
+            .as_ref()
+            .and_then(|s| ClusterState::from_snapshot(s).ok())
+        else {
+            self.counters.invalid += 1;
+            debug!("dropped: catch up with an invalid snapshot");
+            return;
+        };
+        let mut uncommitted = Vec::with_capacity(catch_up.uncommitted.len());
+        let mut tip = state.clone();
+        let mut previous = committed;
+        for record in catch_up.uncommitted {
+            let lsn = lsn_of(record.lsn);
+            let Some(advisory) = record.advisory else {
+                self.counters.invalid += 1;
+                return;
+            };
+            if lsn <= previous || lsn.term != term {
+                self.counters.invalid += 1;
+                debug!(lsn = %lsn, "dropped: catch up records out of order");
+                return;
+            }
+            if let Err(error) = tip.apply(&advisory) {
+                self.counters.apply_failures += 1;
+                error!(lsn = %lsn, error = %error, "caught-up advisory does not apply to the tip state");
+            }
+            previous = lsn;
+            uncommitted.push((lsn, advisory));
+        }
+        if previous < self.last_lsn {
+            // Our history would go backwards: the CatchUp predates records we already took.
+            self.counters.stale_term += 1;
+            debug!(last = %previous, own = %self.last_lsn, "dropped: catch up behind our last record");
+            return;
+        }
+        info!(committed = %committed, last_lsn = %previous, uncommitted = uncommitted.len(), "caught up with the leader");
+        self.advance_last(previous);
+        self.committed_state = state.clone();
+        self.committed_lsn = committed;
+        self.tip_state = tip;
+        self.pending = uncommitted
+            .iter()
+            .map(|(lsn, advisory)| Pending {
+                lsn: *lsn,
+                advisory: advisory.clone(),
+                sent_at: None,
+                acked: false,
+            })
+            .collect();
+        // The new history is durable only once the ledger is reset; acks wait for on_persisted.
+        self.persisted_lsn = committed;
+        self.snapshot_seen = true;
+        self.out_of_sync = false;
+        self.gated.clear();
+        self.resync = Some(committed);
+        self.outputs.push_back(MetadataOutput::ResetLedger {
+            state,
+            committed_lsn: committed,
+            uncommitted,
+        });
+    }
+
+    // ---------------------------------------------------------------- leader
+
+    fn on_ack(&mut self, now: Instant, from: NodeId, ack: peer::AdvisoryAck) {
+        let lsn = lsn_of(ack.lsn);
+        if self.role == MetadataRole::Follower {
+            self.counters.not_active += 1;
+            return;
+        }
+        if lsn.term != self.term {
+            self.counters.stale_term += 1;
+            debug!(from = %from, lsn = %lsn, "stale ack dropped");
+            return;
+        }
+        if lsn > self.last_lsn {
+            self.counters.invalid += 1;
+            return;
+        }
+        let entry = self.matched.entry(from).or_insert(Lsn::ZERO);
+        if lsn > *entry {
+            *entry = lsn;
+        }
+        self.try_commit(now);
+    }
+
+    fn on_sync_state_response(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        response: peer::LeaderSyncStateResponse,
+    ) {
+        let collecting = self.role == MetadataRole::PassiveLeader
+            && Term(response.term) == self.term
+            && self
+                .sync
+                .as_ref()
+                .is_some_and(|s| s.phase == SyncPhase::Collecting);
+        if !collecting {
+            self.counters.not_active += 1;
+            debug!(from = %from, term = response.term, "sync state response dropped");
+            return;
+        }
+        let last = lsn_of(response.last_lsn);
+        self.sync
+            .as_mut()
+            .expect("collecting")
+            .responses
+            .insert(from, last);
+        self.try_advance_sync(now);
+    }
+
+    fn on_sync_data_response(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        response: peer::LeaderSyncDataResponse,
+    ) {
+        let fetching = self.role == MetadataRole::PassiveLeader
+            && Term(response.term) == self.term
+            && self.sync.as_ref().is_some_and(
+                |s| matches!(s.phase, SyncPhase::Fetching { from: f, .. } if f == from),
+            );
+        if !fetching {
+            self.counters.not_active += 1;
+            debug!(from = %from, term = response.term, "sync data response dropped");
+            return;
+        }
+        let Some(state) = response
+            .state
+            .as_ref()
+            .and_then(|s| ClusterState::from_snapshot(s).ok())
+        else {
+            self.counters.invalid += 1;
+            debug!(from = %from, "sync data response with an invalid snapshot dropped");
+            return;
+        };
+        info!(from = %from, last_lsn = %lsn_of(response.last_lsn), "leader sync adopted the most advanced state");
+        self.propose_leader_advisory(now, state);
+    }
+
+    /// Moves leader sync forward once enough is known.
+    fn try_advance_sync(&mut self, now: Instant) {
+        let quorum = self.quorum();
+        let self_id = self.self_id;
+        let Some(sync) = self.sync.as_mut() else {
+            return;
+        };
+        if sync.phase != SyncPhase::Collecting || sync.responses.len() < quorum {
+            return;
+        }
+        // The highest last LSN; ties prefer self (no fetch), then the lowest id.
+        let (&best, &best_lsn) = sync
+            .responses
+            .iter()
+            .max_by(|a, b| {
+                a.1.cmp(b.1)
+                    .then((*a.0 == self_id).cmp(&(*b.0 == self_id)))
+                    .then(b.0.cmp(a.0))
+            })
+            .expect("quorum >= 1 responses");
+        info!(term = %self.term, best = %best, best_lsn = %best_lsn, responses = sync.responses.len(), "leader sync quorum reached");
+        if best == self_id {
+            let state = self.tip_state.clone();
+            self.propose_leader_advisory(now, state);
+        } else {
+            sync.phase = SyncPhase::Fetching {
+                from: best,
+                attempts: 1,
+            };
+            sync.next_retry = now + self.config.sync_retry;
+            let query = peer::LeaderSyncDataQuery { term: self.term.0 };
+            self.send(best, Msg::SyncDataQuery(query));
+        }
+    }
+
+    fn retry_sync(&mut self, now: Instant) {
+        let Some(sync) = self.sync.as_mut() else {
+            return;
+        };
+        if sync.next_retry > now {
+            return;
+        }
+        sync.next_retry = now + self.config.sync_retry;
+        match sync.phase.clone() {
+            SyncPhase::Collecting => {}
+            SyncPhase::Fetching { from, attempts }
+                if attempts < self.config.sync_data_attempts_max =>
+            {
+                sync.phase = SyncPhase::Fetching {
+                    from,
+                    attempts: attempts + 1,
+                };
+                let query = peer::LeaderSyncDataQuery { term: self.term.0 };
+                self.send(from, Msg::SyncDataQuery(query));
+                return;
+            }
+            SyncPhase::Fetching { from, .. } => {
+                // The most advanced node stopped answering: any other quorum of answers is as good.
+                info!(from = %from, "most advanced node did not send its state; collecting again without it");
+                sync.responses.remove(&from);
+                sync.phase = SyncPhase::Collecting;
+            }
+            SyncPhase::Proposed { .. } => return,
+        }
+        let missing: Vec<NodeId> = self
+            .members
+            .iter()
+            .filter(|m| {
+                !self
+                    .sync
+                    .as_ref()
+                    .expect("syncing")
+                    .responses
+                    .contains_key(m)
+            })
+            .copied()
+            .collect();
+        for to in missing {
+            self.send(
+                to,
+                Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: self.term.0 }),
+            );
+        }
+    }
+
+    fn propose_leader_advisory(&mut self, now: Instant, state: ClusterState) {
+        // Older terms' uncommitted advisories are folded into the snapshot (or were never
+        // committed): drop them.
+        self.pending.retain(|p| p.lsn.term >= self.term);
+        let advisory = peer::Advisory {
+            kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+                state: Some(state.to_snapshot()),
+            })),
+        };
+        self.tip_state = state;
+        let lsn = self.append_own(now, advisory);
+        assert_eq!(
+            lsn,
+            Lsn::new(self.term, 1),
+            "a term's snapshot is its first record"
+        );
+        if let Some(sync) = self.sync.as_mut() {
+            sync.phase = SyncPhase::Proposed { lsn };
+        }
+    }
+
+    fn next_lsn(&self) -> Lsn {
+        if self.last_lsn.term == self.term {
+            self.last_lsn.next()
+        } else {
+            Lsn::new(self.term, 1)
+        }
+    }
+
+    fn advance_last(&mut self, lsn: Lsn) {
+        assert!(
+            lsn >= self.last_lsn,
+            "LSN regressed: {lsn} after {}",
+            self.last_lsn
+        );
+        self.last_lsn = lsn;
+    }
+
+    /// Stamps, persists and broadcasts an advisory (already applied to the tip state).
+    fn append_own(&mut self, now: Instant, advisory: peer::Advisory) -> Lsn {
+        let lsn = self.next_lsn();
+        assert!(
+            lsn > self.last_lsn,
+            "LSN regressed: {lsn} after {}",
+            self.last_lsn
+        );
+        self.last_lsn = lsn;
+        self.pending.push_back(Pending {
+            lsn,
+            advisory: advisory.clone(),
+            sent_at: Some(now),
+            acked: false,
+        });
+        self.outputs.push_back(MetadataOutput::Persist {
+            record: LedgerRecord::Update {
+                lsn,
+                advisory: advisory.clone(),
+            },
+        });
+        self.broadcast(Msg::Record(record_message(lsn, advisory)));
+        lsn
+    }
+
+    /// Commits the highest own-term pending LSN that a quorum holds.
+    fn try_commit(&mut self, now: Instant) {
+        let _ = now;
+        if self.role == MetadataRole::Follower {
+            return;
+        }
+        let quorum = self.quorum();
+        let commit = self
+            .pending
+            .iter()
+            .rev()
+            .filter(|p| p.lsn.term == self.term)
+            .find(|p| self.matched.values().filter(|m| **m >= p.lsn).count() >= quorum)
+            .map(|p| p.lsn);
+        let Some(committed) = commit else { return };
+        let lsn = self.next_lsn();
+        assert!(
+            lsn > self.last_lsn,
+            "LSN regressed: {lsn} after {}",
+            self.last_lsn
+        );
+        self.last_lsn = lsn;
+        self.outputs.push_back(MetadataOutput::Persist {
+            record: LedgerRecord::Commit { lsn, committed },
+        });
+        self.broadcast(Msg::Commit(peer::AdvisoryCommit {
+            lsn: Some(lsn.into()),
+            committed: Some(committed.into()),
+        }));
+        self.apply_committed(committed);
+        if let Some(LeaderSync {
+            phase: SyncPhase::Proposed { lsn: snapshot },
+            ..
+        }) = &self.sync
+        {
+            if *snapshot <= committed {
+                self.sync = None;
+                self.role = MetadataRole::ActiveLeader;
+                info!(term = %self.term, "metadata leader active");
+                self.emit_role_changed();
+            }
+        }
+    }
+
+    /// Applies every pending advisory up to `committed` to the committed state.
+    fn apply_committed(&mut self, committed: Lsn) {
+        assert!(
+            committed >= self.committed_lsn,
+            "committed LSN regressed: {committed} after {}",
+            self.committed_lsn
+        );
+        while self.pending.front().is_some_and(|p| p.lsn <= committed) {
+            let p = self.pending.pop_front().expect("front exists");
+            if let Err(error) = self.committed_state.apply(&p.advisory) {
+                self.counters.apply_failures += 1;
+                error!(lsn = %p.lsn, error = %error, "committed advisory does not apply");
+            }
+            self.outputs.push_back(MetadataOutput::Committed {
+                lsn: p.lsn,
+                advisory: p.advisory,
+            });
+        }
+        self.committed_lsn = committed;
+    }
+
+    fn send_catch_up(&mut self, to: NodeId) {
+        self.counters.catch_ups_sent += 1;
+        let uncommitted: Vec<peer::AdvisoryRecord> = self
+            .pending
+            .iter()
+            .map(|p| record_message(p.lsn, p.advisory.clone()))
+            .collect();
+        let implied_last = self
+            .pending
+            .back()
+            .map_or(self.committed_lsn, |p| p.lsn)
+            .max(self.committed_lsn);
+        let catch_up = peer::CatchUp {
+            term: self.term.0,
+            committed: Some(self.committed_lsn.into()),
+            state: Some(self.committed_state.to_snapshot()),
+            uncommitted,
+        };
+        debug!(to = %to, committed = %self.committed_lsn, "sending catch up");
+        self.send(to, Msg::CatchUp(catch_up));
+        if self.last_lsn > implied_last {
+            // Only commit records follow; the last one names the current committed LSN.
+            let commit = peer::AdvisoryCommit {
+                lsn: Some(self.last_lsn.into()),
+                committed: Some(self.committed_lsn.into()),
+            };
+            self.send(to, Msg::Commit(commit));
+        }
+    }
+
+    fn resend_targets(&self, lsn: Lsn) -> Vec<NodeId> {
+        self.members
+            .iter()
+            .filter(|m| **m != self.self_id && self.matched.get(m).is_none_or(|l| *l < lsn))
+            .copied()
+            .collect()
+    }
+
+    fn resend_records(&mut self, now: Instant) {
+        let resend = self.config.record_resend;
+        let mut sends = Vec::new();
+        for i in 0..self.pending.len() {
+            let p = &self.pending[i];
+            let due = p.lsn.term == self.term && p.sent_at.is_some_and(|t| t + resend <= now);
+            if !due {
+                continue;
+            }
+            let targets = self.resend_targets(p.lsn);
+            if targets.is_empty() {
+                continue;
+            }
+            for to in targets {
+                sends.push((to, record_message(p.lsn, p.advisory.clone())));
+            }
+            self.pending[i].sent_at = Some(now);
+        }
+        for (to, record) in sends {
+            self.counters.records_resent += 1;
+            self.send(to, Msg::Record(record));
+        }
+    }
+
+    // ---------------------------------------------------------------- outputs
+
+    fn send(&mut self, to: NodeId, kind: Msg) {
+        self.outputs.push_back(MetadataOutput::Send {
+            to,
+            message: peer::MetadataMessage { kind: Some(kind) },
+        });
+    }
+
+    fn broadcast(&mut self, kind: Msg) {
+        self.outputs.push_back(MetadataOutput::Broadcast {
+            message: peer::MetadataMessage { kind: Some(kind) },
+        });
+    }
+
+    fn emit_role_changed(&mut self) {
+        let status = self.status();
+        let changed = self.last_status.is_none_or(|s| {
+            (s.role, s.term, s.leader) != (status.role, status.term, status.leader)
+        });
+        if changed {
+            info!(role = ?status.role, term = %status.term, leader = ?status.leader, "metadata role changed");
+            self.last_status = Some(status);
+            self.outputs
+                .push_back(MetadataOutput::RoleChanged { status });
+        }
+    }
+}
+
+fn record_message(lsn: Lsn, advisory: peer::Advisory) -> peer::AdvisoryRecord {
+    // The core has no wall clock; the ledger stamps records with the time of writing.
+    peer::AdvisoryRecord {
+        lsn: Some(lsn.into()),
+        advisory: Some(advisory),
+        timestamp_ms: 0,
+    }
+}
+
+#[cfg(test)]
+#[path = "core_tests.rs"]
+mod tests;

@@ -1,0 +1,924 @@
+//! Tests of the replication core: exact outputs per step, then a 3-node harness.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bmq_proto::peer::{self, metadata_message::Kind as Msg};
+use bmq_proto::{NodeId, PartitionId, Term};
+
+use super::*;
+use crate::state::tests::{assign, primaries};
+
+fn n(id: u32) -> NodeId {
+    NodeId(id)
+}
+
+fn lsn(term: u64, sequence: u64) -> Lsn {
+    Lsn::new(Term(term), sequence)
+}
+
+fn members() -> Vec<NodeId> {
+    vec![n(1), n(2), n(3)]
+}
+
+fn core(id: u32) -> MetadataCore {
+    MetadataCore::new(n(id), &members(), 0, Recovered::fresh(2))
+}
+
+fn drain(core: &mut MetadataCore) -> Vec<MetadataOutput> {
+    std::iter::from_fn(|| core.poll_output()).collect()
+}
+
+fn msg(kind: Msg) -> peer::MetadataMessage {
+    peer::MetadataMessage { kind: Some(kind) }
+}
+
+fn record(l: Lsn, advisory: peer::Advisory) -> peer::MetadataMessage {
+    msg(Msg::Record(peer::AdvisoryRecord {
+        lsn: Some(l.into()),
+        advisory: Some(advisory),
+        timestamp_ms: 0,
+    }))
+}
+
+fn commit(l: Lsn, committed: Lsn) -> peer::MetadataMessage {
+    msg(Msg::Commit(peer::AdvisoryCommit {
+        lsn: Some(l.into()),
+        committed: Some(committed.into()),
+    }))
+}
+
+fn ack(l: Lsn) -> peer::MetadataMessage {
+    msg(Msg::Ack(peer::AdvisoryAck {
+        lsn: Some(l.into()),
+    }))
+}
+
+fn leader_advisory(state: &ClusterState) -> peer::Advisory {
+    peer::Advisory {
+        kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+            state: Some(state.to_snapshot()),
+        })),
+    }
+}
+
+fn sync_response(term: u64, last: Lsn, committed: Lsn) -> peer::MetadataMessage {
+    msg(Msg::SyncStateResponse(peer::LeaderSyncStateResponse {
+        term,
+        last_lsn: Some(last.into()),
+        committed_lsn: Some(committed.into()),
+    }))
+}
+
+fn persist_update(l: Lsn, advisory: peer::Advisory) -> MetadataOutput {
+    MetadataOutput::Persist {
+        record: LedgerRecord::Update { lsn: l, advisory },
+    }
+}
+
+fn persist_commit(l: Lsn, committed: Lsn) -> MetadataOutput {
+    MetadataOutput::Persist {
+        record: LedgerRecord::Commit { lsn: l, committed },
+    }
+}
+
+fn status(
+    role: MetadataRole,
+    term: u64,
+    leader: Option<u32>,
+    last: Lsn,
+    committed: Lsn,
+    uncommitted: usize,
+) -> MetadataStatus {
+    MetadataStatus {
+        role,
+        term: Term(term),
+        leader: leader.map(NodeId),
+        last_lsn: last,
+        committed_lsn: committed,
+        uncommitted,
+    }
+}
+
+/// Node 1 becomes the active leader of term 1 with node 2's help; returns the time used.
+fn active_leader(now: Instant) -> MetadataCore {
+    let mut leader = core(1);
+    leader.handle_leadership(now, Term(1), Some(n(1)));
+    leader.handle_message(now, n(2), sync_response(1, Lsn::ZERO, Lsn::ZERO));
+    leader.on_persisted(now, lsn(1, 1));
+    leader.handle_message(now, n(2), ack(lsn(1, 1)));
+    assert_eq!(leader.status().role, MetadataRole::ActiveLeader);
+    drain(&mut leader);
+    leader
+}
+
+#[test]
+fn new_leader_syncs_then_commits_its_snapshot_and_becomes_active() {
+    // Scenario: DESIGN.md §5 leader sync on a fresh cluster, every output checked.
+    let now = Instant::now();
+    let mut leader = core(1);
+    leader.handle_leadership(now, Term(1), Some(n(1)));
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            MetadataOutput::RoleChanged {
+                status: status(
+                    MetadataRole::PassiveLeader,
+                    1,
+                    Some(1),
+                    Lsn::ZERO,
+                    Lsn::ZERO,
+                    0
+                )
+            },
+            MetadataOutput::Broadcast {
+                message: msg(Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: 1 }))
+            },
+        ]
+    );
+    assert_eq!(
+        leader.propose(now, assign("q", 0, 0)),
+        Err(ProposeError::NotActive)
+    );
+    leader.handle_message(now, n(2), sync_response(1, Lsn::ZERO, Lsn::ZERO));
+    let snapshot = leader_advisory(&ClusterState::new(2));
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            persist_update(lsn(1, 1), snapshot.clone()),
+            MetadataOutput::Broadcast {
+                message: record(lsn(1, 1), snapshot.clone())
+            }
+        ]
+    );
+    // A follower's ack alone is not a quorum: the leader's own ack waits for its fsync.
+    leader.handle_message(now, n(2), ack(lsn(1, 1)));
+    assert_eq!(drain(&mut leader), vec![]);
+    leader.on_persisted(now, lsn(1, 1));
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            persist_commit(lsn(1, 2), lsn(1, 1)),
+            MetadataOutput::Broadcast {
+                message: commit(lsn(1, 2), lsn(1, 1))
+            },
+            MetadataOutput::Committed {
+                lsn: lsn(1, 1),
+                advisory: snapshot
+            },
+            MetadataOutput::RoleChanged {
+                status: status(
+                    MetadataRole::ActiveLeader,
+                    1,
+                    Some(1),
+                    lsn(1, 2),
+                    lsn(1, 1),
+                    0
+                )
+            },
+        ]
+    );
+}
+
+#[test]
+fn leader_commits_at_quorum_and_applies_only_on_commit() {
+    // Scenario: an advisory is persisted and broadcast, then committed once 2 of 3 hold it.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let advisory = assign("bmq://d/q", 1, 0);
+    assert_eq!(leader.propose(now, advisory.clone()), Ok(lsn(1, 3)));
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            persist_update(lsn(1, 3), advisory.clone()),
+            MetadataOutput::Broadcast {
+                message: record(lsn(1, 3), advisory.clone())
+            }
+        ]
+    );
+    // Not applied before the commit; visible in the tip state.
+    assert!(leader.state().queues.is_empty());
+    assert!(leader.tip_state().queues.contains_key("bmq://d/q"));
+    // Validated against the tip: a conflicting assignment is refused right away.
+    assert!(matches!(
+        leader.propose(now, assign("bmq://d/q", 0, 1)),
+        Err(ProposeError::Invalid(_))
+    ));
+    leader.on_persisted(now, lsn(1, 3));
+    assert_eq!(drain(&mut leader), vec![]);
+    leader.handle_message(now, n(3), ack(lsn(1, 3)));
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            persist_commit(lsn(1, 4), lsn(1, 3)),
+            MetadataOutput::Broadcast {
+                message: commit(lsn(1, 4), lsn(1, 3))
+            },
+            MetadataOutput::Committed {
+                lsn: lsn(1, 3),
+                advisory
+            },
+        ]
+    );
+    assert_eq!(leader.state().queues["bmq://d/q"].partition, PartitionId(1));
+    // A late ack of an already committed record changes nothing.
+    leader.handle_message(now, n(2), ack(lsn(1, 3)));
+    assert_eq!(drain(&mut leader), vec![]);
+}
+
+#[test]
+fn committing_an_lsn_commits_every_smaller_one() {
+    // Scenario: two proposals; the ack of the second commits both in order.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let (a, b) = (assign("a", 0, 0), assign("b", 1, 1));
+    leader.propose(now, a.clone()).unwrap();
+    leader.propose(now, b.clone()).unwrap();
+    leader.on_persisted(now, lsn(1, 4));
+    drain(&mut leader);
+    leader.handle_message(now, n(2), ack(lsn(1, 4)));
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            persist_commit(lsn(1, 5), lsn(1, 4)),
+            MetadataOutput::Broadcast {
+                message: commit(lsn(1, 5), lsn(1, 4))
+            },
+            MetadataOutput::Committed {
+                lsn: lsn(1, 3),
+                advisory: a
+            },
+            MetadataOutput::Committed {
+                lsn: lsn(1, 4),
+                advisory: b
+            },
+        ]
+    );
+}
+
+#[test]
+fn propose_is_refused_by_followers_and_passive_leaders() {
+    // Scenario: only an active leader accepts proposals.
+    let now = Instant::now();
+    let mut follower = core(2);
+    assert_eq!(
+        follower.propose(now, assign("q", 0, 0)),
+        Err(ProposeError::NotLeader { leader: None })
+    );
+    follower.handle_leadership(now, Term(1), Some(n(1)));
+    assert_eq!(
+        follower.propose(now, assign("q", 0, 0)),
+        Err(ProposeError::NotLeader { leader: Some(n(1)) })
+    );
+    let mut passive = core(1);
+    passive.set_quorum(3);
+    passive.handle_leadership(now, Term(1), Some(n(1)));
+    passive.handle_message(now, n(2), sync_response(1, Lsn::ZERO, Lsn::ZERO));
+    assert_eq!(passive.status().role, MetadataRole::PassiveLeader);
+    assert_eq!(
+        passive.propose(now, assign("q", 0, 0)),
+        Err(ProposeError::NotActive)
+    );
+}
+
+/// Node 2 following node 1 at term 1, holding the term's committed snapshot (1:1, commit 1:2).
+fn follower(now: Instant) -> MetadataCore {
+    let mut f = core(2);
+    f.handle_leadership(now, Term(1), Some(n(1)));
+    f.handle_message(
+        now,
+        n(1),
+        record(lsn(1, 1), leader_advisory(&ClusterState::new(2))),
+    );
+    f.on_persisted(now, lsn(1, 1));
+    f.handle_message(now, n(1), commit(lsn(1, 2), lsn(1, 1)));
+    f.on_persisted(now, lsn(1, 2));
+    drain(&mut f);
+    assert_eq!(f.status().committed_lsn, lsn(1, 1));
+    f
+}
+
+#[test]
+fn follower_persists_then_acks_and_applies_on_commit() {
+    // Scenario: a follower writes a record, acks it after the fsync, applies it at the commit.
+    let now = Instant::now();
+    let mut f = follower(now);
+    let advisory = assign("q", 0, 0);
+    f.handle_message(now, n(1), record(lsn(1, 3), advisory.clone()));
+    assert_eq!(
+        drain(&mut f),
+        vec![persist_update(lsn(1, 3), advisory.clone())]
+    );
+    f.on_persisted(now, lsn(1, 3));
+    assert_eq!(
+        drain(&mut f),
+        vec![MetadataOutput::Send {
+            to: n(1),
+            message: ack(lsn(1, 3))
+        }]
+    );
+    assert!(f.state().queues.is_empty());
+    f.handle_message(now, n(1), commit(lsn(1, 4), lsn(1, 3)));
+    assert_eq!(
+        drain(&mut f),
+        vec![
+            persist_commit(lsn(1, 4), lsn(1, 3)),
+            MetadataOutput::Committed {
+                lsn: lsn(1, 3),
+                advisory
+            },
+        ]
+    );
+    assert!(f.state().queues.contains_key("q"));
+    assert_eq!(f.status().committed_lsn, lsn(1, 3));
+}
+
+#[test]
+fn follower_rejects_wrong_leader_stale_duplicate_and_gap() {
+    // Scenario: every kind of bad record is dropped and counted; a gap triggers a FollowerHello.
+    let now = Instant::now();
+    let mut f = follower(now);
+    // Wrong leader.
+    f.handle_message(now, n(3), record(lsn(1, 3), assign("q", 0, 0)));
+    assert_eq!(drain(&mut f), vec![]);
+    assert_eq!(f.counters().wrong_leader, 1);
+    // Duplicate (durable): re-acked, not re-persisted.
+    f.handle_message(
+        now,
+        n(1),
+        record(lsn(1, 1), leader_advisory(&ClusterState::new(2))),
+    );
+    assert_eq!(
+        drain(&mut f),
+        vec![MetadataOutput::Send {
+            to: n(1),
+            message: ack(lsn(1, 1))
+        }]
+    );
+    assert_eq!(f.counters().duplicate, 1);
+    // Gap: 1:4 after 1:2.
+    f.handle_message(now, n(1), record(lsn(1, 4), assign("q", 0, 0)));
+    assert_eq!(
+        drain(&mut f),
+        vec![MetadataOutput::Send {
+            to: n(1),
+            message: msg(Msg::FollowerHello(peer::FollowerHello {
+                term: 1,
+                last_lsn: Some(lsn(1, 2).into())
+            })),
+        }]
+    );
+    assert_eq!(f.counters().gap, 1);
+    // Future term (the elector has not announced it) and, after moving on, stale term.
+    f.handle_message(
+        now,
+        n(1),
+        record(lsn(2, 1), leader_advisory(&ClusterState::new(2))),
+    );
+    assert_eq!(f.counters().future_term, 1);
+    f.handle_leadership(now, Term(2), Some(n(1)));
+    drain(&mut f);
+    f.handle_message(now, n(1), record(lsn(1, 3), assign("q", 0, 0)));
+    assert_eq!(drain(&mut f), vec![]);
+    assert_eq!(f.counters().stale_term, 1);
+    // Malformed: no advisory, no kind.
+    f.handle_message(
+        now,
+        n(1),
+        msg(Msg::Record(peer::AdvisoryRecord {
+            lsn: Some(lsn(2, 1).into()),
+            advisory: None,
+            timestamp_ms: 0,
+        })),
+    );
+    f.handle_message(now, n(1), peer::MetadataMessage { kind: None });
+    assert_eq!(f.counters().invalid, 2);
+    // From a non-member.
+    f.handle_message(
+        now,
+        n(9),
+        record(lsn(2, 1), leader_advisory(&ClusterState::new(2))),
+    );
+    assert_eq!(f.counters().unknown_sender, 1);
+    assert_eq!(f.status().last_lsn, lsn(1, 2));
+}
+
+#[test]
+fn follower_gates_records_until_the_term_snapshot() {
+    // Scenario: 1:2 and its commit arrive before the snapshot 1:1; they wait, then apply in order.
+    let now = Instant::now();
+    let mut f = core(2);
+    f.handle_leadership(now, Term(1), Some(n(1)));
+    drain(&mut f);
+    let q = assign("q", 0, 0);
+    f.handle_message(now, n(1), record(lsn(1, 2), q.clone()));
+    f.handle_message(now, n(1), commit(lsn(1, 3), lsn(1, 2)));
+    assert_eq!(drain(&mut f), vec![]);
+    assert_eq!(f.counters().gated, 2);
+    let snapshot = leader_advisory(&ClusterState::new(2));
+    f.handle_message(now, n(1), record(lsn(1, 1), snapshot.clone()));
+    assert_eq!(
+        drain(&mut f),
+        vec![
+            persist_update(lsn(1, 1), snapshot.clone()),
+            persist_update(lsn(1, 2), q.clone()),
+            persist_commit(lsn(1, 3), lsn(1, 2)),
+            MetadataOutput::Committed {
+                lsn: lsn(1, 1),
+                advisory: snapshot
+            },
+            MetadataOutput::Committed {
+                lsn: lsn(1, 2),
+                advisory: q
+            },
+        ]
+    );
+    // A term's first record must be its snapshot.
+    let mut g = core(3);
+    g.handle_leadership(now, Term(1), Some(n(1)));
+    g.handle_message(now, n(1), record(lsn(1, 1), assign("q", 0, 0)));
+    assert_eq!(g.counters().invalid, 1);
+}
+
+#[test]
+fn follower_without_the_term_snapshot_says_hello_after_a_while() {
+    // Scenario: a follower that sees nothing of its leader's term asks for a catch up.
+    let now = Instant::now();
+    let mut f = core(2);
+    f.handle_leadership(now, Term(1), Some(n(1)));
+    drain(&mut f);
+    let deadline = f.poll_timeout().expect("hello timer");
+    assert_eq!(deadline, now + Duration::from_millis(500));
+    f.handle_timeout(deadline);
+    assert_eq!(
+        drain(&mut f),
+        vec![MetadataOutput::Send {
+            to: n(1),
+            message: msg(Msg::FollowerHello(peer::FollowerHello {
+                term: 1,
+                last_lsn: Some(Lsn::ZERO.into())
+            })),
+        }]
+    );
+    assert_eq!(
+        f.poll_timeout(),
+        Some(deadline + Duration::from_millis(500))
+    );
+}
+
+#[test]
+fn leader_sync_fetches_the_state_of_the_most_advanced_node() {
+    // Scenario: the new leader is behind node 3, which holds an uncommitted advisory; the term
+    // snapshot is built from node 3's state.
+    let now = Instant::now();
+    let mut base = ClusterState::new(2);
+    base.apply(&primaries(&[(0, Some(1), 1)])).unwrap();
+    let recovered = Recovered {
+        committed_state: base.clone(),
+        committed_lsn: lsn(1, 1),
+        uncommitted: vec![],
+        last_lsn: lsn(1, 2),
+    };
+    let mut leader = MetadataCore::new(n(1), &members(), 0, recovered);
+    leader.handle_leadership(now, Term(2), Some(n(1)));
+    drain(&mut leader);
+    leader.handle_message(now, n(3), sync_response(2, lsn(1, 3), lsn(1, 1)));
+    assert_eq!(
+        drain(&mut leader),
+        vec![MetadataOutput::Send {
+            to: n(3),
+            message: msg(Msg::SyncDataQuery(peer::LeaderSyncDataQuery { term: 2 }))
+        }]
+    );
+    // Retried until answered.
+    leader.handle_timeout(now + Duration::from_millis(200));
+    assert_eq!(
+        drain(&mut leader),
+        vec![MetadataOutput::Send {
+            to: n(3),
+            message: msg(Msg::SyncDataQuery(peer::LeaderSyncDataQuery { term: 2 }))
+        }]
+    );
+    let mut advanced = base.clone();
+    advanced.apply(&assign("uncommitted-on-3", 0, 0)).unwrap();
+    // A response from another node is ignored.
+    let data = msg(Msg::SyncDataResponse(peer::LeaderSyncDataResponse {
+        term: 2,
+        last_lsn: Some(lsn(1, 3).into()),
+        state: Some(advanced.to_snapshot()),
+    }));
+    leader.handle_message(now, n(2), data.clone());
+    assert_eq!(drain(&mut leader), vec![]);
+    leader.handle_message(now, n(3), data);
+    let snapshot = leader_advisory(&advanced);
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            persist_update(lsn(2, 1), snapshot.clone()),
+            MetadataOutput::Broadcast {
+                message: record(lsn(2, 1), snapshot)
+            }
+        ]
+    );
+}
+
+#[test]
+fn follower_answers_sync_queries_only_from_the_leader_it_follows() {
+    // Scenario: sync queries from a node that is not our leader at that term are dropped.
+    let now = Instant::now();
+    let mut f = follower(now);
+    f.handle_message(
+        now,
+        n(3),
+        msg(Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: 1 })),
+    );
+    assert_eq!(drain(&mut f), vec![]);
+    f.handle_leadership(now, Term(2), Some(n(3)));
+    drain(&mut f);
+    f.handle_message(
+        now,
+        n(3),
+        msg(Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: 2 })),
+    );
+    assert_eq!(
+        drain(&mut f),
+        vec![MetadataOutput::Send {
+            to: n(3),
+            message: sync_response(2, lsn(1, 2), lsn(1, 1))
+        }]
+    );
+    // From then on, the old leader's records are stale.
+    f.handle_message(now, n(1), record(lsn(1, 3), assign("q", 0, 0)));
+    assert_eq!(drain(&mut f), vec![]);
+    // The query from 3 at term 1 and this record: neither comes from the leader we follow.
+    assert_eq!(f.counters().wrong_leader, 2);
+}
+
+#[test]
+fn leader_resends_unacked_records() {
+    // Scenario: no follower acked within 500 ms; the record is re-sent to each, until committed.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let advisory = assign("q", 0, 0);
+    leader.propose(now, advisory.clone()).unwrap();
+    leader.on_persisted(now, lsn(1, 3));
+    drain(&mut leader);
+    let deadline = leader.poll_timeout().expect("resend timer");
+    assert_eq!(deadline, now + Duration::from_millis(500));
+    leader.handle_timeout(deadline);
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            MetadataOutput::Send {
+                to: n(2),
+                message: record(lsn(1, 3), advisory.clone())
+            },
+            MetadataOutput::Send {
+                to: n(3),
+                message: record(lsn(1, 3), advisory)
+            },
+        ]
+    );
+    assert_eq!(leader.counters().records_resent, 2);
+    leader.handle_message(now, n(2), ack(lsn(1, 3)));
+    drain(&mut leader);
+    assert_eq!(leader.poll_timeout(), None);
+}
+
+#[test]
+fn late_follower_catches_up() {
+    // Scenario: node 3 missed the whole term; its hello gets a CatchUp, it resets its ledger and
+    // acks the uncommitted records.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let (a, b) = (assign("a", 0, 0), assign("b", 1, 1));
+    leader.propose(now, a).unwrap();
+    leader.on_persisted(now, lsn(1, 3));
+    leader.handle_message(now, n(2), ack(lsn(1, 3)));
+    leader.propose(now, b.clone()).unwrap();
+    leader.on_persisted(now, lsn(1, 5));
+    drain(&mut leader);
+    let mut late = core(3);
+    late.handle_leadership(now, Term(1), Some(n(1)));
+    drain(&mut late);
+    late.handle_timeout(now + Duration::from_millis(500));
+    let hello = match drain(&mut late).pop() {
+        Some(MetadataOutput::Send { message, .. }) => message,
+        other => panic!("expected a hello, got {other:?}"),
+    };
+    leader.handle_message(now, n(3), hello);
+    let out = drain(&mut leader);
+    assert_eq!(out.len(), 1, "{out:?}");
+    let MetadataOutput::Send { to, message } = out.into_iter().next().unwrap() else {
+        panic!()
+    };
+    assert_eq!(to, n(3));
+    late.handle_message(now, n(1), message);
+    assert_eq!(
+        drain(&mut late),
+        vec![MetadataOutput::ResetLedger {
+            state: leader.state().clone(),
+            committed_lsn: lsn(1, 3),
+            uncommitted: vec![(lsn(1, 5), b.clone())],
+        }]
+    );
+    late.on_persisted(now, lsn(1, 5));
+    assert_eq!(
+        drain(&mut late),
+        vec![MetadataOutput::Send {
+            to: n(1),
+            message: ack(lsn(1, 5))
+        }]
+    );
+    assert_eq!(late.state(), leader.state());
+    // The follower is back in sequence: the next commit (1:6) is accepted.
+    leader.handle_message(now, n(3), ack(lsn(1, 5)));
+    let out = drain(&mut leader);
+    assert!(out.contains(&MetadataOutput::Broadcast {
+        message: commit(lsn(1, 6), lsn(1, 5))
+    }));
+    late.handle_message(now, n(1), commit(lsn(1, 6), lsn(1, 5)));
+    assert_eq!(
+        drain(&mut late),
+        vec![
+            persist_commit(lsn(1, 6), lsn(1, 5)),
+            MetadataOutput::Committed {
+                lsn: lsn(1, 5),
+                advisory: b
+            }
+        ]
+    );
+}
+
+#[test]
+fn catch_up_resyncs_past_trailing_commit_records() {
+    // Scenario: the leader's last records are commits; the CatchUp is followed by the latest
+    // commit so the follower's next expected sequence matches the leader's.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let mut late = core(3);
+    late.handle_leadership(now, Term(1), Some(n(1)));
+    drain(&mut late);
+    leader.handle_message(
+        now,
+        n(3),
+        msg(Msg::FollowerHello(peer::FollowerHello {
+            term: 1,
+            last_lsn: Some(Lsn::ZERO.into()),
+        })),
+    );
+    let out = drain(&mut leader);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(
+        out[1],
+        MetadataOutput::Send {
+            to: n(3),
+            message: commit(lsn(1, 2), lsn(1, 1))
+        }
+    );
+    for o in out {
+        let MetadataOutput::Send { message, .. } = o else {
+            panic!()
+        };
+        late.handle_message(now, n(1), message);
+    }
+    assert_eq!(late.status().last_lsn, lsn(1, 2));
+    let q = assign("q", 0, 0);
+    leader.propose(now, q.clone()).unwrap();
+    drain(&mut leader);
+    late.handle_message(now, n(1), record(lsn(1, 3), q.clone()));
+    let out = drain(&mut late);
+    assert_eq!(out.last(), Some(&persist_update(lsn(1, 3), q)));
+    assert_eq!(late.counters().gap, 0);
+}
+
+// ---------------------------------------------------------------- 3-node harness
+
+/// A tiny network of cores: messages are queued and delivered one by one; Persist is a fake that
+/// calls `on_persisted` at once; nodes can be killed; filters drop chosen messages.
+struct Harness {
+    nodes: BTreeMap<NodeId, MetadataCore>,
+    down: BTreeSet<NodeId>,
+    queue: VecDeque<(NodeId, NodeId, peer::MetadataMessage)>,
+    now: Instant,
+    committed: BTreeMap<NodeId, Vec<(Lsn, peer::Advisory)>>,
+    #[allow(clippy::type_complexity)]
+    drop_if: Option<Box<dyn Fn(NodeId, NodeId, &peer::MetadataMessage) -> bool>>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Harness {
+            nodes: members()
+                .into_iter()
+                .map(|id| {
+                    (
+                        id,
+                        MetadataCore::new(id, &members(), 0, Recovered::fresh(4)),
+                    )
+                })
+                .collect(),
+            down: BTreeSet::new(),
+            queue: VecDeque::new(),
+            now: Instant::now(),
+            committed: BTreeMap::new(),
+            drop_if: None,
+        }
+    }
+
+    fn node(&mut self, id: u32) -> &mut MetadataCore {
+        self.nodes.get_mut(&n(id)).unwrap()
+    }
+
+    fn state(&self, id: u32) -> ClusterState {
+        self.nodes[&n(id)].state().clone()
+    }
+
+    fn pump(&mut self) {
+        for (&id, core) in self.nodes.iter_mut() {
+            if self.down.contains(&id) {
+                continue;
+            }
+            while let Some(output) = core.poll_output() {
+                match output {
+                    MetadataOutput::Persist { record } => core.on_persisted(self.now, record.lsn()),
+                    MetadataOutput::ResetLedger {
+                        committed_lsn,
+                        uncommitted,
+                        ..
+                    } => {
+                        let last = uncommitted
+                            .iter()
+                            .map(|(l, _)| *l)
+                            .fold(committed_lsn, Lsn::max);
+                        core.on_persisted(self.now, last);
+                    }
+                    MetadataOutput::Send { to, message } => self.queue.push_back((id, to, message)),
+                    MetadataOutput::Broadcast { message } => {
+                        for m in members().into_iter().filter(|m| *m != id) {
+                            self.queue.push_back((id, m, message.clone()));
+                        }
+                    }
+                    MetadataOutput::Committed { lsn, advisory } => {
+                        self.committed.entry(id).or_default().push((lsn, advisory))
+                    }
+                    MetadataOutput::RoleChanged { .. } => {}
+                }
+            }
+        }
+    }
+
+    /// Delivers until quiet (bounded).
+    fn run(&mut self) {
+        for _ in 0..100_000 {
+            self.pump();
+            let Some((from, to, message)) = self.queue.pop_front() else {
+                return;
+            };
+            if self.down.contains(&to) || self.down.contains(&from) {
+                continue;
+            }
+            if self.drop_if.as_ref().is_some_and(|f| f(from, to, &message)) {
+                continue;
+            }
+            let now = self.now;
+            self.node(to.0).handle_message(now, from, message);
+        }
+        panic!("the harness did not quiesce");
+    }
+
+    fn elect(&mut self, term: u64, leader: u32) {
+        let now = self.now;
+        for (&id, core) in self.nodes.iter_mut() {
+            if !self.down.contains(&id) {
+                core.handle_leadership(now, Term(term), Some(n(leader)));
+            }
+        }
+        self.run();
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        let now = self.now;
+        for (&id, core) in self.nodes.iter_mut() {
+            if !self.down.contains(&id) {
+                core.handle_timeout(now);
+            }
+        }
+        self.run();
+    }
+}
+
+#[test]
+fn harness_failover_keeps_every_committed_queue() {
+    // Scenario: A leads term 1, assigns primaries and queues, dies; B leads term 2 and every
+    // committed queue is still there on B and C.
+    let mut h = Harness::new();
+    h.elect(1, 1);
+    assert_eq!(h.node(1).status().role, MetadataRole::ActiveLeader);
+    let now = h.now;
+    let available: BTreeSet<NodeId> = members().into_iter().collect();
+    let plan = crate::assignment::plan_primary_assignment(h.node(1).state(), &available);
+    assert_eq!(plan.len(), 4);
+    h.node(1)
+        .propose(
+            now,
+            peer::Advisory {
+                kind: Some(peer::advisory::Kind::PartitionPrimary(
+                    peer::PartitionPrimaryAdvisory { partitions: plan },
+                )),
+            },
+        )
+        .unwrap();
+    h.run();
+    for i in 0..6 {
+        // Half requested on the leader, half forwarded by a follower.
+        let on = if i % 2 == 0 { 1 } else { 2 };
+        h.node(on)
+            .request_queue_assignment(now, &format!("bmq://d/q{i}"));
+        h.run();
+    }
+    // Asking again for a known queue proposes nothing.
+    h.node(1).request_queue_assignment(now, "bmq://d/q0");
+    assert_eq!(h.node(1).status().uncommitted, 0);
+    let state_a = h.node(1).state().clone();
+    assert_eq!(state_a.queues.len(), 6);
+    let counts = state_a.queue_counts();
+    assert!(counts.values().all(|c| *c >= 1 && *c <= 2), "{counts:?}");
+    for id in [2, 3] {
+        assert_eq!(h.node(id).state(), &state_a, "node {id} converged");
+    }
+    // A dies; B leads term 2.
+    h.down.insert(n(1));
+    h.elect(2, 2);
+    assert_eq!(h.node(2).status().role, MetadataRole::ActiveLeader);
+    assert_eq!(h.node(2).state(), &state_a);
+    assert_eq!(h.node(3).state(), &state_a);
+    assert_eq!(h.node(2).status().committed_lsn, lsn(2, 1));
+    // The new leader keeps assigning with fresh keys.
+    let now = h.now;
+    h.node(3).request_queue_assignment(now, "bmq://d/new");
+    h.run();
+    assert_eq!(h.node(2).state().queues["bmq://d/new"].queue_key, 6);
+    assert_eq!(h.state(3), h.state(2));
+    // Every node saw the same committed advisories at the same LSNs (where both saw them).
+    let (b, c) = (&h.committed[&n(2)], &h.committed[&n(3)]);
+    assert_eq!(b, c);
+}
+
+#[test]
+fn harness_uncommitted_advisory_of_the_most_advanced_node_survives() {
+    // Scenario: A's advisory reaches only B before A dies (so it is not committed); C leads
+    // term 2, finds B most advanced, and the advisory is committed in C's term snapshot.
+    let mut h = Harness::new();
+    h.elect(1, 1);
+    // Acks of this advisory are lost, and C never receives it.
+    h.drop_if = Some(Box::new(|from, to, m| {
+        let is_ack = matches!(m.kind, Some(Msg::Ack(_)));
+        let is_record_to_c = matches!(m.kind, Some(Msg::Record(_))) && to == NodeId(3);
+        (is_ack && to == NodeId(1) && from != NodeId(1)) || is_record_to_c
+    }));
+    let now = h.now;
+    h.node(1)
+        .propose(now, assign("bmq://d/survivor", 0, 0))
+        .unwrap();
+    h.run();
+    assert!(h
+        .node(2)
+        .tip_state()
+        .queues
+        .contains_key("bmq://d/survivor"));
+    assert!(h.node(1).state().queues.is_empty());
+    h.drop_if = None;
+    h.down.insert(n(1));
+    h.elect(2, 3);
+    assert_eq!(h.node(3).status().role, MetadataRole::ActiveLeader);
+    assert!(h.node(3).state().queues.contains_key("bmq://d/survivor"));
+    assert_eq!(h.state(2), h.state(3));
+}
+
+#[test]
+fn harness_restarted_follower_catches_up_after_missing_records() {
+    // Scenario: C is cut off while A commits advisories with B, then returns and catches up by
+    // retransmission or hello.
+    let mut h = Harness::new();
+    h.elect(1, 1);
+    h.drop_if = Some(Box::new(|from, to, _| from == NodeId(3) || to == NodeId(3)));
+    let now = h.now;
+    for i in 0..3 {
+        h.node(1)
+            .propose(now, assign(&format!("q{i}"), 0, i))
+            .unwrap();
+        h.run();
+    }
+    assert_eq!(h.node(1).state().queues.len(), 3);
+    assert!(h.node(3).state().queues.is_empty());
+    h.drop_if = None;
+    // The next advisory shows C a gap; C says hello and gets a CatchUp.
+    h.node(1).propose(now, assign("q3", 1, 3)).unwrap();
+    h.run();
+    h.advance(Duration::from_millis(600));
+    h.advance(Duration::from_millis(600));
+    assert_eq!(h.state(3), h.state(1));
+    assert_eq!(h.node(3).state().queues.len(), 4);
+}

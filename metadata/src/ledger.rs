@@ -1,0 +1,934 @@
+//! The on-disk metadata ledger (DESIGN.md §5, "Ledger file").
+//!
+//! One directory holds one live file `ledger-<n>.bmql`:
+//!
+//! ```text
+//! file header : magic b"BMQLEDG1" | version u32 LE | reserved u32
+//! record      : record_type u8 | lsn_term u64 | lsn_sequence u64 | timestamp_ms u64 | body_len u32
+//!               | body (protobuf) | crc32c u32 over header and body   (integers little-endian)
+//! ```
+//!
+//! Record types: 1 SNAPSHOT (body `ClusterStateSnapshot`, the committed state at the header's
+//! LSN), 2 UPDATE (body `Advisory`), 3 COMMIT (body `AdvisoryCommit`), 4 reserved for ACK (skipped).
+//!
+//! Rollover (and [`Ledger::reset_to`]) writes `ledger-<n+1>.bmql.tmp` = SNAPSHOT of the committed
+//! state + the still-uncommitted UPDATE records, fsyncs it, renames it, fsyncs the directory, then
+//! removes the old file. A crash at any point leaves one complete file with the highest number.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bmq_proto::{peer, Term};
+use prost::Message;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::lsn::{lsn_of, Lsn};
+use crate::state::ClusterState;
+
+/// The file magic.
+pub const LEDGER_MAGIC: &[u8; 8] = b"BMQLEDG1";
+/// The file format version this code writes and reads.
+pub const LEDGER_VERSION: u32 = 1;
+/// Default size at which the ledger rolls over to a new file: 64 MiB.
+pub const LEDGER_MAX_FILE_SIZE_DEFAULT: u64 = 64 * 1024 * 1024;
+/// The largest record body accepted on read (a limit on everything): 16 MiB.
+pub const LEDGER_RECORD_BODY_MAX: u32 = 16 * 1024 * 1024;
+
+const FILE_HEADER_LEN: usize = 16;
+const RECORD_HEADER_LEN: usize = 1 + 8 + 8 + 8 + 4;
+const CRC_LEN: usize = 4;
+
+const TYPE_SNAPSHOT: u8 = 1;
+const TYPE_UPDATE: u8 = 2;
+const TYPE_COMMIT: u8 = 3;
+const TYPE_ACK: u8 = 4;
+
+/// When the ledger calls `fsync` (`File::sync_data`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsyncPolicy {
+    /// After every record (the default: metadata writes are rare and acks mean "on disk").
+    #[default]
+    EveryRecord,
+    /// Never (tests only): a crash may lose acknowledged records.
+    Never,
+}
+
+/// One ledger record, as the core asks for it to be written.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LedgerRecord {
+    /// The committed state at `lsn` (written at rollover and reset; committed by construction).
+    Snapshot {
+        /// The LSN of the last record the state includes.
+        lsn: Lsn,
+        /// The committed state.
+        state: ClusterState,
+    },
+    /// An advisory, not yet known to be committed.
+    Update {
+        /// The advisory's LSN.
+        lsn: Lsn,
+        /// The advisory.
+        advisory: peer::Advisory,
+    },
+    /// Every UPDATE up to and including `committed` is committed.
+    Commit {
+        /// The commit record's own LSN (the leader's next sequence).
+        lsn: Lsn,
+        /// The committed LSN.
+        committed: Lsn,
+    },
+}
+
+impl LedgerRecord {
+    /// The record's own LSN.
+    pub fn lsn(&self) -> Lsn {
+        match self {
+            LedgerRecord::Snapshot { lsn, .. }
+            | LedgerRecord::Update { lsn, .. }
+            | LedgerRecord::Commit { lsn, .. } => *lsn,
+        }
+    }
+}
+
+/// What the ledger holds, computed by replaying it on open.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recovered {
+    /// The state with every committed advisory applied.
+    pub committed_state: ClusterState,
+    /// The last committed LSN.
+    pub committed_lsn: Lsn,
+    /// UPDATE records after `committed_lsn` not (yet) known to be committed, in LSN order.
+    pub uncommitted: Vec<(Lsn, peer::Advisory)>,
+    /// The LSN of the last record of any type.
+    pub last_lsn: Lsn,
+}
+
+impl Recovered {
+    /// A fresh ledger: `partition_count` partitions, nothing written.
+    pub fn fresh(partition_count: u32) -> Self {
+        Recovered {
+            committed_state: ClusterState::new(partition_count),
+            committed_lsn: Lsn::ZERO,
+            uncommitted: Vec::new(),
+            last_lsn: Lsn::ZERO,
+        }
+    }
+
+    /// Applies one record, as replay does.
+    ///
+    /// - SNAPSHOT sets the committed state and drops older uncommitted records.
+    /// - UPDATE appends to the uncommitted list; a `LeaderAdvisory` of a newer term supersedes
+    ///   every uncommitted record of an older term (the new leader's snapshot already holds
+    ///   every committed one, see `core.rs`), so those are dropped.
+    /// - COMMIT applies every uncommitted record with LSN <= `committed`.
+    pub(crate) fn replay(&mut self, record: &LedgerRecord) {
+        match record {
+            LedgerRecord::Snapshot { lsn, state } => {
+                self.committed_state = state.clone();
+                self.committed_lsn = *lsn;
+                self.uncommitted.retain(|(l, _)| l > lsn);
+            }
+            LedgerRecord::Update { lsn, advisory } => {
+                if is_leader_advisory(advisory) {
+                    self.uncommitted.retain(|(l, _)| l.term >= lsn.term);
+                }
+                self.uncommitted.push((*lsn, advisory.clone()));
+            }
+            LedgerRecord::Commit { committed, .. } => {
+                let split = self.uncommitted.partition_point(|(l, _)| l <= committed);
+                for (lsn, advisory) in self.uncommitted.drain(..split) {
+                    if let Err(error) = self.committed_state.apply(&advisory) {
+                        // The leader validated it; a failure here means a bug elsewhere. Keep going:
+                        // refusing to start would not repair the history.
+                        warn!(lsn = %lsn, error = %error, "committed advisory does not apply on replay");
+                    }
+                }
+                if *committed > self.committed_lsn {
+                    self.committed_lsn = *committed;
+                }
+            }
+        }
+        self.last_lsn = self.last_lsn.max(record.lsn());
+    }
+}
+
+pub(crate) fn is_leader_advisory(advisory: &peer::Advisory) -> bool {
+    matches!(advisory.kind, Some(peer::advisory::Kind::Leader(_)))
+}
+
+/// Ledger failures. Any of them on write stops the node (STYLE.md: never retry an fsync).
+#[derive(Debug, Error)]
+pub enum LedgerError {
+    /// An I/O error on `path`.
+    #[error("ledger i/o error on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file does not start with the ledger magic.
+    #[error("{file}: not a ledger file")]
+    BadMagic {
+        /// The file.
+        file: PathBuf,
+    },
+    /// The file has a version this code does not read.
+    #[error("{file}: unsupported ledger version {version}")]
+    UnsupportedVersion {
+        /// The file.
+        file: PathBuf,
+        /// Its version.
+        version: u32,
+    },
+    /// A damaged record followed by valid ones (so not a torn tail), or a record whose CRC is
+    /// right but whose content is not (bad body, LSN going backwards).
+    #[error("{file}: corrupt record at offset {offset}")]
+    Corrupt {
+        /// The file.
+        file: PathBuf,
+        /// Byte offset of the damaged record.
+        offset: u64,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LedgerError + '_ {
+    move |source| LedgerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The metadata ledger: appends records, rolls over, and replays on open.
+#[derive(Debug)]
+pub struct Ledger {
+    dir: PathBuf,
+    fsync: FsyncPolicy,
+    max_file_size: u64,
+    file: File,
+    file_index: u64,
+    file_size: u64,
+    bytes_written: u64,
+    rollovers: u64,
+    /// The ledger's own replay of what it wrote, for rollover snapshots.
+    mirror: Recovered,
+}
+
+impl Ledger {
+    /// Opens (or creates) the ledger in `dir` and replays it.
+    ///
+    /// A torn or corrupt tail (an incomplete record, or bad records with nothing valid after them)
+    /// is truncated with a warning and the counter `bmq_ledger_torn_tail_truncations_total`.
+    /// An empty directory gives a fresh state of `partition_count` partitions.
+    ///
+    /// # Errors
+    /// [`LedgerError::Corrupt`] when damage is followed by valid records, bad magic or version,
+    /// I/O errors.
+    pub fn open(
+        dir: impl AsRef<Path>,
+        fsync: FsyncPolicy,
+        partition_count: u32,
+    ) -> Result<(Ledger, Recovered), LedgerError> {
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let mut files = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
+            let entry = entry.map_err(io_err(&dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("ledger-") && name.ends_with(".bmql.tmp") {
+                // An unfinished rollover: the old file is still complete.
+                fs::remove_file(entry.path()).map_err(io_err(&entry.path()))?;
+            } else if let Some(n) = name
+                .strip_prefix("ledger-")
+                .and_then(|rest| rest.strip_suffix(".bmql"))
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                files.push(n);
+            }
+        }
+        files.sort_unstable();
+        let Some(&file_index) = files.last() else {
+            let recovered = Recovered::fresh(partition_count);
+            let path = file_path(&dir, 0);
+            let mut file = OpenOptions::new()
+                .create_new(true)
+                .append(true)
+                .open(&path)
+                .map_err(io_err(&path))?;
+            file.write_all(&file_header()).map_err(io_err(&path))?;
+            file.sync_all().map_err(io_err(&path))?;
+            sync_dir(&dir)?;
+            let ledger = Ledger {
+                dir,
+                fsync,
+                max_file_size: LEDGER_MAX_FILE_SIZE_DEFAULT,
+                file,
+                file_index: 0,
+                file_size: FILE_HEADER_LEN as u64,
+                bytes_written: 0,
+                rollovers: 0,
+                mirror: recovered.clone(),
+            };
+            return Ok((ledger, recovered));
+        };
+        // A completed rollover whose old file was not yet removed.
+        for old in &files[..files.len() - 1] {
+            let path = file_path(&dir, *old);
+            fs::remove_file(&path).map_err(io_err(&path))?;
+        }
+        let path = file_path(&dir, file_index);
+        let mut bytes = Vec::new();
+        File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(io_err(&path))?;
+        let scan = scan(&path, &bytes, partition_count)?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        if scan.valid_len < bytes.len() as u64 || scan.rewrite_header {
+            warn!(
+                file = %path.display(),
+                offset = scan.valid_len,
+                dropped_bytes = bytes.len() as u64 - scan.valid_len.min(bytes.len() as u64),
+                "ledger has a torn tail; truncating"
+            );
+            metrics::counter!("bmq_ledger_torn_tail_truncations_total").increment(1);
+            file.set_len(scan.valid_len).map_err(io_err(&path))?;
+            if scan.rewrite_header {
+                (&file).write_all(&file_header()).map_err(io_err(&path))?;
+            }
+            file.sync_all().map_err(io_err(&path))?;
+        }
+        let file_size = if scan.rewrite_header {
+            FILE_HEADER_LEN as u64
+        } else {
+            scan.valid_len
+        };
+        info!(
+            file = %path.display(),
+            last_lsn = %scan.recovered.last_lsn,
+            committed_lsn = %scan.recovered.committed_lsn,
+            uncommitted = scan.recovered.uncommitted.len(),
+            "ledger opened"
+        );
+        let ledger = Ledger {
+            dir,
+            fsync,
+            max_file_size: LEDGER_MAX_FILE_SIZE_DEFAULT,
+            file,
+            file_index,
+            file_size,
+            bytes_written: 0,
+            rollovers: 0,
+            mirror: scan.recovered.clone(),
+        };
+        Ok((ledger, scan.recovered))
+    }
+
+    /// Sets the size (bytes) past which the ledger rolls over to a new file.
+    pub fn set_max_file_size(&mut self, max_file_size: u64) {
+        self.max_file_size = max_file_size;
+    }
+
+    /// Appends one record (then fsyncs per policy), rolling over past `max_file_size`.
+    ///
+    /// # Panics
+    /// If the record's LSN is not above the last one written (a programmer error that would
+    /// corrupt the history); SNAPSHOT records are not accepted here (use [`Ledger::reset_to`]).
+    ///
+    /// # Errors
+    /// I/O errors; the caller must stop the node.
+    pub fn append(&mut self, record: &LedgerRecord) -> Result<(), LedgerError> {
+        assert!(
+            !matches!(record, LedgerRecord::Snapshot { .. }),
+            "snapshots are written by rollover and reset_to only"
+        );
+        assert!(
+            record.lsn() > self.mirror.last_lsn,
+            "ledger LSN regressed: {} after {}",
+            record.lsn(),
+            self.mirror.last_lsn
+        );
+        let bytes = encode_record(record, now_ms());
+        let path = file_path(&self.dir, self.file_index);
+        self.file.write_all(&bytes).map_err(io_err(&path))?;
+        if self.fsync == FsyncPolicy::EveryRecord {
+            self.file.sync_data().map_err(io_err(&path))?;
+        }
+        self.file_size += bytes.len() as u64;
+        self.bytes_written += bytes.len() as u64;
+        self.mirror.replay(record);
+        if self.file_size >= self.max_file_size {
+            self.rewrite()?;
+            self.rollovers += 1;
+        }
+        Ok(())
+    }
+
+    /// Replaces the whole history: a follower that received a `CatchUp` (or any history that
+    /// supersedes its own) records it as a SNAPSHOT of `state` at `committed_lsn` (committed)
+    /// followed by the `uncommitted` UPDATE records, in a new file, like a rollover.
+    ///
+    /// # Errors
+    /// I/O errors; the caller must stop the node.
+    pub fn reset_to(
+        &mut self,
+        state: &ClusterState,
+        committed_lsn: Lsn,
+        uncommitted: &[(Lsn, peer::Advisory)],
+    ) -> Result<(), LedgerError> {
+        let last_lsn = uncommitted
+            .iter()
+            .map(|(l, _)| *l)
+            .fold(committed_lsn, Lsn::max);
+        self.mirror = Recovered {
+            committed_state: state.clone(),
+            committed_lsn,
+            uncommitted: uncommitted.to_vec(),
+            last_lsn,
+        };
+        self.rewrite()
+    }
+
+    /// Writes a new file holding the mirror (snapshot + uncommitted), then drops the old one.
+    fn rewrite(&mut self) -> Result<(), LedgerError> {
+        let next_index = self.file_index + 1;
+        let final_path = file_path(&self.dir, next_index);
+        let tmp_path = final_path.with_extension("bmql.tmp");
+        let mut bytes = file_header().to_vec();
+        let now = now_ms();
+        bytes.extend(encode_record(
+            &LedgerRecord::Snapshot {
+                lsn: self.mirror.committed_lsn,
+                state: self.mirror.committed_state.clone(),
+            },
+            now,
+        ));
+        for (lsn, advisory) in &self.mirror.uncommitted {
+            bytes.extend(encode_record(
+                &LedgerRecord::Update {
+                    lsn: *lsn,
+                    advisory: advisory.clone(),
+                },
+                now,
+            ));
+        }
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&tmp_path)
+            .map_err(io_err(&tmp_path))?;
+        file.write_all(&bytes).map_err(io_err(&tmp_path))?;
+        // The new file must be durable before the old one goes, whatever the fsync policy.
+        file.sync_all().map_err(io_err(&tmp_path))?;
+        drop(file);
+        fs::rename(&tmp_path, &final_path).map_err(io_err(&final_path))?;
+        sync_dir(&self.dir)?;
+        let old_path = file_path(&self.dir, self.file_index);
+        fs::remove_file(&old_path).map_err(io_err(&old_path))?;
+        self.file = OpenOptions::new()
+            .append(true)
+            .open(&final_path)
+            .map_err(io_err(&final_path))?;
+        self.file_index = next_index;
+        self.file_size = bytes.len() as u64;
+        self.bytes_written += bytes.len() as u64;
+        info!(
+            file = %final_path.display(),
+            committed_lsn = %self.mirror.committed_lsn,
+            uncommitted = self.mirror.uncommitted.len(),
+            "ledger rewritten"
+        );
+        Ok(())
+    }
+
+    /// Bytes written since open (records, rollover files included).
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    /// Size of the live file in bytes.
+    pub fn file_size(&self) -> u64 {
+        self.file_size
+    }
+
+    /// Rollovers since open (not counting [`Ledger::reset_to`]).
+    pub fn rollovers(&self) -> u64 {
+        self.rollovers
+    }
+
+    /// The path of the live file.
+    pub fn file_path(&self) -> PathBuf {
+        file_path(&self.dir, self.file_index)
+    }
+
+    /// What a replay of the ledger would give now.
+    pub fn recovered(&self) -> &Recovered {
+        &self.mirror
+    }
+}
+
+fn file_path(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("ledger-{index}.bmql"))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn file_header() -> [u8; FILE_HEADER_LEN] {
+    let mut h = [0u8; FILE_HEADER_LEN];
+    h[..8].copy_from_slice(LEDGER_MAGIC);
+    h[8..12].copy_from_slice(&LEDGER_VERSION.to_le_bytes());
+    h
+}
+
+fn encode_record(record: &LedgerRecord, timestamp_ms: u64) -> Vec<u8> {
+    let (record_type, body) = match record {
+        LedgerRecord::Snapshot { state, .. } => {
+            (TYPE_SNAPSHOT, state.to_snapshot().encode_to_vec())
+        }
+        LedgerRecord::Update { advisory, .. } => (TYPE_UPDATE, advisory.encode_to_vec()),
+        LedgerRecord::Commit { lsn, committed } => (
+            TYPE_COMMIT,
+            peer::AdvisoryCommit {
+                lsn: Some((*lsn).into()),
+                committed: Some((*committed).into()),
+            }
+            .encode_to_vec(),
+        ),
+    };
+    let lsn = record.lsn();
+    let mut out = Vec::with_capacity(RECORD_HEADER_LEN + body.len() + CRC_LEN);
+    out.push(record_type);
+    out.extend_from_slice(&lsn.term.0.to_le_bytes());
+    out.extend_from_slice(&lsn.sequence.to_le_bytes());
+    out.extend_from_slice(&timestamp_ms.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// A record whose frame (length and CRC) is intact.
+struct Frame<'a> {
+    record_type: u8,
+    lsn: Lsn,
+    body: &'a [u8],
+    len: usize,
+}
+
+/// Reads the frame at the start of `bytes`, if it is complete and its CRC matches.
+fn read_frame(bytes: &[u8]) -> Option<Frame<'_>> {
+    if bytes.len() < RECORD_HEADER_LEN {
+        return None;
+    }
+    let record_type = bytes[0];
+    if !(TYPE_SNAPSHOT..=TYPE_ACK).contains(&record_type) {
+        return None;
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let body_len = u32::from_le_bytes(bytes[25..29].try_into().expect("4 bytes"));
+    if body_len > LEDGER_RECORD_BODY_MAX {
+        return None;
+    }
+    let len = RECORD_HEADER_LEN + body_len as usize + CRC_LEN;
+    if bytes.len() < len {
+        return None;
+    }
+    let crc_at = len - CRC_LEN;
+    let crc = u32::from_le_bytes(bytes[crc_at..len].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&bytes[..crc_at]) != crc {
+        return None;
+    }
+    Some(Frame {
+        record_type,
+        lsn: Lsn::new(Term(u64_at(1)), u64_at(9)),
+        body: &bytes[RECORD_HEADER_LEN..crc_at],
+        len,
+    })
+}
+
+fn decode_frame(frame: &Frame<'_>) -> Option<Option<LedgerRecord>> {
+    let record = match frame.record_type {
+        TYPE_SNAPSHOT => {
+            let snapshot = peer::ClusterStateSnapshot::decode(frame.body).ok()?;
+            LedgerRecord::Snapshot {
+                lsn: frame.lsn,
+                state: ClusterState::from_snapshot(&snapshot).ok()?,
+            }
+        }
+        TYPE_UPDATE => LedgerRecord::Update {
+            lsn: frame.lsn,
+            advisory: peer::Advisory::decode(frame.body).ok()?,
+        },
+        TYPE_COMMIT => {
+            let commit = peer::AdvisoryCommit::decode(frame.body).ok()?;
+            if lsn_of(commit.lsn) != frame.lsn {
+                return None;
+            }
+            LedgerRecord::Commit {
+                lsn: frame.lsn,
+                committed: lsn_of(commit.committed),
+            }
+        }
+        _ => return Some(None),
+    };
+    Some(Some(record))
+}
+
+struct Scan {
+    recovered: Recovered,
+    valid_len: u64,
+    rewrite_header: bool,
+}
+
+/// Replays a whole file. See [`Ledger::open`] for the torn-tail rule.
+fn scan(path: &Path, bytes: &[u8], partition_count: u32) -> Result<Scan, LedgerError> {
+    let mut recovered = Recovered::fresh(partition_count);
+    if bytes.len() < FILE_HEADER_LEN {
+        // Only a crash while creating the very first file leaves a short header (later files are
+        // renamed into place complete).
+        if !LEDGER_MAGIC.starts_with(&bytes[..bytes.len().min(8)]) {
+            return Err(LedgerError::BadMagic {
+                file: path.to_path_buf(),
+            });
+        }
+        return Ok(Scan {
+            recovered,
+            valid_len: 0,
+            rewrite_header: true,
+        });
+    }
+    if &bytes[..8] != LEDGER_MAGIC {
+        return Err(LedgerError::BadMagic {
+            file: path.to_path_buf(),
+        });
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if version != LEDGER_VERSION {
+        return Err(LedgerError::UnsupportedVersion {
+            file: path.to_path_buf(),
+            version,
+        });
+    }
+    let mut offset = FILE_HEADER_LEN;
+    let mut last: Option<Lsn> = None;
+    while offset < bytes.len() {
+        let corrupt = || LedgerError::Corrupt {
+            file: path.to_path_buf(),
+            offset: offset as u64,
+        };
+        let Some(frame) = read_frame(&bytes[offset..]) else {
+            // Damaged here: a torn tail only if nothing valid follows.
+            let valid_after = (offset + 1..bytes.len()).any(|o| read_frame(&bytes[o..]).is_some());
+            if valid_after {
+                return Err(corrupt());
+            }
+            return Ok(Scan {
+                recovered,
+                valid_len: offset as u64,
+                rewrite_header: false,
+            });
+        };
+        let record = decode_frame(&frame).ok_or_else(corrupt)?;
+        if let Some(record) = record {
+            if last.is_some_and(|l| record.lsn() <= l)
+                && !matches!(record, LedgerRecord::Snapshot { .. })
+            {
+                return Err(corrupt());
+            }
+            last = Some(record.lsn());
+            recovered.replay(&record);
+        }
+        offset += frame.len;
+    }
+    Ok(Scan {
+        recovered,
+        valid_len: offset as u64,
+        rewrite_header: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::{assign, primaries};
+
+    fn lsn(term: u64, sequence: u64) -> Lsn {
+        Lsn::new(Term(term), sequence)
+    }
+
+    fn update(l: Lsn, advisory: peer::Advisory) -> LedgerRecord {
+        LedgerRecord::Update { lsn: l, advisory }
+    }
+
+    fn commit(l: Lsn, committed: Lsn) -> LedgerRecord {
+        LedgerRecord::Commit { lsn: l, committed }
+    }
+
+    fn open(dir: &Path) -> (Ledger, Recovered) {
+        Ledger::open(dir, FsyncPolicy::Never, 2).unwrap()
+    }
+
+    fn write_history(dir: &Path) -> Ledger {
+        let (mut ledger, _) = open(dir);
+        ledger
+            .append(&update(lsn(1, 1), primaries(&[(0, Some(1), 1)])))
+            .unwrap();
+        ledger
+            .append(&update(lsn(1, 2), assign("q1", 0, 0)))
+            .unwrap();
+        ledger.append(&commit(lsn(1, 3), lsn(1, 2))).unwrap();
+        ledger
+            .append(&update(lsn(1, 4), assign("q2", 0, 1)))
+            .unwrap();
+        ledger
+    }
+
+    fn expected_state() -> ClusterState {
+        let mut s = ClusterState::new(2);
+        s.apply(&primaries(&[(0, Some(1), 1)])).unwrap();
+        s.apply(&assign("q1", 0, 0)).unwrap();
+        s
+    }
+
+    #[test]
+    fn empty_directory_opens_fresh() {
+        // Scenario: a new node opens an empty ledger directory.
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, recovered) = open(dir.path());
+        assert_eq!(recovered, Recovered::fresh(2));
+        assert!(ledger.file_path().ends_with("ledger-0.bmql"));
+        assert_eq!(fs::read(ledger.file_path()).unwrap().len(), FILE_HEADER_LEN);
+    }
+
+    #[test]
+    fn restart_restores_committed_state_and_uncommitted_records() {
+        // Scenario: records written, the node restarts, the replay gives back the same view.
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = write_history(dir.path());
+        let before = ledger.recovered().clone();
+        assert!(ledger.bytes_written() > 0);
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered, before);
+        assert_eq!(recovered.committed_state, expected_state());
+        assert_eq!(recovered.committed_lsn, lsn(1, 2));
+        assert_eq!(recovered.uncommitted, vec![(lsn(1, 4), assign("q2", 0, 1))]);
+        assert_eq!(recovered.last_lsn, lsn(1, 4));
+    }
+
+    #[test]
+    fn new_term_leader_advisory_supersedes_older_uncommitted_records() {
+        // Scenario: uncommitted records of term 1 are superseded by term 2's LeaderAdvisory, which commits.
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = write_history(dir.path());
+        let mut snapshot = expected_state();
+        snapshot.apply(&assign("q2", 0, 1)).unwrap();
+        let leader = peer::Advisory {
+            kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+                state: Some(snapshot.to_snapshot()),
+            })),
+        };
+        ledger.append(&update(lsn(2, 1), leader.clone())).unwrap();
+        assert_eq!(ledger.recovered().uncommitted, vec![(lsn(2, 1), leader)]);
+        ledger.append(&commit(lsn(2, 2), lsn(2, 1))).unwrap();
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.committed_state, snapshot);
+        assert_eq!(recovered.committed_lsn, lsn(2, 1));
+        assert!(recovered.uncommitted.is_empty());
+        assert_eq!(recovered.last_lsn, lsn(2, 2));
+    }
+
+    #[test]
+    fn torn_tail_is_truncated() {
+        // Scenario: the node crashed in the middle of writing its last record.
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = write_history(dir.path());
+        let path = ledger.file_path();
+        drop(ledger);
+        let full = fs::read(&path).unwrap();
+        // Cut the last record (q2 at 1:4) in half.
+        let last_len = encode_record(&update(lsn(1, 4), assign("q2", 0, 1)), 0).len();
+        let cut = full.len() - last_len / 2;
+        fs::write(&path, &full[..cut]).unwrap();
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.committed_state, expected_state());
+        assert!(recovered.uncommitted.is_empty());
+        assert_eq!(recovered.last_lsn, lsn(1, 3));
+        assert_eq!(fs::read(&path).unwrap().len(), full.len() - last_len);
+        // A bad CRC on the last record is also a torn tail.
+        let mut damaged = full.clone();
+        let n = damaged.len();
+        damaged[n - 1] ^= 0xff;
+        fs::write(&path, &damaged).unwrap();
+        let (mut ledger, recovered) = open(dir.path());
+        assert_eq!(recovered.last_lsn, lsn(1, 3));
+        // The ledger keeps working after truncation.
+        ledger
+            .append(&update(lsn(1, 4), assign("q3", 1, 1)))
+            .unwrap();
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.uncommitted, vec![(lsn(1, 4), assign("q3", 1, 1))]);
+    }
+
+    #[test]
+    fn corruption_followed_by_valid_records_is_an_error() {
+        // Scenario: a bit flip in the second record while later records are intact.
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = write_history(dir.path());
+        let path = ledger.file_path();
+        drop(ledger);
+        let mut bytes = fs::read(&path).unwrap();
+        let first_len = encode_record(&update(lsn(1, 1), primaries(&[(0, Some(1), 1)])), 0).len();
+        let second = FILE_HEADER_LEN + first_len;
+        bytes[second + RECORD_HEADER_LEN] ^= 0x55;
+        fs::write(&path, &bytes).unwrap();
+        match Ledger::open(dir.path(), FsyncPolicy::Never, 2) {
+            Err(LedgerError::Corrupt { file, offset }) => {
+                assert_eq!(file, path);
+                assert_eq!(offset, second as u64);
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        // The file was not touched.
+        assert_eq!(fs::read(&path).unwrap(), bytes);
+    }
+
+    #[test]
+    fn bad_magic_is_an_error() {
+        // Scenario: a foreign file sits where the ledger should be.
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("ledger-0.bmql"), b"NOTALEDGERFILE!!").unwrap();
+        assert!(matches!(
+            Ledger::open(dir.path(), FsyncPolicy::Never, 2),
+            Err(LedgerError::BadMagic { .. })
+        ));
+    }
+
+    #[test]
+    fn rollover_keeps_state_and_uncommitted_records() {
+        // Scenario: the file passes max_file_size; the new file holds snapshot + uncommitted records.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ledger, _) = open(dir.path());
+        ledger.set_max_file_size(200);
+        let mut seq = 0;
+        let mut next = || {
+            seq += 1;
+            lsn(1, seq)
+        };
+        ledger
+            .append(&update(
+                next(),
+                primaries(&[(0, Some(1), 1), (1, Some(2), 1)]),
+            ))
+            .unwrap();
+        let mut committed_until = Lsn::ZERO;
+        for key in 0..10u64 {
+            let l = next();
+            ledger
+                .append(&update(
+                    l,
+                    assign(&format!("bmq://d/q{key}"), (key % 2) as u32, key),
+                ))
+                .unwrap();
+            if key < 8 {
+                let c = next();
+                ledger.append(&commit(c, l)).unwrap();
+                committed_until = l;
+            }
+        }
+        assert!(ledger.rollovers() > 0);
+        let files: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(files.len(), 1, "old files are removed: {files:?}");
+        let before = ledger.recovered().clone();
+        assert_eq!(before.committed_lsn, committed_until);
+        assert_eq!(before.committed_state.queues.len(), 8);
+        assert_eq!(before.uncommitted.len(), 2);
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.committed_state, before.committed_state);
+        assert_eq!(recovered.committed_lsn, before.committed_lsn);
+        assert_eq!(recovered.uncommitted, before.uncommitted);
+    }
+
+    #[test]
+    fn reset_to_replaces_the_history() {
+        // Scenario: a follower's history is replaced by a CatchUp (snapshot + uncommitted records).
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = write_history(dir.path());
+        let mut state = ClusterState::new(2);
+        state.apply(&assign("other", 1, 5)).unwrap();
+        let uncommitted = vec![(lsn(3, 4), assign("late", 0, 6))];
+        ledger.reset_to(&state, lsn(3, 3), &uncommitted).unwrap();
+        ledger.append(&commit(lsn(3, 5), lsn(3, 4))).unwrap();
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        let mut expected = state.clone();
+        expected.apply(&assign("late", 0, 6)).unwrap();
+        assert_eq!(recovered.committed_state, expected);
+        assert_eq!(recovered.committed_lsn, lsn(3, 4));
+        assert_eq!(recovered.last_lsn, lsn(3, 5));
+    }
+
+    #[test]
+    fn leftover_files_from_an_interrupted_rollover_are_cleaned() {
+        // Scenario: a crash left a .tmp file and an old file next to the newest complete one.
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = write_history(dir.path());
+        ledger.reset_to(&expected_state(), lsn(1, 2), &[]).unwrap();
+        let live = ledger.file_path();
+        drop(ledger);
+        fs::write(dir.path().join("ledger-0.bmql"), file_header()).unwrap();
+        fs::write(dir.path().join("ledger-2.bmql.tmp"), b"garbage").unwrap();
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.committed_state, expected_state());
+        let files: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files, vec![live]);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn arbitrary_bytes_after_a_valid_prefix_never_panic(
+            garbage in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            keep in 0usize..400,
+        ) {
+            // Scenario: whatever follows a valid prefix, open returns Ok or Err and never panics.
+            let dir = tempfile::tempdir().unwrap();
+            let ledger = write_history(dir.path());
+            let path = ledger.file_path();
+            drop(ledger);
+            let mut bytes = fs::read(&path).unwrap();
+            bytes.truncate(keep.min(bytes.len()));
+            bytes.extend_from_slice(&garbage);
+            fs::write(&path, &bytes).unwrap();
+            let _ = Ledger::open(dir.path(), FsyncPolicy::Never, 2);
+        }
+    }
+}

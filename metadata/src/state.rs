@@ -1,0 +1,722 @@
+//! The cluster state that the metadata ledger replicates, and the rule that applies an advisory
+//! to it (DESIGN.md §5, §6).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bmq_proto::{peer, NodeId, PartitionId};
+use serde::ser::{SerializeStruct, Serializer};
+use serde::Serialize;
+use thiserror::Error;
+
+/// A partition primary's status (`PrimaryStatusAdvisory`): a new primary starts passive, heals its
+/// partition, then announces itself active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum PrimaryStatus {
+    /// No primary, or a primary that has not announced anything yet.
+    #[default]
+    None,
+    /// The primary is healing its partition.
+    Passive,
+    /// The primary serves the partition.
+    Active,
+}
+
+impl PrimaryStatus {
+    /// Reads the wire enum; an unknown value is `None`.
+    pub fn from_wire(value: i32) -> Option<Self> {
+        match peer::PrimaryStatus::try_from(value).ok()? {
+            peer::PrimaryStatus::None => Some(PrimaryStatus::None),
+            peer::PrimaryStatus::Passive => Some(PrimaryStatus::Passive),
+            peer::PrimaryStatus::Active => Some(PrimaryStatus::Active),
+        }
+    }
+
+    /// The wire enum value.
+    pub fn to_wire(self) -> i32 {
+        match self {
+            PrimaryStatus::None => peer::PrimaryStatus::None as i32,
+            PrimaryStatus::Passive => peer::PrimaryStatus::Passive as i32,
+            PrimaryStatus::Active => peer::PrimaryStatus::Active as i32,
+        }
+    }
+}
+
+/// One partition's primary assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PartitionState {
+    /// The node that is primary for the partition, if any.
+    pub primary: Option<NodeId>,
+    /// The lease of the current primary. Invariant: a change of primary strictly increases it,
+    /// and it never decreases (so at most one primary per `(partition, lease)`).
+    pub primary_lease_id: u64,
+    /// The primary's announced status.
+    pub status: PrimaryStatus,
+}
+
+/// Where a queue lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueAssignment {
+    /// The partition that stores the queue.
+    pub partition: PartitionId,
+    /// The cluster-unique key the leader gave the queue.
+    pub queue_key: u64,
+}
+
+/// The replicated cluster state: partitions with their primaries, queues with their partitions.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClusterState {
+    /// Every partition, `0..partition_count`.
+    pub partitions: BTreeMap<PartitionId, PartitionState>,
+    /// Every assigned queue, by URI (`bmq://domain/queue`).
+    pub queues: BTreeMap<String, QueueAssignment>,
+    /// The key the next assigned queue gets; above every assigned key.
+    pub next_queue_key: u64,
+}
+
+/// Why a `ClusterStateSnapshot` is not a valid cluster state.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SnapshotError {
+    /// The same partition appears twice.
+    #[error("partition {partition} appears twice")]
+    DuplicatePartition {
+        /// The repeated partition.
+        partition: PartitionId,
+    },
+    /// A partition status is not a known `PrimaryStatus`.
+    #[error("partition {partition} has unknown status {status}")]
+    UnknownStatus {
+        /// The partition.
+        partition: PartitionId,
+        /// The wire value.
+        status: i32,
+    },
+    /// The same queue appears twice.
+    #[error("queue {uri} appears twice")]
+    DuplicateQueue {
+        /// The repeated URI.
+        uri: String,
+    },
+    /// A queue refers to a partition that does not exist.
+    #[error("queue {uri} is assigned to unknown partition {partition}")]
+    UnknownPartition {
+        /// The queue.
+        uri: String,
+        /// The missing partition.
+        partition: PartitionId,
+    },
+    /// Two queues share a key, or a key is not below `next_queue_key`.
+    #[error("queue {uri} has key {queue_key} which is reused or not below next_queue_key {next_queue_key}")]
+    BadQueueKey {
+        /// The queue.
+        uri: String,
+        /// Its key.
+        queue_key: u64,
+        /// The snapshot's `next_queue_key`.
+        next_queue_key: u64,
+    },
+}
+
+/// Why an advisory cannot be applied to the state. The state is left unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ApplyError {
+    /// The advisory (or one of its required fields) is empty.
+    #[error("advisory is missing {what}")]
+    Missing {
+        /// The missing part.
+        what: &'static str,
+    },
+    /// A `LeaderAdvisory` snapshot is invalid.
+    #[error("invalid snapshot: {0}")]
+    InvalidSnapshot(#[from] SnapshotError),
+    /// The partition does not exist.
+    #[error("unknown partition {partition}")]
+    UnknownPartition {
+        /// The partition.
+        partition: PartitionId,
+    },
+    /// A primary change without a strictly higher lease, or a lease decrease (DESIGN.md §5).
+    #[error("partition {partition}: lease regressed from {current_primary:?}@{current_lease} to {received_primary:?}@{received_lease}")]
+    LeaseRegressed {
+        /// The partition.
+        partition: PartitionId,
+        /// The current primary.
+        current_primary: Option<NodeId>,
+        /// The current lease.
+        current_lease: u64,
+        /// The primary in the advisory.
+        received_primary: Option<NodeId>,
+        /// The lease in the advisory.
+        received_lease: u64,
+    },
+    /// A `PrimaryStatusAdvisory` that does not name the current primary and lease.
+    #[error("partition {partition}: status from {node}@{lease} but the primary is {current_primary:?}@{current_lease}")]
+    NotCurrentPrimary {
+        /// The partition.
+        partition: PartitionId,
+        /// The node named by the advisory.
+        node: NodeId,
+        /// The lease named by the advisory.
+        lease: u64,
+        /// The current primary.
+        current_primary: Option<NodeId>,
+        /// The current lease.
+        current_lease: u64,
+    },
+    /// A primary status that is not a known `PrimaryStatus`.
+    #[error("partition {partition}: unknown status {status}")]
+    UnknownStatus {
+        /// The partition.
+        partition: PartitionId,
+        /// The wire value.
+        status: i32,
+    },
+    /// The queue is already assigned differently.
+    #[error("queue {uri} is already assigned to partition {existing} (key {existing_key})")]
+    QueueConflict {
+        /// The queue.
+        uri: String,
+        /// Its current partition.
+        existing: PartitionId,
+        /// Its current key.
+        existing_key: u64,
+    },
+    /// Another queue already has this key.
+    #[error("queue key {queue_key} of {uri} is already used by {other}")]
+    QueueKeyInUse {
+        /// The queue.
+        uri: String,
+        /// The key.
+        queue_key: u64,
+        /// The queue that has it.
+        other: String,
+    },
+    /// The queue is not assigned.
+    #[error("unknown queue {uri}")]
+    UnknownQueue {
+        /// The queue.
+        uri: String,
+    },
+}
+
+impl ClusterState {
+    /// A fresh state: `partition_count` partitions without primaries, no queues.
+    pub fn new(partition_count: u32) -> Self {
+        ClusterState {
+            partitions: (0..partition_count)
+                .map(|p| (PartitionId(p), PartitionState::default()))
+                .collect(),
+            queues: BTreeMap::new(),
+            next_queue_key: 0,
+        }
+    }
+
+    /// The number of queues assigned to each partition (every partition listed).
+    pub fn queue_counts(&self) -> BTreeMap<PartitionId, usize> {
+        let mut counts: BTreeMap<PartitionId, usize> =
+            self.partitions.keys().map(|p| (*p, 0)).collect();
+        for q in self.queues.values() {
+            *counts.entry(q.partition).or_default() += 1;
+        }
+        counts
+    }
+
+    /// The wire form of the whole state.
+    pub fn to_snapshot(&self) -> peer::ClusterStateSnapshot {
+        peer::ClusterStateSnapshot {
+            partitions: self
+                .partitions
+                .iter()
+                .map(|(id, p)| partition_info(*id, p))
+                .collect(),
+            queues: self
+                .queues
+                .iter()
+                .map(|(uri, q)| peer::QueueInfo {
+                    uri: uri.clone(),
+                    partition_id: q.partition.0,
+                    queue_key: q.queue_key,
+                })
+                .collect(),
+            next_queue_key: self.next_queue_key,
+        }
+    }
+
+    /// Reads and validates a wire snapshot.
+    ///
+    /// # Errors
+    /// [`SnapshotError`] if partitions or queues repeat, a queue names an unknown partition, a
+    /// queue key is reused or not below `next_queue_key`, or a status is unknown.
+    pub fn from_snapshot(snapshot: &peer::ClusterStateSnapshot) -> Result<Self, SnapshotError> {
+        let mut state = ClusterState {
+            next_queue_key: snapshot.next_queue_key,
+            ..Default::default()
+        };
+        for p in &snapshot.partitions {
+            let partition = PartitionId(p.partition_id);
+            let status =
+                PrimaryStatus::from_wire(p.status).ok_or(SnapshotError::UnknownStatus {
+                    partition,
+                    status: p.status,
+                })?;
+            let value = PartitionState {
+                primary: p.primary_node_id.map(NodeId),
+                primary_lease_id: p.primary_lease_id,
+                status,
+            };
+            if state.partitions.insert(partition, value).is_some() {
+                return Err(SnapshotError::DuplicatePartition { partition });
+            }
+        }
+        let mut keys = BTreeSet::new();
+        for q in &snapshot.queues {
+            let partition = PartitionId(q.partition_id);
+            if !state.partitions.contains_key(&partition) {
+                return Err(SnapshotError::UnknownPartition {
+                    uri: q.uri.clone(),
+                    partition,
+                });
+            }
+            if q.queue_key >= snapshot.next_queue_key || !keys.insert(q.queue_key) {
+                return Err(SnapshotError::BadQueueKey {
+                    uri: q.uri.clone(),
+                    queue_key: q.queue_key,
+                    next_queue_key: snapshot.next_queue_key,
+                });
+            }
+            let value = QueueAssignment {
+                partition,
+                queue_key: q.queue_key,
+            };
+            if state.queues.insert(q.uri.clone(), value).is_some() {
+                return Err(SnapshotError::DuplicateQueue { uri: q.uri.clone() });
+            }
+        }
+        Ok(state)
+    }
+
+    /// Applies one advisory, all or nothing.
+    ///
+    /// - `LeaderAdvisory` replaces the whole state with its snapshot.
+    /// - `PartitionPrimaryAdvisory`: a change of primary needs a strictly higher
+    ///   `primary_lease_id`; the same primary may keep or raise it, never lower it.
+    /// - `PrimaryStatusAdvisory` applies only if it names the current primary and lease.
+    /// - `QueueAssignmentAdvisory` adds queues (the same assignment again is a no-op);
+    ///   `QueueUnassignmentAdvisory` removes them; `QueueUpdateAdvisory` replaces one.
+    ///
+    /// # Errors
+    /// [`ApplyError`] naming the violated rule; the state is then unchanged.
+    pub fn apply(&mut self, advisory: &peer::Advisory) -> Result<(), ApplyError> {
+        use peer::advisory::Kind;
+        let kind = advisory
+            .kind
+            .as_ref()
+            .ok_or(ApplyError::Missing { what: "kind" })?;
+        match kind {
+            Kind::Leader(leader) => {
+                let snapshot = leader
+                    .state
+                    .as_ref()
+                    .ok_or(ApplyError::Missing { what: "state" })?;
+                *self = ClusterState::from_snapshot(snapshot)?;
+                Ok(())
+            }
+            Kind::PartitionPrimary(advisory) => {
+                // Validate against a copy so that an advisory naming a partition twice is checked
+                // entry by entry, then commit all at once.
+                let mut next = self.partitions.clone();
+                for info in &advisory.partitions {
+                    let partition = PartitionId(info.partition_id);
+                    let status =
+                        PrimaryStatus::from_wire(info.status).ok_or(ApplyError::UnknownStatus {
+                            partition,
+                            status: info.status,
+                        })?;
+                    let current = next
+                        .get_mut(&partition)
+                        .ok_or(ApplyError::UnknownPartition { partition })?;
+                    let received_primary = info.primary_node_id.map(NodeId);
+                    let allowed = if received_primary == current.primary {
+                        info.primary_lease_id >= current.primary_lease_id
+                    } else {
+                        info.primary_lease_id > current.primary_lease_id
+                    };
+                    if !allowed {
+                        return Err(ApplyError::LeaseRegressed {
+                            partition,
+                            current_primary: current.primary,
+                            current_lease: current.primary_lease_id,
+                            received_primary,
+                            received_lease: info.primary_lease_id,
+                        });
+                    }
+                    *current = PartitionState {
+                        primary: received_primary,
+                        primary_lease_id: info.primary_lease_id,
+                        status,
+                    };
+                }
+                self.partitions = next;
+                Ok(())
+            }
+            Kind::PrimaryStatus(advisory) => {
+                let partition = PartitionId(advisory.partition_id);
+                let status =
+                    PrimaryStatus::from_wire(advisory.status).ok_or(ApplyError::UnknownStatus {
+                        partition,
+                        status: advisory.status,
+                    })?;
+                let current = self
+                    .partitions
+                    .get_mut(&partition)
+                    .ok_or(ApplyError::UnknownPartition { partition })?;
+                let node = NodeId(advisory.primary_node_id);
+                if current.primary != Some(node)
+                    || current.primary_lease_id != advisory.primary_lease_id
+                {
+                    return Err(ApplyError::NotCurrentPrimary {
+                        partition,
+                        node,
+                        lease: advisory.primary_lease_id,
+                        current_primary: current.primary,
+                        current_lease: current.primary_lease_id,
+                    });
+                }
+                current.status = status;
+                Ok(())
+            }
+            Kind::QueueAssignment(advisory) => {
+                let mut next = self.clone();
+                for q in &advisory.queues {
+                    next.assign_queue(q, false)?;
+                }
+                *self = next;
+                Ok(())
+            }
+            Kind::QueueUnassignment(advisory) => {
+                let mut next = self.queues.clone();
+                for uri in &advisory.uris {
+                    if next.remove(uri).is_none() {
+                        return Err(ApplyError::UnknownQueue { uri: uri.clone() });
+                    }
+                }
+                self.queues = next;
+                Ok(())
+            }
+            Kind::QueueUpdate(advisory) => {
+                let q = advisory
+                    .queue
+                    .as_ref()
+                    .ok_or(ApplyError::Missing { what: "queue" })?;
+                if !self.queues.contains_key(&q.uri) {
+                    return Err(ApplyError::UnknownQueue { uri: q.uri.clone() });
+                }
+                let mut next = self.clone();
+                next.assign_queue(q, true)?;
+                *self = next;
+                Ok(())
+            }
+        }
+    }
+
+    fn assign_queue(&mut self, q: &peer::QueueInfo, replace: bool) -> Result<(), ApplyError> {
+        let partition = PartitionId(q.partition_id);
+        if !self.partitions.contains_key(&partition) {
+            return Err(ApplyError::UnknownPartition { partition });
+        }
+        let wanted = QueueAssignment {
+            partition,
+            queue_key: q.queue_key,
+        };
+        if let Some(existing) = self.queues.get(&q.uri) {
+            if *existing == wanted {
+                return Ok(());
+            }
+            if !replace {
+                return Err(ApplyError::QueueConflict {
+                    uri: q.uri.clone(),
+                    existing: existing.partition,
+                    existing_key: existing.queue_key,
+                });
+            }
+        }
+        if let Some((other, _)) = self
+            .queues
+            .iter()
+            .find(|(uri, a)| a.queue_key == q.queue_key && **uri != q.uri)
+        {
+            return Err(ApplyError::QueueKeyInUse {
+                uri: q.uri.clone(),
+                queue_key: q.queue_key,
+                other: other.clone(),
+            });
+        }
+        self.queues.insert(q.uri.clone(), wanted);
+        self.next_queue_key = self.next_queue_key.max(q.queue_key + 1);
+        Ok(())
+    }
+}
+
+/// The wire form of one partition.
+pub fn partition_info(id: PartitionId, p: &PartitionState) -> peer::PartitionInfo {
+    peer::PartitionInfo {
+        partition_id: id.0,
+        primary_node_id: p.primary.map(|n| n.0),
+        primary_lease_id: p.primary_lease_id,
+        status: p.status.to_wire(),
+    }
+}
+
+/// JSON form for `/status`: `{partitions: [{partition_id, primary, primary_lease_id, status}],
+/// queues: [{uri, partition_id, queue_key}], next_queue_key}`.
+impl Serialize for ClusterState {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct PartitionJson {
+            partition_id: u32,
+            primary: Option<u32>,
+            primary_lease_id: u64,
+            status: PrimaryStatus,
+        }
+        #[derive(Serialize)]
+        struct QueueJson<'a> {
+            uri: &'a str,
+            partition_id: u32,
+            queue_key: u64,
+        }
+        let partitions: Vec<PartitionJson> = self
+            .partitions
+            .iter()
+            .map(|(id, p)| PartitionJson {
+                partition_id: id.0,
+                primary: p.primary.map(|n| n.0),
+                primary_lease_id: p.primary_lease_id,
+                status: p.status,
+            })
+            .collect();
+        let queues: Vec<QueueJson<'_>> = self
+            .queues
+            .iter()
+            .map(|(uri, q)| QueueJson {
+                uri,
+                partition_id: q.partition.0,
+                queue_key: q.queue_key,
+            })
+            .collect();
+        let mut s = serializer.serialize_struct("ClusterState", 3)?;
+        s.serialize_field("partitions", &partitions)?;
+        s.serialize_field("queues", &queues)?;
+        s.serialize_field("next_queue_key", &self.next_queue_key)?;
+        s.end()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use peer::advisory::Kind;
+
+    pub(crate) fn primaries(entries: &[(u32, Option<u32>, u64)]) -> peer::Advisory {
+        peer::Advisory {
+            kind: Some(Kind::PartitionPrimary(peer::PartitionPrimaryAdvisory {
+                partitions: entries
+                    .iter()
+                    .map(|(p, n, lease)| peer::PartitionInfo {
+                        partition_id: *p,
+                        primary_node_id: *n,
+                        primary_lease_id: *lease,
+                        status: peer::PrimaryStatus::Active as i32,
+                    })
+                    .collect(),
+            })),
+        }
+    }
+
+    pub(crate) fn assign(uri: &str, partition: u32, key: u64) -> peer::Advisory {
+        peer::Advisory {
+            kind: Some(Kind::QueueAssignment(peer::QueueAssignmentAdvisory {
+                queues: vec![peer::QueueInfo {
+                    uri: uri.into(),
+                    partition_id: partition,
+                    queue_key: key,
+                }],
+            })),
+        }
+    }
+
+    #[test]
+    fn primary_change_needs_a_higher_lease() {
+        // Scenario: a partition's primary changes only with a strictly higher lease, never regresses.
+        let mut s = ClusterState::new(2);
+        s.apply(&primaries(&[(0, Some(1), 1)])).unwrap();
+        assert_eq!(s.partitions[&PartitionId(0)].primary, Some(NodeId(1)));
+        // Another node at the same lease: refused, state unchanged.
+        let err = s.apply(&primaries(&[(0, Some(2), 1)])).unwrap_err();
+        assert_eq!(
+            err,
+            ApplyError::LeaseRegressed {
+                partition: PartitionId(0),
+                current_primary: Some(NodeId(1)),
+                current_lease: 1,
+                received_primary: Some(NodeId(2)),
+                received_lease: 1,
+            }
+        );
+        assert_eq!(s.partitions[&PartitionId(0)].primary, Some(NodeId(1)));
+        // Same primary, same lease: allowed (re-announcement). Lower lease: refused.
+        s.apply(&primaries(&[(0, Some(1), 1)])).unwrap();
+        s.apply(&primaries(&[(0, Some(1), 5)])).unwrap();
+        assert!(matches!(
+            s.apply(&primaries(&[(0, Some(1), 4)])),
+            Err(ApplyError::LeaseRegressed { .. })
+        ));
+        s.apply(&primaries(&[(0, Some(2), 6)])).unwrap();
+        assert_eq!(s.partitions[&PartitionId(0)].primary_lease_id, 6);
+        // All or nothing: a valid entry followed by a bad one leaves the state as it was.
+        let before = s.clone();
+        assert!(s
+            .apply(&primaries(&[(1, Some(3), 1), (0, Some(3), 6)]))
+            .is_err());
+        assert_eq!(s, before);
+        assert_eq!(
+            s.apply(&primaries(&[(9, Some(3), 1)])),
+            Err(ApplyError::UnknownPartition {
+                partition: PartitionId(9)
+            })
+        );
+    }
+
+    #[test]
+    fn primary_status_applies_only_for_the_current_lease() {
+        // Scenario: a PrimaryStatusAdvisory from a deposed primary is refused.
+        let mut s = ClusterState::new(1);
+        s.apply(&primaries(&[(0, Some(1), 3)])).unwrap();
+        let status = |node: u32, lease: u64| peer::Advisory {
+            kind: Some(Kind::PrimaryStatus(peer::PrimaryStatusAdvisory {
+                partition_id: 0,
+                primary_node_id: node,
+                primary_lease_id: lease,
+                status: peer::PrimaryStatus::Passive as i32,
+            })),
+        };
+        assert!(matches!(
+            s.apply(&status(1, 2)),
+            Err(ApplyError::NotCurrentPrimary { .. })
+        ));
+        assert!(matches!(
+            s.apply(&status(2, 3)),
+            Err(ApplyError::NotCurrentPrimary { .. })
+        ));
+        s.apply(&status(1, 3)).unwrap();
+        assert_eq!(s.partitions[&PartitionId(0)].status, PrimaryStatus::Passive);
+    }
+
+    #[test]
+    fn queues_are_assigned_unassigned_and_updated() {
+        // Scenario: queue advisories add, refuse conflicts, update and remove queues.
+        let mut s = ClusterState::new(2);
+        s.apply(&assign("bmq://d/a", 0, 0)).unwrap();
+        assert_eq!(s.next_queue_key, 1);
+        s.apply(&assign("bmq://d/a", 0, 0)).unwrap();
+        assert!(matches!(
+            s.apply(&assign("bmq://d/a", 1, 0)),
+            Err(ApplyError::QueueConflict { .. })
+        ));
+        assert!(matches!(
+            s.apply(&assign("bmq://d/b", 1, 0)),
+            Err(ApplyError::QueueKeyInUse { .. })
+        ));
+        assert!(matches!(
+            s.apply(&assign("bmq://d/b", 7, 1)),
+            Err(ApplyError::UnknownPartition { .. })
+        ));
+        let update = peer::Advisory {
+            kind: Some(Kind::QueueUpdate(peer::QueueUpdateAdvisory {
+                queue: Some(peer::QueueInfo {
+                    uri: "bmq://d/a".into(),
+                    partition_id: 1,
+                    queue_key: 0,
+                }),
+            })),
+        };
+        s.apply(&update).unwrap();
+        assert_eq!(s.queues["bmq://d/a"].partition, PartitionId(1));
+        let unassign = |uri: &str| peer::Advisory {
+            kind: Some(Kind::QueueUnassignment(peer::QueueUnassignmentAdvisory {
+                uris: vec![uri.into()],
+            })),
+        };
+        s.apply(&unassign("bmq://d/a")).unwrap();
+        assert!(s.queues.is_empty());
+        assert_eq!(
+            s.apply(&unassign("bmq://d/a")),
+            Err(ApplyError::UnknownQueue {
+                uri: "bmq://d/a".into()
+            })
+        );
+        assert_eq!(
+            s.apply(&peer::Advisory { kind: None }),
+            Err(ApplyError::Missing { what: "kind" })
+        );
+    }
+
+    #[test]
+    fn snapshot_round_trips_and_leader_advisory_replaces() {
+        // Scenario: a LeaderAdvisory carrying a snapshot replaces the state wholesale.
+        let mut s = ClusterState::new(3);
+        s.apply(&primaries(&[(0, Some(1), 1), (2, Some(2), 4)]))
+            .unwrap();
+        s.apply(&assign("bmq://d/a", 2, 0)).unwrap();
+        let snap = s.to_snapshot();
+        assert_eq!(ClusterState::from_snapshot(&snap).unwrap(), s);
+        let mut other = ClusterState::new(1);
+        other
+            .apply(&peer::Advisory {
+                kind: Some(Kind::Leader(peer::LeaderAdvisory { state: Some(snap) })),
+            })
+            .unwrap();
+        assert_eq!(other, s);
+        // The JSON status form exists (serde_json is not a dependency of this crate).
+        fn is_serialize<T: Serialize>(_: &T) {}
+        is_serialize(&s);
+    }
+
+    #[test]
+    fn invalid_snapshots_are_errors() {
+        // Scenario: from_snapshot refuses inconsistent snapshots instead of panicking.
+        let mut snap = ClusterState::new(2).to_snapshot();
+        snap.partitions.push(snap.partitions[0]);
+        assert_eq!(
+            ClusterState::from_snapshot(&snap),
+            Err(SnapshotError::DuplicatePartition {
+                partition: PartitionId(0)
+            })
+        );
+        let mut snap = ClusterState::new(2).to_snapshot();
+        snap.queues.push(peer::QueueInfo {
+            uri: "q".into(),
+            partition_id: 5,
+            queue_key: 0,
+        });
+        snap.next_queue_key = 1;
+        assert!(matches!(
+            ClusterState::from_snapshot(&snap),
+            Err(SnapshotError::UnknownPartition { .. })
+        ));
+        let mut snap = ClusterState::new(2).to_snapshot();
+        snap.queues.push(peer::QueueInfo {
+            uri: "q".into(),
+            partition_id: 0,
+            queue_key: 3,
+        });
+        assert!(matches!(
+            ClusterState::from_snapshot(&snap),
+            Err(SnapshotError::BadQueueKey { .. })
+        ));
+        let mut snap = ClusterState::new(1).to_snapshot();
+        snap.partitions[0].status = 99;
+        assert!(matches!(
+            ClusterState::from_snapshot(&snap),
+            Err(SnapshotError::UnknownStatus { .. })
+        ));
+    }
+}
