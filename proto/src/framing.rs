@@ -140,7 +140,10 @@ mod tests {
         src.put_u32(17);
         assert!(matches!(
             codec.decode(&mut src),
-            Err(FrameError::TooLarge { length: 17, max: 16 })
+            Err(FrameError::TooLarge {
+                length: 17,
+                max: 16
+            })
         ));
         assert!(matches!(
             codec.encode(put(&[0u8; 64]), &mut BytesMut::new()),

@@ -1,1 +1,357 @@
-//! placeholder
+//! Test support for the workspace-level tests: real `broker` processes on loopback.
+//!
+//! [`Cluster`] writes one configuration per node (free ports picked by binding port 0, a
+//! temporary data directory per cluster), starts `broker` processes, and kills them all when
+//! dropped — so a failing test (a panic) cleans up too. The `broker` binary is the one cargo
+//! built for this profile; [`broker_binary`] builds it once (`cargo build -p bmq-broker --bins`)
+//! if the test run did not.
+#![warn(missing_docs)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bmq_broker::cli::status::fetch_status;
+use bmq_broker::config::{local_cluster, BrokerConfig};
+use bmq_broker::status::NodeStatusDoc;
+
+/// Path of the `broker` binary of this build profile, building it first if needed.
+pub fn broker_binary() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        // target/<profile>/deps/<test-binary> -> target/<profile>
+        let exe = std::env::current_exe().expect("current test executable");
+        let profile_dir = exe
+            .parent()
+            .and_then(|d| d.parent())
+            .expect("test executable lives in target/<profile>/deps")
+            .to_path_buf();
+        let broker = profile_dir.join("broker");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "bmq-broker", "--bins"]);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build for the broker binary");
+        assert!(status.success(), "cargo build -p bmq-broker --bins failed");
+        assert!(
+            broker.exists(),
+            "broker binary missing at {}",
+            broker.display()
+        );
+        broker
+    })
+    .clone()
+}
+
+/// Picks `n` distinct free loopback ports (bound to port 0, then released).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
+}
+
+/// One node of a test cluster.
+pub struct TestNode {
+    /// Node id (1-based).
+    pub id: u32,
+    /// The node's configuration as written to `config_path`.
+    pub config: BrokerConfig,
+    /// Path of the written TOML configuration.
+    pub config_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl TestNode {
+    /// `host:port` of the client listener.
+    pub fn client_addr(&self) -> String {
+        self.config.self_member().client_addr()
+    }
+
+    /// `host:port` of the admin listener.
+    pub fn admin_addr(&self) -> String {
+        self.config.self_member().admin_addr()
+    }
+
+    /// The OS process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Whether the process was started and has not been stopped by the test.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The node's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.config.data_dir.join("broker.log")
+    }
+}
+
+/// A cluster of real `broker` processes on loopback; dropped = every process killed.
+pub struct Cluster {
+    /// The nodes, index `i` is node id `i + 1`.
+    pub nodes: Vec<TestNode>,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Writes configurations for `n` nodes on free ports (not started yet). `edit` may adjust
+    /// each node's configuration before it is written.
+    pub fn configure(n: usize, edit: impl Fn(&mut BrokerConfig)) -> anyhow::Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("bmq-cluster-").tempdir()?;
+        let mut configs = local_cluster(n, 30100, dir.path())?;
+        let ports = free_ports(3 * n);
+        for config in configs.iter_mut() {
+            for (i, m) in config.members.iter_mut().enumerate() {
+                m.client_port = ports[3 * i];
+                m.peer_port = ports[3 * i + 1];
+                m.admin_port = ports[3 * i + 2];
+            }
+            config.log.file = Some(config.data_dir.join("broker.log"));
+            edit(config);
+        }
+        let mut nodes = Vec::new();
+        for config in configs {
+            std::fs::create_dir_all(&config.data_dir)?;
+            let config_path = dir.path().join(format!("node-{}.toml", config.node_id));
+            std::fs::write(&config_path, config.to_toml_string())?;
+            nodes.push(TestNode {
+                id: config.node_id,
+                config,
+                config_path,
+                child: None,
+            });
+        }
+        Ok(Cluster { nodes, dir })
+    }
+
+    /// Configures and starts `n` nodes with the default settings.
+    pub fn start(n: usize) -> anyhow::Result<Cluster> {
+        let mut cluster = Cluster::configure(n, |_| {})?;
+        for id in 1..=n as u32 {
+            cluster.start_node(id)?;
+        }
+        Ok(cluster)
+    }
+
+    /// The cluster's temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The node with `id`.
+    pub fn node(&self, id: u32) -> &TestNode {
+        &self.nodes[(id - 1) as usize]
+    }
+
+    /// Starts (or restarts) node `id` with its configuration and data directory.
+    pub fn start_node(&mut self, id: u32) -> anyhow::Result<()> {
+        let binary = broker_binary();
+        let node = &mut self.nodes[(id - 1) as usize];
+        anyhow::ensure!(node.child.is_none(), "node {id} is already running");
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.config.data_dir.join("stderr.log"))?;
+        let child = Command::new(binary)
+            .arg("--config")
+            .arg(&node.config_path)
+            .env(
+                "RUST_LOG",
+                std::env::var("BMQ_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .with_context(|| format!("spawn broker node {id}"))?;
+        node.child = Some(child);
+        Ok(())
+    }
+
+    /// Sends `signal` to node `id` (e.g. `libc::SIGKILL`); for SIGKILL and SIGTERM the process
+    /// is also reaped and the node marked stopped.
+    pub fn signal_node(&mut self, id: u32, signal: i32) -> anyhow::Result<()> {
+        let node = &mut self.nodes[(id - 1) as usize];
+        let Some(child) = node.child.as_mut() else {
+            bail!("node {id} is not running");
+        };
+        // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
+        let rc = unsafe { libc::kill(child.id() as i32, signal) };
+        anyhow::ensure!(rc == 0, "kill({}, {signal}) failed", child.id());
+        if signal == libc::SIGKILL || signal == libc::SIGTERM {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if child.try_wait()?.is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            node.child = None;
+        }
+        Ok(())
+    }
+
+    /// Kills node `id` with SIGKILL.
+    pub fn kill_node(&mut self, id: u32) -> anyhow::Result<()> {
+        self.signal_node(id, libc::SIGKILL)
+    }
+
+    /// Stops node `id` gracefully with SIGTERM.
+    pub fn stop_node(&mut self, id: u32) -> anyhow::Result<()> {
+        self.signal_node(id, libc::SIGTERM)
+    }
+
+    /// Client addresses of every node, in id order.
+    pub fn client_addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.client_addr()).collect()
+    }
+
+    /// `/status` of every running node (an error per node that did not answer).
+    pub async fn statuses(&self) -> Vec<(u32, anyhow::Result<NodeStatusDoc>)> {
+        let mut out = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            let status = fetch_status(&node.admin_addr(), Duration::from_secs(1)).await;
+            out.push((node.id, status));
+        }
+        out
+    }
+
+    /// Waits until every running node answers `/status`, all follow one leader at one term,
+    /// and that leader's metadata is active. Returns `(leader, term)`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> anyhow::Result<(u32, u64)> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        loop {
+            let statuses = self.statuses().await;
+            let mut agreed: Option<(u32, u64)> = None;
+            let mut ok = !statuses.is_empty();
+            for (id, status) in &statuses {
+                match status {
+                    Ok(s) => {
+                        let view = s.elector.leader.map(|l| (l, s.elector.term));
+                        match (view, agreed) {
+                            (None, _) => ok = false,
+                            (Some(v), None) => agreed = Some(v),
+                            (Some(v), Some(a)) if v != a => ok = false,
+                            _ => {}
+                        }
+                        if !s.ready {
+                            ok = false;
+                        }
+                    }
+                    Err(e) => {
+                        ok = false;
+                        last = format!("node {id}: {e:#}");
+                    }
+                }
+            }
+            if ok {
+                if let Some((leader, term)) = agreed {
+                    let leader_status = statuses.iter().find(|(id, _)| *id == leader);
+                    if let Some((_, Ok(s))) = leader_status {
+                        if s.metadata.role == "active_leader" {
+                            return Ok((leader, term));
+                        }
+                    }
+                }
+            } else if last.is_empty() {
+                last = format!(
+                    "{:?}",
+                    statuses
+                        .iter()
+                        .map(|(id, s)| (
+                            id,
+                            s.as_ref()
+                                .map(|s| (s.elector.leader, s.elector.term, s.ready))
+                                .ok()
+                        ))
+                        .collect::<Vec<_>>()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("no agreed leader with active metadata within {timeout:?}; last: {last}");
+            }
+            last.clear();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `check` holds for the `/status` of every running node.
+    pub async fn wait_for_all(
+        &self,
+        timeout: Duration,
+        what: &str,
+        check: impl Fn(&NodeStatusDoc) -> bool,
+    ) -> anyhow::Result<Vec<NodeStatusDoc>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let statuses = self.statuses().await;
+            let docs: Vec<NodeStatusDoc> =
+                statuses.into_iter().filter_map(|(_, s)| s.ok()).collect();
+            if docs.len() == self.nodes.iter().filter(|n| n.is_running()).count()
+                && docs.iter().all(&check)
+            {
+                return Ok(docs);
+            }
+            if Instant::now() > deadline {
+                bail!("timed out after {timeout:?} waiting for: {what}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The last `lines` lines of every node's log, for failure messages.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for node in &self.nodes {
+            for path in [node.log_path(), node.config.data_dir.join("stderr.log")] {
+                if let Ok(text) = std::fs::read_to_string(&path) {
+                    let all: Vec<&str> = text.lines().collect();
+                    let start = all.len().saturating_sub(lines);
+                    out.push_str(&format!("--- node {} {} ---\n", node.id, path.display()));
+                    for l in &all[start..] {
+                        out.push_str(l);
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        if std::thread::panicking() || std::env::var_os("BMQ_TEST_KEEP").is_some() {
+            // Keep the logs of a failed run for inspection.
+            let kept = self.dir.path().to_path_buf();
+            eprintln!("test cluster directory kept at {}", kept.display());
+            std::mem::forget(std::mem::replace(
+                &mut self.dir,
+                tempfile::tempdir().expect("placeholder tempdir"),
+            ));
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Command-line tool (`bmqctl`) subcommands.
+pub mod cluster;
+pub mod consume;
+pub mod payload;
+pub mod produce;
+pub mod status;

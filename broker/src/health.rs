@@ -1,0 +1,146 @@
+//! `HealthActor`: turns node failures into new partition primaries (DESIGN.md §6).
+//!
+//! Receives every `ClusterStateCommitted` from the metadata actor (role + committed state) and
+//! reads peer availability from the [`PeerHub`]. Every `CHECK_PERIOD`, on the **active leader**
+//! only, it computes `plan_primary_assignment(state, available)` — the pure decision in
+//! `bmq_metadata` — and proposes the resulting `PartitionPrimaryAdvisory` (lease + 1 for each
+//! moved partition) through the metadata actor. One proposal is in flight at a time; it is
+//! considered settled at the next commit, or retried after `PROPOSAL_TIMEOUT`.
+//!
+//! Rebalancing a partition whose primary is alive is held back while queue data lives only in
+//! the primary's memory (moving it would drop its messages): only partitions without a live
+//! primary are reassigned. Replicated journals (DESIGN.md §7) will lift that restriction.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
+use bmq_metadata::{
+    plan_primary_assignment, ClusterState, ClusterStateCommitted, MetadataActor, MetadataRole,
+    Propose,
+};
+use bmq_proto::peer::{advisory::Kind as AdvisoryKind, Advisory, PartitionPrimaryAdvisory};
+use bmq_proto::NodeId;
+use tracing::{info, warn};
+
+use crate::peers::PeerHub;
+
+/// How often the active leader re-evaluates primary assignments.
+const CHECK_PERIOD: Duration = Duration::from_millis(50);
+/// A proposal not committed within this time is considered lost and may be made again.
+const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// See the module doc.
+pub struct HealthActor {
+    self_id: NodeId,
+    metadata: actix::Addr<MetadataActor>,
+    peers: Arc<PeerHub>,
+    active_leader: bool,
+    state: Arc<ClusterState>,
+    in_flight_since: Option<Instant>,
+}
+
+impl HealthActor {
+    /// A health actor for this node.
+    pub fn new(self_id: NodeId, metadata: actix::Addr<MetadataActor>, peers: Arc<PeerHub>) -> Self {
+        HealthActor {
+            self_id,
+            metadata,
+            peers,
+            active_leader: false,
+            state: Arc::new(ClusterState::new(0)),
+            in_flight_since: None,
+        }
+    }
+
+    fn available(&self) -> BTreeSet<NodeId> {
+        let mut available: BTreeSet<NodeId> = self
+            .peers
+            .peer_availability()
+            .into_iter()
+            .filter_map(|(id, up)| up.then_some(id))
+            .collect();
+        available.insert(self.self_id);
+        available
+    }
+
+    fn check(&mut self, ctx: &mut Context<Self>) {
+        if !self.active_leader {
+            return;
+        }
+        if self
+            .in_flight_since
+            .is_some_and(|t| t.elapsed() < PROPOSAL_TIMEOUT)
+        {
+            return;
+        }
+        let available = self.available();
+        let plan: Vec<_> = plan_primary_assignment(&self.state, &available)
+            .into_iter()
+            .filter(|p| {
+                // Only partitions without a live primary (see the module doc).
+                self.state
+                    .partitions
+                    .get(&bmq_proto::PartitionId(p.partition_id))
+                    .is_none_or(|cur| cur.primary.is_none_or(|n| !available.contains(&n)))
+            })
+            .collect();
+        if plan.is_empty() {
+            self.in_flight_since = None;
+            return;
+        }
+        for p in &plan {
+            info!(
+                partition = p.partition_id,
+                primary = ?p.primary_node_id,
+                lease = p.primary_lease_id,
+                "proposing new partition primary"
+            );
+        }
+        self.in_flight_since = Some(Instant::now());
+        let advisory = Advisory {
+            kind: Some(AdvisoryKind::PartitionPrimary(PartitionPrimaryAdvisory {
+                partitions: plan,
+            })),
+        };
+        ctx.spawn(
+            self.metadata
+                .send(Propose { advisory })
+                .into_actor(self)
+                .map(|result, actor, _ctx| match result {
+                    Ok(Ok(_lsn)) => {}
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "primary assignment proposal refused");
+                        actor.in_flight_since = None;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "metadata actor unreachable");
+                        actor.in_flight_since = None;
+                    }
+                }),
+        );
+    }
+}
+
+impl Actor for HealthActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(1024);
+        ctx.run_interval(CHECK_PERIOD, |actor, ctx| actor.check(ctx));
+    }
+}
+
+impl Handler<ClusterStateCommitted> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
+        let was_active = self.active_leader;
+        self.active_leader = msg.status.role == MetadataRole::ActiveLeader;
+        if !Arc::ptr_eq(&self.state, &msg.state) || was_active != self.active_leader {
+            self.in_flight_since = None;
+        }
+        self.state = msg.state;
+    }
+}

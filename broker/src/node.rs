@@ -1,0 +1,386 @@
+//! The broker node: wires the actors and listeners together (DESIGN.md §3).
+//!
+//! Supervision tree (all in one actix `System`):
+//! ```text
+//! node::run
+//!  ├─ PeerHub            dialers + listener of the peer CONTROL and DATA connections
+//!  ├─ PeerTransport      actor: elector/metadata outbound messages -> PeerHub
+//!  ├─ ElectorActor       the elector core (bmq_elector), term persisted in <data_dir>/elector
+//!  ├─ MetadataActor      the metadata core + ledger (bmq_metadata), <data_dir>/ledger
+//!  ├─ Bridge             actor: LeadershipChanged -> metadata; ClusterStateCommitted ->
+//!  │                     the state watch channel and the partition actors
+//!  ├─ HealthActor        on the active leader: failed primaries -> new primaries
+//!  ├─ DataPlane          router between client sessions and PartitionActors
+//!  ├─ client listener    one session task per client connection
+//!  └─ admin HTTP         /metrics /status /healthz /readyz
+//! ```
+//! A failure to open the data directory, the term file or the ledger, or to bind a port, stops
+//! the node at start with an error naming the path or address. SIGTERM/SIGINT cede leadership
+//! (so the others elect at once instead of waiting for missed heartbeats), then stop.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use actix::{Actor, Addr, Context, Handler};
+use anyhow::Context as _;
+use bmq_elector::{
+    CedeLeadership, Elector, ElectorActor, ElectorConfig, ElectorInbound, ElectorOutbound,
+    LeadershipChanged, PeerAvailability, SubscribeLeadership, TermStore,
+};
+use bmq_metadata::{
+    ClusterState, ClusterStateCommitted, FsyncPolicy, LeaderChanged, Ledger, MetadataActor,
+    MetadataCore, MetadataInbound, MetadataOutbound, RequestQueueAssignment, SubscribeState,
+};
+use bmq_proto::peer::{peer_message::Kind, Channel, PeerMessage};
+use bmq_proto::NodeId;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::admin::{install_metrics_recorder, start_admin_server, AdminContext};
+use crate::config::{BrokerConfig, FsyncSetting};
+use crate::dataplane::DataPlane;
+use crate::health::HealthActor;
+use crate::peers::{PeerHub, PeerHubConfig, PeerInbound};
+
+/// Outbound queue capacity of each peer link, messages.
+const PEER_OUTBOUND_CAPACITY: usize = 65_536;
+
+/// Sends the elector's and the metadata actor's outbound messages over the CONTROL channel.
+struct PeerTransport {
+    hub: Arc<PeerHub>,
+}
+
+impl Actor for PeerTransport {
+    type Context = Context<Self>;
+}
+
+impl Handler<ElectorOutbound> for PeerTransport {
+    type Result = ();
+
+    fn handle(&mut self, msg: ElectorOutbound, _ctx: &mut Self::Context) {
+        let message = PeerMessage {
+            kind: Some(Kind::Elector(msg.message)),
+        };
+        match msg.to {
+            Some(to) => {
+                self.hub.send(to, Channel::Control, message);
+            }
+            None => self.hub.broadcast(Channel::Control, message),
+        }
+    }
+}
+
+impl Handler<MetadataOutbound> for PeerTransport {
+    type Result = ();
+
+    fn handle(&mut self, msg: MetadataOutbound, _ctx: &mut Self::Context) {
+        let message = PeerMessage {
+            kind: Some(Kind::Metadata(msg.message)),
+        };
+        match msg.to {
+            Some(to) => {
+                self.hub.send(to, Channel::Control, message);
+            }
+            None => self.hub.broadcast(Channel::Control, message),
+        }
+    }
+}
+
+/// Relays state changes between actors (see the module doc).
+struct Bridge {
+    metadata: Addr<MetadataActor>,
+    health: Addr<HealthActor>,
+    router: Arc<DataPlane>,
+    state_tx: watch::Sender<Arc<ClusterState>>,
+}
+
+impl Actor for Bridge {
+    type Context = Context<Self>;
+}
+
+impl Handler<LeadershipChanged> for Bridge {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeadershipChanged, _ctx: &mut Self::Context) {
+        // Leadership changes are rare (bounded by the elector's timers), so do_send is fine.
+        self.metadata.do_send(LeaderChanged {
+            term: msg.status.term,
+            leader: msg.status.leader,
+        });
+    }
+}
+
+impl Handler<ClusterStateCommitted> for Bridge {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
+        self.router.sync_partitions(&msg.state);
+        if !Arc::ptr_eq(&self.state_tx.borrow(), &msg.state) {
+            self.state_tx.send_replace(msg.state.clone());
+        }
+        // Commits are rate-bounded by the metadata quorum round trips, so do_send is fine.
+        self.health.do_send(msg);
+    }
+}
+
+/// Routes peer frames to the actor that owns them. Set once the actors exist; frames that
+/// arrive before are dropped (every protocol retries).
+#[derive(Default)]
+struct NodeInbound {
+    elector: OnceLock<Addr<ElectorActor>>,
+    metadata: OnceLock<Addr<MetadataActor>>,
+    router: OnceLock<Arc<DataPlane>>,
+}
+
+impl PeerInbound for NodeInbound {
+    fn on_message(&self, from: NodeId, channel: Channel, message: PeerMessage) {
+        match (channel, message.kind) {
+            (_, Some(Kind::Elector(m))) => {
+                if let Some(e) = self.elector.get() {
+                    if e.try_send(ElectorInbound { from, message: m }).is_err() {
+                        metrics::counter!("bmq_mailbox_full_total", "actor" => "elector")
+                            .increment(1);
+                    }
+                }
+            }
+            (_, Some(Kind::Metadata(m))) => {
+                if let Some(md) = self.metadata.get() {
+                    if md.try_send(MetadataInbound { from, message: m }).is_err() {
+                        metrics::counter!("bmq_mailbox_full_total", "actor" => "metadata")
+                            .increment(1);
+                    }
+                }
+            }
+            (_, kind @ (Some(Kind::Forwarded(_)) | Some(Kind::SessionGone(_)))) => {
+                if let Some(r) = self.router.get() {
+                    r.handle_peer_data(from, PeerMessage { kind });
+                }
+            }
+            _ => {
+                metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+            }
+        }
+    }
+
+    fn on_availability(&self, peer: NodeId, available: bool) {
+        if let Some(e) = self.elector.get() {
+            if e.try_send(PeerAvailability { peer, available }).is_err() {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "elector").increment(1);
+            }
+        }
+        if !available {
+            if let Some(r) = self.router.get() {
+                r.handle_node_gone(peer);
+            }
+        }
+    }
+}
+
+/// Translates the `[elector]` settings into the elector core's configuration.
+pub fn elector_config(config: &BrokerConfig) -> ElectorConfig {
+    let e = &config.elector;
+    let single = config.members.len() == 1;
+    ElectorConfig {
+        initial_wait: if single {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(e.initial_wait_ms)
+        },
+        random_wait_max: Duration::from_millis(e.random_wait_max_ms),
+        scouting_result_timeout: Duration::from_millis(e.scouting_result_timeout_ms),
+        election_result_timeout: Duration::from_millis(e.election_result_timeout_ms),
+        heartbeat_period: Duration::from_millis(e.heartbeat_period_ms),
+        heartbeat_check_period: Duration::from_millis(e.heartbeat_check_period_ms),
+        heartbeat_miss_count: e.heartbeat_miss_count,
+        quorum: e.quorum as usize,
+    }
+}
+
+fn bind(addr: &str, what: &str) -> anyhow::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("cannot bind the {what} port {addr}"))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Runs the node until SIGTERM/SIGINT. Must be called inside an actix `System`.
+pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
+    config.validate().context("invalid configuration")?;
+    let config = Arc::new(config);
+    let self_id = NodeId(config.node_id);
+    let me = config.self_member().clone();
+    let metrics_handle =
+        install_metrics_recorder().context("cannot install the metrics recorder")?;
+
+    std::fs::create_dir_all(&config.data_dir).with_context(|| {
+        format!(
+            "cannot create the data directory {}",
+            config.data_dir.display()
+        )
+    })?;
+    let elector_dir = config.data_dir.join("elector");
+    let ledger_dir = config.data_dir.join("ledger");
+    std::fs::create_dir_all(&elector_dir)
+        .with_context(|| format!("cannot create {}", elector_dir.display()))?;
+    std::fs::create_dir_all(&ledger_dir)
+        .with_context(|| format!("cannot create {}", ledger_dir.display()))?;
+
+    // Bind every port first so a port clash fails fast with the address in the message.
+    let client_listener = bind(&me.client_addr(), "client")?;
+    let peer_listener = bind(&me.peer_addr(), "peer")?;
+    let admin_listener = bind(&me.admin_addr(), "admin")?;
+
+    let (term_store, persisted_term) = TermStore::open(&elector_dir)
+        .with_context(|| format!("cannot open the elector term in {}", elector_dir.display()))?;
+    let fsync = match config.metadata.fsync {
+        FsyncSetting::EveryRecord => FsyncPolicy::EveryRecord,
+        FsyncSetting::Never => FsyncPolicy::Never,
+    };
+    let (mut ledger, recovered) = Ledger::open(&ledger_dir, fsync, config.partition_count)
+        .with_context(|| format!("cannot open the ledger in {}", ledger_dir.display()))?;
+    ledger.set_max_file_size(config.metadata.ledger_max_file_size_bytes);
+    // The elector never starts below the term of the last ledger LSN (DESIGN.md §4 "Start").
+    let start_term = persisted_term.max(recovered.last_lsn.term);
+    info!(
+        node = %self_id,
+        term = %start_term,
+        last_lsn = %recovered.last_lsn,
+        committed_lsn = %recovered.committed_lsn,
+        queues = recovered.committed_state.queues.len(),
+        "node starting"
+    );
+
+    let inbound = Arc::new(NodeInbound::default());
+    let hub = PeerHub::start(
+        PeerHubConfig {
+            self_id,
+            cluster_name: config.cluster_name.clone(),
+            peers: config
+                .peers()
+                .map(|m| (NodeId(m.id), m.peer_addr()))
+                .collect(),
+            heartbeat_period: Duration::from_millis(config.link.heartbeat_period_ms),
+            heartbeat_timeout: Duration::from_millis(config.link.heartbeat_timeout_ms),
+            reconnect_backoff_min: Duration::from_millis(config.link.reconnect_backoff_min_ms),
+            reconnect_backoff_max: Duration::from_millis(config.link.reconnect_backoff_max_ms),
+            frame_size_max: config.limits.frame_size_max_bytes as usize,
+            outbound_queue_capacity: PEER_OUTBOUND_CAPACITY,
+        },
+        inbound.clone(),
+    );
+    let transport = PeerTransport { hub: hub.clone() }.start();
+
+    let members: Vec<NodeId> = config.members.iter().map(|m| NodeId(m.id)).collect();
+    let initial_state = Arc::new(recovered.committed_state.clone());
+    let metadata_core =
+        MetadataCore::new(self_id, &members, config.elector.quorum as usize, recovered);
+    let metadata = MetadataActor::new(metadata_core, ledger, transport.clone().recipient()).start();
+
+    let peers: Vec<NodeId> = members.iter().copied().filter(|m| *m != self_id).collect();
+    let seed = rand::random::<u64>();
+    let elector_core = Elector::new(self_id, &peers, elector_config(&config), start_term, seed);
+    let elector = ElectorActor::new(elector_core, term_store, transport.recipient()).start();
+
+    let (state_tx, state_rx) = watch::channel(initial_state);
+    let metadata_for_requests = metadata.clone();
+    let router = DataPlane::new(
+        config.clone(),
+        hub.clone(),
+        state_rx,
+        Box::new(move |uri| {
+            if metadata_for_requests
+                .try_send(RequestQueueAssignment { uri })
+                .is_err()
+            {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "metadata").increment(1);
+            }
+        }),
+    );
+    let health = HealthActor::new(self_id, metadata.clone(), hub.clone()).start();
+    let bridge = Bridge {
+        metadata: metadata.clone(),
+        health,
+        router: router.clone(),
+        state_tx,
+    }
+    .start();
+    let _ = inbound.elector.set(elector.clone());
+    let _ = inbound.metadata.set(metadata.clone());
+    let _ = inbound.router.set(router.clone());
+    metadata
+        .send(SubscribeState {
+            subscriber: bridge.clone().recipient(),
+        })
+        .await?;
+    elector
+        .send(SubscribeLeadership {
+            subscriber: bridge.recipient(),
+        })
+        .await?;
+
+    let peer_listener = tokio::net::TcpListener::from_std(peer_listener)?;
+    tokio::spawn(hub.clone().serve(peer_listener, inbound.clone()));
+    let client_listener = tokio::net::TcpListener::from_std(client_listener)?;
+    tokio::spawn(crate::session::serve_clients(
+        client_listener,
+        router.clone(),
+    ));
+    let admin = start_admin_server(
+        admin_listener,
+        AdminContext {
+            node_id: self_id.0,
+            cluster_name: config.cluster_name.clone(),
+            elector: elector.clone(),
+            metadata: metadata.clone(),
+            peers: hub.clone(),
+            router: router.clone(),
+            metrics: metrics_handle.clone(),
+        },
+    )?;
+    let admin_handle = admin.handle();
+    tokio::spawn(admin);
+    let upkeep = metrics_handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    info!(
+        node = %self_id,
+        client = %me.client_addr(),
+        peer = %me.peer_addr(),
+        admin = %me.admin_addr(),
+        "node started"
+    );
+
+    wait_for_stop_signal().await;
+    info!(node = %self_id, "stopping: ceding leadership");
+    let _ = tokio::time::timeout(Duration::from_secs(1), elector.send(CedeLeadership)).await;
+    // Give the cession a moment to leave the socket before the links close.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    hub.stop();
+    admin_handle.stop(false).await;
+    info!(node = %self_id, "node stopped");
+    Ok(())
+}
+
+async fn wait_for_stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            warn!("cannot install signal handlers; stopping only on ctrl-c");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! The JSON shape served by a node's `/status` endpoint and read by `bmqctl status`.
+//!
+//! One document per node; `bmqctl status` gathers the documents of every configured node and
+//! prints them as a table, or as a JSON array with `--json`.
+
+use serde::{Deserialize, Serialize};
+
+/// A node's view of itself and of the cluster (`GET /status`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NodeStatusDoc {
+    /// This node's id.
+    pub node_id: u32,
+    /// The configured cluster name.
+    pub cluster_name: String,
+    /// Broker version (`CARGO_PKG_VERSION`).
+    pub version: String,
+    /// The elector's view: state, term, leader.
+    pub elector: ElectorDoc,
+    /// The metadata replica's view: role, LSNs.
+    pub metadata: MetadataDoc,
+    /// Committed partition table.
+    pub partitions: Vec<PartitionDoc>,
+    /// Committed queue assignments.
+    pub queues: Vec<QueueDoc>,
+    /// Peer connectivity as this node sees it.
+    pub peers: Vec<PeerDoc>,
+    /// Number of client sessions attached to this node.
+    pub client_sessions: u64,
+    /// True when the node has a leader and an active metadata state (what `/readyz` answers).
+    pub ready: bool,
+}
+
+/// Elector state (DESIGN.md §4).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ElectorDoc {
+    /// `dormant`, `follower`, `candidate` or `leader`.
+    pub state: String,
+    /// Current term.
+    pub term: u64,
+    /// The leader this node follows (or itself), if any.
+    pub leader: Option<u32>,
+    /// Reason of the last transition, snake_case.
+    pub reason: String,
+    /// Effective quorum.
+    pub quorum: usize,
+}
+
+/// Metadata replica state (DESIGN.md §5).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MetadataDoc {
+    /// `follower`, `passive_leader` or `active_leader`.
+    pub role: String,
+    /// Term the metadata replica works in.
+    pub term: u64,
+    /// Last LSN in the ledger, printed `term:seq`.
+    pub last_lsn: String,
+    /// Last committed LSN, printed `term:seq`.
+    pub committed_lsn: String,
+    /// Advisories written but not yet committed.
+    pub uncommitted: usize,
+}
+
+/// A partition and its primary (DESIGN.md §6).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PartitionDoc {
+    /// Partition id.
+    pub partition_id: u32,
+    /// Primary node, if assigned.
+    pub primary: Option<u32>,
+    /// The primary's lease id; a new primary always has a strictly higher one.
+    pub primary_lease_id: u64,
+    /// `none`, `passive` or `active`.
+    pub status: String,
+    /// Messages held by this node for this partition (only meaningful on its primary).
+    pub messages: u64,
+}
+
+/// A queue and the partition it lives in.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct QueueDoc {
+    /// `bmq://<domain>/<queue>`.
+    pub uri: String,
+    /// The partition the leader assigned the queue to.
+    pub partition_id: u32,
+    /// Cluster-unique key assigned by the leader.
+    pub queue_key: u64,
+}
+
+/// A peer as seen from this node.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PeerDoc {
+    /// Peer node id.
+    pub node_id: u32,
+    /// True when the control connections in both directions are up and heartbeating.
+    pub connected: bool,
+}
