@@ -79,9 +79,13 @@ struct Node {
 pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
     let broker_bin = match &args.broker_bin {
         Some(path) => path.clone(),
-        None => std::env::current_exe()
-            .context("cannot locate the bmqctl executable")?
-            .with_file_name("broker"),
+        None => {
+            let bin = std::env::current_exe()
+                .context("cannot locate the bmqctl executable")?
+                .with_file_name("broker");
+            build_broker_under_cargo(&bin)?;
+            bin
+        }
     };
     if !broker_bin.is_file() {
         bail!(
@@ -148,6 +152,39 @@ fn check_ports_free(configs: &[BrokerConfig]) -> anyhow::Result<()> {
 }
 
 /// Writes a node's configuration and starts its process.
+/// Under `cargo run` (cargo sets `CARGO` for the program it runs), builds the `broker` binary
+/// of the same profile first, so `cargo run --release --bin bmqctl -- cluster up` works on a
+/// fresh clone and never starts a stale broker. Outside cargo this does nothing.
+fn build_broker_under_cargo(broker_bin: &Path) -> anyhow::Result<()> {
+    let Some(cargo) = std::env::var_os("CARGO") else {
+        return Ok(());
+    };
+    let profile = broker_bin
+        .parent()
+        .and_then(|d| d.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug");
+    let mut command = std::process::Command::new(cargo);
+    command.args(["build", "--quiet", "-p", "bmq-broker", "--bin", "broker"]);
+    match profile {
+        "debug" => {}
+        "release" => {
+            command.arg("--release");
+        }
+        other => {
+            command.args(["--profile", other]);
+        }
+    }
+    eprintln!("building the broker binary ({profile})...");
+    let status = command
+        .status()
+        .context("cannot run cargo to build the broker binary")?;
+    if !status.success() {
+        bail!("`cargo build -p bmq-broker --bin broker` failed ({status})");
+    }
+    Ok(())
+}
+
 fn start_node(broker_bin: &Path, config: BrokerConfig) -> anyhow::Result<Node> {
     let id = config.node_id;
     let node_dir = config.data_dir.clone();
