@@ -36,7 +36,7 @@ async fn send_garbage(addr: &str, bytes: &[u8]) -> anyhow::Result<()> {
     stream.write_all(bytes).await?;
     let mut buf = [0u8; 4096];
     // The node answers with an error frame and/or closes; either way a read ends.
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
         loop {
             match stream.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
