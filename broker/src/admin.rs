@@ -2,6 +2,10 @@
 //!
 //! - `GET /metrics`: Prometheus text format, rendered by our own handler from the
 //!   `metrics-exporter-prometheus` recorder, plus process CPU and memory read from `/proc`.
+//!   Before rendering, the handler refreshes the gauges that are read from actors at scrape
+//!   time ([`refresh_scrape_gauges`]): the committed partition table as this node sees it, the
+//!   local partitions' depth, and how long a request waits in each actor's mailbox. The
+//!   metrics reference is `docs/METRICS.md`.
 //! - `GET /status`: the node's [`NodeStatusDoc`] as JSON (what `bmqctl status` reads).
 //! - `GET /healthz`: 200 while the process serves requests.
 //! - `GET /readyz`: 200 when the node follows (or is) a leader whose metadata is active; else
@@ -29,6 +33,9 @@ const LATENCY_BUCKETS_SECONDS: &[f64] = &[
     5.0, 10.0,
 ];
 
+/// How long a scrape waits for one actor's answer before leaving its gauges as they were.
+const SCRAPE_ACTOR_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Installs the global metrics recorder (explicit histogram buckets, so the exporter renders
 /// histograms rather than summaries) and returns the handle `/metrics` renders from.
 pub fn install_metrics_recorder() -> anyhow::Result<PrometheusHandle> {
@@ -38,7 +45,214 @@ pub fn install_metrics_recorder() -> anyhow::Result<PrometheusHandle> {
             LATENCY_BUCKETS_SECONDS,
         )?
         .install_recorder()?;
+    describe_scrape_gauges();
+    register_counters_at_zero();
     Ok(handle)
+}
+
+/// Counters (with their known label values) and histograms that exist from the start at zero.
+///
+/// The recorder creates a series at its first update, and Prometheus's `rate()` cannot see the
+/// increment that creates a series: without this, the first burst of PUTs, a first NACK or the
+/// first redelivery on a node would never show on a dashboard. The names are those the
+/// components emit (`docs/METRICS.md` lists them with the file that emits each); a counter
+/// missing here still works, it only loses its first increment.
+fn register_counters_at_zero() {
+    const COUNTERS: &[&str] = &[
+        "bmq_queue_put_total",
+        "bmq_queue_put_duplicates_total",
+        "bmq_queue_ack_total",
+        "bmq_queue_push_total",
+        "bmq_queue_confirm_total",
+        "bmq_queue_redeliveries_total",
+        "bmq_client_connections_total",
+        "bmq_client_connections_refused_total",
+        "bmq_client_frame_errors_total",
+        "bmq_client_protocol_errors_total",
+        "bmq_client_invalid_requests_total",
+        "bmq_session_put_retransmissions_total",
+        "bmq_session_inbox_dropped_total",
+        "bmq_partition_overloaded_total",
+        "bmq_partition_invalid_requests_total",
+        "bmq_peer_frame_errors_total",
+        "bmq_peer_connections_refused_total",
+        "bmq_peer_messages_invalid_total",
+        "bmq_metadata_ledger_rollovers_total",
+    ];
+    for name in COUNTERS {
+        metrics::counter!(*name).increment(0);
+    }
+    for reason in [
+        "not_open",
+        "retransmit_buffer_full",
+        "unknown_queue",
+        "limit_reached",
+    ] {
+        metrics::counter!("bmq_queue_nack_total", "reason" => reason).increment(0);
+    }
+    for actor in ["elector", "metadata"] {
+        metrics::counter!("bmq_mailbox_full_total", "actor" => actor).increment(0);
+    }
+    for channel in ["control", "data"] {
+        metrics::counter!("bmq_peer_messages_dropped_total", "channel" => channel).increment(0);
+    }
+    // Registering the handle renders the histogram with empty buckets.
+    let _ = metrics::histogram!("bmq_metadata_commit_latency_seconds");
+}
+
+/// `# HELP` texts of the gauges [`refresh_scrape_gauges`] sets (the reference for every metric
+/// is `docs/METRICS.md`).
+fn describe_scrape_gauges() {
+    metrics::describe_gauge!(
+        "bmq_cluster_partition_primary_node_id",
+        "Primary node of the partition in this node's committed cluster state (0 = none)"
+    );
+    metrics::describe_gauge!(
+        "bmq_cluster_partition_primary_lease_id",
+        "primary_lease_id of the partition in this node's committed cluster state"
+    );
+    metrics::describe_gauge!(
+        "bmq_cluster_partition_status",
+        "Announced primary status in this node's committed state: 0 none, 1 passive, 2 active"
+    );
+    metrics::describe_gauge!(
+        "bmq_cluster_partition_primary_reachable",
+        "1 if the partition has an active primary that is this node or an available peer"
+    );
+    metrics::describe_gauge!(
+        "bmq_cluster_queues",
+        "Queues assigned to partitions in this node's committed cluster state"
+    );
+    metrics::describe_gauge!(
+        "bmq_cluster_members",
+        "Configured cluster members, this node included"
+    );
+    metrics::describe_gauge!(
+        "bmq_elector_quorum",
+        "Effective elector quorum, this node included"
+    );
+    metrics::describe_gauge!(
+        "bmq_partition_messages",
+        "Messages held and not yet confirmed on this node as primary of the partition (0 elsewhere)"
+    );
+    metrics::describe_gauge!(
+        "bmq_partition_unconfirmed_messages",
+        "Messages pushed to consumers and not yet confirmed, on this node as primary (0 elsewhere)"
+    );
+    metrics::describe_gauge!(
+        "bmq_partition_queues",
+        "Queues open on this node as primary of the partition (0 elsewhere)"
+    );
+    metrics::describe_gauge!(
+        "bmq_actor_mailbox_delay_seconds",
+        "Round trip of a status request through the actor's mailbox at the last scrape"
+    );
+}
+
+/// Sets the gauges that are read from the actors at scrape time, so a scrape shows the current
+/// value without the actors publishing on every change:
+///
+/// - from the metadata actor's committed state: per partition, `bmq_cluster_partition_*`
+///   (primary, lease, status, and whether the primary is active and reachable from here — this
+///   node or an available peer), and `bmq_cluster_queues`;
+/// - from the elector: `bmq_elector_quorum`; from the configuration: `bmq_cluster_members`;
+/// - from each local partition actor ([`GetPartitionStats`]): `bmq_partition_messages`,
+///   `bmq_partition_unconfirmed_messages`, `bmq_partition_queues`, set to 0 for the partitions
+///   this node is not primary for, so that summing over nodes gives the cluster's total and a
+///   former primary does not keep showing its last depth;
+/// - `bmq_actor_mailbox_delay_seconds{actor}`: how long each status request took to pass
+///   through the actor's mailbox (for `partition`, the slowest local partition). actix does not
+///   expose mailbox lengths; this round trip is what a backlog costs.
+///
+/// An actor that does not answer within [`SCRAPE_ACTOR_TIMEOUT`] leaves its gauges unchanged
+/// (its mailbox delay is then set to the timeout) and the rest of the scrape still renders.
+/// Labels are bounded: `partition` by `partition_count`, `actor` by three values.
+pub async fn refresh_scrape_gauges(ctx: &AdminContext) {
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(SCRAPE_ACTOR_TIMEOUT, ctx.elector.send(GetElectorStatus)).await {
+        Ok(Ok(snapshot)) => {
+            metrics::gauge!("bmq_actor_mailbox_delay_seconds", "actor" => "elector")
+                .set(started.elapsed().as_secs_f64());
+            metrics::gauge!("bmq_elector_quorum").set(snapshot.quorum as f64);
+        }
+        _ => metrics::gauge!("bmq_actor_mailbox_delay_seconds", "actor" => "elector")
+            .set(SCRAPE_ACTOR_TIMEOUT.as_secs_f64()),
+    }
+    metrics::gauge!("bmq_cluster_members").set((ctx.peers.peer_availability().len() + 1) as f64);
+
+    let started = std::time::Instant::now();
+    let state = match tokio::time::timeout(
+        SCRAPE_ACTOR_TIMEOUT,
+        ctx.metadata.send(GetMetadataStatus),
+    )
+    .await
+    {
+        Ok(Ok(snapshot)) => {
+            metrics::gauge!("bmq_actor_mailbox_delay_seconds", "actor" => "metadata")
+                .set(started.elapsed().as_secs_f64());
+            Some(snapshot.state)
+        }
+        _ => {
+            metrics::gauge!("bmq_actor_mailbox_delay_seconds", "actor" => "metadata")
+                .set(SCRAPE_ACTOR_TIMEOUT.as_secs_f64());
+            None
+        }
+    };
+
+    let mut local = std::collections::HashMap::new();
+    let mut slowest: Option<Duration> = None;
+    for (id, addr) in ctx.router.local_partitions() {
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(SCRAPE_ACTOR_TIMEOUT, addr.send(GetPartitionStats)).await;
+        let took = match answer {
+            Ok(Ok(stats)) => {
+                local.insert(id, stats);
+                started.elapsed()
+            }
+            _ => SCRAPE_ACTOR_TIMEOUT,
+        };
+        slowest = Some(slowest.map_or(took, |s| s.max(took)));
+    }
+    if let Some(slowest) = slowest {
+        metrics::gauge!("bmq_actor_mailbox_delay_seconds", "actor" => "partition")
+            .set(slowest.as_secs_f64());
+    }
+
+    let Some(state) = state else {
+        return;
+    };
+    let available: std::collections::HashSet<u32> = ctx
+        .peers
+        .peer_availability()
+        .into_iter()
+        .filter(|(_, up)| *up)
+        .map(|(id, _)| id.0)
+        .chain(std::iter::once(ctx.node_id))
+        .collect();
+    for (id, p) in &state.partitions {
+        let label = id.0.to_string();
+        let status = match p.status {
+            bmq_metadata::PrimaryStatus::None => 0.0,
+            bmq_metadata::PrimaryStatus::Passive => 1.0,
+            bmq_metadata::PrimaryStatus::Active => 2.0,
+        };
+        let reachable = p.status == bmq_metadata::PrimaryStatus::Active
+            && p.primary.is_some_and(|n| available.contains(&n.0));
+        metrics::gauge!("bmq_cluster_partition_primary_node_id", "partition" => label.clone())
+            .set(p.primary.map_or(0.0, |n| f64::from(n.0)));
+        metrics::gauge!("bmq_cluster_partition_primary_lease_id", "partition" => label.clone())
+            .set(p.primary_lease_id as f64);
+        metrics::gauge!("bmq_cluster_partition_status", "partition" => label.clone()).set(status);
+        metrics::gauge!("bmq_cluster_partition_primary_reachable", "partition" => label.clone())
+            .set(if reachable { 1.0 } else { 0.0 });
+        let stats = local.get(id).cloned().unwrap_or_default();
+        metrics::gauge!("bmq_partition_messages", "partition" => label.clone())
+            .set(stats.messages as f64);
+        metrics::gauge!("bmq_partition_unconfirmed_messages", "partition" => label.clone())
+            .set(stats.unconfirmed as f64);
+        metrics::gauge!("bmq_partition_queues", "partition" => label).set(stats.queues as f64);
+    }
+    metrics::gauge!("bmq_cluster_queues").set(state.queues.len() as f64);
 }
 
 /// What the admin handlers need from the node.
@@ -148,6 +362,7 @@ async fn healthz() -> HttpResponse {
 }
 
 async fn metrics_handler(ctx: web::Data<AdminContext>) -> HttpResponse {
+    refresh_scrape_gauges(&ctx).await;
     let mut body = ctx.metrics.render();
     body.push_str(&process_metrics());
     HttpResponse::Ok()

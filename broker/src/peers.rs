@@ -88,6 +88,9 @@ impl PeerHub {
         let mut links = HashMap::new();
         for (peer, addr) in &config.peers {
             links.insert(*peer, LinkState::default());
+            // Every peer's series exists from the start (0 = unavailable), so a peer that never
+            // came up shows as down rather than as missing.
+            metrics::gauge!("bmq_peer_available", "peer" => peer.to_string()).set(0.0);
             for channel in [Channel::Control, Channel::Data] {
                 let (tx, rx) = mpsc::channel(config.outbound_queue_capacity);
                 outbound.insert((*peer, channel as i32), tx);
@@ -364,6 +367,11 @@ async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
         let mut changes = Vec::new();
         {
             let mut links = hub.links.lock().expect("link state lock");
+            let outbound = links.values().filter(|l| l.outbound_control_up).count();
+            let inbound: u32 = links.values().map(|l| l.inbound_control_open).sum();
+            metrics::gauge!("bmq_peer_connections", "direction" => "outbound").set(outbound as f64);
+            metrics::gauge!("bmq_peer_connections", "direction" => "inbound")
+                .set(f64::from(inbound));
             for (peer, l) in links.iter_mut() {
                 let fresh = l
                     .last_inbound_control

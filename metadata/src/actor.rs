@@ -13,7 +13,8 @@
 //! - **Failure**: a ledger write or fsync error is logged and stops the system with exit code 1
 //!   (never retry an fsync). The broker's root actor supervises it.
 //! - **Metrics**: gauges `bmq_metadata_lsn_term`, `bmq_metadata_lsn_sequence`,
-//!   `bmq_metadata_committed_lsn_sequence`, `bmq_metadata_uncommitted_advisories`,
+//!   `bmq_metadata_committed_lsn_term`, `bmq_metadata_committed_lsn_sequence`,
+//!   `bmq_metadata_role` (0 follower, 1 passive leader, 2 active leader), `bmq_metadata_uncommitted_advisories`,
 //!   `bmq_metadata_ledger_bytes`; counter `bmq_metadata_ledger_rollovers_total`; histogram
 //!   `bmq_metadata_commit_latency_seconds` (propose to commit, on the leader).
 
@@ -26,7 +27,7 @@ use bmq_proto::{peer, NodeId, Term};
 use tracing::{debug, error};
 
 use crate::core::{MetadataCore, MetadataOutput, MetadataStatus, ProposeError};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, LedgerRecord};
 use crate::lsn::Lsn;
 use crate::state::ClusterState;
 
@@ -181,6 +182,17 @@ impl MetadataActor {
                         ctx.stop();
                         return;
                     }
+                    // Commit latency covers every advisory this node stamps as leader (proposals
+                    // from the health actor, queue assignments, the leader's snapshot), from
+                    // `Propose` when there was one, else from this first write.
+                    let status = self.core.status();
+                    if matches!(record, LedgerRecord::Update { .. })
+                        && status.role != crate::core::MetadataRole::Follower
+                        && lsn.term == status.term
+                        && self.proposed_at.len() < COMMIT_LATENCY_TRACKED_MAX
+                    {
+                        self.proposed_at.entry(lsn).or_insert_with(Instant::now);
+                    }
                     self.core.on_persisted(Instant::now(), lsn);
                 }
                 MetadataOutput::ResetLedger {
@@ -240,8 +252,15 @@ impl MetadataActor {
         let status = self.core.status();
         metrics::gauge!("bmq_metadata_lsn_term").set(status.last_lsn.term.0 as f64);
         metrics::gauge!("bmq_metadata_lsn_sequence").set(status.last_lsn.sequence as f64);
+        metrics::gauge!("bmq_metadata_committed_lsn_term").set(status.committed_lsn.term.0 as f64);
         metrics::gauge!("bmq_metadata_committed_lsn_sequence")
             .set(status.committed_lsn.sequence as f64);
+        let role = match status.role {
+            crate::core::MetadataRole::Follower => 0.0,
+            crate::core::MetadataRole::PassiveLeader => 1.0,
+            crate::core::MetadataRole::ActiveLeader => 2.0,
+        };
+        metrics::gauge!("bmq_metadata_role").set(role);
         metrics::gauge!("bmq_metadata_uncommitted_advisories").set(status.uncommitted as f64);
         metrics::gauge!("bmq_metadata_ledger_bytes").set(self.ledger.file_size() as f64);
         let rollovers = self.ledger.rollovers();
@@ -309,7 +328,7 @@ impl Handler<Propose> for MetadataActor {
         let result = self.core.propose(now, msg.advisory);
         if let Ok(lsn) = result {
             if self.proposed_at.len() < COMMIT_LATENCY_TRACKED_MAX {
-                self.proposed_at.insert(lsn, now);
+                self.proposed_at.entry(lsn).or_insert(now);
             }
         }
         self.drive(ctx);

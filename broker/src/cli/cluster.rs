@@ -8,6 +8,12 @@
 //!
 //! A node that exits during start-up aborts the launch with the tail of its log (a port already
 //! in use shows up there). A node that exits later is reported and the others keep running.
+//!
+//! When a `prometheus` executable is on `PATH` (Debian: `apt-get install prometheus`), it also
+//! starts Prometheus with the shipped configuration and alert rules ([`crate::cli::prometheus`])
+//! pointed at the new nodes, storing into `<dir>/prometheus/`, on `--prometheus-listen`
+//! (default `127.0.0.1:9090`); `--no-prometheus` skips it. Prometheus is an extra: if it is
+//! missing, its port is taken or it exits, the cluster runs on and a note says why.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -17,6 +23,7 @@ use anyhow::{bail, Context};
 use futures::FutureExt;
 use tokio::process::{Child, Command};
 
+use crate::cli::prometheus::{self, ScrapeTarget};
 use crate::cli::status::wait_for_leader;
 use crate::config::{local_cluster, BrokerConfig, LOCAL_CLUSTER_BASE_PORT};
 
@@ -58,7 +65,16 @@ pub struct ClusterUpArgs {
     /// Remove DIR first (start from empty data).
     #[arg(long)]
     pub clean: bool,
+    /// Do not start Prometheus beside the cluster.
+    #[arg(long)]
+    pub no_prometheus: bool,
+    /// Where the Prometheus started beside the cluster serves its UI and API.
+    #[arg(long, default_value = DEFAULT_PROMETHEUS_LISTEN, value_name = "HOST:PORT")]
+    pub prometheus_listen: String,
 }
+
+/// Default address of the Prometheus that `cluster up` starts (Prometheus's usual port).
+pub const DEFAULT_PROMETHEUS_LISTEN: &str = "127.0.0.1:9090";
 
 /// One started broker process.
 struct Node {
@@ -106,15 +122,29 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot listen for SIGTERM")?;
+    let targets: Vec<ScrapeTarget> = configs
+        .iter()
+        .map(|c| ScrapeTarget {
+            node_id: c.node_id,
+            admin_addr: c.self_member().admin_addr(),
+        })
+        .collect();
     let mut nodes = Vec::with_capacity(configs.len());
+    let mut prometheus_child = None;
     let result = async {
         for config in configs {
             nodes.push(start_node(&broker_bin, config)?);
+        }
+        if !args.no_prometheus {
+            prometheus_child = start_prometheus(&dir, &targets, &args.prometheus_listen);
         }
         supervise(&mut nodes, &mut sigterm).await
     }
     .await;
     stop_all(&mut nodes).await;
+    if let Some(mut child) = prometheus_child {
+        stop_prometheus(&mut child).await;
+    }
     if result.is_ok() {
         println!("cluster stopped");
     }
@@ -149,6 +179,106 @@ fn check_ports_free(configs: &[BrokerConfig]) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Starts Prometheus with the shipped configuration for `targets`, or says why not and returns
+/// `None` (no `prometheus` on `PATH`, its address taken, files not writable, spawn failure):
+/// the cluster is useful without it.
+fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Option<Child> {
+    let Some(binary) = prometheus::find_on_path("prometheus") else {
+        println!(
+            "note: no `prometheus` on PATH, so metrics are only at each node's /metrics \
+             (Debian: apt-get install prometheus; see dashboards/README.md)"
+        );
+        return None;
+    };
+    if let Err(e) = std::net::TcpListener::bind(listen) {
+        println!(
+            "note: not starting Prometheus: {listen} is not available ({e}); \
+             pick another address with --prometheus-listen"
+        );
+        return None;
+    }
+    let prom_dir = dir.join("prometheus");
+    let config = match prometheus::write_config(&prom_dir, targets) {
+        Ok(config) => config,
+        Err(e) => {
+            println!("note: not starting Prometheus: {e:#}");
+            return None;
+        }
+    };
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(prom_dir.join("prometheus.log"));
+    let (out, err) = match log.and_then(|l| Ok((l.try_clone()?, l))) {
+        Ok(pair) => pair,
+        Err(e) => {
+            println!("note: not starting Prometheus: cannot open its log: {e}");
+            return None;
+        }
+    };
+    let mut command = Command::new(&binary);
+    command
+        .args(prometheus::server_args(
+            &config,
+            &prom_dir.join("data"),
+            listen,
+        ))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(true);
+    #[cfg(target_os = "linux")]
+    // SAFETY: as in `start_node`: only prctl and getppid run between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() == 1 {
+                return Err(std::io::Error::other("bmqctl exited"));
+            }
+            Ok(())
+        });
+    }
+    match command.spawn() {
+        Ok(child) => {
+            println!(
+                "prometheus: http://{listen} (alerts: http://{listen}/alerts), config {}, \
+                 log {}",
+                config.display(),
+                prom_dir.join("prometheus.log").display()
+            );
+            Some(child)
+        }
+        Err(e) => {
+            println!("note: cannot start {}: {e}", binary.display());
+            None
+        }
+    }
+}
+
+/// Stops the Prometheus started by [`start_prometheus`]: SIGTERM, then SIGKILL after
+/// [`STOP_GRACE_PERIOD`].
+async fn stop_prometheus(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        // SAFETY: kill(2) with the pid of a child we have not reaped yet.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    match tokio::time::timeout(STOP_GRACE_PERIOD, child.wait()).await {
+        Ok(_) => println!("prometheus stopped"),
+        Err(_) => {
+            eprintln!(
+                "prometheus did not stop within {} s; killing it",
+                STOP_GRACE_PERIOD.as_secs()
+            );
+            let _ = child.kill().await;
+        }
+    }
 }
 
 /// Writes a node's configuration and starts its process.
@@ -559,6 +689,8 @@ mod tests {
         assert_eq!(cli.args.base_port, 30100);
         assert_eq!(cli.args.broker_bin, None);
         assert!(!cli.args.clean);
+        assert!(!cli.args.no_prometheus);
+        assert_eq!(cli.args.prometheus_listen, DEFAULT_PROMETHEUS_LISTEN);
     }
 
     #[tokio::test]
@@ -571,6 +703,8 @@ mod tests {
             base_port: 30100,
             broker_bin: Some(dir.path().join("no-such-broker")),
             clean: false,
+            no_prometheus: true,
+            prometheus_listen: DEFAULT_PROMETHEUS_LISTEN.into(),
         };
         let e = run(args).await.unwrap_err().to_string();
         assert!(e.contains("cargo build --release --bins"), "{e}");
@@ -596,6 +730,8 @@ mod tests {
             base_port: 47300,
             broker_bin: Some(fake),
             clean: true,
+            no_prometheus: true,
+            prometheus_listen: DEFAULT_PROMETHEUS_LISTEN.into(),
         };
         let e = format!("{:#}", run(args).await.unwrap_err());
         assert!(e.contains("exited during start-up (exit code 3)"), "{e}");
