@@ -3,4 +3,5 @@ pub mod cluster;
 pub mod consume;
 pub mod payload;
 pub mod produce;
+pub mod ready;
 pub mod status;
