@@ -114,6 +114,11 @@ pub struct BrokerConfig {
     /// to the broker's working directory.
     #[serde(serialize_with = "serialize_path")]
     pub data_dir: PathBuf,
+    /// Address this node's three listeners bind to, e.g. `0.0.0.0` in a container; when absent
+    /// they bind to this node's own `members[].host`. Peers always dial `members[].host`, so a
+    /// node may listen on every interface while the others reach it by host name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen_host: Option<String>,
     /// Every node of the cluster, this one included (1 to 7).
     pub members: Vec<MemberConfig>,
     /// Number of queue-data partitions (1 to 1024). Default 4.
@@ -592,6 +597,14 @@ impl BrokerConfig {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must not be empty"));
         }
+        if let Some(host) = &self.listen_host {
+            if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c == '/') {
+                return Err(invalid(
+                    "listen_host",
+                    format!("{host:?} is not a valid host"),
+                ));
+            }
+        }
 
         // Members.
         let n = self.members.len();
@@ -814,6 +827,26 @@ impl BrokerConfig {
     /// The member with id `id`, if any.
     pub fn member(&self, id: u32) -> Option<&MemberConfig> {
         self.members.iter().find(|m| m.id == id)
+    }
+
+    /// The addresses this node binds, `host:port` in the order client, peer, admin: this
+    /// node's member addresses, with the host replaced by `listen_host` when it is set.
+    pub fn listen_addrs(&self) -> [String; 3] {
+        let me = self.self_member();
+        match &self.listen_host {
+            Some(host) => {
+                let listen = MemberConfig {
+                    host: host.clone(),
+                    ..me.clone()
+                };
+                [
+                    listen.client_addr(),
+                    listen.peer_addr(),
+                    listen.admin_addr(),
+                ]
+            }
+            None => [me.client_addr(), me.peer_addr(), me.admin_addr()],
+        }
     }
 
     /// Every member except this node.
@@ -1275,5 +1308,28 @@ mod tests {
         };
         assert_eq!(m.client_addr(), "[::1]:1");
         assert_eq!(m.admin_addr(), "[::1]:3");
+    }
+
+    #[test]
+    fn listen_host_replaces_only_the_bound_host() {
+        // Without listen_host a node binds its member addresses; with it, the same ports on the
+        // listen host, while the member list (what peers dial) is unchanged.
+        let mut c = BrokerConfig::from_toml_str(LOCAL_CLUSTER_TOML).unwrap();
+        c.members[0].host = "broker1".into();
+        assert_eq!(
+            c.listen_addrs(),
+            ["broker1:30101", "broker1:30201", "broker1:30301"].map(String::from)
+        );
+        c.listen_host = Some("0.0.0.0".into());
+        c.validate().unwrap();
+        assert_eq!(
+            c.listen_addrs(),
+            ["0.0.0.0:30101", "0.0.0.0:30201", "0.0.0.0:30301"].map(String::from)
+        );
+        assert_eq!(c.self_member().peer_addr(), "broker1:30201");
+        let back = BrokerConfig::from_toml_str(&c.to_toml_string()).unwrap();
+        assert_eq!(back, c);
+        c.listen_host = Some(" ".into());
+        assert_eq!(field_of(&c).0, "listen_host");
     }
 }

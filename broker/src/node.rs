@@ -226,9 +226,10 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create {}", ledger_dir.display()))?;
 
     // Bind every port first so a port clash fails fast with the address in the message.
-    let client_listener = bind(&me.client_addr(), "client")?;
-    let peer_listener = bind(&me.peer_addr(), "peer")?;
-    let admin_listener = bind(&me.admin_addr(), "admin")?;
+    let [client_bind, peer_bind, admin_bind] = config.listen_addrs();
+    let client_listener = bind(&client_bind, "client")?;
+    let peer_listener = bind(&peer_bind, "peer")?;
+    let admin_listener = bind(&admin_bind, "admin")?;
 
     let (term_store, persisted_term) = TermStore::open(&elector_dir)
         .with_context(|| format!("cannot open the elector term in {}", elector_dir.display()))?;

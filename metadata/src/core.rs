@@ -453,6 +453,7 @@ impl MetadataCore {
             self.gated.clear();
             self.resync = None;
         }
+        let refollowing = term == self.term && self.leader.is_none() && leader.is_some();
         self.term = term;
         self.leader = leader;
         self.matched.clear();
@@ -482,6 +483,13 @@ impl MetadataCore {
         } else {
             self.role = MetadataRole::Follower;
             self.hello_deadline = leader.map(|_| now + self.config.hello_retry);
+            if refollowing && self.snapshot_seen {
+                // We had lost the leader of this term (a cut-off link or a partition) and found
+                // it again: records committed meanwhile may be missing, and no later record
+                // need come to show us the gap. Ask with a hello; a CatchUp that shows we are
+                // already in step clears this without touching the ledger.
+                self.out_of_sync = true;
+            }
             self.emit_role_changed();
         }
     }
@@ -937,6 +945,13 @@ impl MetadataCore {
             }
             previous = lsn;
             uncommitted.push((lsn, advisory));
+        }
+        if committed == self.committed_lsn && previous <= self.last_lsn {
+            // Nothing new: we already hold the leader's committed state and every record it
+            // sent (a hello after finding the leader again). Keep the ledger as it is.
+            self.out_of_sync = false;
+            debug!(committed = %committed, last_lsn = %self.last_lsn, "catch up: already in step");
+            return;
         }
         if previous < self.last_lsn {
             // Our history would go backwards: the CatchUp predates records we already took.

@@ -922,3 +922,44 @@ fn harness_restarted_follower_catches_up_after_missing_records() {
     assert_eq!(h.state(3), h.state(1));
     assert_eq!(h.node(3).state().queues.len(), 4);
 }
+
+#[test]
+fn harness_follower_that_finds_its_leader_again_catches_up_without_a_new_record() {
+    // Scenario: C's links are cut, so C loses the leader of term 1 while A commits advisories
+    // with B. C's links come back and its elector finds A again at term 1: with no later
+    // advisory to show it a gap, C still asks (hello) and catches up. An up-to-date follower
+    // (B) that loses and finds A again gets a CatchUp that changes nothing and stops asking.
+    let mut h = Harness::new();
+    h.elect(1, 1);
+    h.drop_if = Some(Box::new(|from, to, _| from == NodeId(3) || to == NodeId(3)));
+    let now = h.now;
+    h.node(3).handle_leadership(now, Term(1), None);
+    for i in 0..3 {
+        h.node(1)
+            .propose(now, assign(&format!("q{i}"), 0, i))
+            .unwrap();
+        h.run();
+    }
+    let behind = h.node(3).status().last_lsn;
+    assert!(behind < h.node(1).status().last_lsn);
+    h.drop_if = None;
+    h.node(3).handle_leadership(now, Term(1), Some(n(1)));
+    h.node(2).handle_leadership(now, Term(1), None);
+    h.node(2).handle_leadership(now, Term(1), Some(n(1)));
+    h.run();
+    let b_before = h.node(2).status();
+    h.advance(Duration::from_millis(600));
+    assert_eq!(h.state(3), h.state(1));
+    assert_eq!(h.node(3).state().queues.len(), 3);
+    let (a, c) = (h.node(1).status(), h.node(3).status());
+    assert_eq!(c.committed_lsn, a.committed_lsn);
+    assert_eq!(c.last_lsn, a.last_lsn);
+    // B was in step: same LSNs, and it says no more hellos.
+    assert_eq!(h.node(2).status().last_lsn, b_before.last_lsn);
+    let hellos = h.node(2).counters().hellos_sent;
+    assert_eq!(hellos, 1);
+    h.advance(Duration::from_millis(600));
+    h.advance(Duration::from_millis(600));
+    assert_eq!(h.node(2).counters().hellos_sent, hellos);
+    assert_eq!(h.node(3).counters().hellos_sent, 1);
+}

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use bmq_broker::cli::{cluster, consume, produce, status};
+use bmq_broker::cli::{cluster, consume, produce, ready, status};
 
 /// Command-line tool of the BlazingMQ-style broker cluster.
 #[derive(Debug, Parser)]
@@ -43,6 +43,8 @@ enum Command {
     Produce(produce::ProduceArgs),
     /// Receive, verify and confirm messages from a queue.
     Consume(consume::ConsumeArgs),
+    /// Exit 0 if a node is ready (GET /readyz answers 200); for container health checks.
+    Ready(ready::ReadyArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,5 +87,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
         // Both print their own report (summary line or JSON).
         Command::Produce(args) => produce::run(args).await.map(drop),
         Command::Consume(args) => consume::run(args).await.map(drop),
+        Command::Ready(args) => ready::run(args).await,
     }
 }

@@ -4,4 +4,5 @@ pub mod consume;
 pub mod payload;
 pub mod produce;
 pub mod prometheus;
+pub mod ready;
 pub mod status;

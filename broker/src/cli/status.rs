@@ -66,7 +66,7 @@ pub async fn fetch_status(addr: &str, timeout: Duration) -> anyhow::Result<NodeS
 }
 
 /// One HTTP/1.1 GET with `Connection: close`; returns the body of a 200 response.
-async fn http_get(addr: &str, path: &str) -> anyhow::Result<Vec<u8>> {
+pub(crate) async fn http_get(addr: &str, path: &str) -> anyhow::Result<Vec<u8>> {
     let mut stream = TcpStream::connect(addr)
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
