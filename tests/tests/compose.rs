@@ -317,7 +317,6 @@ fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
 async fn wait_for_prometheus(p: &Project) -> anyhow::Result<()> {
     let addr = format!("127.0.0.1:{}", p.prometheus_port);
     let deadline = Instant::now() + WAIT;
-    let mut last = String::new();
     loop {
         let targets = http_get(&addr, "/api/v1/targets").and_then(|body| {
             let v: serde_json::Value = serde_json::from_str(&body)?;
@@ -331,18 +330,18 @@ async fn wait_for_prometheus(p: &Project) -> anyhow::Result<()> {
             Ok(up)
         });
         let rules = http_get(&addr, "/api/v1/rules");
-        match (targets, rules) {
+        let last = match (targets, rules) {
             (Ok(up), Ok(rules)) if up.len() == 3 && rules.contains("BmqBrokerDown") => {
                 // The brokers' own metrics arrive: every node reports its elector term.
                 let q = http_get(&addr, "/api/v1/query?query=count(bmq_elector_term)")?;
                 if q.contains("\"3\"") {
                     return Ok(());
                 }
-                last = format!("query: {q}");
+                format!("query: {q}")
             }
-            (Ok(up), Ok(_)) => last = format!("targets up: {up:?}"),
-            (Err(e), _) | (_, Err(e)) => last = format!("{e:#}"),
-        }
+            (Ok(up), Ok(_)) => format!("targets up: {up:?}"),
+            (Err(e), _) | (_, Err(e)) => format!("{e:#}"),
+        };
         if Instant::now() > deadline {
             bail!("Prometheus did not scrape the 3 brokers within {WAIT:?}; last: {last}");
         }
