@@ -9,8 +9,8 @@
 //! 3. `docker kill`s the leader's container: a new leader at a higher term, every partition with
 //!    a live primary, and messages flow through the two survivors; the container is started
 //!    again and rejoins from its volume;
-//! 4. `docker network disconnect`s a follower, changes the cluster state while it is away (a new
-//!    queue), reconnects it, and checks that it rejoins with the same last and committed LSN as
+//! 4. `docker network disconnect`s a follower that is a partition primary, changes the cluster
+//!    state while it is away (its partitions get new primaries, a new queue), reconnects it, and checks that it rejoins with the same last and committed LSN as
 //!    the others and the same partitions, then carries messages through it.
 //!
 //! `down -v` runs on every exit path (a guard's `Drop`), a panic included. Where no Docker
@@ -317,7 +317,6 @@ fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
 async fn wait_for_prometheus(p: &Project) -> anyhow::Result<()> {
     let addr = format!("127.0.0.1:{}", p.prometheus_port);
     let deadline = Instant::now() + WAIT;
-    let mut last = String::new();
     loop {
         let targets = http_get(&addr, "/api/v1/targets").and_then(|body| {
             let v: serde_json::Value = serde_json::from_str(&body)?;
@@ -331,18 +330,18 @@ async fn wait_for_prometheus(p: &Project) -> anyhow::Result<()> {
             Ok(up)
         });
         let rules = http_get(&addr, "/api/v1/rules");
-        match (targets, rules) {
+        let last = match (targets, rules) {
             (Ok(up), Ok(rules)) if up.len() == 3 && rules.contains("BmqBrokerDown") => {
                 // The brokers' own metrics arrive: every node reports its elector term.
                 let q = http_get(&addr, "/api/v1/query?query=count(bmq_elector_term)")?;
                 if q.contains("\"3\"") {
                     return Ok(());
                 }
-                last = format!("query: {q}");
+                format!("query: {q}")
             }
-            (Ok(up), Ok(_)) => last = format!("targets up: {up:?}"),
-            (Err(e), _) | (_, Err(e)) => last = format!("{e:#}"),
-        }
+            (Ok(up), Ok(_)) => format!("targets up: {up:?}"),
+            (Err(e), _) | (_, Err(e)) => format!("{e:#}"),
+        };
         if Instant::now() > deadline {
             bail!("Prometheus did not scrape the 3 brokers within {WAIT:?}; last: {last}");
         }
@@ -433,7 +432,15 @@ async fn scenario(p: &Project, bmqctl: &Path) -> anyhow::Result<()> {
     // 4. A follower is cut off the network while the state changes, then reconnected.
     let docs = wait_for_cluster(p, &NODES, "a stable leader", in_step).await?;
     let (leader, _) = leader_of(&docs);
-    let cut = NODES.iter().copied().find(|&id| id != leader).unwrap();
+    // A follower that is the primary of a partition (the killed node came back with none): the
+    // leader reassigns its partitions while it is away, so it has state to catch up on.
+    let followers: Vec<u32> = NODES.iter().copied().filter(|&id| id != leader).collect();
+    let is_primary = |id: u32| docs[0].partitions.iter().any(|p| p.primary == Some(id));
+    let cut = followers
+        .iter()
+        .copied()
+        .find(|&id| is_primary(id))
+        .unwrap_or(followers[0]);
     let others: Vec<u32> = NODES.iter().copied().filter(|&id| id != cut).collect();
     let cut_container = p.container(cut)?;
     let before = docs
