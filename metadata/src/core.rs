@@ -447,6 +447,13 @@ impl MetadataCore {
         if term == self.term && leader == self.leader {
             return;
         }
+        // A follower that lost its leader and follows it again within the same term may have
+        // missed records meanwhile (a partition healed while the term went on); with no new
+        // record to reveal the gap it would stay behind, so it asks for a catch up.
+        let rejoined = term == self.term
+            && self.leader.is_none()
+            && leader.is_some_and(|l| l != self.self_id)
+            && self.snapshot_seen;
         if term > self.term {
             self.snapshot_seen = false;
             self.out_of_sync = false;
@@ -481,6 +488,9 @@ impl MetadataCore {
             self.try_advance_sync(now);
         } else {
             self.role = MetadataRole::Follower;
+            if rejoined {
+                self.out_of_sync = true;
+            }
             self.hello_deadline = leader.map(|_| now + self.config.hello_retry);
             self.emit_role_changed();
         }
@@ -940,6 +950,10 @@ impl MetadataCore {
         }
         if previous < self.last_lsn {
             // Our history would go backwards: the CatchUp predates records we already took.
+            if committed == self.committed_lsn {
+                // Nothing committed was missed (a rejoined follower that was not behind).
+                self.out_of_sync = false;
+            }
             self.counters.stale_term += 1;
             debug!(last = %previous, own = %self.last_lsn, "dropped: catch up behind our last record");
             return;
