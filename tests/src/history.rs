@@ -258,6 +258,22 @@ pub enum Violation {
     },
 }
 
+impl Violation {
+    /// A short name of the rule broken, for counts in reports (`lost_ack`, `reordered`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Violation::LostAck { .. } => "lost_ack",
+            Violation::Phantom { .. } => "phantom",
+            Violation::GuidMismatch { .. } => "guid_mismatch",
+            Violation::Corrupt { .. } => "corrupt",
+            Violation::Reordered { .. } => "reordered",
+            Violation::TwoLeaders { .. } => "two_leaders",
+            Violation::Panic { .. } => "panic",
+            Violation::NotConverged { .. } => "not_converged",
+        }
+    }
+}
+
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -841,7 +857,16 @@ impl Report {
         }
     }
 
-    /// The report as JSON (`faults`, `operations`, `violations`).
+    /// Number of violations of each kind ([`Violation::kind`]).
+    pub fn violation_counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut counts = BTreeMap::new();
+        for v in &self.violations {
+            *counts.entry(v.kind()).or_default() += 1;
+        }
+        counts
+    }
+
+    /// The report as JSON (`faults`, `operations`, `violation_counts`, `violations`).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "name": self.name,
@@ -859,6 +884,7 @@ impl Report {
                 "confirms": self.summary.confirms,
                 "leader_observations": self.observations,
             },
+            "violation_counts": self.violation_counts(),
             "violations": self.violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
         })
     }
@@ -876,11 +902,16 @@ impl fmt::Display for Report {
             "operations: {} (leader observations {})",
             self.summary, self.observations
         )?;
-        writeln!(f, "violations ({}):", self.violations.len())?;
-        // Lost acks can number thousands: show the first few of each kind and a count.
-        let mut shown: HashMap<std::mem::Discriminant<Violation>, usize> = HashMap::new();
+        writeln!(
+            f,
+            "violations ({}): {:?}",
+            self.violations.len(),
+            self.violation_counts()
+        )?;
+        // Lost acks can number thousands: show the first few of each kind.
+        let mut shown: HashMap<&'static str, usize> = HashMap::new();
         for v in &self.violations {
-            let n = shown.entry(std::mem::discriminant(v)).or_default();
+            let n = shown.entry(v.kind()).or_default();
             *n += 1;
             if *n <= 10 {
                 writeln!(f, "  {v}")?;

@@ -40,6 +40,8 @@ struct Ctx {
     workload: Option<Workload>,
     leader: u32,
     term: u64,
+    /// Violations found while the scenario ran (e.g. a soak round that did not converge).
+    violations: Vec<Violation>,
 }
 
 impl Ctx {
@@ -56,6 +58,7 @@ impl Ctx {
             workload: None,
             leader: 0,
             term: 0,
+            violations: Vec::new(),
         };
         let ids = ctx.nc.ids();
         let (leader, term) = ctx
@@ -230,7 +233,7 @@ impl Ctx {
     /// logs. Returns the report and, when the scenario failed (an error or any violation), a
     /// failure message with the nodes' log tails.
     async fn conclude(mut self, result: anyhow::Result<()>) -> (Report, Option<String>) {
-        let mut extra = Vec::new();
+        let mut extra = std::mem::take(&mut self.violations);
         if let Err(e) = self.nc.net.heal() {
             extra.push(Violation::NotConverged {
                 detail: format!("heal failed: {e:#}"),
@@ -428,7 +431,10 @@ async fn kill_leader_under_load() {
 /// flight: the leader reassigns the partition (lease + 1) and traffic resumes; every acked
 /// message must still be delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs replicated journals (issue 5): messages live only in the primary's memory"]
+#[ignore = "broker bug + needs replicated journals (issue 5); observed: per-producer order broken on \
+            primary failover (`reordered: consumer 1 got producer 101 seq 79 after seq 85`): PUTs \
+            retransmitted to the new primary land after newer ones; acked messages in the dead \
+            primary's memory can be lost"]
 async fn kill_primary_under_load() {
     scenario!("kill_primary", 3, |ctx| {
         let a = ctx.leader;
@@ -525,7 +531,8 @@ async fn pause_leader_then_resume_steps_down() {
 /// a primary over a DATA link that dropped while the broker was paused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "broker bug: a consumer proxied over a DATA link that dropped is not reattached \
-            after the link comes back; its acked messages stay at the primary undelivered"]
+            after the link comes back; observed: `lost ack: producer 101 seq 120 was ACKed \
+            SUCCESS and never delivered` (372 such), 466 messages left at the primary"]
 async fn pause_leader_with_clients_attached_to_it() {
     scenario!("pause_leader_clients", 3, |ctx| {
         pause_leader(&mut ctx, true).await
@@ -535,7 +542,9 @@ async fn pause_leader_with_clients_attached_to_it() {
 /// Every node in turn is stopped gracefully (SIGTERM) and restarted under load; after each
 /// restart the cluster converges before the next node goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs replicated journals (issue 5): stopping a primary drops the messages in its memory"]
+#[ignore = "broker bug + needs replicated journals (issue 5); observed: per-producer order broken when a \
+            stopped primary's partitions move (`reordered: consumer 1 got producer 101 seq 37 \
+            after seq 48`); messages in a stopped primary's memory can be lost"]
 async fn rolling_restart_under_load() {
     scenario!("rolling_restart", 3, |ctx| {
         let queues = ctx.pick_queues(&[], None, 2).await?;
@@ -589,8 +598,9 @@ async fn soak() {
         ctx.start_workload(queues, &[]).await?;
         let end = Instant::now() + Duration::from_secs(seconds);
         let ids = ctx.nc.ids();
-        let mut violations = Vec::new();
+        let mut round = 0u64;
         while Instant::now() < end {
+            round += 1;
             let victim = ids[rng.gen_range(0..ids.len())];
             let other = loop {
                 let o = ids[rng.gen_range(0..ids.len())];
@@ -668,11 +678,10 @@ async fn soak() {
             ctx.recorder.fault("heal, resume and restart everything");
             if let Err(e) = ctx.nc.wait_converged(CONVERGE_BOUND).await {
                 ctx.recorder.fault(format!("NOT CONVERGED: {e:#}"));
-                violations.push(format!("{e:#}"));
+                ctx.violations.push(Violation::NotConverged {
+                    detail: format!("after round {round}: {e:#}"),
+                });
             }
-        }
-        if !violations.is_empty() {
-            bail!("{} heal(s) did not converge", violations.len());
         }
         Ok(())
     }
