@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{bail, ensure};
 use bmq_broker::client::{Client, ClientConfig, OpenOptions};
 use bmq_tests::history::{
     scan_logs, Event, LeaderPoller, Recorder, Report, Violation, Workload, WorkloadConfig,
@@ -61,11 +61,15 @@ impl Ctx {
             violations: Vec::new(),
         };
         let ids = ctx.nc.ids();
-        let (leader, term) = ctx
+        let (leader, term) = match ctx
             .nc
             .wait_for_leader_among(&ids, Duration::from_secs(30))
             .await
-            .context("initial leader")?;
+        {
+            Ok(found) => found,
+            // The cluster (and its logs) is removed on return: keep the evidence in the error.
+            Err(e) => bail!("initial leader: {e:#}\n{}", ctx.nc.cluster.log_tails(60)),
+        };
         ctx.leader = leader;
         ctx.term = term;
         ctx.recorder
@@ -304,12 +308,21 @@ impl Ctx {
     }
 }
 
+/// Scenarios run one at a time: several clusters of debug brokers at once on a small machine
+/// starve the link heartbeats (1 s timeout), and the spurious failovers that follow would make
+/// the outcome depend on the load rather than on the fault under test.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs a scenario body against a started context; skips (or fails on CI) without netns.
 macro_rules! scenario {
     ($name:expr, $nodes:expr, |$ctx:ident| $body:block) => {{
         if !chaos_enabled($name) {
             return;
         }
+        // A failed scenario poisons the lock; the next one may still run.
+        let _serial = SERIAL
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut $ctx = match Ctx::start($name, $nodes).await {
             Ok(ctx) => ctx,
             Err(e) => panic!("scenario {} could not start: {e:#}", $name),
@@ -591,9 +604,17 @@ async fn soak() {
     if !chaos_enabled("soak") {
         return;
     }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut ctx = Ctx::start("soak", nodes).await.expect("start soak cluster");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let result: anyhow::Result<()> = async {
+        if !netem_available() {
+            ctx.recorder.fault(
+                "kernel has no sch_netem: delay faults are not drawn, loss uses iptables statistic",
+            );
+        }
         let queues = ctx.pick_queues(&[], None, 3).await?;
         ctx.start_workload(queues, &[]).await?;
         let end = Instant::now() + Duration::from_secs(seconds);
