@@ -692,6 +692,68 @@ fn catch_up_resyncs_past_trailing_commit_records() {
     assert_eq!(late.counters().gap, 0);
 }
 
+#[test]
+fn follower_rejoining_its_leader_in_the_same_term_asks_for_a_catch_up() {
+    // Scenario (found by the chaos suite): a follower cut off from its leader misses records;
+    // the leader's term goes on, so no new term resets it. When it follows the same leader again
+    // it says hello after hello_retry, and a catch up that shows it missed nothing ends it.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let mut f = core(2);
+    f.handle_leadership(now, Term(1), Some(n(1)));
+    leader.handle_message(
+        now,
+        n(2),
+        msg(Msg::FollowerHello(peer::FollowerHello {
+            term: 1,
+            last_lsn: Some(Lsn::ZERO.into()),
+        })),
+    );
+    for o in drain(&mut leader) {
+        let MetadataOutput::Send { message, .. } = o else {
+            panic!("{o:?}")
+        };
+        f.handle_message(now, n(1), message);
+    }
+    f.on_persisted(now, f.status().last_lsn);
+    drain(&mut f);
+    let in_sync = f.status();
+    f.handle_leadership(now, Term(1), None);
+    f.handle_leadership(now, Term(1), Some(n(1)));
+    drain(&mut f);
+    let deadline = f.poll_timeout().expect("hello timer");
+    assert_eq!(deadline, now + Duration::from_millis(500));
+    f.handle_timeout(deadline);
+    assert_eq!(
+        drain(&mut f),
+        vec![MetadataOutput::Send {
+            to: n(1),
+            message: msg(Msg::FollowerHello(peer::FollowerHello {
+                term: 1,
+                last_lsn: Some(in_sync.last_lsn.into()),
+            })),
+        }]
+    );
+    // The leader's answer shows nothing was missed: no more hellos.
+    leader.handle_message(
+        deadline,
+        n(2),
+        msg(Msg::FollowerHello(peer::FollowerHello {
+            term: 1,
+            last_lsn: Some(in_sync.last_lsn.into()),
+        })),
+    );
+    for o in drain(&mut leader) {
+        let MetadataOutput::Send { message, .. } = o else {
+            panic!("{o:?}")
+        };
+        f.handle_message(deadline, n(1), message);
+    }
+    drain(&mut f);
+    assert_eq!(f.status().committed_lsn, in_sync.committed_lsn);
+    assert_eq!(f.poll_timeout(), None);
+}
+
 // ---------------------------------------------------------------- 3-node harness
 
 /// A tiny network of cores: messages are queued and delivered one by one; Persist is a fake that

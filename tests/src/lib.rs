@@ -7,6 +7,9 @@
 //! if the test run did not.
 #![warn(missing_docs)]
 
+pub mod history;
+pub mod netns;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -67,6 +70,10 @@ pub struct TestNode {
     pub config: BrokerConfig,
     /// Path of the written TOML configuration.
     pub config_path: PathBuf,
+    /// Command words put before the broker binary when starting the node (empty: run it
+    /// directly); e.g. `ip netns exec <namespace>`, which execs the broker in place, so the
+    /// child's pid stays the broker's (see [`netns`]).
+    pub launch_prefix: Vec<String>,
     child: Option<Child>,
 }
 
@@ -129,6 +136,7 @@ impl Cluster {
                 id: config.node_id,
                 config,
                 config_path,
+                launch_prefix: Vec::new(),
                 child: None,
             });
         }
@@ -163,7 +171,15 @@ impl Cluster {
             .create(true)
             .append(true)
             .open(node.config.data_dir.join("stderr.log"))?;
-        let child = Command::new(binary)
+        let mut command = match node.launch_prefix.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary);
+                c
+            }
+            None => Command::new(binary),
+        };
+        let child = command
             .arg("--config")
             .arg(&node.config_path)
             .env(

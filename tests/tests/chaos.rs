@@ -1,0 +1,727 @@
+//! Chaos scenarios on real processes over a real network (DESIGN.md §10.5): every broker in its
+//! own network namespace, faults injected by the kernel (iptables cuts, SIGKILL, SIGSTOP), a
+//! recorded workload of producers and consumers, and the history checker of
+//! `bmq_tests::history` at the end of every scenario.
+//!
+//! Each scenario: start the cluster, pick queues whose primaries the fault leaves alone (unless
+//! the scenario is about a primary), run the workload, inject the fault, check the
+//! scenario's own expectation (sticky leader, new leader within a bound, step-down), heal,
+//! require convergence (same leader, term, LSN and state everywhere), drain, then check the
+//! whole history. Needs root; see `bmq_tests::netns::chaos_enabled` for what happens without.
+//! `scripts/chaos-soak.sh` runs the randomized schedule of `soak` below for a given time.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure};
+use bmq_broker::client::{Client, ClientConfig, OpenOptions};
+use bmq_tests::history::{
+    scan_logs, Event, LeaderPoller, Recorder, Report, Violation, Workload, WorkloadConfig,
+};
+use bmq_tests::netns::{chaos_enabled, netem_available, NetCluster};
+use rand::{Rng, SeedableRng};
+
+/// Bound on electing a leader after a fault or after healing.
+const LEADER_BOUND: Duration = Duration::from_secs(15);
+/// Bound on every node reaching the same LSN and state after healing.
+const CONVERGE_BOUND: Duration = Duration::from_secs(20);
+/// Bound on delivering every acked message once producers stop.
+const DRAIN_BOUND: Duration = Duration::from_secs(20);
+/// How long a partition or isolation is held: several ElectionScouting rounds (leader loss
+/// after 800 ms, random wait up to 300 ms, scouting timeout 500 ms).
+const HOLD: Duration = Duration::from_secs(4);
+
+/// One running scenario: the cluster, its history, the leader poller and the workload.
+struct Ctx {
+    name: String,
+    nc: NetCluster,
+    recorder: Recorder,
+    poller: Option<LeaderPoller>,
+    workload: Option<Workload>,
+    leader: u32,
+    term: u64,
+    /// Violations found while the scenario ran (e.g. a soak round that did not converge).
+    violations: Vec<Violation>,
+}
+
+impl Ctx {
+    /// Starts `n` nodes in their namespaces and the leader poller; waits for a leader.
+    async fn start(name: &str, n: usize) -> anyhow::Result<Ctx> {
+        let nc = NetCluster::start(n, |_| {})?;
+        let recorder = Recorder::new();
+        let poller = LeaderPoller::start(nc.admin_addrs(), recorder.clone());
+        let mut ctx = Ctx {
+            name: name.to_string(),
+            nc,
+            recorder,
+            poller: Some(poller),
+            workload: None,
+            leader: 0,
+            term: 0,
+            violations: Vec::new(),
+        };
+        let ids = ctx.nc.ids();
+        let (leader, term) = match ctx
+            .nc
+            .wait_for_leader_among(&ids, Duration::from_secs(30))
+            .await
+        {
+            Ok(found) => found,
+            // The cluster (and its logs) is removed on return: keep the evidence in the error.
+            Err(e) => bail!("initial leader: {e:#}\n{}", ctx.nc.cluster.log_tails(60)),
+        };
+        ctx.leader = leader;
+        ctx.term = term;
+        ctx.recorder
+            .fault(format!("started {n} nodes: leader n{leader} term {term}"));
+        Ok(ctx)
+    }
+
+    /// Opens candidate queues until `want` of them live on partitions whose primary is not in
+    /// `avoid` (and, with `on`, is that node); returns them.
+    async fn pick_queues(
+        &self,
+        avoid: &[u32],
+        on: Option<u32>,
+        want: usize,
+    ) -> anyhow::Result<Vec<String>> {
+        let client = Client::connect(ClientConfig::new(self.nc.client_addrs())).await?;
+        let mut picked = Vec::new();
+        for i in 0..16 {
+            let uri = format!("bmq://bmq.test/{}-{i}", self.name.replace('_', "-"));
+            client.open_queue(&uri, OpenOptions::write()).await?;
+            let statuses = self.nc.statuses_of(&[self.leader]).await;
+            let status = statuses[0]
+                .1
+                .as_ref()
+                .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            let Some(queue) = status.queues.iter().find(|q| q.uri == uri) else {
+                continue;
+            };
+            let primary = status
+                .partitions
+                .iter()
+                .find(|p| p.partition_id == queue.partition_id)
+                .and_then(|p| p.primary);
+            if let Some(primary) = primary {
+                if !avoid.contains(&primary) && on.is_none_or(|o| o == primary) {
+                    picked.push(uri);
+                    if picked.len() == want {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = client.disconnect().await;
+        ensure!(
+            !picked.is_empty(),
+            "no queue landed on a primary outside {avoid:?} (on {on:?})"
+        );
+        self.recorder.fault(format!(
+            "workload queues {picked:?} (primaries avoid {avoid:?}, on {on:?})"
+        ));
+        Ok(picked)
+    }
+
+    /// Starts the recorded workload on `queues` (two producers and one consumer per queue),
+    /// its clients attached to every node except `avoid`.
+    async fn start_workload(&mut self, queues: Vec<String>, avoid: &[u32]) -> anyhow::Result<()> {
+        let brokers = self
+            .nc
+            .ids()
+            .into_iter()
+            .filter(|id| !avoid.contains(id))
+            .map(|id| self.nc.cluster.node(id).client_addr())
+            .collect();
+        self.recorder
+            .fault(format!("workload clients avoid brokers {avoid:?}"));
+        let config = WorkloadConfig {
+            brokers,
+            queues,
+            producers_per_queue: 2,
+            put_interval: Duration::from_millis(10),
+            payload_size: 256,
+        };
+        self.workload = Some(Workload::start(config, self.recorder.clone()).await?);
+        Ok(())
+    }
+
+    fn acked(&self) -> usize {
+        self.recorder
+            .snapshot()
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.event,
+                    Event::Ack {
+                        outcome: bmq_tests::history::AckOutcome::Success,
+                        ..
+                    }
+                )
+            })
+            .count()
+    }
+
+    /// Waits until `more` further PUTs were acked: traffic flows.
+    async fn wait_progress(&self, more: usize, timeout: Duration) -> anyhow::Result<()> {
+        let target = self.acked() + more;
+        let deadline = Instant::now() + timeout;
+        while self.acked() < target {
+            if Instant::now() > deadline {
+                bail!(
+                    "no progress: {} of {target} acks within {timeout:?}",
+                    self.acked()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Keeps a fault in place for `hold`. The hold *is* the fault's duration (long enough for
+    /// the timeouts under test to fire), not a wait for a condition.
+    async fn hold(&self, hold: Duration) {
+        tokio::time::sleep(hold).await;
+    }
+
+    /// Leadership observations with `state == leader` recorded so far: `(node, term)`.
+    fn leaders_seen(&self) -> BTreeSet<(u32, u64)> {
+        self.recorder
+            .snapshot()
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::Observation {
+                    node, state, term, ..
+                } if state == "leader" => Some((*node, *term)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The highest term any node reported.
+    fn max_term_seen(&self) -> u64 {
+        self.recorder
+            .snapshot()
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::Observation { term, .. } => Some(*term),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Waits until node `id` no longer reports itself leader in a term below `term` (it
+    /// stepped down or moved to a newer term).
+    async fn wait_stepped_down(&self, id: u32, term: u64, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.nc.statuses_of(&[id]).await;
+            if let Ok(s) = &s[0].1 {
+                if s.elector.state != "leader" || s.elector.term >= term {
+                    self.recorder.fault(format!(
+                        "n{id} stepped down: {} term {} reason {}",
+                        s.elector.state, s.elector.term, s.elector.reason
+                    ));
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("n{id} still claims leadership below term {term} after {timeout:?}: {s:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Heals, requires convergence, drains the workload, and checks the history and the
+    /// logs. Returns the report and, when the scenario failed (an error or any violation), a
+    /// failure message with the nodes' log tails.
+    async fn conclude(mut self, result: anyhow::Result<()>) -> (Report, Option<String>) {
+        let mut extra = std::mem::take(&mut self.violations);
+        if let Err(e) = self.nc.net.heal() {
+            extra.push(Violation::NotConverged {
+                detail: format!("heal failed: {e:#}"),
+            });
+        }
+        for id in self.nc.ids() {
+            // A paused node would block convergence forever; resume it.
+            if self.nc.cluster.node(id).is_running() {
+                let _ = self.nc.cluster.signal_node(id, libc::SIGCONT);
+            }
+        }
+        match self.nc.wait_converged(CONVERGE_BOUND).await {
+            Ok((leader, term, lsn)) => self.recorder.fault(format!(
+                "converged: leader n{leader} term {term} committed LSN {lsn}"
+            )),
+            Err(e) => extra.push(Violation::NotConverged {
+                detail: format!("{e:#}"),
+            }),
+        }
+        if let Some(workload) = self.workload.take() {
+            let summary = workload.stop_and_drain(DRAIN_BOUND).await;
+            eprintln!("{}: {summary}", self.name);
+        }
+        if let Some(poller) = self.poller.take() {
+            poller.stop().await;
+        }
+        // Where undelivered messages sit, if anywhere: tells "stuck at the primary" from "gone".
+        let running: Vec<u32> = self
+            .nc
+            .ids()
+            .into_iter()
+            .filter(|&id| self.nc.cluster.node(id).is_running())
+            .collect();
+        for (id, status) in self.nc.statuses_of(&running).await {
+            if let Ok(s) = status {
+                for p in s.partitions.iter().filter(|p| p.primary == Some(id)) {
+                    self.recorder.fault(format!(
+                        "final: n{id} is primary of partition {} (lease {}) holding {} messages",
+                        p.partition_id, p.primary_lease_id, p.messages
+                    ));
+                }
+            }
+        }
+        let mut history = self.recorder.snapshot();
+        let (log_entries, log_violations) = scan_logs(&self.nc.log_paths());
+        history.extend(log_entries);
+        extra.extend(log_violations);
+        let report = Report::new(&self.name, &history, extra);
+        eprintln!("{report}");
+        let failure = (result.is_err() || !report.violations.is_empty()).then(|| {
+            format!(
+                "scenario {} failed: {}\n{report}\n{}",
+                self.name,
+                result
+                    .err()
+                    .map_or("violations".into(), |e| format!("{e:#}")),
+                self.nc.cluster.log_tails(30)
+            )
+        });
+        (report, failure)
+    }
+
+    /// [`Ctx::conclude`], panicking with the failure message if the scenario failed.
+    async fn finish(self, result: anyhow::Result<()>) {
+        if let (_, Some(failure)) = self.conclude(result).await {
+            panic!("{failure}");
+        }
+    }
+}
+
+/// Scenarios run one at a time: several clusters of debug brokers at once on a small machine
+/// starve the link heartbeats (1 s timeout), and the spurious failovers that follow would make
+/// the outcome depend on the load rather than on the fault under test.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs a scenario body against a started context; skips (or fails on CI) without netns.
+macro_rules! scenario {
+    ($name:expr, $nodes:expr, |$ctx:ident| $body:block) => {{
+        if !chaos_enabled($name) {
+            return;
+        }
+        // A failed scenario poisons the lock; the next one may still run.
+        let _serial = SERIAL
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut $ctx = match Ctx::start($name, $nodes).await {
+            Ok(ctx) => ctx,
+            Err(e) => panic!("scenario {} could not start: {e:#}", $name),
+        };
+        let result: anyhow::Result<()> = async { $body }.await;
+        $ctx.finish(result).await;
+    }};
+}
+
+/// The seed article's *non-sticky leader*: a follower B of a 4-node cluster is isolated long
+/// enough to scout several times. With ElectionScouting it never bumps its term, and when the
+/// network heals it follows the old leader A at the old term: no leadership change at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_sticky_leader_isolated_follower_rejoins_without_stealing() {
+    scenario!("non_sticky_leader", 4, |ctx| {
+        let (a, t) = (ctx.leader, ctx.term);
+        let b = ctx.nc.ids().into_iter().find(|&i| i != a).unwrap();
+        let queues = ctx.pick_queues(&[a, b], None, 2).await?;
+        ctx.start_workload(queues, &[b]).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        ctx.nc.net.isolate(b)?;
+        ctx.recorder.fault(format!("isolate n{b} from every peer"));
+        ctx.hold(HOLD).await;
+        let s = ctx.nc.statuses_of(&[b]).await;
+        let s = s[0].1.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        ensure!(
+            s.elector.term == t,
+            "isolated n{b} moved from term {t} to {} (ElectionScouting must not bump it)",
+            s.elector.term
+        );
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        ctx.nc.net.heal()?;
+        ctx.recorder.fault("heal");
+        let (leader, term, _) = ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        ensure!(
+            (leader, term) == (a, t),
+            "leadership changed from n{a} term {t} to n{leader} term {term}"
+        );
+        ensure!(
+            ctx.leaders_seen() == BTreeSet::from([(a, t)]),
+            "leaders seen: {:?}",
+            ctx.leaders_seen()
+        );
+        ensure!(
+            ctx.max_term_seen() == t,
+            "a node reached term {}",
+            ctx.max_term_seen()
+        );
+        ctx.wait_progress(100, Duration::from_secs(20)).await
+    });
+}
+
+/// The seed article's *leader ping-pong*: only the link between the leader A and a follower B
+/// is cut (B still sees C and D). Without ElectionScouting B and A would take turns leading;
+/// with it C and D refuse B's scouting because they follow A, so A leads at its term
+/// throughout and B follows it again after the cut heals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_ping_pong_asymmetric_cut_keeps_the_leader() {
+    scenario!("leader_ping_pong", 4, |ctx| {
+        let (a, t) = (ctx.leader, ctx.term);
+        let b = ctx.nc.ids().into_iter().find(|&i| i != a).unwrap();
+        let queues = ctx.pick_queues(&[a, b], None, 2).await?;
+        ctx.start_workload(queues, &[]).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        ctx.nc.net.cut(a, b)?;
+        ctx.recorder.fault(format!("cut n{a} <-> n{b} only"));
+        ctx.hold(HOLD).await;
+        ensure!(
+            ctx.leaders_seen() == BTreeSet::from([(a, t)]),
+            "leadership moved during the cut: {:?}",
+            ctx.leaders_seen()
+        );
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        ctx.nc.net.heal()?;
+        ctx.recorder.fault("heal");
+        let (leader, term, _) = ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        ensure!(
+            (leader, term) == (a, t),
+            "leadership changed from n{a} term {t} to n{leader} term {term}"
+        );
+        ensure!(
+            ctx.max_term_seen() == t,
+            "a node reached term {}",
+            ctx.max_term_seen()
+        );
+        ctx.wait_progress(100, Duration::from_secs(20)).await
+    });
+}
+
+/// SIGKILL of the leader (not the primary of the workload's queues): the others elect a new
+/// leader with a higher term within the bound, traffic keeps flowing, the old leader restarts
+/// and catches up, nothing acked is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_leader_under_load() {
+    scenario!("kill_leader", 3, |ctx| {
+        let (a, t) = (ctx.leader, ctx.term);
+        let queues = ctx.pick_queues(&[a], None, 2).await?;
+        ctx.start_workload(queues, &[]).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        ctx.nc.cluster.kill_node(a)?;
+        ctx.recorder.fault(format!("SIGKILL leader n{a}"));
+        let others: Vec<u32> = ctx.nc.ids().into_iter().filter(|&i| i != a).collect();
+        let (leader, term) = ctx.nc.wait_for_leader_among(&others, LEADER_BOUND).await?;
+        ensure!(
+            term > t,
+            "new leader n{leader} has term {term}, not above {t}"
+        );
+        ctx.recorder
+            .fault(format!("new leader n{leader} term {term}"));
+        ctx.wait_progress(200, Duration::from_secs(20)).await?;
+        ctx.nc.cluster.start_node(a)?;
+        ctx.recorder.fault(format!("restart n{a}"));
+        ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await
+    });
+}
+
+/// SIGKILL of the primary (not the leader) of the workload's queues while messages are in
+/// flight: the leader reassigns the partition (lease + 1) and traffic resumes; every acked
+/// message must still be delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "broker bug + needs replicated journals (issue 5); observed: per-producer order broken on \
+            primary failover (`reordered: consumer 1 got producer 101 seq 79 after seq 85`): PUTs \
+            retransmitted to the new primary land after newer ones; acked messages in the dead \
+            primary's memory can be lost"]
+async fn kill_primary_under_load() {
+    scenario!("kill_primary", 3, |ctx| {
+        let a = ctx.leader;
+        let p = ctx.nc.ids().into_iter().find(|&i| i != a).unwrap();
+        let queues = ctx.pick_queues(&[a], Some(p), 2).await?;
+        ctx.start_workload(queues, &[]).await?;
+        ctx.wait_progress(300, Duration::from_secs(20)).await?;
+        ctx.nc.cluster.kill_node(p)?;
+        ctx.recorder.fault(format!("SIGKILL primary n{p}"));
+        ctx.wait_progress(200, Duration::from_secs(30)).await?;
+        ctx.nc.cluster.start_node(p)?;
+        ctx.recorder.fault(format!("restart n{p}"));
+        ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await
+    });
+}
+
+/// A 5-node cluster split 2/3 with the leader in the minority: the majority elects a new
+/// leader with a higher term within the bound, the old leader steps down (quorum lost), and
+/// after healing everyone converges. Queues live on majority primaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_leader_into_minority() {
+    scenario!("partition_leader", 5, |ctx| {
+        let (a, t) = (ctx.leader, ctx.term);
+        let x = ctx.nc.ids().into_iter().find(|&i| i != a).unwrap();
+        let majority: Vec<u32> = ctx
+            .nc
+            .ids()
+            .into_iter()
+            .filter(|&i| i != a && i != x)
+            .collect();
+        let queues = ctx.pick_queues(&[a, x], None, 2).await?;
+        ctx.start_workload(queues, &[a, x]).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        ctx.nc.net.partition(&[&[a, x], &majority])?;
+        ctx.recorder
+            .fault(format!("partition [n{a} n{x}] | {majority:?}"));
+        let (leader, term) = ctx
+            .nc
+            .wait_for_leader_among(&majority, LEADER_BOUND)
+            .await?;
+        ensure!(
+            term > t,
+            "majority leader n{leader} has term {term}, not above {t}"
+        );
+        ctx.recorder
+            .fault(format!("majority leader n{leader} term {term}"));
+        ctx.wait_stepped_down(a, term, LEADER_BOUND).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        ctx.nc.net.heal()?;
+        ctx.recorder.fault("heal");
+        ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await
+    });
+}
+
+/// The leader is paused (SIGSTOP) well past the heartbeat timeout, the others elect a new
+/// leader, then the old one resumes (SIGCONT): it must step down as soon as it hears the
+/// higher term, never lead alongside the new leader in one term. `clients_on_leader`: whether
+/// workload clients may be attached to the paused node.
+async fn pause_leader(ctx: &mut Ctx, clients_on_leader: bool) -> anyhow::Result<()> {
+    let (a, t) = (ctx.leader, ctx.term);
+    let queues = ctx.pick_queues(&[a], None, 2).await?;
+    let avoid = if clients_on_leader { vec![] } else { vec![a] };
+    ctx.start_workload(queues, &avoid).await?;
+    ctx.wait_progress(100, Duration::from_secs(20)).await?;
+    ctx.nc.cluster.signal_node(a, libc::SIGSTOP)?;
+    ctx.recorder.fault(format!("SIGSTOP leader n{a}"));
+    let others: Vec<u32> = ctx.nc.ids().into_iter().filter(|&i| i != a).collect();
+    let (leader, term) = ctx.nc.wait_for_leader_among(&others, LEADER_BOUND).await?;
+    ensure!(
+        term > t,
+        "new leader n{leader} has term {term}, not above {t}"
+    );
+    ctx.recorder
+        .fault(format!("new leader n{leader} term {term}"));
+    ctx.wait_progress(100, Duration::from_secs(20)).await?;
+    ctx.nc.cluster.signal_node(a, libc::SIGCONT)?;
+    ctx.recorder.fault(format!("SIGCONT n{a}"));
+    ctx.wait_stepped_down(a, term, LEADER_BOUND).await?;
+    ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+    ctx.wait_progress(100, Duration::from_secs(20)).await
+}
+
+/// Pause and resume of the leader, with the workload's clients attached to the other nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_leader_then_resume_steps_down() {
+    scenario!("pause_leader", 3, |ctx| {
+        pause_leader(&mut ctx, false).await
+    });
+}
+
+/// The same with clients attached to the paused leader too: a consumer whose broker proxies to
+/// a primary over a DATA link that dropped while the broker was paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "broker bug: a consumer proxied over a DATA link that dropped is not reattached \
+            after the link comes back; observed: `lost ack: producer 101 seq 120 was ACKed \
+            SUCCESS and never delivered` (372 such), 466 messages left at the primary"]
+async fn pause_leader_with_clients_attached_to_it() {
+    scenario!("pause_leader_clients", 3, |ctx| {
+        pause_leader(&mut ctx, true).await
+    });
+}
+
+/// Every node in turn is stopped gracefully (SIGTERM) and restarted under load; after each
+/// restart the cluster converges before the next node goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "broker bug + needs replicated journals (issue 5); observed: per-producer order broken when a \
+            stopped primary's partitions move (`reordered: consumer 1 got producer 101 seq 37 \
+            after seq 48`); messages in a stopped primary's memory can be lost"]
+async fn rolling_restart_under_load() {
+    scenario!("rolling_restart", 3, |ctx| {
+        let queues = ctx.pick_queues(&[], None, 2).await?;
+        ctx.start_workload(queues, &[]).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        for id in ctx.nc.ids() {
+            ctx.nc.cluster.stop_node(id)?;
+            ctx.recorder.fault(format!("SIGTERM n{id}"));
+            let others: Vec<u32> = ctx.nc.ids().into_iter().filter(|&i| i != id).collect();
+            ctx.nc.wait_for_leader_among(&others, LEADER_BOUND).await?;
+            ctx.wait_progress(100, Duration::from_secs(20)).await?;
+            ctx.nc.cluster.start_node(id)?;
+            ctx.recorder.fault(format!("restart n{id}"));
+            ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        }
+        ctx.wait_progress(100, Duration::from_secs(20)).await
+    });
+}
+
+/// Randomized fault schedule for `BMQ_CHAOS_SECONDS` (default 60) with `BMQ_CHAOS_SEED`
+/// (default random, printed) on `BMQ_CHAOS_NODES` nodes (default 5); writes the report to
+/// `BMQ_CHAOS_REPORT` (default `chaos-report-<seed>.json` in the temp dir) as JSON and next to
+/// it as text. Run through `scripts/chaos-soak.sh`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long-running soak: scripts/chaos-soak.sh"]
+async fn soak() {
+    let env = |k: &str| std::env::var(k).ok();
+    let seconds: u64 = env("BMQ_CHAOS_SECONDS")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let seed: u64 = env("BMQ_CHAOS_SEED")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let nodes: usize = env("BMQ_CHAOS_NODES")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let report_path = env("BMQ_CHAOS_REPORT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("chaos-report-{seed}.json")));
+    eprintln!(
+        "chaos soak: {seconds} s, {nodes} nodes, seed {seed}, report {}",
+        report_path.display()
+    );
+    if !chaos_enabled("soak") {
+        return;
+    }
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut ctx = Ctx::start("soak", nodes).await.expect("start soak cluster");
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let result: anyhow::Result<()> = async {
+        if !netem_available() {
+            ctx.recorder.fault(
+                "kernel has no sch_netem: delay faults are not drawn, loss uses iptables statistic",
+            );
+        }
+        let queues = ctx.pick_queues(&[], None, 3).await?;
+        ctx.start_workload(queues, &[]).await?;
+        let end = Instant::now() + Duration::from_secs(seconds);
+        let ids = ctx.nc.ids();
+        let mut round = 0u64;
+        while Instant::now() < end {
+            round += 1;
+            let victim = ids[rng.gen_range(0..ids.len())];
+            let other = loop {
+                let o = ids[rng.gen_range(0..ids.len())];
+                if o != victim {
+                    break o;
+                }
+            };
+            let hold = Duration::from_millis(rng.gen_range(500..5000));
+            let current = ctx.nc.wait_for_leader_among(&ids, LEADER_BOUND).await.ok();
+            let leader = current.map(|(l, _)| l).unwrap_or(victim);
+            match rng.gen_range(0..9) {
+                0 => {
+                    ctx.nc.net.isolate(victim)?;
+                    ctx.recorder
+                        .fault(format!("isolate n{victim} for {hold:?}"));
+                }
+                1 => {
+                    let mut shuffled = ids.clone();
+                    for i in (1..shuffled.len()).rev() {
+                        shuffled.swap(i, rng.gen_range(0..=i));
+                    }
+                    let (minority, majority) = shuffled.split_at(ids.len().div_ceil(2) - 1);
+                    ctx.nc.net.partition(&[minority, majority])?;
+                    ctx.recorder.fault(format!(
+                        "partition {minority:?} | {majority:?} for {hold:?}"
+                    ));
+                }
+                2 => {
+                    ctx.nc.net.cut(leader, other)?;
+                    ctx.recorder
+                        .fault(format!("cut leader n{leader} <-> n{other} for {hold:?}"));
+                }
+                3 => {
+                    let loss = rng.gen_range(5..40) as f64;
+                    ctx.nc.net.set_loss(victim, loss)?;
+                    ctx.recorder
+                        .fault(format!("loss {loss}% on n{victim} for {hold:?}"));
+                }
+                4 if netem_available() => {
+                    let delay = Duration::from_millis(rng.gen_range(20..400));
+                    ctx.nc.net.set_delay(victim, delay, delay / 4)?;
+                    ctx.recorder
+                        .fault(format!("delay {delay:?} on n{victim} for {hold:?}"));
+                }
+                4 | 5 => {
+                    ctx.nc.cluster.kill_node(victim)?;
+                    ctx.recorder
+                        .fault(format!("SIGKILL n{victim} for {hold:?}"));
+                }
+                6 => {
+                    ctx.nc.cluster.signal_node(leader, libc::SIGSTOP)?;
+                    ctx.recorder
+                        .fault(format!("SIGSTOP leader n{leader} for {hold:?}"));
+                }
+                7 => {
+                    ctx.nc.cluster.kill_node(leader)?;
+                    ctx.recorder
+                        .fault(format!("SIGKILL leader n{leader} for {hold:?}"));
+                }
+                _ => {
+                    ctx.nc.cluster.stop_node(victim)?;
+                    ctx.recorder
+                        .fault(format!("SIGTERM n{victim} for {hold:?}"));
+                }
+            }
+            ctx.hold(hold).await;
+            ctx.nc.net.heal()?;
+            for id in ids.iter().copied() {
+                if ctx.nc.cluster.node(id).is_running() {
+                    ctx.nc.cluster.signal_node(id, libc::SIGCONT)?;
+                } else {
+                    ctx.nc.cluster.start_node(id)?;
+                }
+            }
+            ctx.recorder.fault("heal, resume and restart everything");
+            if let Err(e) = ctx.nc.wait_converged(CONVERGE_BOUND).await {
+                ctx.recorder.fault(format!("NOT CONVERGED: {e:#}"));
+                ctx.violations.push(Violation::NotConverged {
+                    detail: format!("after round {round}: {e:#}"),
+                });
+            }
+        }
+        Ok(())
+    }
+    .await;
+    // The report is written whatever happened, then a failure fails the test.
+    let (report, failure) = ctx.conclude(result).await;
+    let mut json = report.to_json();
+    json["seed"] = seed.into();
+    json["seconds"] = seconds.into();
+    json["nodes"] = nodes.into();
+    std::fs::write(&report_path, serde_json::to_string_pretty(&json).unwrap())
+        .expect("write the JSON report");
+    std::fs::write(
+        report_path.with_extension("txt"),
+        format!("seed {seed}\n{report}"),
+    )
+    .expect("write the text report");
+    eprintln!("chaos soak report: {} (seed {seed})", report_path.display());
+    if let Some(failure) = failure {
+        panic!("{failure}");
+    }
+}
