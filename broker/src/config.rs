@@ -369,6 +369,10 @@ pub struct LimitsSettings {
     pub request_timeout_ms: u64,
     /// Capacity of each actor mailbox (messages, at least 1). Default 100 000.
     pub mailbox_capacity: u32,
+    /// Graceful stop (SIGTERM, `bmqctl admin stop`): how long a stopping node waits for its
+    /// primaries to move to other nodes before it exits anyway (ms; 0 = exit at once).
+    /// Default 10 000.
+    pub graceful_stop_timeout_ms: u64,
 }
 
 impl Default for LimitsSettings {
@@ -381,6 +385,7 @@ impl Default for LimitsSettings {
             retransmit_buffer_max: 100_000,
             request_timeout_ms: 10_000,
             mailbox_capacity: 100_000,
+            graceful_stop_timeout_ms: 10_000,
         }
     }
 }

@@ -7,15 +7,19 @@
 //! moved partition) through the metadata actor. One proposal is in flight at a time; it is
 //! considered settled at the next commit, or retried after `PROPOSAL_TIMEOUT`.
 //!
-//! Rebalancing a partition whose primary is alive is held back while queue data lives only in
-//! the primary's memory (moving it would drop its messages): only partitions without a live
-//! primary are reassigned. Replicated journals (DESIGN.md §7) will lift that restriction.
+//! A node that announces it is stopping (`NodeStopping`, from its `NodeStatusAdvisory
+//! { STOPPING }` or from this node's own graceful stop) counts as unavailable for primaries
+//! until its links drop, so the leader moves its partitions away while it still runs and
+//! serves as a replica during the new primaries' healing (graceful stop, DESIGN.md §7).
+//!
+//! Rebalancing a partition whose primary is alive (when nodes return) is not done: only
+//! partitions without a live, non-stopping primary are reassigned.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, WrapFuture};
+use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
 use bmq_metadata::{
     plan_primary_assignment, ClusterState, ClusterStateCommitted, MetadataActor, MetadataRole,
     Propose,
@@ -31,6 +35,14 @@ const CHECK_PERIOD: Duration = Duration::from_millis(50);
 /// A proposal not committed within this time is considered lost and may be made again.
 const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `node` announced a graceful stop: move its primaries away.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NodeStopping {
+    /// The stopping node.
+    pub node: NodeId,
+}
+
 /// See the module doc.
 pub struct HealthActor {
     self_id: NodeId,
@@ -39,6 +51,8 @@ pub struct HealthActor {
     active_leader: bool,
     state: Arc<ClusterState>,
     in_flight_since: Option<Instant>,
+    /// Nodes that announced a graceful stop and are still connected.
+    stopping: BTreeSet<NodeId>,
 }
 
 impl HealthActor {
@@ -51,10 +65,11 @@ impl HealthActor {
             active_leader: false,
             state: Arc::new(ClusterState::new(0)),
             in_flight_since: None,
+            stopping: BTreeSet::new(),
         }
     }
 
-    fn available(&self) -> BTreeSet<NodeId> {
+    fn available(&mut self) -> BTreeSet<NodeId> {
         let mut available: BTreeSet<NodeId> = self
             .peers
             .peer_availability()
@@ -62,6 +77,13 @@ impl HealthActor {
             .filter_map(|(id, up)| up.then_some(id))
             .collect();
         available.insert(self.self_id);
+        // A stopping peer that has gone is forgotten: when it comes back it is available.
+        let self_id = self.self_id;
+        self.stopping
+            .retain(|n| *n == self_id || available.contains(n));
+        for n in &self.stopping {
+            available.remove(n);
+        }
         available
     }
 
@@ -129,6 +151,18 @@ impl Actor for HealthActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(1024);
         ctx.run_interval(CHECK_PERIOD, |actor, ctx| actor.check(ctx));
+    }
+}
+
+impl Handler<NodeStopping> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: NodeStopping, ctx: &mut Self::Context) {
+        if self.stopping.insert(msg.node) {
+            info!(node = %msg.node, "node stopping: its primaries will move");
+            self.in_flight_since = None;
+            self.check(ctx);
+        }
     }
 }
 

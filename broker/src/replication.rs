@@ -841,7 +841,14 @@ impl ReplicationCore {
         };
         if self.is_duplicate(now, &guid) {
             let seq = self.guids.sequence[&guid];
-            self.waiters.entry(seq).or_default().push(waiter);
+            let list = self.waiters.entry(seq).or_default();
+            // A proxy resending the same PUT again and again waits once.
+            if !list
+                .iter()
+                .any(|w| w.producer == waiter.producer && w.guid == waiter.guid)
+            {
+                list.push(waiter);
+            }
             self.release_acks();
             return PutResult::Duplicate;
         }

@@ -267,14 +267,19 @@ fn eventual_put_is_acked_once_the_primary_holds_it() {
 
 #[test]
 fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
-    // A proxy resends a PUT after a timeout: the second copy is not appended, and both
-    // copies are ACKed when the record is committed; a third copy after that is ACKed at once.
+    // A proxy resends a PUT after a timeout (same session), and a client that reconnected
+    // elsewhere resends it (another session): neither copy is appended; each session gets one
+    // ACK when the record is committed; a copy after that is ACKed at once.
     let now = Instant::now();
     let mut core = active_cluster(now).remove(0);
-    let put = |core: &mut ReplicationCore| {
+    let other = ConsumerKey {
+        origin_node: NodeId(2),
+        session_id: 4,
+    };
+    let put = |core: &mut ReplicationCore, producer: ConsumerKey| {
         core.handle_put(
             now,
-            producer(),
+            producer,
             "bmq://d/q".into(),
             guid(1),
             Bytes::from_static(b"x"),
@@ -283,9 +288,13 @@ fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
             0,
         )
     };
-    assert_eq!(put(&mut core), PutResult::Appended { sequence: 1 });
+    assert_eq!(
+        put(&mut core, producer()),
+        PutResult::Appended { sequence: 1 }
+    );
     drain(&mut core);
-    assert_eq!(put(&mut core), PutResult::Duplicate);
+    assert_eq!(put(&mut core, producer()), PutResult::Duplicate);
+    assert_eq!(put(&mut core, other), PutResult::Duplicate);
     assert_eq!(drain(&mut core), vec![]);
     assert_eq!(core.last_sequence(), 1);
     core.on_persisted(now, 1);
@@ -298,14 +307,14 @@ fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
             sequence: 1,
         })),
     );
-    let ack = Output::Ack {
-        producer: producer(),
+    let ack = |producer| Output::Ack {
+        producer,
         uri: "bmq://d/q".into(),
         guid: guid(1),
     };
-    assert_eq!(drain(&mut core), vec![ack.clone(), ack.clone()]);
-    assert_eq!(put(&mut core), PutResult::Duplicate);
-    assert_eq!(drain(&mut core), vec![ack]);
+    assert_eq!(drain(&mut core), vec![ack(producer()), ack(other)]);
+    assert_eq!(put(&mut core, producer()), PutResult::Duplicate);
+    assert_eq!(drain(&mut core), vec![ack(producer())]);
 }
 
 #[test]

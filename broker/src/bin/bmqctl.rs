@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use bmq_broker::cli::{cluster, consume, produce, status};
+use bmq_broker::cli::{admin, cluster, consume, produce, status};
 
 /// Command-line tool of the BlazingMQ-style broker cluster.
 #[derive(Debug, Parser)]
@@ -43,6 +43,12 @@ enum Command {
     Produce(produce::ProduceArgs),
     /// Receive, verify and confirm messages from a queue.
     Consume(consume::ConsumeArgs),
+    /// Operator actions on one node: graceful stop, leadership cession.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  bmqctl admin stop --admin 127.0.0.1:30301"
+    )]
+    Admin(admin::AdminCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,5 +91,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
         // Both print their own report (summary line or JSON).
         Command::Produce(args) => produce::run(args).await.map(drop),
         Command::Consume(args) => consume::run(args).await.map(drop),
+        Command::Admin(command) => admin::run(command).await,
     }
 }
