@@ -201,6 +201,14 @@ async fn scenario(cluster: &mut Cluster, signal: i32) -> anyhow::Result<()> {
     let signalled_at = Instant::now();
     cluster.signal_node(primary, signal)?;
     eprintln!("signal {signal} sent to node {primary} (primary of partition {partition})");
+    if signal == libc::SIGTERM {
+        // A graceful stop hands the primaries over before the process exits.
+        let log = std::fs::read_to_string(cluster.node(primary).log_path())?;
+        ensure!(
+            log.contains("no partition left on this node: stopping"),
+            "node {primary} exited without handing over its primaries"
+        );
+    }
 
     let new_primary = cluster
         .wait_for_all(Duration::from_secs(30), "a new live primary", |s| {
