@@ -412,10 +412,12 @@ pub enum Consistency {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DomainMode {
-    /// Round-robin among the highest-priority consumers (`priority`, the default). Fanout and
-    /// broadcast modes are not implemented yet.
+    /// Round-robin among the highest-priority consumers (`priority`, the default).
     #[default]
     Priority,
+    /// Every consumer attached when a PUT arrives gets it (`broadcast`): at-most-once, nothing
+    /// is stored or journaled, the PUT is ACKed at once. Fanout mode is not implemented yet.
+    Broadcast,
 }
 
 /// A domain: the settings shared by its queues `bmq://<name>/<queue>`.

@@ -5,7 +5,9 @@
 //! every commit. The replication protocol — quorum receipts, healing, truncation, duplicate
 //! GUIDs — is the pure [`ReplicationCore`]; this actor writes the journal, sends the core's
 //! messages, and, while this node is the *active* primary, runs the partition's queues
-//! ([`QueueCore`], priority mode), rebuilt from the journal when it becomes active.
+//! ([`QueueCore`], priority mode), rebuilt from the journal when it becomes active. A queue of
+//! a broadcast domain stores nothing: a PUT is pushed to the consumers attached at that moment
+//! and ACKed at once (at-most-once).
 //!
 //! - Receives `PartitionRequest { key, message }` (OpenQueue, Put, Confirm, CloseQueue from a
 //!   session, local or proxied); answers `NOT_READY` unless it is the active primary, so the
@@ -40,7 +42,7 @@ use bmq_proto::{NodeId, PartitionId};
 use bytes::Bytes;
 use tracing::{debug, error, info};
 
-use crate::config::Consistency;
+use crate::config::{Consistency, DomainMode};
 use crate::dataplane::DataPlane;
 use crate::journal::Journal;
 use crate::queue::{ConsumerKey, ConsumerOptions, PutOutcome, QueueCore, QueueLimits};
@@ -184,6 +186,48 @@ impl PartitionActor {
             timer_at: None,
             flush_queued: false,
         })
+    }
+
+    /// Whether `uri`'s domain is in broadcast mode.
+    fn is_broadcast(&self, uri: &str) -> bool {
+        QueueUri::parse(uri)
+            .ok()
+            .and_then(|u| self.router.config.domain(&u.domain).map(|d| d.mode))
+            == Some(DomainMode::Broadcast)
+    }
+
+    /// Broadcast mode: pushes `put` to every consumer attached now and ACKs it; nothing is
+    /// stored (at-most-once, DESIGN.md §7).
+    fn broadcast(&mut self, key: ConsumerKey, limits: QueueLimits, put: bmq_proto::client::Put) {
+        let queue = self
+            .queues
+            .entry(put.uri.clone())
+            .or_insert_with(|| QueueCore::new(put.uri.clone(), limits));
+        for consumer in queue.consumer_keys() {
+            metrics::counter!("bmq_queue_push_total").increment(1);
+            self.router.to_session(
+                consumer,
+                ClientMessage {
+                    kind: Some(Kind::Push(Push {
+                        uri: put.uri.clone(),
+                        guid: put.guid.clone(),
+                        payload: put.payload.clone(),
+                        properties: put.properties.clone(),
+                        delivery_attempt: 1,
+                    })),
+                },
+            );
+        }
+        metrics::counter!("bmq_queue_ack_total").increment(1);
+        self.reply(
+            key,
+            Kind::Ack(Ack {
+                uri: put.uri,
+                guid: put.guid,
+                status: AckStatus::Success as i32,
+                message: String::new(),
+            }),
+        );
     }
 
     fn queue_limits(&self, uri: &str) -> Option<(QueueLimits, bool)> {
@@ -510,6 +554,10 @@ impl PartitionActor {
                     return;
                 };
                 let uri = put.uri.clone();
+                if self.is_broadcast(&uri) {
+                    self.broadcast(key, limits, put);
+                    return;
+                }
                 if self.core.is_duplicate(now, &put.guid) {
                     // Resent by a proxy: ACKed with the stored copy, not stored again.
                     metrics::counter!("bmq_queue_put_duplicates_total").increment(1);

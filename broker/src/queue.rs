@@ -443,6 +443,11 @@ impl QueueCore {
         self.pending.len()
     }
 
+    /// The attached consumers, in key order.
+    pub fn consumer_keys(&self) -> Vec<ConsumerKey> {
+        self.consumers.keys().copied().collect()
+    }
+
     /// Consumers attached.
     pub fn consumer_count(&self) -> usize {
         self.consumers.len()
