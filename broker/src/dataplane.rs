@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, error};
 
 use crate::config::BrokerConfig;
+use crate::health::PrimaryActive;
 use crate::partition::{
     PartitionActor, PartitionNodeGone, PartitionPeerMessage, PartitionRequest,
     PartitionRoleChanged, PartitionSessionGone,
@@ -66,6 +67,8 @@ pub struct DataPlane {
     sessions: dashmap::DashMap<u64, mpsc::Sender<SessionEvent>>,
     partitions: Mutex<HashMap<PartitionId, Addr<PartitionActor>>>,
     next_session_id: AtomicU64,
+    /// Where `PrimaryActiveNotice`s go on this node (the health actor); set once at start.
+    pub primary_active_sink: std::sync::OnceLock<actix::Recipient<PrimaryActive>>,
     /// Asks the metadata actor to have the leader assign a queue (fire and forget; the caller
     /// waits for the assignment to appear in the committed state and asks again if not).
     pub request_assignment: Box<dyn Fn(String) + Send + Sync>,
@@ -87,6 +90,7 @@ impl DataPlane {
             sessions: dashmap::DashMap::new(),
             partitions: Mutex::new(HashMap::new()),
             next_session_id: AtomicU64::new(1),
+            primary_active_sink: std::sync::OnceLock::new(),
             request_assignment,
         })
     }
@@ -249,6 +253,37 @@ impl DataPlane {
         self.to_session(key, ClientMessage { kind: Some(answer) });
     }
 
+    /// Tells every node (the leader acts on it) that this node healed `partition` at `lease`.
+    pub fn announce_primary_active(&self, partition: PartitionId, lease: u64) {
+        for peer in self.config.peers() {
+            let msg = PeerMessage {
+                kind: Some(PeerKind::PrimaryActive(
+                    bmq_proto::peer::PrimaryActiveNotice {
+                        partition_id: partition.0,
+                        lease,
+                    },
+                )),
+            };
+            self.peers.send(NodeId(peer.id), Channel::Data, msg);
+        }
+        self.primary_active(self.self_id, partition, lease);
+    }
+
+    fn primary_active(&self, node: NodeId, partition: PartitionId, lease: u64) {
+        if let Some(sink) = self.primary_active_sink.get() {
+            if sink
+                .try_send(PrimaryActive {
+                    node,
+                    partition,
+                    lease,
+                })
+                .is_err()
+            {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "health").increment(1);
+            }
+        }
+    }
+
     /// Handles a frame from a peer's DATA channel.
     pub fn handle_peer_data(&self, from: NodeId, message: PeerMessage) {
         match message.kind {
@@ -297,6 +332,9 @@ impl DataPlane {
                         debug!(peer = %from, "unexpected forwarded message dropped");
                     }
                 }
+            }
+            Some(PeerKind::PrimaryActive(n)) => {
+                self.primary_active(from, PartitionId(n.partition_id), n.lease);
             }
             Some(PeerKind::Partition(m)) => {
                 let partition = partition_of(&m);
@@ -378,6 +416,7 @@ impl DataPlane {
                 .try_send(PartitionRoleChanged {
                     primary: p.primary,
                     lease: p.primary_lease_id,
+                    active: p.status == bmq_metadata::PrimaryStatus::Active,
                 })
                 .is_err()
             {

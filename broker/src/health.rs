@@ -24,7 +24,9 @@ use bmq_metadata::{
     plan_primary_assignment, ClusterState, ClusterStateCommitted, MetadataActor, MetadataRole,
     Propose,
 };
-use bmq_proto::peer::{advisory::Kind as AdvisoryKind, Advisory, PartitionPrimaryAdvisory};
+use bmq_proto::peer::{
+    advisory::Kind as AdvisoryKind, Advisory, PartitionPrimaryAdvisory, PrimaryStatusAdvisory,
+};
 use bmq_proto::NodeId;
 use tracing::{info, warn};
 
@@ -34,6 +36,18 @@ use crate::peers::PeerHub;
 const CHECK_PERIOD: Duration = Duration::from_millis(50);
 /// A proposal not committed within this time is considered lost and may be made again.
 const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `node` healed `partition` at `lease` and asks for `PrimaryStatusAdvisory { ACTIVE }`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PrimaryActive {
+    /// The primary.
+    pub node: NodeId,
+    /// The partition.
+    pub partition: bmq_proto::PartitionId,
+    /// Its `primary_lease_id`.
+    pub lease: u64,
+}
 
 /// `node` announced a graceful stop: move its primaries away.
 #[derive(Message)]
@@ -100,6 +114,11 @@ impl HealthActor {
         let available = self.available();
         let plan: Vec<_> = plan_primary_assignment(&self.state, &available)
             .into_iter()
+            .map(|mut p| {
+                // A new primary is passive until it has healed and says so (PrimaryActive).
+                p.status = bmq_proto::peer::PrimaryStatus::Passive as i32;
+                p
+            })
             .filter(|p| {
                 // Only partitions without a live primary (see the module doc).
                 self.state
@@ -151,6 +170,40 @@ impl Actor for HealthActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(1024);
         ctx.run_interval(CHECK_PERIOD, |actor, ctx| actor.check(ctx));
+    }
+}
+
+impl Handler<PrimaryActive> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PrimaryActive, ctx: &mut Self::Context) {
+        if !self.active_leader {
+            return;
+        }
+        let current = self.state.partitions.get(&msg.partition).is_some_and(|p| {
+            p.primary == Some(msg.node)
+                && p.primary_lease_id == msg.lease
+                && p.status != bmq_metadata::PrimaryStatus::Active
+        });
+        if !current {
+            return;
+        }
+        info!(partition = %msg.partition, primary = %msg.node, lease = msg.lease, "primary healed: committing ACTIVE");
+        let advisory = Advisory {
+            kind: Some(AdvisoryKind::PrimaryStatus(PrimaryStatusAdvisory {
+                partition_id: msg.partition.0,
+                primary_node_id: msg.node.0,
+                primary_lease_id: msg.lease,
+                status: bmq_proto::peer::PrimaryStatus::Active as i32,
+            })),
+        };
+        // The primary resends its notice until the commit shows; a lost proposal is retried.
+        ctx.spawn(
+            self.metadata
+                .send(Propose { advisory })
+                .into_actor(self)
+                .map(|_, _, _| ()),
+        );
     }
 }
 

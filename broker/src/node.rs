@@ -177,7 +177,8 @@ impl PeerInbound for NodeInbound {
                 _,
                 kind @ (Some(Kind::Forwarded(_))
                 | Some(Kind::SessionGone(_))
-                | Some(Kind::Partition(_))),
+                | Some(Kind::Partition(_))
+                | Some(Kind::PrimaryActive(_))),
             ) => {
                 if let Some(r) = self.router.get() {
                     r.handle_peer_data(from, PeerMessage { kind });
@@ -325,6 +326,7 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     );
     let health = HealthActor::new(self_id, metadata.clone(), hub.clone()).start();
     let _ = inbound.health.set(health.clone());
+    let _ = router.primary_active_sink.set(health.clone().recipient());
     let bridge = Bridge {
         metadata: metadata.clone(),
         health: health.clone(),

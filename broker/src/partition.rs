@@ -14,8 +14,10 @@
 //!   proxy keeps PUTs buffered and reopens later. `PartitionSessionGone` /
 //!   `PartitionNodeGone` release consumers (their unconfirmed messages are redelivered with an
 //!   incremented delivery attempt). `PartitionPeerMessage` carries replication traffic,
-//!   `PartitionRoleChanged` the committed primary and lease (a node no longer primary steps
-//!   down to replica, it does not exit).
+//!   `PartitionRoleChanged` the committed primary, lease and status (a node no longer primary
+//!   steps down to replica, it does not exit). A primary that finished healing announces it
+//!   (`PrimaryActiveNotice` to every node; the leader commits `PrimaryStatusAdvisory
+//!   { ACTIVE }`), every `ANNOUNCE_PERIOD` until the commit shows.
 //! - Sends OpenQueueResponse, Ack and Push through the router, replication messages over the
 //!   peer DATA channel.
 //! - Journal: a PUT, a delivery (with its attempt number) and a confirm are each a record.
@@ -54,6 +56,8 @@ pub const PARTITION_MAILBOX_CAPACITY: usize = 65_536;
 /// Size at which a journal segment is closed and a new one started, bytes.
 pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = 64 * 1024 * 1024;
 
+/// How often a healed primary repeats its ACTIVE notice until it is committed.
+const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
 /// How many recent PUT GUIDs a partition remembers to drop duplicates.
 const GUID_WINDOW_MAX: usize = 1_000_000;
 /// How long a PUT GUID is remembered.
@@ -103,6 +107,8 @@ pub struct PartitionRoleChanged {
     pub primary: Option<NodeId>,
     /// Its `primary_lease_id`.
     pub lease: u64,
+    /// Whether the committed status is ACTIVE.
+    pub active: bool,
 }
 
 /// Sent by the actor to itself: fsync what was written (group commit).
@@ -141,6 +147,8 @@ pub struct PartitionActor {
     timer_at: Option<Instant>,
     /// A `FlushJournal` is in the mailbox.
     flush_queued: bool,
+    /// The lease this node healed and announces ACTIVE for, until the commit shows it.
+    announcing: Option<u64>,
 }
 
 fn now_ms() -> u64 {
@@ -185,6 +193,7 @@ impl PartitionActor {
             queues: HashMap::new(),
             timer_at: None,
             flush_queued: false,
+            announcing: None,
         })
     }
 
@@ -301,6 +310,8 @@ impl PartitionActor {
                     info!(partition = %self.id, lease, last_sequence = self.core.last_sequence(), queues = self.queues.len(), "partition primary healed: active");
                     metrics::gauge!("bmq_partition_primary_active", "partition" => self.id.to_string()).set(1.0);
                     self.deliver_all();
+                    self.announcing = Some(lease);
+                    self.router.announce_primary_active(self.id, lease);
                 }
             }
         }
@@ -665,6 +676,16 @@ impl Actor for PartitionActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(PARTITION_MAILBOX_CAPACITY);
+        // Resend the ACTIVE notice until the leader has committed it.
+        ctx.run_interval(ANNOUNCE_PERIOD, |actor, _ctx| {
+            if let Some(lease) = actor.announcing {
+                if actor.core.is_active_primary() && actor.core.lease() == lease {
+                    actor.router.announce_primary_active(actor.id, lease);
+                } else {
+                    actor.announcing = None;
+                }
+            }
+        });
         debug!(partition = %self.id, "partition actor started");
     }
 }
@@ -724,6 +745,12 @@ impl Handler<PartitionRoleChanged> for PartitionActor {
         self.core
             .handle_role(Instant::now(), msg.primary, msg.lease);
         let is_primary = self.core.phase().is_some();
+        if msg.active
+            && msg.primary == Some(self.router.self_id)
+            && self.announcing == Some(msg.lease)
+        {
+            self.announcing = None;
+        }
         if was_primary && !is_primary {
             info!(partition = %self.id, lease = msg.lease, "no longer primary: stepping down to replica");
             self.queues.clear();
