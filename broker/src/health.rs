@@ -12,8 +12,12 @@
 //! until its links drop, so the leader moves its partitions away while it still runs and
 //! serves as a replica during the new primaries' healing (graceful stop, DESIGN.md §7).
 //!
-//! Rebalancing a partition whose primary is alive (when nodes return) is not done: only
-//! partitions without a live, non-stopping primary are reassigned.
+//! When every partition has a live, healed (ACTIVE) primary, primaries are rebalanced
+//! gradually ([`plan_rebalance`]): one partition at a time moves from the node with the most
+//! primaries to the one with the fewest, and only while they differ by two or more — a node
+//! that returns gets its share back without a burst of moves, and a balanced cluster never
+//! moves a primary. Safe because the journals are replicated: the new primary heals from a
+//! quorum before serving.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -127,10 +131,17 @@ impl HealthActor {
                     .is_none_or(|cur| cur.primary.is_none_or(|n| !available.contains(&n)))
             })
             .collect();
-        if plan.is_empty() {
-            self.in_flight_since = None;
-            return;
-        }
+        let plan = if plan.is_empty() {
+            match plan_rebalance(&self.state, &available) {
+                Some(step) => vec![step],
+                None => {
+                    self.in_flight_since = None;
+                    return;
+                }
+            }
+        } else {
+            plan
+        };
         for p in &plan {
             info!(
                 partition = p.partition_id,
@@ -162,6 +173,44 @@ impl HealthActor {
                 }),
         );
     }
+}
+
+/// One step of gradual rebalancing (DESIGN.md §6): when every partition has an `available`,
+/// ACTIVE primary and the available node with the most primaries has at least two more than
+/// the one with the fewest, moves the highest-numbered partition of the former to the latter
+/// (lease + 1, passive until it heals). Otherwise `None`. Ties: the lowest node id is chosen as
+/// the source among equals, and as the target among equals.
+pub fn plan_rebalance(
+    state: &ClusterState,
+    available: &BTreeSet<NodeId>,
+) -> Option<bmq_proto::peer::PartitionInfo> {
+    let mut counts: std::collections::BTreeMap<NodeId, usize> =
+        available.iter().map(|n| (*n, 0)).collect();
+    for p in state.partitions.values() {
+        let primary = p.primary?;
+        if !available.contains(&primary) || p.status != bmq_metadata::PrimaryStatus::Active {
+            return None;
+        }
+        *counts.get_mut(&primary).expect("available") += 1;
+    }
+    let (&from, &most) = counts
+        .iter()
+        .max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n)))?;
+    let (&to, &fewest) = counts.iter().min_by_key(|(n, c)| (**c, **n))?;
+    if most < fewest + 2 {
+        return None;
+    }
+    let (id, p) = state
+        .partitions
+        .iter()
+        .rev()
+        .find(|(_, p)| p.primary == Some(from))?;
+    Some(bmq_proto::peer::PartitionInfo {
+        partition_id: id.0,
+        primary_node_id: Some(to.0),
+        primary_lease_id: p.primary_lease_id + 1,
+        status: bmq_proto::peer::PrimaryStatus::Passive as i32,
+    })
 }
 
 impl Actor for HealthActor {
@@ -229,5 +278,63 @@ impl Handler<ClusterStateCommitted> for HealthActor {
             self.in_flight_since = None;
         }
         self.state = msg.state;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bmq_metadata::PrimaryStatus;
+    use bmq_proto::PartitionId;
+
+    fn state(primaries: &[(u32, PrimaryStatus)]) -> ClusterState {
+        let mut s = ClusterState::new(primaries.len() as u32);
+        for (i, (node, status)) in primaries.iter().enumerate() {
+            let p = s.partitions.get_mut(&PartitionId(i as u32)).unwrap();
+            p.primary = Some(NodeId(*node));
+            p.primary_lease_id = 3;
+            p.status = *status;
+        }
+        s
+    }
+
+    fn nodes(ids: &[u32]) -> BTreeSet<NodeId> {
+        ids.iter().map(|n| NodeId(*n)).collect()
+    }
+
+    #[test]
+    fn a_returning_node_gets_one_partition_at_a_time() {
+        // Node 1 came back with no primaries; node 2 holds three: one moves, lease + 1.
+        use PrimaryStatus::Active;
+        let s = state(&[(2, Active), (3, Active), (2, Active), (2, Active)]);
+        let step = plan_rebalance(&s, &nodes(&[1, 2, 3])).expect("a move");
+        assert_eq!(
+            step,
+            bmq_proto::peer::PartitionInfo {
+                partition_id: 3,
+                primary_node_id: Some(1),
+                primary_lease_id: 4,
+                status: bmq_proto::peer::PrimaryStatus::Passive as i32,
+            }
+        );
+    }
+
+    #[test]
+    fn a_balanced_cluster_never_moves_a_primary() {
+        // Counts 2/1/1 differ by one: nothing moves.
+        use PrimaryStatus::Active;
+        let s = state(&[(1, Active), (2, Active), (3, Active), (1, Active)]);
+        assert_eq!(plan_rebalance(&s, &nodes(&[1, 2, 3])), None);
+    }
+
+    #[test]
+    fn no_move_while_a_primary_heals_or_is_missing() {
+        // One move at a time: wait until the last moved partition is ACTIVE; and a partition
+        // without a live primary is the failure path's business, not rebalancing's.
+        use PrimaryStatus::{Active, Passive};
+        let healing = state(&[(2, Active), (2, Passive), (2, Active), (3, Active)]);
+        assert_eq!(plan_rebalance(&healing, &nodes(&[1, 2, 3])), None);
+        let dead = state(&[(2, Active), (2, Active), (2, Active), (4, Active)]);
+        assert_eq!(plan_rebalance(&dead, &nodes(&[1, 2, 3])), None);
     }
 }

@@ -314,6 +314,25 @@ async fn scenario(cluster: &mut Cluster, signal: i32) -> anyhow::Result<()> {
     p1.disconnect().await.ok();
     p2.disconnect().await.ok();
     consumer.disconnect().await.ok();
+
+    // The old primary comes back: it recovers its journal, is brought up to date (its
+    // unacknowledged tail dropped), and gradual rebalancing gives it a primary again.
+    cluster.start_node(primary)?;
+    let restarted_at = Instant::now();
+    cluster
+        .wait_for_all(
+            Duration::from_secs(30),
+            "the returning node is primary of a healed partition",
+            |s| {
+                s.partitions.iter().all(|p| p.status == "active")
+                    && s.partitions.iter().any(|p| p.primary == Some(primary))
+            },
+        )
+        .await?;
+    eprintln!(
+        "node {primary} restarted and holds a healed primary again after {} ms",
+        restarted_at.elapsed().as_millis()
+    );
     Ok(())
 }
 
