@@ -441,6 +441,10 @@ async fn graceful_stop(
             info!(node = %self_id, elapsed = ?started.elapsed(), "no partition left on this node: stopping");
             break;
         }
+        if hub.peer_availability().iter().all(|(_, up)| !up) {
+            warn!(node = %self_id, primaries, "no peer to hand primaries to: stopping");
+            break;
+        }
         if tokio::time::Instant::now() >= deadline {
             warn!(node = %self_id, primaries, "graceful stop timeout: stopping with primaries still here");
             break;

@@ -149,6 +149,8 @@ pub struct PartitionActor {
     flush_queued: bool,
     /// The lease this node healed and announces ACTIVE for, until the commit shows it.
     announcing: Option<u64>,
+    /// A journal write or fsync failed: the node is stopping; nothing more is written or sent.
+    failed: bool,
 }
 
 fn now_ms() -> u64 {
@@ -194,6 +196,7 @@ impl PartitionActor {
             timer_at: None,
             flush_queued: false,
             announcing: None,
+            failed: false,
         })
     }
 
@@ -262,6 +265,9 @@ impl PartitionActor {
     /// Executes the core's outputs: journal writes, sends, ACKs. The writes of one drain are
     /// fsynced together, and only then does the core hear `on_persisted`.
     fn drive(&mut self, ctx: &mut Context<Self>) {
+        if self.failed {
+            return;
+        }
         let mut wrote = false;
         while let Some(output) = self.core.poll_output() {
             match output {
@@ -334,15 +340,38 @@ impl PartitionActor {
                 ctx.run_later(wait, |actor, ctx| {
                     actor.timer_at = None;
                     actor.core.handle_timeout(Instant::now());
+                    actor.report_lag();
                     actor.drive(ctx);
                 });
             }
         }
     }
 
+    /// Primary only: records the slowest replica is behind, as a gauge.
+    fn report_lag(&self) {
+        if self.core.phase().is_none() {
+            return;
+        }
+        let last = self.core.last_sequence();
+        let slowest = self
+            .core
+            .replica_receipts()
+            .iter()
+            .map(|(_, r)| *r)
+            .min()
+            .unwrap_or(last);
+        metrics::gauge!("bmq_partition_replication_lag_records", "partition" => self.id.to_string())
+            .set(last.saturating_sub(slowest) as f64);
+        metrics::gauge!("bmq_partition_committed_sequence", "partition" => self.id.to_string())
+            .set(self.core.committed() as f64);
+    }
+
     /// fsyncs what was written, then tells the core (which may release receipts and ACKs).
     fn flush(&mut self, ctx: &mut Context<Self>) {
         self.flush_queued = false;
+        if self.failed {
+            return;
+        }
         if let Err(e) = self.journal.sync() {
             self.fatal(&e);
             return;
@@ -354,7 +383,8 @@ impl PartitionActor {
         self.drive(ctx);
     }
 
-    fn fatal(&self, e: &crate::journal::JournalError) {
+    fn fatal(&mut self, e: &crate::journal::JournalError) {
+        self.failed = true;
         error!(partition = %self.id, error = %e, "journal write failed: stopping the node");
         actix::System::current().stop_with_code(1);
     }
