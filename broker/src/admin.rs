@@ -270,6 +270,8 @@ pub struct AdminContext {
     pub peers: Arc<PeerHub>,
     /// The data plane (sessions, local partitions).
     pub router: Arc<DataPlane>,
+    /// Notified by `POST /admin/stop`: the node stops gracefully, as on SIGTERM.
+    pub stop: Arc<tokio::sync::Notify>,
     /// The metrics recorder handle.
     pub metrics: PrometheusHandle,
 }
@@ -380,6 +382,11 @@ async fn set_quorum(ctx: web::Data<AdminContext>, path: web::Path<usize>) -> Htt
     HttpResponse::Ok().body(format!("quorum set to {quorum} (0 = N/2+1)\n"))
 }
 
+async fn stop(ctx: web::Data<AdminContext>) -> HttpResponse {
+    ctx.stop.notify_one();
+    HttpResponse::Ok().body("graceful stop started: ceding leadership and primaries\n")
+}
+
 async fn cede(ctx: web::Data<AdminContext>) -> HttpResponse {
     match ctx.elector.send(CedeLeadership).await {
         Ok(_) => HttpResponse::Ok().body("leadership ceded if held\n"),
@@ -402,6 +409,7 @@ pub fn start_admin_server(
             .route("/readyz", web::get().to(readyz))
             .route("/admin/quorum/{n}", web::post().to(set_quorum))
             .route("/admin/cede-leadership", web::post().to(cede))
+            .route("/admin/stop", web::post().to(stop))
     })
     .workers(1)
     .disable_signals()

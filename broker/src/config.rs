@@ -374,6 +374,10 @@ pub struct LimitsSettings {
     pub request_timeout_ms: u64,
     /// Capacity of each actor mailbox (messages, at least 1). Default 100 000.
     pub mailbox_capacity: u32,
+    /// Graceful stop (SIGTERM, `bmqctl admin stop`): how long a stopping node waits for its
+    /// primaries to move to other nodes before it exits anyway (ms; 0 = exit at once).
+    /// Default 10 000.
+    pub graceful_stop_timeout_ms: u64,
 }
 
 impl Default for LimitsSettings {
@@ -386,6 +390,7 @@ impl Default for LimitsSettings {
             retransmit_buffer_max: 100_000,
             request_timeout_ms: 10_000,
             mailbox_capacity: 100_000,
+            graceful_stop_timeout_ms: 10_000,
         }
     }
 }
@@ -412,10 +417,12 @@ pub enum Consistency {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DomainMode {
-    /// Round-robin among the highest-priority consumers (`priority`, the default). Fanout and
-    /// broadcast modes are not implemented yet.
+    /// Round-robin among the highest-priority consumers (`priority`, the default).
     #[default]
     Priority,
+    /// Every consumer attached when a PUT arrives gets it (`broadcast`): at-most-once, nothing
+    /// is stored or journaled, the PUT is ACKed at once. Fanout mode is not implemented yet.
+    Broadcast,
 }
 
 /// A domain: the settings shared by its queues `bmq://<name>/<queue>`.

@@ -7,8 +7,10 @@
 //! asked, by the same two routes in reverse (DESIGN.md §7, "Proxying").
 //!
 //! The router also keeps this node's partition actors in step with the committed cluster state:
-//! a partition whose primary is this node (at its current `primary_lease_id`) has a running
-//! actor; one that moved away has none (the node steps down to replica, it does not exit).
+//! every partition has an actor on every node (primary or replica, each with its journal), told
+//! the committed primary and `primary_lease_id` on every commit; a node that is no longer a
+//! partition's primary steps down to replica, it does not exit. Replication traffic
+//! (`PartitionMessage` on the DATA channel) goes to the partition's actor.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,10 +27,14 @@ use bmq_proto::peer::{
 };
 use bmq_proto::{NodeId, PartitionId};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info};
+use tracing::{debug, error};
 
 use crate::config::BrokerConfig;
-use crate::partition::{PartitionActor, PartitionNodeGone, PartitionRequest, PartitionSessionGone};
+use crate::health::PrimaryActive;
+use crate::partition::{
+    PartitionActor, PartitionNodeGone, PartitionPeerMessage, PartitionRequest,
+    PartitionRoleChanged, PartitionSessionGone,
+};
 use crate::peers::PeerHub;
 use crate::queue::ConsumerKey;
 
@@ -59,8 +65,10 @@ pub struct DataPlane {
     /// The latest committed cluster state.
     pub cluster: watch::Receiver<Arc<ClusterState>>,
     sessions: dashmap::DashMap<u64, mpsc::Sender<SessionEvent>>,
-    partitions: Mutex<HashMap<PartitionId, (u64, Addr<PartitionActor>)>>,
+    partitions: Mutex<HashMap<PartitionId, Addr<PartitionActor>>>,
     next_session_id: AtomicU64,
+    /// Where `PrimaryActiveNotice`s go on this node (the health actor); set once at start.
+    pub primary_active_sink: std::sync::OnceLock<actix::Recipient<PrimaryActive>>,
     /// Asks the metadata actor to have the leader assign a queue (fire and forget; the caller
     /// waits for the assignment to appear in the committed state and asks again if not).
     pub request_assignment: Box<dyn Fn(String) + Send + Sync>,
@@ -82,6 +90,7 @@ impl DataPlane {
             sessions: dashmap::DashMap::new(),
             partitions: Mutex::new(HashMap::new()),
             next_session_id: AtomicU64::new(1),
+            primary_active_sink: std::sync::OnceLock::new(),
             request_assignment,
         })
     }
@@ -109,7 +118,7 @@ impl DataPlane {
                 continue;
             }
             if primary == self.self_id {
-                for (_, addr) in self.partitions.lock().expect("partitions lock").values() {
+                for addr in self.partitions.lock().expect("partitions lock").values() {
                     let _ = addr.try_send(PartitionSessionGone { key });
                 }
             } else {
@@ -184,7 +193,7 @@ impl DataPlane {
             .lock()
             .expect("partitions lock")
             .get(&partition)
-            .map(|(_, a)| a.clone());
+            .cloned();
         match addr {
             Some(addr) => {
                 if addr
@@ -210,7 +219,7 @@ impl DataPlane {
                     key,
                     &message,
                     StatusCode::NotReady,
-                    "this node is not the partition's primary",
+                    "this node does not know this partition yet",
                 );
                 false
             }
@@ -242,6 +251,37 @@ impl DataPlane {
             _ => return,
         };
         self.to_session(key, ClientMessage { kind: Some(answer) });
+    }
+
+    /// Tells every node (the leader acts on it) that this node healed `partition` at `lease`.
+    pub fn announce_primary_active(&self, partition: PartitionId, lease: u64) {
+        for peer in self.config.peers() {
+            let msg = PeerMessage {
+                kind: Some(PeerKind::PrimaryActive(
+                    bmq_proto::peer::PrimaryActiveNotice {
+                        partition_id: partition.0,
+                        lease,
+                    },
+                )),
+            };
+            self.peers.send(NodeId(peer.id), Channel::Data, msg);
+        }
+        self.primary_active(self.self_id, partition, lease);
+    }
+
+    fn primary_active(&self, node: NodeId, partition: PartitionId, lease: u64) {
+        if let Some(sink) = self.primary_active_sink.get() {
+            if sink
+                .try_send(PrimaryActive {
+                    node,
+                    partition,
+                    lease,
+                })
+                .is_err()
+            {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "health").increment(1);
+            }
+        }
     }
 
     /// Handles a frame from a peer's DATA channel.
@@ -293,12 +333,41 @@ impl DataPlane {
                     }
                 }
             }
+            Some(PeerKind::PrimaryActive(n)) => {
+                self.primary_active(from, PartitionId(n.partition_id), n.lease);
+            }
+            Some(PeerKind::Partition(m)) => {
+                let partition = partition_of(&m);
+                let addr = partition.and_then(|p| {
+                    self.partitions
+                        .lock()
+                        .expect("partitions lock")
+                        .get(&p)
+                        .cloned()
+                });
+                match addr {
+                    Some(addr) => {
+                        if addr
+                            .try_send(PartitionPeerMessage { from, message: m })
+                            .is_err()
+                        {
+                            // Replication resends what gets no receipt, so a drop only delays.
+                            metrics::counter!("bmq_mailbox_full_total", "actor" => "partition")
+                                .increment(1);
+                        }
+                    }
+                    None => {
+                        metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+                        debug!(peer = %from, ?partition, "replication message for an unknown partition dropped");
+                    }
+                }
+            }
             Some(PeerKind::SessionGone(g)) => {
                 let key = ConsumerKey {
                     origin_node: NodeId(g.origin_node_id),
                     session_id: g.session_id,
                 };
-                for (_, addr) in self.partitions.lock().expect("partitions lock").values() {
+                for addr in self.partitions.lock().expect("partitions lock").values() {
                     let _ = addr.try_send(PartitionSessionGone { key });
                 }
             }
@@ -311,38 +380,49 @@ impl DataPlane {
     /// A peer became unavailable: release every consumer it proxied (their unconfirmed
     /// messages are redelivered to other consumers).
     pub fn handle_node_gone(&self, node: NodeId) {
-        for (_, addr) in self.partitions.lock().expect("partitions lock").values() {
+        for addr in self.partitions.lock().expect("partitions lock").values() {
             let _ = addr.try_send(PartitionNodeGone { node });
         }
     }
 
-    /// Starts the partition actors this node is primary for and stops the ones it no longer
-    /// is (a primary that loses its partition steps down to replica). Called on every commit.
+    /// Starts an actor (opening its journal) for every partition of `state` not yet running,
+    /// and tells every actor its partition's committed primary and lease (an actor no longer
+    /// primary steps down to replica). Called on every commit. A journal that cannot be opened
+    /// (I/O error, corruption) stops the node: serving without it could lose acknowledged
+    /// messages.
     pub fn sync_partitions(self: &Arc<Self>, state: &ClusterState) {
         let mut partitions = self.partitions.lock().expect("partitions lock");
-        partitions.retain(|id, (lease, _)| {
-            let keep = state
-                .partitions
-                .get(id)
-                .is_some_and(|p| p.primary == Some(self.self_id) && p.primary_lease_id == *lease);
-            if !keep {
-                info!(partition = %id, lease = *lease, "no longer primary: stepping down to replica");
-                metrics::gauge!("bmq_partition_is_primary", "partition" => id.to_string()).set(0.0);
-            }
-            keep
-        });
         for (id, p) in &state.partitions {
-            if p.primary == Some(self.self_id) && !partitions.contains_key(id) {
-                info!(partition = %id, lease = p.primary_lease_id, "became primary");
-                let actor = PartitionActor::new(*id, p.primary_lease_id, self.clone()).start();
-                metrics::gauge!("bmq_partition_is_primary", "partition" => id.to_string()).set(1.0);
-                metrics::gauge!("bmq_partition_primary_lease_id", "partition" => id.to_string())
-                    .set(p.primary_lease_id as f64);
-                partitions.insert(*id, (p.primary_lease_id, actor));
+            if !partitions.contains_key(id) {
+                match PartitionActor::open(*id, self.clone()) {
+                    Ok(actor) => {
+                        // Each partition runs on its own thread, so journal fsyncs never
+                        // delay the elector's heartbeats or another partition.
+                        let arbiter = actix::Arbiter::new();
+                        let addr =
+                            PartitionActor::start_in_arbiter(&arbiter.handle(), move |_| actor);
+                        partitions.insert(*id, addr);
+                    }
+                    Err(e) => {
+                        error!(partition = %id, error = %e, "cannot open the partition journal: stopping the node");
+                        actix::System::current().stop_with_code(1);
+                        return;
+                    }
+                }
+            }
+            let addr = partitions.get(id).expect("inserted above");
+            // Bounded by the commit rate; a full mailbox is caught up at the next commit.
+            if addr
+                .try_send(PartitionRoleChanged {
+                    primary: p.primary,
+                    lease: p.primary_lease_id,
+                    active: p.status == bmq_metadata::PrimaryStatus::Active,
+                })
+                .is_err()
+            {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
             }
         }
-        // Dropping the removed Addrs stops those actors: their queues were in memory only
-        // (replicated journals are DESIGN.md §7's next step).
     }
 
     /// The partition actors this node runs, for `/status`.
@@ -351,7 +431,7 @@ impl DataPlane {
             .lock()
             .expect("partitions lock")
             .iter()
-            .map(|(id, (_, a))| (*id, a.clone()))
+            .map(|(id, a)| (*id, a.clone()))
             .collect()
     }
 }
@@ -369,6 +449,20 @@ pub fn request_uri(message: &ClientMessage) -> Option<&str> {
         Some(ClientKind::CloseQueueResponse(m)) => Some(&m.uri),
         _ => None,
     }
+}
+
+/// The partition a replication message is about.
+fn partition_of(m: &bmq_proto::peer::PartitionMessage) -> Option<PartitionId> {
+    use bmq_proto::peer::partition_message::Kind as K;
+    let id = match m.kind.as_ref()? {
+        K::StateQuery(x) => x.partition_id,
+        K::StateResponse(x) => x.partition_id,
+        K::Pull(x) => x.partition_id,
+        K::Sync(x) => x.partition_id,
+        K::Replicate(x) => x.partition_id,
+        K::Receipt(x) => x.partition_id,
+    };
+    Some(PartitionId(id))
 }
 
 fn forwarded(key: ConsumerKey, message: ClientMessage) -> PeerMessage {

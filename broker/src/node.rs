@@ -15,8 +15,15 @@
 //!  └─ admin HTTP         /metrics /status /healthz /readyz
 //! ```
 //! A failure to open the data directory, the term file or the ledger, or to bind a port, stops
-//! the node at start with an error naming the path or address. SIGTERM/SIGINT cede leadership
-//! (so the others elect at once instead of waiting for missed heartbeats), then stop.
+//! the node at start with an error naming the path or address.
+//!
+//! Graceful stop (SIGTERM/SIGINT or `POST /admin/stop`): the node announces
+//! `NodeStatusAdvisory { STOPPING }` to its peers (the leader's health actor then moves its
+//! primaries away, lease + 1), cedes leadership (so the others elect at once instead of waiting
+//! for missed heartbeats), waits until the committed state names it primary of no partition
+//! — serving as a replica meanwhile, so the new primaries heal from it — or until
+//! `limits.graceful_stop_timeout_ms`, then stops. Clients attached to it see a disconnect and
+//! reconnect elsewhere; their unacknowledged PUTs are resent.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -39,7 +46,7 @@ use tracing::{info, warn};
 use crate::admin::{install_metrics_recorder, start_admin_server, AdminContext};
 use crate::config::{BrokerConfig, FsyncSetting};
 use crate::dataplane::DataPlane;
-use crate::health::HealthActor;
+use crate::health::{HealthActor, NodeStopping};
 use crate::peers::{PeerHub, PeerHubConfig, PeerInbound};
 
 /// Outbound queue capacity of each peer link, messages.
@@ -130,6 +137,7 @@ struct NodeInbound {
     elector: OnceLock<Addr<ElectorActor>>,
     metadata: OnceLock<Addr<MetadataActor>>,
     router: OnceLock<Arc<DataPlane>>,
+    health: OnceLock<Addr<HealthActor>>,
 }
 
 impl PeerInbound for NodeInbound {
@@ -144,6 +152,20 @@ impl PeerInbound for NodeInbound {
                 }
             }
             (_, Some(Kind::Metadata(m))) => {
+                if let Some(bmq_proto::peer::metadata_message::Kind::NodeStatus(ns)) = &m.kind {
+                    // Node status is the health actor's business (DESIGN.md §6).
+                    if ns.node_id == from.0
+                        && ns.status == bmq_proto::peer::NodeStatusKind::NodeStatusStopping as i32
+                    {
+                        if let Some(h) = self.health.get() {
+                            if h.try_send(NodeStopping { node: from }).is_err() {
+                                metrics::counter!("bmq_mailbox_full_total", "actor" => "health")
+                                    .increment(1);
+                            }
+                        }
+                    }
+                    return;
+                }
                 if let Some(md) = self.metadata.get() {
                     if md.try_send(MetadataInbound { from, message: m }).is_err() {
                         metrics::counter!("bmq_mailbox_full_total", "actor" => "metadata")
@@ -151,7 +173,13 @@ impl PeerInbound for NodeInbound {
                     }
                 }
             }
-            (_, kind @ (Some(Kind::Forwarded(_)) | Some(Kind::SessionGone(_)))) => {
+            (
+                _,
+                kind @ (Some(Kind::Forwarded(_))
+                | Some(Kind::SessionGone(_))
+                | Some(Kind::Partition(_))
+                | Some(Kind::PrimaryActive(_))),
+            ) => {
                 if let Some(r) = self.router.get() {
                     r.handle_peer_data(from, PeerMessage { kind });
                 }
@@ -298,9 +326,11 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         }),
     );
     let health = HealthActor::new(self_id, metadata.clone(), hub.clone()).start();
+    let _ = inbound.health.set(health.clone());
+    let _ = router.primary_active_sink.set(health.clone().recipient());
     let bridge = Bridge {
         metadata: metadata.clone(),
-        health,
+        health: health.clone(),
         router: router.clone(),
         state_tx,
     }
@@ -326,6 +356,7 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         client_listener,
         router.clone(),
     ));
+    let admin_stop = Arc::new(tokio::sync::Notify::new());
     let admin = start_admin_server(
         admin_listener,
         AdminContext {
@@ -336,6 +367,7 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
             peers: hub.clone(),
             router: router.clone(),
             metrics: metrics_handle.clone(),
+            stop: admin_stop.clone(),
         },
     )?;
     let admin_handle = admin.handle();
@@ -356,15 +388,74 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         "node started"
     );
 
-    wait_for_stop_signal().await;
-    info!(node = %self_id, "stopping: ceding leadership");
-    let _ = tokio::time::timeout(Duration::from_secs(1), elector.send(CedeLeadership)).await;
-    // Give the cession a moment to leave the socket before the links close.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::select! {
+        _ = wait_for_stop_signal() => {}
+        _ = admin_stop.notified() => {}
+    }
+    graceful_stop(&config, &hub, &health, &elector, router.cluster.clone()).await;
     hub.stop();
     admin_handle.stop(false).await;
     info!(node = %self_id, "node stopped");
     Ok(())
+}
+
+/// Cedes leadership and primaries, then waits (bounded) until no partition names this node
+/// primary (see the module doc).
+async fn graceful_stop(
+    config: &BrokerConfig,
+    hub: &Arc<PeerHub>,
+    health: &Addr<HealthActor>,
+    elector: &Addr<ElectorActor>,
+    mut cluster: watch::Receiver<Arc<ClusterState>>,
+) {
+    let self_id = NodeId(config.node_id);
+    let timeout = Duration::from_millis(config.limits.graceful_stop_timeout_ms);
+    info!(node = %self_id, ?timeout, "stopping: ceding leadership and primaries");
+    let started = tokio::time::Instant::now();
+    let _ = health.try_send(NodeStopping { node: self_id });
+    let announce = || {
+        for peer in config.peers() {
+            let msg = PeerMessage {
+                kind: Some(Kind::Metadata(bmq_proto::peer::MetadataMessage {
+                    kind: Some(bmq_proto::peer::metadata_message::Kind::NodeStatus(
+                        bmq_proto::peer::NodeStatusAdvisory {
+                            node_id: self_id.0,
+                            status: bmq_proto::peer::NodeStatusKind::NodeStatusStopping as i32,
+                        },
+                    )),
+                })),
+            };
+            hub.send(NodeId(peer.id), Channel::Control, msg);
+        }
+    };
+    announce();
+    let _ = tokio::time::timeout(Duration::from_secs(1), elector.send(CedeLeadership)).await;
+    let deadline = started + timeout;
+    loop {
+        let primaries = cluster
+            .borrow_and_update()
+            .partitions
+            .values()
+            .filter(|p| p.primary == Some(self_id))
+            .count();
+        if primaries == 0 {
+            info!(node = %self_id, elapsed = ?started.elapsed(), "no partition left on this node: stopping");
+            break;
+        }
+        if hub.peer_availability().iter().all(|(_, up)| !up) {
+            warn!(node = %self_id, primaries, "no peer to hand primaries to: stopping");
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            warn!(node = %self_id, primaries, "graceful stop timeout: stopping with primaries still here");
+            break;
+        }
+        // Announce again: the leader may have changed since (we just ceded).
+        announce();
+        let _ = tokio::time::timeout(Duration::from_millis(200), cluster.changed()).await;
+    }
+    // Give the cession and the last receipts a moment to leave the sockets.
+    tokio::time::sleep(Duration::from_millis(200)).await;
 }
 
 async fn wait_for_stop_signal() {

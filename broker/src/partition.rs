@@ -1,40 +1,63 @@
-//! `PartitionActor`: the primary's side of one partition (DESIGN.md §7).
+//! `PartitionActor`: one partition on one node, primary or replica (DESIGN.md §7).
 //!
-//! Runs on the node that is the partition's primary, for one `primary_lease_id`; the
-//! [`DataPlane`] starts it when the committed state names this node primary and drops it when
-//! the partition moves away (step down to replica). It owns the partition's queues
-//! ([`QueueCore`], priority mode) and:
-//! - receives `PartitionRequest { key, message }`: OpenQueue, Put, Confirm, CloseQueue from a
-//!   session (local or proxied, identified by its [`ConsumerKey`]);
-//! - receives `PartitionSessionGone` / `PartitionNodeGone`: release those consumers, whose
-//!   unconfirmed messages are redelivered with an incremented delivery attempt;
-//! - sends OpenQueueResponse, Ack and Push back through the router.
+//! Every node runs one actor per partition; the [`DataPlane`] starts it with the partition's
+//! journal (`<data_dir>/partitions/<id>/`) and tells it the committed primary and lease on
+//! every commit. The replication protocol — quorum receipts, healing, truncation, duplicate
+//! GUIDs — is the pure [`ReplicationCore`]; this actor writes the journal, sends the core's
+//! messages, and, while this node is the *active* primary, runs the partition's queues
+//! ([`QueueCore`], priority mode), rebuilt from the journal when it becomes active. A queue of
+//! a broadcast domain stores nothing: a PUT is pushed to the consumers attached at that moment
+//! and ACKed at once (at-most-once).
 //!
-//! Messages are held in memory on the primary only and ACKed once stored; replicated journals
-//! with quorum ACKs are the next step of DESIGN.md §7. Duplicate PUTs (same GUID, resent by a
-//! proxy after a failover or a retransmission timeout) are ACKed again but stored once, within
-//! a bounded window of recent GUIDs.
+//! - Receives `PartitionRequest { key, message }` (OpenQueue, Put, Confirm, CloseQueue from a
+//!   session, local or proxied); answers `NOT_READY` unless it is the active primary, so the
+//!   proxy keeps PUTs buffered and reopens later. `PartitionSessionGone` /
+//!   `PartitionNodeGone` release consumers (their unconfirmed messages are redelivered with an
+//!   incremented delivery attempt). `PartitionPeerMessage` carries replication traffic,
+//!   `PartitionRoleChanged` the committed primary, lease and status (a node no longer primary
+//!   steps down to replica, it does not exit). A primary that finished healing announces it
+//!   (`PrimaryActiveNotice` to every node; the leader commits `PrimaryStatusAdvisory
+//!   { ACTIVE }`), every `ANNOUNCE_PERIOD` until the commit shows.
+//! - Sends OpenQueueResponse, Ack and Push through the router, replication messages over the
+//!   peer DATA channel.
+//! - Journal: a PUT, a delivery (with its attempt number) and a confirm are each a record.
+//!   Outputs are written in order; the fsync is a `FlushJournal` the actor sends itself, so
+//!   every request already in the mailbox is written first (group commit), then
+//!   `on_persisted`. A
+//!   journal write or fsync failure stops the node (never retry an fsync).
+//! - Timer: one, re-armed from the core's `poll_timeout` after every input.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use actix::{Actor, Context, Handler, Message, MessageResult};
+use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use bmq_proto::client::{
     client_message::Kind, Ack, AckStatus, ClientMessage, CloseQueueResponse, OpenQueueResponse,
     Push, Status, StatusCode,
 };
+use bmq_proto::peer::{
+    journal_record::Kind as RecordKind, peer_message::Kind as PeerKind, Channel, PartitionMessage,
+    PeerMessage, StoredConfirm, StoredDelivery,
+};
 use bmq_proto::{NodeId, PartitionId};
 use bytes::Bytes;
-use tracing::debug;
+use tracing::{debug, error, info};
 
+use crate::config::{Consistency, DomainMode};
 use crate::dataplane::DataPlane;
+use crate::journal::Journal;
 use crate::queue::{ConsumerKey, ConsumerOptions, PutOutcome, QueueCore, QueueLimits};
+use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
 use crate::uri::QueueUri;
 
 /// Mailbox capacity of a partition actor, messages; a full mailbox answers "overloaded".
 pub const PARTITION_MAILBOX_CAPACITY: usize = 65_536;
+/// Size at which a journal segment is closed and a new one started, bytes.
+pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = 64 * 1024 * 1024;
 
+/// How often a healed primary repeats its ACTIVE notice until it is committed.
+const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
 /// How many recent PUT GUIDs a partition remembers to drop duplicates.
 const GUID_WINDOW_MAX: usize = 1_000_000;
 /// How long a PUT GUID is remembered.
@@ -66,81 +89,172 @@ pub struct PartitionNodeGone {
     pub node: NodeId,
 }
 
+/// Replication traffic from a peer.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PartitionPeerMessage {
+    /// The sender.
+    pub from: NodeId,
+    /// The message.
+    pub message: PartitionMessage,
+}
+
+/// The committed cluster state names `primary` at `lease` for this partition.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PartitionRoleChanged {
+    /// The primary, if any.
+    pub primary: Option<NodeId>,
+    /// Its `primary_lease_id`.
+    pub lease: u64,
+    /// Whether the committed status is ACTIVE.
+    pub active: bool,
+}
+
+/// Sent by the actor to itself: fsync what was written (group commit).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct FlushJournal;
+
 /// Asks for the partition's counters (for `/status`).
 #[derive(Message)]
 #[rtype(result = "PartitionStats")]
 pub struct GetPartitionStats;
 
-/// What `/status` shows of a partition on its primary.
+/// What `/status` shows of a partition on this node.
 #[derive(Debug, Clone, Default)]
 pub struct PartitionStats {
-    /// Messages held (not yet confirmed), all queues.
+    /// Messages held (not yet confirmed), all queues (active primary only).
     pub messages: u64,
-    /// Messages pushed and not yet confirmed, all queues.
+    /// Messages pushed and not yet confirmed, all queues (active primary only).
     pub unconfirmed: u64,
-    /// Queues open on this partition.
+    /// Queues open on this partition (active primary only).
     pub queues: usize,
+    /// `replica`, or the primary's phase: `collecting`, `pulling`, `syncing`, `active`.
+    pub role: String,
+    /// Last journal sequence held.
+    pub last_sequence: u64,
 }
 
-/// Recently seen PUT GUIDs, bounded by count and age.
-#[derive(Default)]
-struct GuidWindow {
-    order: VecDeque<(Instant, Bytes)>,
-    seen: HashSet<Bytes>,
-}
-
-impl GuidWindow {
-    /// Whether `guid` is in the window (after expiring what is too old at `now`).
-    fn contains(&mut self, now: Instant, guid: &Bytes) -> bool {
-        while let Some((t, g)) = self.order.front() {
-            if self.order.len() < GUID_WINDOW_MAX && now.duration_since(*t) < GUID_WINDOW_AGE {
-                break;
-            }
-            self.seen.remove(g);
-            self.order.pop_front();
-        }
-        self.seen.contains(guid)
-    }
-
-    /// Records a stored message's `guid`.
-    fn insert(&mut self, now: Instant, guid: &Bytes) {
-        if self.seen.insert(guid.clone()) {
-            self.order.push_back((now, guid.clone()));
-        }
-    }
-}
-
-/// The primary's side of one partition (see the module doc).
+/// One partition on this node (see the module doc).
 pub struct PartitionActor {
     id: PartitionId,
-    lease: u64,
     router: Arc<DataPlane>,
+    core: ReplicationCore,
+    journal: Journal,
     queues: HashMap<String, QueueCore>,
-    recent_guids: GuidWindow,
+    /// When the pending timer fires, if one is pending.
+    timer_at: Option<Instant>,
+    /// A `FlushJournal` is in the mailbox.
+    flush_queued: bool,
+    /// The lease this node healed and announces ACTIVE for, until the commit shows it.
+    announcing: Option<u64>,
+    /// A journal write or fsync failed: the node is stopping; nothing more is written or sent.
+    failed: bool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl PartitionActor {
-    /// A partition actor for `id` at `primary_lease_id` = `lease`.
-    pub fn new(id: PartitionId, lease: u64, router: Arc<DataPlane>) -> Self {
-        PartitionActor {
+    /// Opens the journal of partition `id` under `<data_dir>/partitions/<id>` and builds the
+    /// actor. Errors name the journal file (and offset, for corruption).
+    pub fn open(
+        id: PartitionId,
+        router: Arc<DataPlane>,
+    ) -> Result<Self, crate::journal::JournalError> {
+        let dir = router
+            .config
+            .data_dir
+            .join("partitions")
+            .join(id.0.to_string());
+        let (journal, records) = Journal::open(&dir, JOURNAL_SEGMENT_SIZE_MAX)?;
+        info!(partition = %id, records = records.len(), bytes = journal.bytes(), "partition journal recovered");
+        let members: Vec<NodeId> = router.config.members.iter().map(|m| NodeId(m.id)).collect();
+        let quorum = members.len() / 2 + 1;
+        let cfg = ReplicationConfig {
+            self_id: router.self_id,
+            partition: id,
+            members,
+            quorum,
+            batch_records_max: 256,
+            in_flight_records_max: 8192,
+            resend_after: Duration::from_millis(500),
+            guid_window_max: GUID_WINDOW_MAX,
+            guid_window_age: GUID_WINDOW_AGE,
+        };
+        Ok(PartitionActor {
             id,
-            lease,
             router,
+            core: ReplicationCore::new(cfg, records),
+            journal,
             queues: HashMap::new(),
-            recent_guids: GuidWindow::default(),
-        }
+            timer_at: None,
+            flush_queued: false,
+            announcing: None,
+            failed: false,
+        })
     }
 
-    fn queue_limits(&self, uri: &str) -> Option<QueueLimits> {
+    /// Whether `uri`'s domain is in broadcast mode.
+    fn is_broadcast(&self, uri: &str) -> bool {
+        QueueUri::parse(uri)
+            .ok()
+            .and_then(|u| self.router.config.domain(&u.domain).map(|d| d.mode))
+            == Some(DomainMode::Broadcast)
+    }
+
+    /// Broadcast mode: pushes `put` to every consumer attached now and ACKs it; nothing is
+    /// stored (at-most-once, DESIGN.md §7).
+    fn broadcast(&mut self, key: ConsumerKey, limits: QueueLimits, put: bmq_proto::client::Put) {
+        let queue = self
+            .queues
+            .entry(put.uri.clone())
+            .or_insert_with(|| QueueCore::new(put.uri.clone(), limits));
+        for consumer in queue.consumer_keys() {
+            metrics::counter!("bmq_queue_push_total").increment(1);
+            self.router.to_session(
+                consumer,
+                ClientMessage {
+                    kind: Some(Kind::Push(Push {
+                        uri: put.uri.clone(),
+                        guid: put.guid.clone(),
+                        payload: put.payload.clone(),
+                        properties: put.properties.clone(),
+                        delivery_attempt: 1,
+                    })),
+                },
+            );
+        }
+        metrics::counter!("bmq_queue_ack_total").increment(1);
+        self.reply(
+            key,
+            Kind::Ack(Ack {
+                uri: put.uri,
+                guid: put.guid,
+                status: AckStatus::Success as i32,
+                message: String::new(),
+            }),
+        );
+    }
+
+    fn queue_limits(&self, uri: &str) -> Option<(QueueLimits, bool)> {
         let parsed = QueueUri::parse(uri).ok()?;
         let domain = self.router.config.domain(&parsed.domain)?;
-        Some(QueueLimits {
-            max_messages: domain.max_queue_messages,
-            max_bytes: domain.max_queue_bytes,
-            max_delivery_attempts: domain.max_delivery_attempts,
-            message_ttl: (domain.message_ttl_ms > 0)
-                .then(|| Duration::from_millis(domain.message_ttl_ms)),
-        })
+        Some((
+            QueueLimits {
+                max_messages: domain.max_queue_messages,
+                max_bytes: domain.max_queue_bytes,
+                max_delivery_attempts: domain.max_delivery_attempts,
+                message_ttl: (domain.message_ttl_ms > 0)
+                    .then(|| Duration::from_millis(domain.message_ttl_ms)),
+            },
+            domain.consistency == Consistency::Strong,
+        ))
     }
 
     fn reply(&self, key: ConsumerKey, kind: Kind) {
@@ -148,17 +262,206 @@ impl PartitionActor {
             .to_session(key, ClientMessage { kind: Some(kind) });
     }
 
-    /// Pushes whatever `uri`'s queue can deliver now.
+    /// Executes the core's outputs: journal writes, sends, ACKs. The writes of one drain are
+    /// fsynced together, and only then does the core hear `on_persisted`.
+    fn drive(&mut self, ctx: &mut Context<Self>) {
+        if self.failed {
+            return;
+        }
+        let mut wrote = false;
+        while let Some(output) = self.core.poll_output() {
+            match output {
+                Output::Persist {
+                    truncate_after,
+                    records,
+                } => {
+                    let result = match truncate_after {
+                        Some(t) => self.journal.truncate_after(t),
+                        None => Ok(()),
+                    }
+                    .and_then(|_| self.journal.append(&records));
+                    if let Err(e) = result {
+                        self.fatal(&e);
+                        return;
+                    }
+                    wrote = true;
+                }
+                Output::Send { to, message } => {
+                    self.router.peers.send(
+                        to,
+                        Channel::Data,
+                        PeerMessage {
+                            kind: Some(PeerKind::Partition(message)),
+                        },
+                    );
+                }
+                Output::Ack {
+                    producer,
+                    uri,
+                    guid,
+                } => {
+                    metrics::counter!("bmq_queue_ack_total").increment(1);
+                    self.reply(
+                        producer,
+                        Kind::Ack(Ack {
+                            uri,
+                            guid,
+                            status: AckStatus::Success as i32,
+                            message: String::new(),
+                        }),
+                    );
+                }
+                Output::Active { lease } => {
+                    self.rebuild_queues();
+                    info!(partition = %self.id, lease, last_sequence = self.core.last_sequence(), queues = self.queues.len(), "partition primary healed: active");
+                    metrics::gauge!("bmq_partition_primary_active", "partition" => self.id.to_string()).set(1.0);
+                    self.deliver_all();
+                    self.announcing = Some(lease);
+                    self.router.announce_primary_active(self.id, lease);
+                }
+            }
+        }
+        if wrote && !self.flush_queued {
+            // Group commit: the flush goes to the back of the mailbox, so every request
+            // already waiting is written before the one fsync. A full mailbox flushes now.
+            if ctx.address().try_send(FlushJournal).is_ok() {
+                self.flush_queued = true;
+            } else {
+                self.flush(ctx);
+                return;
+            }
+        }
+        // Arm the timer only when none is pending for an earlier time: cancelling actix
+        // futures on every message starves them while the mailbox stays busy.
+        if let Some(at) = self.core.poll_timeout() {
+            if self.timer_at.is_none_or(|t| at < t) {
+                self.timer_at = Some(at);
+                let wait = at.saturating_duration_since(Instant::now());
+                ctx.run_later(wait, |actor, ctx| {
+                    actor.timer_at = None;
+                    actor.core.handle_timeout(Instant::now());
+                    actor.report_lag();
+                    actor.drive(ctx);
+                });
+            }
+        }
+    }
+
+    /// Primary only: records the slowest replica is behind, as a gauge.
+    fn report_lag(&self) {
+        if self.core.phase().is_none() {
+            return;
+        }
+        let last = self.core.last_sequence();
+        let slowest = self
+            .core
+            .replica_receipts()
+            .iter()
+            .map(|(_, r)| *r)
+            .min()
+            .unwrap_or(last);
+        metrics::gauge!("bmq_partition_replication_lag_records", "partition" => self.id.to_string())
+            .set(last.saturating_sub(slowest) as f64);
+        metrics::gauge!("bmq_partition_committed_sequence", "partition" => self.id.to_string())
+            .set(self.core.committed() as f64);
+    }
+
+    /// fsyncs what was written, then tells the core (which may release receipts and ACKs).
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        self.flush_queued = false;
+        if self.failed {
+            return;
+        }
+        if let Err(e) = self.journal.sync() {
+            self.fatal(&e);
+            return;
+        }
+        metrics::gauge!("bmq_journal_bytes", "partition" => self.id.to_string())
+            .set(self.journal.bytes() as f64);
+        self.core
+            .on_persisted(Instant::now(), self.journal.last_sequence());
+        self.drive(ctx);
+    }
+
+    fn fatal(&mut self, e: &crate::journal::JournalError) {
+        self.failed = true;
+        error!(partition = %self.id, error = %e, "journal write failed: stopping the node");
+        actix::System::current().stop_with_code(1);
+    }
+
+    /// Rebuilds the queues from the journal: messages not confirmed, with their delivery
+    /// counts, in journal order.
+    fn rebuild_queues(&mut self) {
+        self.queues.clear();
+        let mut confirmed: HashSet<(&str, &Bytes)> = HashSet::new();
+        let mut attempts: HashMap<&Bytes, u32> = HashMap::new();
+        for r in self.core.records() {
+            match &r.kind {
+                Some(RecordKind::Confirm(c)) => {
+                    confirmed.insert((c.uri.as_str(), &c.guid));
+                }
+                Some(RecordKind::Delivery(d)) => {
+                    let a = attempts.entry(&d.guid).or_default();
+                    *a = (*a).max(d.attempt);
+                }
+                _ => {}
+            }
+        }
+        let now = Instant::now();
+        let mut rebuilt: HashMap<String, QueueCore> = HashMap::new();
+        for r in self.core.records() {
+            let Some(RecordKind::Message(m)) = &r.kind else {
+                continue;
+            };
+            if confirmed.contains(&(m.uri.as_str(), &m.guid)) {
+                continue;
+            }
+            let queue = match rebuilt.get_mut(&m.uri) {
+                Some(q) => q,
+                None => {
+                    let Some((limits, _)) = self.queue_limits(&m.uri) else {
+                        continue;
+                    };
+                    rebuilt
+                        .entry(m.uri.clone())
+                        .or_insert_with(|| QueueCore::new(m.uri.clone(), limits))
+                }
+            };
+            queue.restore(
+                now,
+                m.guid.clone(),
+                m.payload.clone(),
+                m.properties.clone(),
+                attempts.get(&m.guid).copied().unwrap_or(0),
+            );
+        }
+        self.queues = rebuilt;
+    }
+
+    fn append_record(&mut self, kind: RecordKind) {
+        self.core.handle_record(Instant::now(), kind, now_ms());
+    }
+
+    /// Pushes whatever `uri`'s queue can deliver now, journaling each delivery.
     fn deliver(&mut self, uri: &str) {
         let now = Instant::now();
         let Some(queue) = self.queues.get_mut(uri) else {
             return;
         };
+        let mut deliveries = Vec::new();
         while let Some(d) = queue.poll_delivery(now) {
+            deliveries.push(d);
+        }
+        for d in deliveries {
             metrics::counter!("bmq_queue_push_total").increment(1);
             if d.delivery_attempt > 1 {
                 metrics::counter!("bmq_queue_redeliveries_total").increment(1);
             }
+            self.append_record(RecordKind::Delivery(StoredDelivery {
+                uri: uri.to_string(),
+                guid: d.guid.clone(),
+                attempt: d.delivery_attempt,
+            }));
             let push = Push {
                 uri: uri.to_string(),
                 guid: d.guid,
@@ -190,25 +493,40 @@ impl PartitionActor {
             message: message.to_string(),
         })
     }
-}
 
-impl Actor for PartitionActor {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(PARTITION_MAILBOX_CAPACITY);
-        debug!(partition = %self.id, lease = self.lease, "partition actor started");
+    fn not_ready(&self, key: ConsumerKey, message: &ClientMessage) {
+        let reason = "this node is not the partition's active primary";
+        match &message.kind {
+            Some(Kind::OpenQueue(o)) => self.reply(
+                key,
+                Kind::OpenQueueResponse(OpenQueueResponse {
+                    request_id: o.request_id,
+                    uri: o.uri.clone(),
+                    status: Self::status(StatusCode::NotReady, reason),
+                    partition_id: self.id.0,
+                }),
+            ),
+            Some(Kind::Put(p)) => self.reply(
+                key,
+                Kind::Ack(Ack {
+                    uri: p.uri.clone(),
+                    guid: p.guid.clone(),
+                    status: AckStatus::NotReady as i32,
+                    message: reason.into(),
+                }),
+            ),
+            _ => {}
+        }
     }
-}
 
-impl Handler<PartitionRequest> for PartitionActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: PartitionRequest, _ctx: &mut Self::Context) {
-        let key = msg.key;
-        match msg.message.kind {
+    fn handle_request(&mut self, key: ConsumerKey, message: ClientMessage) {
+        if !self.core.is_active_primary() {
+            self.not_ready(key, &message);
+            return;
+        }
+        match message.kind {
             Some(Kind::OpenQueue(open)) => {
-                let Some(limits) = self.queue_limits(&open.uri) else {
+                let Some((limits, _)) = self.queue_limits(&open.uri) else {
                     self.reply(
                         key,
                         Kind::OpenQueueResponse(OpenQueueResponse {
@@ -262,65 +580,103 @@ impl Handler<PartitionRequest> for PartitionActor {
             Some(Kind::Put(put)) => {
                 metrics::counter!("bmq_queue_put_total").increment(1);
                 let now = Instant::now();
-                let (status, message) = if self.recent_guids.contains(now, &put.guid) {
-                    metrics::counter!("bmq_queue_put_duplicates_total").increment(1);
-                    (AckStatus::Success, String::new())
-                } else {
-                    let queue = match self.queues.get_mut(&put.uri) {
-                        Some(q) => q,
-                        None => match self.queue_limits(&put.uri) {
-                            Some(limits) => self
-                                .queues
-                                .entry(put.uri.clone())
-                                .or_insert_with(|| QueueCore::new(put.uri.clone(), limits)),
-                            None => {
-                                metrics::counter!("bmq_queue_nack_total", "reason" => "unknown_queue").increment(1);
-                                self.reply(
-                                    key,
-                                    Kind::Ack(Ack {
-                                        uri: put.uri,
-                                        guid: put.guid,
-                                        status: AckStatus::UnknownQueue as i32,
-                                        message: "unknown domain or invalid uri".into(),
-                                    }),
-                                );
-                                return;
-                            }
-                        },
-                    };
-                    match queue.put(now, put.guid.clone(), put.payload, put.properties) {
-                        PutOutcome::Accepted => {
-                            self.recent_guids.insert(now, &put.guid);
-                            (AckStatus::Success, String::new())
-                        }
-                        PutOutcome::Duplicate => (AckStatus::Success, String::new()),
-                        PutOutcome::Refused { status, reason } => {
-                            metrics::counter!("bmq_queue_nack_total", "reason" => "limit_reached")
-                                .increment(1);
-                            (status, reason)
-                        }
-                    }
+                let Some((limits, strong)) = self.queue_limits(&put.uri) else {
+                    metrics::counter!("bmq_queue_nack_total", "reason" => "unknown_queue")
+                        .increment(1);
+                    self.reply(
+                        key,
+                        Kind::Ack(Ack {
+                            uri: put.uri,
+                            guid: put.guid,
+                            status: AckStatus::UnknownQueue as i32,
+                            message: "unknown domain or invalid uri".into(),
+                        }),
+                    );
+                    return;
                 };
-                if status == AckStatus::Success {
-                    metrics::counter!("bmq_queue_ack_total").increment(1);
-                }
                 let uri = put.uri.clone();
-                self.reply(
-                    key,
-                    Kind::Ack(Ack {
-                        uri: put.uri,
-                        guid: put.guid,
-                        status: status as i32,
-                        message,
-                    }),
-                );
+                if self.is_broadcast(&uri) {
+                    self.broadcast(key, limits, put);
+                    return;
+                }
+                if self.core.is_duplicate(now, &put.guid) {
+                    // Resent by a proxy: ACKed with the stored copy, not stored again.
+                    metrics::counter!("bmq_queue_put_duplicates_total").increment(1);
+                    self.core.handle_put(
+                        now,
+                        key,
+                        put.uri,
+                        put.guid,
+                        put.payload,
+                        put.properties,
+                        strong,
+                        0,
+                    );
+                    return;
+                }
+                let queue = self
+                    .queues
+                    .entry(uri.clone())
+                    .or_insert_with(|| QueueCore::new(uri.clone(), limits));
+                match queue.put(
+                    now,
+                    put.guid.clone(),
+                    put.payload.clone(),
+                    put.properties.clone(),
+                ) {
+                    PutOutcome::Accepted => {
+                        let r = self.core.handle_put(
+                            now,
+                            key,
+                            put.uri,
+                            put.guid,
+                            put.payload,
+                            put.properties,
+                            strong,
+                            now_ms(),
+                        );
+                        debug_assert!(matches!(r, PutResult::Appended { .. }));
+                    }
+                    PutOutcome::Duplicate => {
+                        // Held by the queue but older than the GUID window: already stored.
+                        metrics::counter!("bmq_queue_put_duplicates_total").increment(1);
+                        self.reply(
+                            key,
+                            Kind::Ack(Ack {
+                                uri: put.uri,
+                                guid: put.guid,
+                                status: AckStatus::Success as i32,
+                                message: String::new(),
+                            }),
+                        );
+                    }
+                    PutOutcome::Refused { status, reason } => {
+                        metrics::counter!("bmq_queue_nack_total", "reason" => "limit_reached")
+                            .increment(1);
+                        self.reply(
+                            key,
+                            Kind::Ack(Ack {
+                                uri: put.uri,
+                                guid: put.guid,
+                                status: status as i32,
+                                message: reason,
+                            }),
+                        );
+                    }
+                }
                 self.deliver(&uri);
             }
             Some(Kind::Confirm(confirm)) => {
-                if let Some(queue) = self.queues.get_mut(&confirm.uri) {
-                    if queue.confirm(key, &confirm.guid) {
-                        metrics::counter!("bmq_queue_confirm_total").increment(1);
-                    }
+                let confirmed = self
+                    .queues
+                    .get_mut(&confirm.uri)
+                    .is_some_and(|q| q.confirm(key, &confirm.guid));
+                if confirmed {
+                    metrics::counter!("bmq_queue_confirm_total").increment(1);
+                    self.append_record(RecordKind::Confirm(StoredConfirm {
+                        uri: confirm.uri.clone(),
+                        guid: confirm.guid,
+                    }));
                 }
                 self.deliver(&confirm.uri);
             }
@@ -345,25 +701,109 @@ impl Handler<PartitionRequest> for PartitionActor {
     }
 }
 
+impl Actor for PartitionActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(PARTITION_MAILBOX_CAPACITY);
+        // Resend the ACTIVE notice until the leader has committed it.
+        ctx.run_interval(ANNOUNCE_PERIOD, |actor, _ctx| {
+            if let Some(lease) = actor.announcing {
+                if actor.core.is_active_primary() && actor.core.lease() == lease {
+                    actor.router.announce_primary_active(actor.id, lease);
+                } else {
+                    actor.announcing = None;
+                }
+            }
+        });
+        debug!(partition = %self.id, "partition actor started");
+    }
+}
+
+impl Handler<PartitionRequest> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionRequest, ctx: &mut Self::Context) {
+        self.handle_request(msg.key, msg.message);
+        self.drive(ctx);
+    }
+}
+
 impl Handler<PartitionSessionGone> for PartitionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: PartitionSessionGone, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: PartitionSessionGone, ctx: &mut Self::Context) {
         for queue in self.queues.values_mut() {
             queue.remove_consumer(msg.key);
         }
         self.deliver_all();
+        self.drive(ctx);
     }
 }
 
 impl Handler<PartitionNodeGone> for PartitionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: PartitionNodeGone, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: PartitionNodeGone, ctx: &mut Self::Context) {
         for queue in self.queues.values_mut() {
             queue.remove_consumers_of_node(msg.node);
         }
         self.deliver_all();
+        self.drive(ctx);
+    }
+}
+
+impl Handler<PartitionPeerMessage> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionPeerMessage, ctx: &mut Self::Context) {
+        self.core
+            .handle_message(Instant::now(), msg.from, msg.message);
+        if !self.core.is_active_primary() && !self.queues.is_empty() {
+            info!(partition = %self.id, lease = self.core.lease(), "a higher lease was seen: stepping down to replica");
+            self.queues.clear();
+        }
+        self.drive(ctx);
+    }
+}
+
+impl Handler<PartitionRoleChanged> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionRoleChanged, ctx: &mut Self::Context) {
+        let was_primary = self.core.phase().is_some();
+        self.core
+            .handle_role(Instant::now(), msg.primary, msg.lease);
+        let is_primary = self.core.phase().is_some();
+        if msg.active
+            && msg.primary == Some(self.router.self_id)
+            && self.announcing == Some(msg.lease)
+        {
+            self.announcing = None;
+        }
+        if was_primary && !is_primary {
+            info!(partition = %self.id, lease = msg.lease, "no longer primary: stepping down to replica");
+            self.queues.clear();
+            metrics::gauge!("bmq_partition_primary_active", "partition" => self.id.to_string())
+                .set(0.0);
+        } else if !was_primary && is_primary {
+            info!(partition = %self.id, lease = msg.lease, "became primary: healing");
+        }
+        metrics::gauge!("bmq_partition_is_primary", "partition" => self.id.to_string())
+            .set(if is_primary { 1.0 } else { 0.0 });
+        metrics::gauge!("bmq_partition_primary_lease_id", "partition" => self.id.to_string())
+            .set(self.core.lease() as f64);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<FlushJournal> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: FlushJournal, ctx: &mut Self::Context) {
+        if self.flush_queued {
+            self.flush(ctx);
+        }
     }
 }
 
@@ -373,6 +813,15 @@ impl Handler<GetPartitionStats> for PartitionActor {
     fn handle(&mut self, _msg: GetPartitionStats, _ctx: &mut Self::Context) -> Self::Result {
         let mut stats = PartitionStats {
             queues: self.queues.len(),
+            role: match self.core.phase() {
+                None => "replica",
+                Some(PrimaryPhase::Collecting) => "collecting",
+                Some(PrimaryPhase::Pulling { .. }) => "pulling",
+                Some(PrimaryPhase::Syncing) => "syncing",
+                Some(PrimaryPhase::Active) => "active",
+            }
+            .to_string(),
+            last_sequence: self.core.last_sequence(),
             ..Default::default()
         };
         for q in self.queues.values() {
@@ -381,6 +830,8 @@ impl Handler<GetPartitionStats> for PartitionActor {
         }
         metrics::gauge!("bmq_partition_messages", "partition" => self.id.to_string())
             .set(stats.messages as f64);
+        metrics::gauge!("bmq_partition_journal_last_sequence", "partition" => self.id.to_string())
+            .set(stats.last_sequence as f64);
         MessageResult(stats)
     }
 }

@@ -259,6 +259,37 @@ impl QueueCore {
         PutOutcome::Accepted
     }
 
+    /// Stores a message rebuilt from the journal by a new primary: no limit check (it was
+    /// accepted once), `deliveries` pushes already made (its next push carries attempt
+    /// `deliveries + 1`). A GUID already held is ignored.
+    pub fn restore(
+        &mut self,
+        now: Instant,
+        guid: Bytes,
+        payload: Bytes,
+        properties: Vec<Property>,
+        deliveries: u32,
+    ) {
+        if self.messages.contains_key(&guid) {
+            return;
+        }
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        self.bytes += payload.len() as u64;
+        self.messages.insert(
+            guid.clone(),
+            Held {
+                sequence,
+                arrival: now,
+                payload,
+                properties,
+                deliveries,
+                consumer: None,
+            },
+        );
+        self.pending.push_back(guid);
+    }
+
     /// Attaches a consumer, or updates the options of one already attached (its unconfirmed
     /// messages stay with it).
     pub fn add_consumer(&mut self, key: ConsumerKey, options: ConsumerOptions) {
@@ -410,6 +441,11 @@ impl QueueCore {
     /// Messages waiting for a delivery.
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+
+    /// The attached consumers, in key order.
+    pub fn consumer_keys(&self) -> Vec<ConsumerKey> {
+        self.consumers.keys().copied().collect()
     }
 
     /// Consumers attached.

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use bmq_broker::cli::{cluster, consume, produce, ready, status};
+use bmq_broker::cli::{admin, cluster, consume, produce, ready, status};
 
 /// Command-line tool of the BlazingMQ-style broker cluster.
 #[derive(Debug, Parser)]
@@ -45,6 +45,12 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// Exit 0 if a node is ready (GET /readyz answers 200); for container health checks.
     Ready(ready::ReadyArgs),
+    /// Operator actions on one node: graceful stop, leadership cession.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  bmqctl admin stop --admin 127.0.0.1:30301"
+    )]
+    Admin(admin::AdminCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,5 +94,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Produce(args) => produce::run(args).await.map(drop),
         Command::Consume(args) => consume::run(args).await.map(drop),
         Command::Ready(args) => ready::run(args).await,
+        Command::Admin(command) => admin::run(command).await,
     }
 }

@@ -1,4 +1,5 @@
 //! Command-line tool (`bmqctl`) subcommands.
+pub mod admin;
 pub mod cluster;
 pub mod consume;
 pub mod payload;

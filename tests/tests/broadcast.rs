@@ -1,0 +1,92 @@
+//! Multi-process test of broadcast mode (DESIGN.md §7): at-most-once, nothing stored.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{ensure, Context};
+use bmq_broker::cli::payload;
+use bmq_broker::client::{Client, ClientConfig, OpenOptions};
+use bmq_broker::config::{DomainConfig, DomainMode};
+use bmq_proto::client::{AckStatus, ConsumerOptions};
+use bmq_tests::Cluster;
+
+const QUEUE: &str = "bmq://bmq.broadcast/ticks";
+
+fn client(brokers: Vec<String>, id: &str) -> ClientConfig {
+    let mut config = ClientConfig::new(brokers);
+    config.client_id = id.to_string();
+    config.request_timeout = Duration::from_secs(20);
+    config
+}
+
+/// Receives until `count` distinct sequences of `producer` arrived; returns them.
+async fn receive(consumer: &Client, producer: u64, count: usize) -> anyhow::Result<BTreeSet<u64>> {
+    let mut seen = BTreeSet::new();
+    while seen.len() < count {
+        let msg = tokio::time::timeout(Duration::from_secs(20), consumer.next_message())
+            .await
+            .context("consumer timed out")?
+            .context("consumer stream ended")?;
+        let (pid, seq) =
+            payload::verify(&msg.payload).map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
+        ensure!(
+            pid == producer,
+            "received a message of producer {pid}, sent before this consumer attached"
+        );
+        ensure!(msg.delivery_attempt == 1, "broadcast redelivered: {msg:?}");
+        seen.insert(seq);
+    }
+    Ok(seen)
+}
+
+/// Two consumers on different nodes each get every message of a broadcast queue; messages
+/// put while no consumer was attached are ACKed and never delivered later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_reaches_every_attached_consumer_and_stores_nothing() {
+    let mut cluster = Cluster::configure(3, |c| {
+        let mut d = DomainConfig::new("bmq.broadcast");
+        d.mode = DomainMode::Broadcast;
+        c.domains.push(d);
+    })
+    .expect("configure cluster");
+    for id in 1..=3 {
+        cluster.start_node(id).expect("start node");
+    }
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(30)).await?;
+        let addrs = cluster.client_addrs();
+        let producer = Client::connect(client(vec![addrs[0].clone()], "producer")).await?;
+        producer.open_queue(QUEUE, OpenOptions::write()).await?;
+        // Nobody listens: ACKed, and gone.
+        for seq in 0..10 {
+            let ack = producer
+                .put(QUEUE, payload::encode(1, seq, 64), vec![])
+                .await?
+                .await?;
+            ensure!(ack.status == AckStatus::Success as i32, "nack {ack:?}");
+        }
+        let mut consumers = Vec::new();
+        for (i, addr) in addrs.iter().enumerate().skip(1) {
+            let c = Client::connect(client(vec![addr.clone()], &format!("consumer-{i}"))).await?;
+            c.open_queue(QUEUE, OpenOptions::read(ConsumerOptions::default()))
+                .await?;
+            consumers.push(c);
+        }
+        for seq in 0..100 {
+            let ack = producer
+                .put(QUEUE, payload::encode(2, seq, 64), vec![])
+                .await?
+                .await?;
+            ensure!(ack.status == AckStatus::Success as i32, "nack {ack:?}");
+        }
+        for c in &consumers {
+            let seen = receive(c, 2, 100).await?;
+            ensure!(seen == (0..100).collect(), "a consumer missed messages");
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", cluster.log_tails(40));
+    }
+}
