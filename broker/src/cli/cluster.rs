@@ -724,10 +724,21 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // A base whose node ports are free right now, so parallel runs do not collide.
+        let base_port = (0..200)
+            .map(|_| 20_000 + rand::random::<u16>() % 9_000)
+            .find(|base| {
+                (1..=2u16).all(|i| {
+                    [base + i, base + 100 + i, base + 200 + i]
+                        .iter()
+                        .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+                })
+            })
+            .expect("a free port range");
         let args = ClusterUpArgs {
             nodes: 2,
             dir: dir.path().join("c"),
-            base_port: 47300,
+            base_port,
             broker_bin: Some(fake),
             clean: true,
             no_prometheus: true,
@@ -739,6 +750,6 @@ mod tests {
         let config = dir.path().join("c/node-2/broker.toml");
         let loaded = BrokerConfig::load(&config).unwrap();
         assert_eq!(loaded.node_id, 2);
-        assert_eq!(loaded.self_member().admin_port, 47502);
+        assert_eq!(loaded.self_member().admin_port, base_port + 202);
     }
 }
