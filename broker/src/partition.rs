@@ -6,8 +6,9 @@
 //! GUIDs — is the pure [`ReplicationCore`]; this actor writes the journal, sends the core's
 //! messages, and, while this node is the *active* primary, runs the partition's queues
 //! ([`QueueCore`], priority mode), rebuilt from the journal when it becomes active. A queue of
-//! a broadcast domain stores nothing: a PUT is pushed to the consumers attached at that moment
-//! and ACKed at once (at-most-once).
+//! a fanout domain is one `QueueCore` per app id (key `uri#app`), each with its own copy of
+//! every message; a consumer names its app id. A queue of a broadcast domain stores nothing: a
+//! PUT is pushed to the consumers attached at that moment and ACKed at once (at-most-once).
 //!
 //! - Receives `PartitionRequest { key, message }` (OpenQueue, Put, Confirm, CloseQueue from a
 //!   session, local or proxied); answers `NOT_READY` unless it is the active primary, so the
@@ -198,6 +199,20 @@ impl PartitionActor {
             announcing: None,
             failed: false,
         })
+    }
+
+    /// The keys of `uri`'s queues in `self.queues`: `uri` itself, or in a fanout domain one
+    /// per app id (`uri#app`), each holding that app's copy of every message.
+    fn queue_keys(&self, uri: &str) -> Vec<String> {
+        let domain = QueueUri::parse(uri)
+            .ok()
+            .and_then(|u| self.router.config.domain(&u.domain).cloned());
+        match domain {
+            Some(d) if d.mode == DomainMode::Fanout => {
+                d.app_ids.iter().map(|a| app_key(uri, a)).collect()
+            }
+            _ => vec![uri.to_string()],
+        }
     }
 
     /// Whether `uri`'s domain is in broadcast mode.
@@ -393,15 +408,18 @@ impl PartitionActor {
     /// counts, in journal order.
     fn rebuild_queues(&mut self) {
         self.queues.clear();
-        let mut confirmed: HashSet<(&str, &Bytes)> = HashSet::new();
-        let mut attempts: HashMap<&Bytes, u32> = HashMap::new();
+        // Keyed by queue key (`uri`, or `uri#app` in fanout domains) and GUID.
+        let mut confirmed: HashSet<(String, &Bytes)> = HashSet::new();
+        let mut attempts: HashMap<(String, &Bytes), u32> = HashMap::new();
         for r in self.core.records() {
             match &r.kind {
                 Some(RecordKind::Confirm(c)) => {
-                    confirmed.insert((c.uri.as_str(), &c.guid));
+                    confirmed.insert((app_key(&c.uri, &c.app_id), &c.guid));
                 }
                 Some(RecordKind::Delivery(d)) => {
-                    let a = attempts.entry(&d.guid).or_default();
+                    let a = attempts
+                        .entry((app_key(&d.uri, &d.app_id), &d.guid))
+                        .or_default();
                     *a = (*a).max(d.attempt);
                 }
                 _ => {}
@@ -413,27 +431,26 @@ impl PartitionActor {
             let Some(RecordKind::Message(m)) = &r.kind else {
                 continue;
             };
-            if confirmed.contains(&(m.uri.as_str(), &m.guid)) {
+            let Some((limits, _)) = self.queue_limits(&m.uri) else {
                 continue;
-            }
-            let queue = match rebuilt.get_mut(&m.uri) {
-                Some(q) => q,
-                None => {
-                    let Some((limits, _)) = self.queue_limits(&m.uri) else {
-                        continue;
-                    };
-                    rebuilt
-                        .entry(m.uri.clone())
-                        .or_insert_with(|| QueueCore::new(m.uri.clone(), limits))
-                }
             };
-            queue.restore(
-                now,
-                m.guid.clone(),
-                m.payload.clone(),
-                m.properties.clone(),
-                attempts.get(&m.guid).copied().unwrap_or(0),
-            );
+            for key in self.queue_keys(&m.uri) {
+                let id = (key.clone(), &m.guid);
+                if confirmed.contains(&id) {
+                    continue;
+                }
+                let deliveries = attempts.get(&id).copied().unwrap_or(0);
+                rebuilt
+                    .entry(key.clone())
+                    .or_insert_with(|| QueueCore::new(key.clone(), limits))
+                    .restore(
+                        now,
+                        m.guid.clone(),
+                        m.payload.clone(),
+                        m.properties.clone(),
+                        deliveries,
+                    );
+            }
         }
         self.queues = rebuilt;
     }
@@ -444,8 +461,16 @@ impl PartitionActor {
 
     /// Pushes whatever `uri`'s queue can deliver now, journaling each delivery.
     fn deliver(&mut self, uri: &str) {
+        for key in self.queue_keys(uri) {
+            self.deliver_key(&key);
+        }
+    }
+
+    /// Pushes whatever the queue at `key` (see `queue_keys`) can deliver now.
+    fn deliver_key(&mut self, key: &str) {
         let now = Instant::now();
-        let Some(queue) = self.queues.get_mut(uri) else {
+        let (uri, app_id) = split_key(key);
+        let Some(queue) = self.queues.get_mut(key) else {
             return;
         };
         let mut deliveries = Vec::new();
@@ -461,6 +486,7 @@ impl PartitionActor {
                 uri: uri.to_string(),
                 guid: d.guid.clone(),
                 attempt: d.delivery_attempt,
+                app_id: app_id.to_string(),
             }));
             let push = Push {
                 uri: uri.to_string(),
@@ -481,9 +507,9 @@ impl PartitionActor {
     }
 
     fn deliver_all(&mut self) {
-        let uris: Vec<String> = self.queues.keys().cloned().collect();
-        for uri in uris {
-            self.deliver(&uri);
+        let keys: Vec<String> = self.queues.keys().cloned().collect();
+        for key in keys {
+            self.deliver_key(&key);
         }
     }
 
@@ -541,12 +567,38 @@ impl PartitionActor {
                     );
                     return;
                 };
-                let queue = self
-                    .queues
-                    .entry(open.uri.clone())
-                    .or_insert_with(|| QueueCore::new(open.uri.clone(), limits));
+                let keys = self.queue_keys(&open.uri);
+                for k in &keys {
+                    self.queues
+                        .entry(k.clone())
+                        .or_insert_with(|| QueueCore::new(k.clone(), limits));
+                }
                 if open.read {
-                    let c = open.consumer.unwrap_or_default();
+                    let c = open.consumer.clone().unwrap_or_default();
+                    let target = if keys.len() == 1 && keys[0] == open.uri {
+                        open.uri.clone()
+                    } else {
+                        app_key(&open.uri, &c.app_id)
+                    };
+                    let known = keys.contains(&target);
+                    let Some(queue) = self.queues.get_mut(&target).filter(|_| known) else {
+                        self.reply(
+                            key,
+                            Kind::OpenQueueResponse(OpenQueueResponse {
+                                request_id: open.request_id,
+                                uri: open.uri,
+                                status: Self::status(
+                                    StatusCode::Refused,
+                                    &format!(
+                                        "app id {:?} is not one of this fanout domain's app ids",
+                                        c.app_id
+                                    ),
+                                ),
+                                partition_id: self.id.0,
+                            }),
+                        );
+                        return;
+                    };
                     let limits = &self.router.config.limits;
                     queue.add_consumer(
                         key,
@@ -614,16 +666,33 @@ impl PartitionActor {
                     );
                     return;
                 }
-                let queue = self
-                    .queues
-                    .entry(uri.clone())
-                    .or_insert_with(|| QueueCore::new(uri.clone(), limits));
-                match queue.put(
-                    now,
-                    put.guid.clone(),
-                    put.payload.clone(),
-                    put.properties.clone(),
-                ) {
+                // One copy per app id in a fanout domain, else one. A refusal by any copy
+                // NACKs the PUT (copies already taken stay: at-least-once, never lost).
+                let mut outcome = PutOutcome::Duplicate;
+                for k in self.queue_keys(&uri) {
+                    let queue = self
+                        .queues
+                        .entry(k.clone())
+                        .or_insert_with(|| QueueCore::new(k.clone(), limits));
+                    match queue.put(
+                        now,
+                        put.guid.clone(),
+                        put.payload.clone(),
+                        put.properties.clone(),
+                    ) {
+                        PutOutcome::Duplicate => {}
+                        PutOutcome::Accepted => {
+                            if outcome == PutOutcome::Duplicate {
+                                outcome = PutOutcome::Accepted;
+                            }
+                        }
+                        refused @ PutOutcome::Refused { .. } => {
+                            outcome = refused;
+                            break;
+                        }
+                    }
+                }
+                match outcome {
                     PutOutcome::Accepted => {
                         let r = self.core.handle_put(
                             now,
@@ -667,22 +736,27 @@ impl PartitionActor {
                 self.deliver(&uri);
             }
             Some(Kind::Confirm(confirm)) => {
-                let confirmed = self
-                    .queues
-                    .get_mut(&confirm.uri)
-                    .is_some_and(|q| q.confirm(key, &confirm.guid));
-                if confirmed {
+                let keys = self.queue_keys(&confirm.uri);
+                let confirmed = keys.into_iter().find(|k| {
+                    self.queues
+                        .get_mut(k)
+                        .is_some_and(|q| q.confirm(key, &confirm.guid))
+                });
+                if let Some(k) = confirmed {
                     metrics::counter!("bmq_queue_confirm_total").increment(1);
                     self.append_record(RecordKind::Confirm(StoredConfirm {
                         uri: confirm.uri.clone(),
                         guid: confirm.guid,
+                        app_id: split_key(&k).1.to_string(),
                     }));
                 }
                 self.deliver(&confirm.uri);
             }
             Some(Kind::CloseQueue(close)) => {
-                if let Some(queue) = self.queues.get_mut(&close.uri) {
-                    queue.remove_consumer(key);
+                for k in self.queue_keys(&close.uri) {
+                    if let Some(queue) = self.queues.get_mut(&k) {
+                        queue.remove_consumer(key);
+                    }
                 }
                 self.reply(
                     key,
@@ -699,6 +773,21 @@ impl PartitionActor {
             }
         }
     }
+}
+
+/// The key of `uri`'s queue for `app_id` (fanout), or of `uri` itself when `app_id` is empty.
+/// `#` cannot appear in a queue URI, so keys never collide.
+fn app_key(uri: &str, app_id: &str) -> String {
+    if app_id.is_empty() {
+        uri.to_string()
+    } else {
+        format!("{uri}#{app_id}")
+    }
+}
+
+/// `(uri, app id)` of a queue key (`""` when not fanout).
+fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('#').unwrap_or((key, ""))
 }
 
 impl Actor for PartitionActor {
