@@ -407,52 +407,26 @@ impl PartitionActor {
     /// Rebuilds the queues from the journal: messages not confirmed, with their delivery
     /// counts, in journal order.
     fn rebuild_queues(&mut self) {
-        self.queues.clear();
-        // Keyed by queue key (`uri`, or `uri#app` in fanout domains) and GUID.
-        let mut confirmed: HashSet<(String, &Bytes)> = HashSet::new();
-        let mut attempts: HashMap<(String, &Bytes), u32> = HashMap::new();
-        for r in self.core.records() {
-            match &r.kind {
-                Some(RecordKind::Confirm(c)) => {
-                    confirmed.insert((app_key(&c.uri, &c.app_id), &c.guid));
-                }
-                Some(RecordKind::Delivery(d)) => {
-                    let a = attempts
-                        .entry((app_key(&d.uri, &d.app_id), &d.guid))
-                        .or_default();
-                    *a = (*a).max(d.attempt);
-                }
-                _ => {}
-            }
-        }
-        let now = Instant::now();
-        let mut rebuilt: HashMap<String, QueueCore> = HashMap::new();
-        for r in self.core.records() {
-            let Some(RecordKind::Message(m)) = &r.kind else {
-                continue;
-            };
-            let Some((limits, _)) = self.queue_limits(&m.uri) else {
-                continue;
-            };
-            for key in self.queue_keys(&m.uri) {
-                let id = (key.clone(), &m.guid);
-                if confirmed.contains(&id) {
-                    continue;
-                }
-                let deliveries = attempts.get(&id).copied().unwrap_or(0);
-                rebuilt
-                    .entry(key.clone())
-                    .or_insert_with(|| QueueCore::new(key.clone(), limits))
-                    .restore(
-                        now,
-                        m.guid.clone(),
-                        m.payload.clone(),
-                        m.properties.clone(),
-                        deliveries,
-                    );
-            }
-        }
-        self.queues = rebuilt;
+        let layouts: HashMap<String, Option<(QueueLimits, Vec<String>)>> = self
+            .core
+            .records()
+            .iter()
+            .filter_map(|r| match &r.kind {
+                Some(RecordKind::Message(m)) => Some(m.uri.clone()),
+                _ => None,
+            })
+            .collect::<HashSet<String>>()
+            .into_iter()
+            .map(|uri| {
+                let layout = self
+                    .queue_limits(&uri)
+                    .map(|(limits, _)| (limits, self.queue_keys(&uri)));
+                (uri, layout)
+            })
+            .collect();
+        self.queues = rebuild_queues(self.core.records(), Instant::now(), |uri| {
+            layouts.get(uri).cloned().flatten()
+        });
     }
 
     fn append_record(&mut self, kind: RecordKind) {
@@ -775,6 +749,62 @@ impl PartitionActor {
     }
 }
 
+/// Rebuilds a partition's queues from its journal (a new primary going active): every message
+/// not confirmed, in journal order, with the deliveries already made (so its next push carries
+/// the next attempt number), one copy per queue key that `layout(uri)` names (the URI itself,
+/// or `uri#app` per app id in fanout domains) with that domain's limits. Messages of a URI
+/// without a layout (a domain no longer configured) are skipped.
+pub fn rebuild_queues(
+    records: &[bmq_proto::peer::JournalRecord],
+    now: Instant,
+    layout: impl Fn(&str) -> Option<(QueueLimits, Vec<String>)>,
+) -> HashMap<String, QueueCore> {
+    // Keyed by queue key and GUID.
+    let mut confirmed: HashSet<(String, &Bytes)> = HashSet::new();
+    let mut attempts: HashMap<(String, &Bytes), u32> = HashMap::new();
+    for r in records {
+        match &r.kind {
+            Some(RecordKind::Confirm(c)) => {
+                confirmed.insert((app_key(&c.uri, &c.app_id), &c.guid));
+            }
+            Some(RecordKind::Delivery(d)) => {
+                let a = attempts
+                    .entry((app_key(&d.uri, &d.app_id), &d.guid))
+                    .or_default();
+                *a = (*a).max(d.attempt);
+            }
+            _ => {}
+        }
+    }
+    let mut rebuilt: HashMap<String, QueueCore> = HashMap::new();
+    for r in records {
+        let Some(RecordKind::Message(m)) = &r.kind else {
+            continue;
+        };
+        let Some((limits, keys)) = layout(&m.uri) else {
+            continue;
+        };
+        for key in keys {
+            let id = (key.clone(), &m.guid);
+            if confirmed.contains(&id) {
+                continue;
+            }
+            let deliveries = attempts.get(&id).copied().unwrap_or(0);
+            rebuilt
+                .entry(key.clone())
+                .or_insert_with(|| QueueCore::new(key.clone(), limits))
+                .restore(
+                    now,
+                    m.guid.clone(),
+                    m.payload.clone(),
+                    m.properties.clone(),
+                    deliveries,
+                );
+        }
+    }
+    rebuilt
+}
+
 /// The key of `uri`'s queue for `app_id` (fanout), or of `uri` itself when `app_id` is empty.
 /// `#` cannot appear in a queue URI, so keys never collide.
 fn app_key(uri: &str, app_id: &str) -> String {
@@ -922,5 +952,124 @@ impl Handler<GetPartitionStats> for PartitionActor {
         metrics::gauge!("bmq_partition_journal_last_sequence", "partition" => self.id.to_string())
             .set(stats.last_sequence as f64);
         MessageResult(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bmq_proto::peer::{JournalRecord, StoredMessage};
+
+    fn record(sequence: u64, kind: RecordKind) -> JournalRecord {
+        JournalRecord {
+            lease: 1,
+            sequence,
+            timestamp_ms: 0,
+            kind: Some(kind),
+        }
+    }
+
+    fn guid(n: u8) -> Bytes {
+        Bytes::from(vec![n; 16])
+    }
+
+    fn consumer() -> (ConsumerKey, ConsumerOptions) {
+        (
+            ConsumerKey {
+                origin_node: NodeId(1),
+                session_id: 1,
+            },
+            ConsumerOptions {
+                priority: 0,
+                max_unconfirmed_messages: 100,
+                max_unconfirmed_bytes: 1 << 20,
+            },
+        )
+    }
+
+    const LIMITS: QueueLimits = QueueLimits {
+        max_messages: 100,
+        max_bytes: 1 << 20,
+        max_delivery_attempts: 0,
+        message_ttl: None,
+    };
+
+    #[test]
+    fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
+        // Message 1 was pushed twice and not confirmed: its next push is attempt 3. Message 2
+        // was confirmed: gone. Message 3 was never pushed: attempt 1.
+        let uri = "bmq://d/q";
+        let msg = |n: u8| {
+            RecordKind::Message(StoredMessage {
+                uri: uri.into(),
+                guid: guid(n),
+                payload: Bytes::from_static(b"x"),
+                properties: vec![],
+            })
+        };
+        let delivery = |n: u8, attempt| {
+            RecordKind::Delivery(StoredDelivery {
+                uri: uri.into(),
+                guid: guid(n),
+                attempt,
+                app_id: String::new(),
+            })
+        };
+        let records = vec![
+            record(1, msg(1)),
+            record(2, msg(2)),
+            record(3, delivery(1, 1)),
+            record(4, delivery(2, 1)),
+            record(
+                5,
+                RecordKind::Confirm(StoredConfirm {
+                    uri: uri.into(),
+                    guid: guid(2),
+                    app_id: String::new(),
+                }),
+            ),
+            record(6, delivery(1, 2)),
+            record(7, msg(3)),
+        ];
+        let now = Instant::now();
+        let mut queues = rebuild_queues(&records, now, |u| Some((LIMITS, vec![u.to_string()])));
+        let q = queues.get_mut(uri).expect("queue rebuilt");
+        assert_eq!(q.depth(), 2);
+        let (key, options) = consumer();
+        q.add_consumer(key, options);
+        let pushes: Vec<(Bytes, u32)> = std::iter::from_fn(|| q.poll_delivery(now))
+            .map(|d| (d.guid, d.delivery_attempt))
+            .collect();
+        assert_eq!(pushes, vec![(guid(1), 3), (guid(3), 1)]);
+    }
+
+    #[test]
+    fn fanout_copies_are_rebuilt_per_app() {
+        // App a confirmed the message, app b did not: only b's queue holds it.
+        let uri = "bmq://f/q";
+        let records = vec![
+            record(
+                1,
+                RecordKind::Message(StoredMessage {
+                    uri: uri.into(),
+                    guid: guid(1),
+                    payload: Bytes::from_static(b"x"),
+                    properties: vec![],
+                }),
+            ),
+            record(
+                2,
+                RecordKind::Confirm(StoredConfirm {
+                    uri: uri.into(),
+                    guid: guid(1),
+                    app_id: "a".into(),
+                }),
+            ),
+        ];
+        let queues = rebuild_queues(&records, Instant::now(), |u| {
+            Some((LIMITS, vec![app_key(u, "a"), app_key(u, "b")]))
+        });
+        assert!(queues.get("bmq://f/q#a").is_none_or(|q| q.depth() == 0));
+        assert_eq!(queues.get("bmq://f/q#b").map(|q| q.depth()), Some(1));
     }
 }
