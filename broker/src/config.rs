@@ -373,6 +373,11 @@ pub struct LimitsSettings {
     /// primaries to move to other nodes before it exits anyway (ms; 0 = exit at once).
     /// Default 10 000.
     pub graceful_stop_timeout_ms: u64,
+    /// How long a partition primary remembers a PUT's GUID to drop resent duplicates (ms).
+    /// Default 300 000 (5 minutes).
+    pub duplicate_guid_window_ms: u64,
+    /// Most GUIDs a partition primary remembers for duplicate detection. Default 1 000 000.
+    pub duplicate_guid_window_max: u64,
 }
 
 impl Default for LimitsSettings {
@@ -386,6 +391,8 @@ impl Default for LimitsSettings {
             request_timeout_ms: 10_000,
             mailbox_capacity: 100_000,
             graceful_stop_timeout_ms: 10_000,
+            duplicate_guid_window_ms: 300_000,
+            duplicate_guid_window_max: 1_000_000,
         }
     }
 }

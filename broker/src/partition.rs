@@ -59,10 +59,6 @@ pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = 64 * 1024 * 1024;
 
 /// How often a healed primary repeats its ACTIVE notice until it is committed.
 const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
-/// How many recent PUT GUIDs a partition remembers to drop duplicates.
-const GUID_WINDOW_MAX: usize = 1_000_000;
-/// How long a PUT GUID is remembered.
-const GUID_WINDOW_AGE: Duration = Duration::from_secs(300);
 
 /// A client request routed to this partition.
 #[derive(Message)]
@@ -185,8 +181,9 @@ impl PartitionActor {
             batch_records_max: 256,
             in_flight_records_max: 8192,
             resend_after: Duration::from_millis(500),
-            guid_window_max: GUID_WINDOW_MAX,
-            guid_window_age: GUID_WINDOW_AGE,
+            guid_window_max: usize::try_from(router.config.limits.duplicate_guid_window_max)
+                .unwrap_or(usize::MAX),
+            guid_window_age: Duration::from_millis(router.config.limits.duplicate_guid_window_ms),
         };
         Ok(PartitionActor {
             id,
