@@ -34,6 +34,7 @@ async fn main() -> anyhow::Result<()> {
         max_unconfirmed_messages: 100,
         max_unconfirmed_bytes: 0, // the broker's default
         priority: 0,
+        app_id: String::new(), // only fanout domains use it
     };
     client
         .open_queue(URI, OpenOptions::read_write(consumer))

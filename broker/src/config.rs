@@ -378,6 +378,11 @@ pub struct LimitsSettings {
     /// primaries to move to other nodes before it exits anyway (ms; 0 = exit at once).
     /// Default 10 000.
     pub graceful_stop_timeout_ms: u64,
+    /// How long a partition primary remembers a PUT's GUID to drop resent duplicates (ms).
+    /// Default 300 000 (5 minutes).
+    pub duplicate_guid_window_ms: u64,
+    /// Most GUIDs a partition primary remembers for duplicate detection. Default 1 000 000.
+    pub duplicate_guid_window_max: u64,
 }
 
 impl Default for LimitsSettings {
@@ -391,6 +396,8 @@ impl Default for LimitsSettings {
             request_timeout_ms: 10_000,
             mailbox_capacity: 100_000,
             graceful_stop_timeout_ms: 10_000,
+            duplicate_guid_window_ms: 300_000,
+            duplicate_guid_window_max: 1_000_000,
         }
     }
 }
@@ -421,8 +428,12 @@ pub enum DomainMode {
     #[default]
     Priority,
     /// Every consumer attached when a PUT arrives gets it (`broadcast`): at-most-once, nothing
-    /// is stored or journaled, the PUT is ACKed at once. Fanout mode is not implemented yet.
+    /// is stored or journaled, the PUT is ACKed at once.
     Broadcast,
+    /// Every app id of the domain (`app_ids`) gets its own copy of each message (`fanout`);
+    /// consumers name their app id, and each app's copies go round-robin among that app's
+    /// highest-priority consumers as in `priority` mode.
+    Fanout,
 }
 
 /// A domain: the settings shared by its queues `bmq://<name>/<queue>`.
@@ -437,6 +448,10 @@ pub struct DomainConfig {
     /// Delivery mode. Default `priority`.
     #[serde(default)]
     pub mode: DomainMode,
+    /// The applications of a `fanout` domain (at least one there; unused otherwise), each
+    /// 1 to 64 of `A-Z a-z 0-9 . _ -`.
+    #[serde(default)]
+    pub app_ids: Vec<String>,
     /// Deliveries of one message before it is dropped; 0 means unlimited. Default 5.
     #[serde(default = "default_max_delivery_attempts")]
     pub max_delivery_attempts: u32,
@@ -469,6 +484,7 @@ impl DomainConfig {
             name: name.into(),
             consistency: Consistency::default(),
             mode: DomainMode::default(),
+            app_ids: Vec::new(),
             max_delivery_attempts: default_max_delivery_attempts(),
             message_ttl_ms: 0,
             max_queue_messages: default_max_queue_messages(),
@@ -805,6 +821,25 @@ impl BrokerConfig {
                     format!("domains[{i}].max_queue_bytes"),
                     "must be at least 1",
                 ));
+            }
+            if d.mode == DomainMode::Fanout && d.app_ids.is_empty() {
+                return Err(invalid(
+                    format!("domains[{i}].app_ids"),
+                    "a fanout domain needs at least one app id",
+                ));
+            }
+            for (j, app) in d.app_ids.iter().enumerate() {
+                let valid = !app.is_empty()
+                    && app.len() <= 64
+                    && app
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+                if !valid {
+                    return Err(invalid(
+                        format!("domains[{i}].app_ids[{j}]"),
+                        "must be 1 to 64 of A-Z a-z 0-9 . _ -",
+                    ));
+                }
             }
         }
 

@@ -6,8 +6,9 @@
 //! GUIDs — is the pure [`ReplicationCore`]; this actor writes the journal, sends the core's
 //! messages, and, while this node is the *active* primary, runs the partition's queues
 //! ([`QueueCore`], priority mode), rebuilt from the journal when it becomes active. A queue of
-//! a broadcast domain stores nothing: a PUT is pushed to the consumers attached at that moment
-//! and ACKed at once (at-most-once).
+//! a fanout domain is one `QueueCore` per app id (key `uri#app`), each with its own copy of
+//! every message; a consumer names its app id. A queue of a broadcast domain stores nothing: a
+//! PUT is pushed to the consumers attached at that moment and ACKed at once (at-most-once).
 //!
 //! - Receives `PartitionRequest { key, message }` (OpenQueue, Put, Confirm, CloseQueue from a
 //!   session, local or proxied); answers `NOT_READY` unless it is the active primary, so the
@@ -58,10 +59,6 @@ pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = 64 * 1024 * 1024;
 
 /// How often a healed primary repeats its ACTIVE notice until it is committed.
 const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
-/// How many recent PUT GUIDs a partition remembers to drop duplicates.
-const GUID_WINDOW_MAX: usize = 1_000_000;
-/// How long a PUT GUID is remembered.
-const GUID_WINDOW_AGE: Duration = Duration::from_secs(300);
 
 /// A client request routed to this partition.
 #[derive(Message)]
@@ -184,8 +181,9 @@ impl PartitionActor {
             batch_records_max: 256,
             in_flight_records_max: 8192,
             resend_after: Duration::from_millis(500),
-            guid_window_max: GUID_WINDOW_MAX,
-            guid_window_age: GUID_WINDOW_AGE,
+            guid_window_max: usize::try_from(router.config.limits.duplicate_guid_window_max)
+                .unwrap_or(usize::MAX),
+            guid_window_age: Duration::from_millis(router.config.limits.duplicate_guid_window_ms),
         };
         Ok(PartitionActor {
             id,
@@ -198,6 +196,20 @@ impl PartitionActor {
             announcing: None,
             failed: false,
         })
+    }
+
+    /// The keys of `uri`'s queues in `self.queues`: `uri` itself, or in a fanout domain one
+    /// per app id (`uri#app`), each holding that app's copy of every message.
+    fn queue_keys(&self, uri: &str) -> Vec<String> {
+        let domain = QueueUri::parse(uri)
+            .ok()
+            .and_then(|u| self.router.config.domain(&u.domain).cloned());
+        match domain {
+            Some(d) if d.mode == DomainMode::Fanout => {
+                d.app_ids.iter().map(|a| app_key(uri, a)).collect()
+            }
+            _ => vec![uri.to_string()],
+        }
     }
 
     /// Whether `uri`'s domain is in broadcast mode.
@@ -392,50 +404,26 @@ impl PartitionActor {
     /// Rebuilds the queues from the journal: messages not confirmed, with their delivery
     /// counts, in journal order.
     fn rebuild_queues(&mut self) {
-        self.queues.clear();
-        let mut confirmed: HashSet<(&str, &Bytes)> = HashSet::new();
-        let mut attempts: HashMap<&Bytes, u32> = HashMap::new();
-        for r in self.core.records() {
-            match &r.kind {
-                Some(RecordKind::Confirm(c)) => {
-                    confirmed.insert((c.uri.as_str(), &c.guid));
-                }
-                Some(RecordKind::Delivery(d)) => {
-                    let a = attempts.entry(&d.guid).or_default();
-                    *a = (*a).max(d.attempt);
-                }
-                _ => {}
-            }
-        }
-        let now = Instant::now();
-        let mut rebuilt: HashMap<String, QueueCore> = HashMap::new();
-        for r in self.core.records() {
-            let Some(RecordKind::Message(m)) = &r.kind else {
-                continue;
-            };
-            if confirmed.contains(&(m.uri.as_str(), &m.guid)) {
-                continue;
-            }
-            let queue = match rebuilt.get_mut(&m.uri) {
-                Some(q) => q,
-                None => {
-                    let Some((limits, _)) = self.queue_limits(&m.uri) else {
-                        continue;
-                    };
-                    rebuilt
-                        .entry(m.uri.clone())
-                        .or_insert_with(|| QueueCore::new(m.uri.clone(), limits))
-                }
-            };
-            queue.restore(
-                now,
-                m.guid.clone(),
-                m.payload.clone(),
-                m.properties.clone(),
-                attempts.get(&m.guid).copied().unwrap_or(0),
-            );
-        }
-        self.queues = rebuilt;
+        let layouts: HashMap<String, Option<(QueueLimits, Vec<String>)>> = self
+            .core
+            .records()
+            .iter()
+            .filter_map(|r| match &r.kind {
+                Some(RecordKind::Message(m)) => Some(m.uri.clone()),
+                _ => None,
+            })
+            .collect::<HashSet<String>>()
+            .into_iter()
+            .map(|uri| {
+                let layout = self
+                    .queue_limits(&uri)
+                    .map(|(limits, _)| (limits, self.queue_keys(&uri)));
+                (uri, layout)
+            })
+            .collect();
+        self.queues = rebuild_queues(self.core.records(), Instant::now(), |uri| {
+            layouts.get(uri).cloned().flatten()
+        });
     }
 
     fn append_record(&mut self, kind: RecordKind) {
@@ -444,8 +432,16 @@ impl PartitionActor {
 
     /// Pushes whatever `uri`'s queue can deliver now, journaling each delivery.
     fn deliver(&mut self, uri: &str) {
+        for key in self.queue_keys(uri) {
+            self.deliver_key(&key);
+        }
+    }
+
+    /// Pushes whatever the queue at `key` (see `queue_keys`) can deliver now.
+    fn deliver_key(&mut self, key: &str) {
         let now = Instant::now();
-        let Some(queue) = self.queues.get_mut(uri) else {
+        let (uri, app_id) = split_key(key);
+        let Some(queue) = self.queues.get_mut(key) else {
             return;
         };
         let mut deliveries = Vec::new();
@@ -461,6 +457,7 @@ impl PartitionActor {
                 uri: uri.to_string(),
                 guid: d.guid.clone(),
                 attempt: d.delivery_attempt,
+                app_id: app_id.to_string(),
             }));
             let push = Push {
                 uri: uri.to_string(),
@@ -481,9 +478,9 @@ impl PartitionActor {
     }
 
     fn deliver_all(&mut self) {
-        let uris: Vec<String> = self.queues.keys().cloned().collect();
-        for uri in uris {
-            self.deliver(&uri);
+        let keys: Vec<String> = self.queues.keys().cloned().collect();
+        for key in keys {
+            self.deliver_key(&key);
         }
     }
 
@@ -541,12 +538,38 @@ impl PartitionActor {
                     );
                     return;
                 };
-                let queue = self
-                    .queues
-                    .entry(open.uri.clone())
-                    .or_insert_with(|| QueueCore::new(open.uri.clone(), limits));
+                let keys = self.queue_keys(&open.uri);
+                for k in &keys {
+                    self.queues
+                        .entry(k.clone())
+                        .or_insert_with(|| QueueCore::new(k.clone(), limits));
+                }
                 if open.read {
-                    let c = open.consumer.unwrap_or_default();
+                    let c = open.consumer.clone().unwrap_or_default();
+                    let target = if keys.len() == 1 && keys[0] == open.uri {
+                        open.uri.clone()
+                    } else {
+                        app_key(&open.uri, &c.app_id)
+                    };
+                    let known = keys.contains(&target);
+                    let Some(queue) = self.queues.get_mut(&target).filter(|_| known) else {
+                        self.reply(
+                            key,
+                            Kind::OpenQueueResponse(OpenQueueResponse {
+                                request_id: open.request_id,
+                                uri: open.uri,
+                                status: Self::status(
+                                    StatusCode::Refused,
+                                    &format!(
+                                        "app id {:?} is not one of this fanout domain's app ids",
+                                        c.app_id
+                                    ),
+                                ),
+                                partition_id: self.id.0,
+                            }),
+                        );
+                        return;
+                    };
                     let limits = &self.router.config.limits;
                     queue.add_consumer(
                         key,
@@ -614,16 +637,33 @@ impl PartitionActor {
                     );
                     return;
                 }
-                let queue = self
-                    .queues
-                    .entry(uri.clone())
-                    .or_insert_with(|| QueueCore::new(uri.clone(), limits));
-                match queue.put(
-                    now,
-                    put.guid.clone(),
-                    put.payload.clone(),
-                    put.properties.clone(),
-                ) {
+                // One copy per app id in a fanout domain, else one. A refusal by any copy
+                // NACKs the PUT (copies already taken stay: at-least-once, never lost).
+                let mut outcome = PutOutcome::Duplicate;
+                for k in self.queue_keys(&uri) {
+                    let queue = self
+                        .queues
+                        .entry(k.clone())
+                        .or_insert_with(|| QueueCore::new(k.clone(), limits));
+                    match queue.put(
+                        now,
+                        put.guid.clone(),
+                        put.payload.clone(),
+                        put.properties.clone(),
+                    ) {
+                        PutOutcome::Duplicate => {}
+                        PutOutcome::Accepted => {
+                            if outcome == PutOutcome::Duplicate {
+                                outcome = PutOutcome::Accepted;
+                            }
+                        }
+                        refused @ PutOutcome::Refused { .. } => {
+                            outcome = refused;
+                            break;
+                        }
+                    }
+                }
+                match outcome {
                     PutOutcome::Accepted => {
                         let r = self.core.handle_put(
                             now,
@@ -667,22 +707,27 @@ impl PartitionActor {
                 self.deliver(&uri);
             }
             Some(Kind::Confirm(confirm)) => {
-                let confirmed = self
-                    .queues
-                    .get_mut(&confirm.uri)
-                    .is_some_and(|q| q.confirm(key, &confirm.guid));
-                if confirmed {
+                let keys = self.queue_keys(&confirm.uri);
+                let confirmed = keys.into_iter().find(|k| {
+                    self.queues
+                        .get_mut(k)
+                        .is_some_and(|q| q.confirm(key, &confirm.guid))
+                });
+                if let Some(k) = confirmed {
                     metrics::counter!("bmq_queue_confirm_total").increment(1);
                     self.append_record(RecordKind::Confirm(StoredConfirm {
                         uri: confirm.uri.clone(),
                         guid: confirm.guid,
+                        app_id: split_key(&k).1.to_string(),
                     }));
                 }
                 self.deliver(&confirm.uri);
             }
             Some(Kind::CloseQueue(close)) => {
-                if let Some(queue) = self.queues.get_mut(&close.uri) {
-                    queue.remove_consumer(key);
+                for k in self.queue_keys(&close.uri) {
+                    if let Some(queue) = self.queues.get_mut(&k) {
+                        queue.remove_consumer(key);
+                    }
                 }
                 self.reply(
                     key,
@@ -699,6 +744,77 @@ impl PartitionActor {
             }
         }
     }
+}
+
+/// Rebuilds a partition's queues from its journal (a new primary going active): every message
+/// not confirmed, in journal order, with the deliveries already made (so its next push carries
+/// the next attempt number), one copy per queue key that `layout(uri)` names (the URI itself,
+/// or `uri#app` per app id in fanout domains) with that domain's limits. Messages of a URI
+/// without a layout (a domain no longer configured) are skipped.
+pub fn rebuild_queues(
+    records: &[bmq_proto::peer::JournalRecord],
+    now: Instant,
+    layout: impl Fn(&str) -> Option<(QueueLimits, Vec<String>)>,
+) -> HashMap<String, QueueCore> {
+    // Keyed by queue key and GUID.
+    let mut confirmed: HashSet<(String, &Bytes)> = HashSet::new();
+    let mut attempts: HashMap<(String, &Bytes), u32> = HashMap::new();
+    for r in records {
+        match &r.kind {
+            Some(RecordKind::Confirm(c)) => {
+                confirmed.insert((app_key(&c.uri, &c.app_id), &c.guid));
+            }
+            Some(RecordKind::Delivery(d)) => {
+                let a = attempts
+                    .entry((app_key(&d.uri, &d.app_id), &d.guid))
+                    .or_default();
+                *a = (*a).max(d.attempt);
+            }
+            _ => {}
+        }
+    }
+    let mut rebuilt: HashMap<String, QueueCore> = HashMap::new();
+    for r in records {
+        let Some(RecordKind::Message(m)) = &r.kind else {
+            continue;
+        };
+        let Some((limits, keys)) = layout(&m.uri) else {
+            continue;
+        };
+        for key in keys {
+            let id = (key.clone(), &m.guid);
+            if confirmed.contains(&id) {
+                continue;
+            }
+            let deliveries = attempts.get(&id).copied().unwrap_or(0);
+            rebuilt
+                .entry(key.clone())
+                .or_insert_with(|| QueueCore::new(key.clone(), limits))
+                .restore(
+                    now,
+                    m.guid.clone(),
+                    m.payload.clone(),
+                    m.properties.clone(),
+                    deliveries,
+                );
+        }
+    }
+    rebuilt
+}
+
+/// The key of `uri`'s queue for `app_id` (fanout), or of `uri` itself when `app_id` is empty.
+/// `#` cannot appear in a queue URI, so keys never collide.
+fn app_key(uri: &str, app_id: &str) -> String {
+    if app_id.is_empty() {
+        uri.to_string()
+    } else {
+        format!("{uri}#{app_id}")
+    }
+}
+
+/// `(uri, app id)` of a queue key (`""` when not fanout).
+fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('#').unwrap_or((key, ""))
 }
 
 impl Actor for PartitionActor {
@@ -833,5 +949,124 @@ impl Handler<GetPartitionStats> for PartitionActor {
         metrics::gauge!("bmq_partition_journal_last_sequence", "partition" => self.id.to_string())
             .set(stats.last_sequence as f64);
         MessageResult(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bmq_proto::peer::{JournalRecord, StoredMessage};
+
+    fn record(sequence: u64, kind: RecordKind) -> JournalRecord {
+        JournalRecord {
+            lease: 1,
+            sequence,
+            timestamp_ms: 0,
+            kind: Some(kind),
+        }
+    }
+
+    fn guid(n: u8) -> Bytes {
+        Bytes::from(vec![n; 16])
+    }
+
+    fn consumer() -> (ConsumerKey, ConsumerOptions) {
+        (
+            ConsumerKey {
+                origin_node: NodeId(1),
+                session_id: 1,
+            },
+            ConsumerOptions {
+                priority: 0,
+                max_unconfirmed_messages: 100,
+                max_unconfirmed_bytes: 1 << 20,
+            },
+        )
+    }
+
+    const LIMITS: QueueLimits = QueueLimits {
+        max_messages: 100,
+        max_bytes: 1 << 20,
+        max_delivery_attempts: 0,
+        message_ttl: None,
+    };
+
+    #[test]
+    fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
+        // Message 1 was pushed twice and not confirmed: its next push is attempt 3. Message 2
+        // was confirmed: gone. Message 3 was never pushed: attempt 1.
+        let uri = "bmq://d/q";
+        let msg = |n: u8| {
+            RecordKind::Message(StoredMessage {
+                uri: uri.into(),
+                guid: guid(n),
+                payload: Bytes::from_static(b"x"),
+                properties: vec![],
+            })
+        };
+        let delivery = |n: u8, attempt| {
+            RecordKind::Delivery(StoredDelivery {
+                uri: uri.into(),
+                guid: guid(n),
+                attempt,
+                app_id: String::new(),
+            })
+        };
+        let records = vec![
+            record(1, msg(1)),
+            record(2, msg(2)),
+            record(3, delivery(1, 1)),
+            record(4, delivery(2, 1)),
+            record(
+                5,
+                RecordKind::Confirm(StoredConfirm {
+                    uri: uri.into(),
+                    guid: guid(2),
+                    app_id: String::new(),
+                }),
+            ),
+            record(6, delivery(1, 2)),
+            record(7, msg(3)),
+        ];
+        let now = Instant::now();
+        let mut queues = rebuild_queues(&records, now, |u| Some((LIMITS, vec![u.to_string()])));
+        let q = queues.get_mut(uri).expect("queue rebuilt");
+        assert_eq!(q.depth(), 2);
+        let (key, options) = consumer();
+        q.add_consumer(key, options);
+        let pushes: Vec<(Bytes, u32)> = std::iter::from_fn(|| q.poll_delivery(now))
+            .map(|d| (d.guid, d.delivery_attempt))
+            .collect();
+        assert_eq!(pushes, vec![(guid(1), 3), (guid(3), 1)]);
+    }
+
+    #[test]
+    fn fanout_copies_are_rebuilt_per_app() {
+        // App a confirmed the message, app b did not: only b's queue holds it.
+        let uri = "bmq://f/q";
+        let records = vec![
+            record(
+                1,
+                RecordKind::Message(StoredMessage {
+                    uri: uri.into(),
+                    guid: guid(1),
+                    payload: Bytes::from_static(b"x"),
+                    properties: vec![],
+                }),
+            ),
+            record(
+                2,
+                RecordKind::Confirm(StoredConfirm {
+                    uri: uri.into(),
+                    guid: guid(1),
+                    app_id: "a".into(),
+                }),
+            ),
+        ];
+        let queues = rebuild_queues(&records, Instant::now(), |u| {
+            Some((LIMITS, vec![app_key(u, "a"), app_key(u, "b")]))
+        });
+        assert!(queues.get("bmq://f/q#a").is_none_or(|q| q.depth() == 0));
+        assert_eq!(queues.get("bmq://f/q#b").map(|q| q.depth()), Some(1));
     }
 }

@@ -146,6 +146,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ConsumeReport> {
         max_unconfirmed_messages: args.max_unconfirmed,
         max_unconfirmed_bytes: 0,
         priority: 0,
+        app_id: String::new(),
     };
     client
         .open_queue(&uri, OpenOptions::read(consumer))

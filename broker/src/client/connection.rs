@@ -543,7 +543,7 @@ impl Connection {
             uri: uri.to_string(),
             read: entry.options.read,
             write: entry.options.write,
-            consumer: Some(entry.options.consumer),
+            consumer: Some(entry.options.consumer.clone()),
         })
     }
 

@@ -181,6 +181,7 @@ fn consumer() -> ConsumerOptions {
         max_unconfirmed_messages: 10,
         max_unconfirmed_bytes: 1000,
         priority: 2,
+        app_id: String::new(),
     }
 }
 

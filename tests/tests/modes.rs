@@ -1,4 +1,5 @@
-//! Multi-process test of broadcast mode (DESIGN.md §7): at-most-once, nothing stored.
+//! Multi-process tests of the queue modes beyond priority (DESIGN.md §7): broadcast
+//! (at-most-once, nothing stored) and fanout (every app id gets every message).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use bmq_proto::client::{AckStatus, ConsumerOptions};
 use bmq_tests::Cluster;
 
 const QUEUE: &str = "bmq://bmq.broadcast/ticks";
+const FANOUT_QUEUE: &str = "bmq://bmq.fanout/orders";
 
 fn client(brokers: Vec<String>, id: &str) -> ClientConfig {
     let mut config = ClientConfig::new(brokers);
@@ -83,6 +85,82 @@ async fn broadcast_reaches_every_attached_consumer_and_stores_nothing() {
             let seen = receive(c, 2, 100).await?;
             ensure!(seen == (0..100).collect(), "a consumer missed messages");
         }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", cluster.log_tails(40));
+    }
+}
+
+/// Receives and confirms until `count` distinct sequences arrived on `uri`.
+async fn drain_confirming(
+    consumer: &Client,
+    uri: &str,
+    count: usize,
+) -> anyhow::Result<BTreeSet<u64>> {
+    let mut seen = BTreeSet::new();
+    while seen.len() < count {
+        let msg = tokio::time::timeout(Duration::from_secs(20), consumer.next_message())
+            .await
+            .context("consumer timed out")?
+            .context("consumer stream ended")?;
+        let (_, seq) =
+            payload::verify(&msg.payload).map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
+        consumer.confirm(uri, msg.guid).await?;
+        seen.insert(seq);
+    }
+    Ok(seen)
+}
+
+/// A fanout domain with app ids `a` and `b`: app `a` consumes and confirms every message,
+/// and app `b`, attached only afterwards, still gets every one of them; an unknown app id is
+/// refused with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_gives_every_app_its_own_copy() {
+    let mut cluster = Cluster::configure(3, |c| {
+        let mut d = DomainConfig::new("bmq.fanout");
+        d.mode = DomainMode::Fanout;
+        d.app_ids = vec!["a".into(), "b".into()];
+        c.domains.push(d);
+    })
+    .expect("configure cluster");
+    for id in 1..=3 {
+        cluster.start_node(id).expect("start node");
+    }
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(30)).await?;
+        let addrs = cluster.client_addrs();
+        let app = |id: &str| ConsumerOptions {
+            app_id: id.to_string(),
+            ..Default::default()
+        };
+        let unknown = Client::connect(client(vec![addrs[2].clone()], "consumer-c")).await?;
+        let refused = unknown
+            .open_queue(FANOUT_QUEUE, OpenOptions::read(app("c")))
+            .await;
+        ensure!(refused.is_err(), "an unknown app id must be refused");
+        let a = Client::connect(client(vec![addrs[1].clone()], "consumer-a")).await?;
+        a.open_queue(FANOUT_QUEUE, OpenOptions::read(app("a")))
+            .await?;
+        let producer = Client::connect(client(vec![addrs[0].clone()], "producer")).await?;
+        producer
+            .open_queue(FANOUT_QUEUE, OpenOptions::write())
+            .await?;
+        for seq in 0..100 {
+            let ack = producer
+                .put(FANOUT_QUEUE, payload::encode(1, seq, 64), vec![])
+                .await?
+                .await?;
+            ensure!(ack.status == AckStatus::Success as i32, "nack {ack:?}");
+        }
+        let seen_a = drain_confirming(&a, FANOUT_QUEUE, 100).await?;
+        ensure!(seen_a == (0..100).collect(), "app a missed messages");
+        let b = Client::connect(client(vec![addrs[2].clone()], "consumer-b")).await?;
+        b.open_queue(FANOUT_QUEUE, OpenOptions::read(app("b")))
+            .await?;
+        let seen_b = drain_confirming(&b, FANOUT_QUEUE, 100).await?;
+        ensure!(seen_b == (0..100).collect(), "app b missed messages");
         anyhow::Ok(())
     }
     .await;
