@@ -67,6 +67,8 @@ pub struct DataPlane {
     sessions: dashmap::DashMap<u64, mpsc::Sender<SessionEvent>>,
     partitions: Mutex<HashMap<PartitionId, Addr<PartitionActor>>>,
     next_session_id: AtomicU64,
+    /// "A peer link came back" notifications for sessions.
+    peer_back: tokio::sync::broadcast::Sender<NodeId>,
     /// Where `PrimaryActiveNotice`s go on this node (the health actor); set once at start.
     pub primary_active_sink: std::sync::OnceLock<actix::Recipient<PrimaryActive>>,
     /// Asks the metadata actor to have the leader assign a queue (fire and forget; the caller
@@ -90,6 +92,7 @@ impl DataPlane {
             sessions: dashmap::DashMap::new(),
             partitions: Mutex::new(HashMap::new()),
             next_session_id: AtomicU64::new(1),
+            peer_back: tokio::sync::broadcast::channel(64).0,
             primary_active_sink: std::sync::OnceLock::new(),
             request_assignment,
         })
@@ -375,6 +378,18 @@ impl DataPlane {
                 metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
             }
         }
+    }
+
+    /// A peer became available again: sessions attached to a primary there reopen their
+    /// queues (the primary released their consumers when the link dropped).
+    pub fn handle_node_back(&self, node: NodeId) {
+        // No receiver (no session) is fine.
+        let _ = self.peer_back.send(node);
+    }
+
+    /// Subscribes to "peer link came back" notifications (see [`DataPlane::handle_node_back`]).
+    pub fn subscribe_peer_back(&self) -> tokio::sync::broadcast::Receiver<NodeId> {
+        self.peer_back.subscribe()
     }
 
     /// A peer became unavailable: release every consumer it proxied (their unconfirmed

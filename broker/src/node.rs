@@ -196,8 +196,10 @@ impl PeerInbound for NodeInbound {
                 metrics::counter!("bmq_mailbox_full_total", "actor" => "elector").increment(1);
             }
         }
-        if !available {
-            if let Some(r) = self.router.get() {
+        if let Some(r) = self.router.get() {
+            if available {
+                r.handle_node_back(peer);
+            } else {
                 r.handle_node_gone(peer);
             }
         }

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bmq_metadata::ClusterState;
+use bmq_metadata::{ClusterState, PrimaryStatus};
 use bmq_proto::client::{
     client_message::Kind, Ack, AckStatus, ClientMessage, CloseQueueResponse, DisconnectResponse,
     ErrorResponse, HelloResponse, OpenQueue, OpenQueueResponse, Put, Status, StatusCode,
@@ -73,12 +73,56 @@ struct OpenQueueState {
     partition: PartitionId,
     /// The primary and lease the queue was last opened on.
     attached: Option<(NodeId, u64)>,
+    /// A PUT of this queue was refused with NOT_READY: later PUTs wait in the buffer until
+    /// the next reattach resends them all in arrival order (so a producer's order holds).
+    blocked: bool,
 }
 
 struct PendingPut {
     put: Put,
     partition: PartitionId,
     sent_at: Option<Instant>,
+    /// When the client's PUT arrived: the ACK latency is measured from here.
+    received_at: Instant,
+}
+
+/// The retransmission buffer: unacknowledged PUTs in arrival order, found by GUID. Resends walk
+/// it in arrival order so a producer's messages reach a new primary in the order it sent them.
+#[derive(Default)]
+struct RetransmitBuffer {
+    by_arrival: std::collections::BTreeMap<u64, PendingPut>,
+    arrival_of: HashMap<bytes::Bytes, u64>,
+    next_arrival: u64,
+}
+
+impl RetransmitBuffer {
+    fn len(&self) -> usize {
+        self.by_arrival.len()
+    }
+
+    fn insert(&mut self, pending: PendingPut) {
+        if let Some(old) = self.arrival_of.remove(&pending.put.guid) {
+            self.by_arrival.remove(&old);
+        }
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        self.arrival_of.insert(pending.put.guid.clone(), arrival);
+        self.by_arrival.insert(arrival, pending);
+    }
+
+    fn get_mut(&mut self, guid: &[u8]) -> Option<&mut PendingPut> {
+        let arrival = self.arrival_of.get(guid)?;
+        self.by_arrival.get_mut(arrival)
+    }
+
+    fn remove(&mut self, guid: &[u8]) -> Option<PendingPut> {
+        let arrival = self.arrival_of.remove(guid)?;
+        self.by_arrival.remove(&arrival)
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut PendingPut> {
+        self.by_arrival.values_mut()
+    }
 }
 
 struct Session {
@@ -88,7 +132,7 @@ struct Session {
     queues: HashMap<String, OpenQueueState>,
     /// Client request ids of opens forwarded to a primary, by uri.
     pending_opens: HashMap<String, u64>,
-    pending_puts: HashMap<bytes::Bytes, PendingPut>,
+    pending_puts: RetransmitBuffer,
     out: Vec<ClientMessage>,
 }
 
@@ -167,10 +211,11 @@ async fn run_session(stream: TcpStream, router: Arc<DataPlane>) {
         router: router.clone(),
         queues: HashMap::new(),
         pending_opens: HashMap::new(),
-        pending_puts: HashMap::new(),
+        pending_puts: RetransmitBuffer::default(),
         out: Vec::new(),
     };
     let mut retransmit = tokio::time::interval(RETRANSMIT_CHECK_PERIOD);
+    let mut peer_back = router.subscribe_peer_back();
     let reason: String = loop {
         tokio::select! {
             frame = stream.next() => match frame {
@@ -205,6 +250,11 @@ async fn run_session(stream: TcpStream, router: Arc<DataPlane>) {
                 if changed.is_err() { break "node stopping".into(); }
                 session.handle_cluster_change();
             }
+            back = peer_back.recv() => match back {
+                Ok(node) => session.handle_peer_back(Some(node)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => session.handle_peer_back(None),
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break "node stopping".into(),
+            },
             _ = retransmit.tick() => session.retransmit(),
         }
         if !session.out.is_empty() {
@@ -354,6 +404,7 @@ impl Session {
                 request: open,
                 partition: PartitionId(u32::MAX),
                 attached: None,
+                blocked: false,
             },
         );
         tokio::spawn(async move {
@@ -418,11 +469,12 @@ impl Session {
             return;
         }
         let partition = q.partition;
-        let attached = q.attached;
+        let attached = if q.blocked { None } else { q.attached };
         let mut pending = PendingPut {
             put,
             partition,
             sent_at: None,
+            received_at: Instant::now(),
         };
         if let Some((primary, _)) = attached {
             pending.sent_at = Some(Instant::now());
@@ -435,7 +487,7 @@ impl Session {
                 },
             );
         }
-        self.pending_puts.insert(pending.put.guid.clone(), pending);
+        self.pending_puts.insert(pending);
     }
 
     fn handle_event(&mut self, event: SessionEvent) {
@@ -443,13 +495,21 @@ impl Session {
             SessionEvent::FromPrimary(msg) => match msg.kind {
                 Some(Kind::Ack(ack)) => {
                     if ack.status == AckStatus::NotReady as i32 {
-                        // Not (or no longer) the primary: keep the PUT for retransmission.
+                        // Not (or no longer, or not yet) the primary: keep the PUT, and hold
+                        // the queue's later PUTs back, for an in-order resend.
                         if let Some(p) = self.pending_puts.get_mut(&ack.guid) {
                             p.sent_at = None;
                         }
+                        if let Some(q) = self.queues.get_mut(&ack.uri) {
+                            q.blocked = true;
+                        }
                         return;
                     }
-                    if self.pending_puts.remove(&ack.guid).is_some() {
+                    if let Some(pending) = self.pending_puts.remove(&ack.guid) {
+                        if ack.status == AckStatus::Success as i32 {
+                            metrics::histogram!("bmq_queue_ack_latency_seconds")
+                                .record(pending.received_at.elapsed().as_secs_f64());
+                        }
                         self.out.push(ClientMessage {
                             kind: Some(Kind::Ack(ack)),
                         });
@@ -519,11 +579,13 @@ impl Session {
         let Some(p) = state.partitions.get(&q.partition) else {
             return;
         };
-        let Some(primary) = p.primary else {
+        // Only an ACTIVE (healed) primary serves; a passive one would refuse with NOT_READY.
+        let (Some(primary), PrimaryStatus::Active) = (p.primary, p.status) else {
             q.attached = None;
             return;
         };
         q.attached = Some((primary, p.primary_lease_id));
+        q.blocked = false;
         let partition = q.partition;
         self.router.to_primary(
             partition,
@@ -569,13 +631,34 @@ impl Session {
         }
     }
 
+    /// A peer link came back (`None`: some did, which is unknown). A primary on the other end
+    /// released this session's consumers when the link dropped, and requests sent meanwhile
+    /// were lost: reopen every queue attached there and resend its buffered PUTs.
+    fn handle_peer_back(&mut self, node: Option<NodeId>) {
+        let self_id = self.router.self_id;
+        let affected: Vec<String> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| {
+                q.attached.is_some_and(|(primary, _)| {
+                    primary != self_id && node.is_none_or(|n| n == primary)
+                })
+            })
+            .map(|(uri, _)| uri.clone())
+            .collect();
+        for uri in affected {
+            info!(session = self.id, %uri, "link to the primary came back: reopening");
+            self.attach(&uri);
+        }
+    }
+
     /// Resends PUTs without an answer for `RETRANSMIT_INTERVAL`, and reattaches queues whose
     /// last open was refused.
     fn retransmit(&mut self) {
         let unattached: Vec<String> = self
             .queues
             .iter()
-            .filter(|(_, q)| q.partition.0 != u32::MAX && q.attached.is_none())
+            .filter(|(_, q)| q.partition.0 != u32::MAX && (q.attached.is_none() || q.blocked))
             .map(|(uri, _)| uri.clone())
             .collect();
         for uri in unattached {

@@ -36,11 +36,7 @@ const RATE_INTERVAL: &str = "15s";
 /// only these must still parse, but need not return data; once such a metric appears in a
 /// scrape, the test fails until it is removed from this list, so the exemption cannot outlive
 /// its reason.
-const PENDING_METRICS: &[(&str, &str)] = &[(
-    "bmq_queue_ack_latency_seconds",
-    "recorded by the client session (PUT received -> ACK sent); broker/src/session.rs belongs to \
-     the data-plane rewrite",
-)];
+const PENDING_METRICS: &[(&str, &str)] = &[];
 
 /// Panels whose data must show traffic this test caused (a value above 0 at some point), by
 /// dashboard uid and panel title.
