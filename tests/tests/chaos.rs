@@ -444,10 +444,6 @@ async fn kill_leader_under_load() {
 /// flight: the leader reassigns the partition (lease + 1) and traffic resumes; every acked
 /// message must still be delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "broker bug + needs replicated journals (issue 5); observed: per-producer order broken on \
-            primary failover (`reordered: consumer 1 got producer 101 seq 79 after seq 85`): PUTs \
-            retransmitted to the new primary land after newer ones; acked messages in the dead \
-            primary's memory can be lost"]
 async fn kill_primary_under_load() {
     scenario!("kill_primary", 3, |ctx| {
         let a = ctx.leader;
@@ -543,9 +539,6 @@ async fn pause_leader_then_resume_steps_down() {
 /// The same with clients attached to the paused leader too: a consumer whose broker proxies to
 /// a primary over a DATA link that dropped while the broker was paused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "broker bug: a consumer proxied over a DATA link that dropped is not reattached \
-            after the link comes back; observed: `lost ack: producer 101 seq 120 was ACKed \
-            SUCCESS and never delivered` (372 such), 466 messages left at the primary"]
 async fn pause_leader_with_clients_attached_to_it() {
     scenario!("pause_leader_clients", 3, |ctx| {
         pause_leader(&mut ctx, true).await
@@ -555,9 +548,6 @@ async fn pause_leader_with_clients_attached_to_it() {
 /// Every node in turn is stopped gracefully (SIGTERM) and restarted under load; after each
 /// restart the cluster converges before the next node goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "broker bug + needs replicated journals (issue 5); observed: per-producer order broken when a \
-            stopped primary's partitions move (`reordered: consumer 1 got producer 101 seq 37 \
-            after seq 48`); messages in a stopped primary's memory can be lost"]
 async fn rolling_restart_under_load() {
     scenario!("rolling_restart", 3, |ctx| {
         let queues = ctx.pick_queues(&[], None, 2).await?;
