@@ -9,7 +9,7 @@ use std::time::Duration;
 /// `heartbeat_check_period <= heartbeat_period`, every period and timeout `> 0`,
 /// `heartbeat_miss_count >= 1`. A silent leader is detected after
 /// `heartbeat_miss_count * heartbeat_period` (plus at most one `heartbeat_check_period`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ElectorConfig {
     /// How long a starting node waits to discover an existing leader before it scouts
     /// (default 500 ms; BlazingMQ 8 s). Ignored (treated as 0) on a node without peers.

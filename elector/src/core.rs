@@ -15,8 +15,14 @@
 //!   was confirmed with [`Elector::on_term_persisted`];
 //! - network input never panics: unknown senders, empty or stale messages are dropped and
 //!   counted in [`ElectorCounters::messages_dropped`].
+//!
+//! Verification hooks: the core is `Clone`, and [`Elector::hash_behaviour`] hashes everything
+//! that determines its future behaviour (instants relative to a caller's `now`), so that a model
+//! checker can explore it; [`Elector::set_election_scouting`] switches ElectionScouting off to
+//! show, in tests, what the mechanism buys.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use bmq_proto::peer::{
@@ -33,7 +39,7 @@ use crate::config::ElectorConfig;
 use crate::state::{ElectorState, ElectorStatus, TransitionReason};
 
 /// What the elector asks its shell to do, drained with [`Elector::poll_output`] in order.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ElectorOutput {
     /// Send `message` to peer `to` (best effort: the protocol tolerates loss).
     Send {
@@ -77,7 +83,7 @@ pub struct ElectorCounters {
 }
 
 /// What is released once a term is on disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Pending {
     /// Send `ElectionResponse { term }` to `to` (a candidate supported, or a leader discovered).
     Support { to: NodeId, term: Term },
@@ -96,7 +102,9 @@ struct Scouting {
 }
 
 /// The elector state machine of one node. See the module documentation.
-#[derive(Debug)]
+///
+/// `Clone` so that a model checker can branch on it; a clone continues with the same RNG stream.
+#[derive(Debug, Clone)]
 pub struct Elector {
     self_id: NodeId,
     peers: BTreeSet<NodeId>,
@@ -135,6 +143,8 @@ pub struct Elector {
     pending: Option<Pending>,
     outputs: VecDeque<ElectorOutput>,
     counters: ElectorCounters,
+    /// Test/diagnostic switch, see [`Elector::set_election_scouting`]; `true` in production.
+    scouting_enabled: bool,
 }
 
 fn message(kind: Kind) -> ElectorMessage {
@@ -186,7 +196,83 @@ impl Elector {
             pending: None,
             outputs: VecDeque::new(),
             counters: ElectorCounters::default(),
+            scouting_enabled: true,
         }
+    }
+
+    /// Test/diagnostic switch: with `false` this node runs the article's algorithm *before*
+    /// ElectionScouting ("Updated Algorithm using Term"): where it would scout it proposes
+    /// directly with `term + 1` (bumping and persisting its own term first), and it supports
+    /// any proposal with a higher term whatever its role — a leader steps down
+    /// (`LeadershipCession`, `LeaderPreempted`) and a follower drops its leader. This is the
+    /// algorithm that suffers the article's "non-sticky leader" and "leader ping-pong"; the
+    /// simulator's scenario tests switch it off to show that they do appear without
+    /// ElectionScouting. Default `true`; never switch it off in production. Takes effect at the
+    /// next scouting or proposal.
+    pub fn set_election_scouting(&mut self, enabled: bool) {
+        self.scouting_enabled = enabled;
+    }
+
+    /// Feeds `state` with everything that determines this elector's future behaviour, for a
+    /// model checker's state fingerprint. Instants are hashed as signed offsets from `now` (the
+    /// core never reads a clock, so two electors that differ by a uniform shift of time behave
+    /// alike); the status `age` and the [`ElectorCounters`] are left out, since they only
+    /// number what was already published. Two electors with equal hashes for their own `now`
+    /// produce the same outputs for the same inputs at the same offsets.
+    pub fn hash_behaviour<H: Hasher>(&self, now: Instant, state: &mut H) {
+        let offset = |at: Option<Instant>| {
+            at.map(|at| {
+                if at >= now {
+                    (at - now).as_nanos() as i128
+                } else {
+                    -((now - at).as_nanos() as i128)
+                }
+            })
+        };
+        self.self_id.hash(state);
+        self.peers.hash(state);
+        self.unavailable.hash(state);
+        self.config.hash(state);
+        self.quorum_setting.hash(state);
+        self.rng.get_seed().hash(state);
+        self.rng.get_stream().hash(state);
+        self.rng.get_word_pos().hash(state);
+        self.state.hash(state);
+        self.term.hash(state);
+        self.persisted_term.hash(state);
+        self.leader.hash(state);
+        self.tentative_leader.hash(state);
+        self.reason.hash(state);
+        self.last_published.hash(state);
+        offset(self.scout_at).hash(state);
+        self.scouting.as_ref().map(|s| s.term).hash(state);
+        self.scouting.as_ref().map(|s| &s.supporters).hash(state);
+        offset(self.scouting.as_ref().map(|s| s.deadline)).hash(state);
+        offset(self.election_deadline).hash(state);
+        self.supporters.hash(state);
+        offset(self.last_heartbeat).hash(state);
+        self.heartbeats_missed_reported.hash(state);
+        offset(self.heartbeat_check_at).hash(state);
+        offset(self.heartbeat_at).hash(state);
+        self.pending.hash(state);
+        self.outputs.len().hash(state);
+        for output in &self.outputs {
+            match output {
+                // The age inside a queued status is left out, as above.
+                ElectorOutput::StateChanged { status } => {
+                    (
+                        status.state,
+                        status.term,
+                        status.leader,
+                        status.tentative_leader,
+                    )
+                        .hash(state);
+                    status.reason.hash(state);
+                }
+                other => other.hash(state),
+            }
+        }
+        self.scouting_enabled.hash(state);
     }
 
     /// Dormant -> Follower (`Started`), term = persisted term. Arms `initial_wait` plus a random
@@ -459,20 +545,27 @@ impl Elector {
 
     /// Proposal rule (DESIGN.md §4): a leader or a follower with a leader ignores it; a
     /// leaderless follower or a candidate supports a strictly higher term.
+    /// With ElectionScouting switched off ([`Elector::set_election_scouting`]), the article's
+    /// earlier rule applies instead: any higher proposal is supported, a leader steps down.
     fn on_proposal(&mut self, now: Instant, from: NodeId, term: Term) {
         let may_support = match self.state {
-            ElectorState::Follower => self.leader.is_none(),
+            ElectorState::Follower => self.leader.is_none() || !self.scouting_enabled,
             ElectorState::Candidate => true,
-            ElectorState::Leader | ElectorState::Dormant => false,
+            ElectorState::Leader => !self.scouting_enabled,
+            ElectorState::Dormant => false,
         };
         if !may_support || term <= self.term {
             self.drop_message(from, "proposal not supported");
             return;
         }
-        let reason = if self.state == ElectorState::Candidate {
-            TransitionReason::ElectionPreempted
-        } else {
-            TransitionReason::None
+        let reason = match self.state {
+            ElectorState::Candidate => TransitionReason::ElectionPreempted,
+            ElectorState::Leader => {
+                self.broadcast(Kind::Cession(LeadershipCession { term: self.term.0 }));
+                TransitionReason::LeaderPreempted
+            }
+            ElectorState::Follower if self.leader.is_some() => TransitionReason::LeaderPreempted,
+            _ => TransitionReason::None,
         };
         self.clear_role();
         self.state = ElectorState::Follower;
@@ -606,7 +699,17 @@ impl Elector {
     // ------------------------------------------------------------------ transitions
 
     fn start_scouting(&mut self, now: Instant) {
+        // A supported candidate that has not become leader by now (its election would have
+        // ended) is given up: otherwise a successful scouting would raise the term but never
+        // lead to a candidacy, round after round (found by the simulator, seed 22).
+        self.tentative_leader = None;
         let term = self.term.next();
+        if !self.scouting_enabled {
+            // The article's algorithm before ElectionScouting: propose with `++selfTerm`.
+            self.adopt_term(term);
+            self.pending = Some(Pending::Candidacy { term });
+            return;
+        }
         self.counters.scoutings_started += 1;
         debug!(term = %term, "elector scouting");
         self.scouting = Some(Scouting {

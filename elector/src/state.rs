@@ -69,7 +69,7 @@ impl TransitionReason {
 }
 
 /// A snapshot of the elector, published on every change of state, term or leader.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ElectorStatus {
     /// The current state.
     pub state: ElectorState,

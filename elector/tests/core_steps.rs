@@ -809,3 +809,470 @@ fn arbitrary_input_never_panics() {
         }
     }
 }
+
+// ---------------------------------------------------------------------- issue 3: one test per rule
+
+/// Drives `e` through its deadlines up to (excluding) `until`, asserting that none of them
+/// produces an output.
+fn quiet_until(e: &mut Elector, until: Instant) {
+    while let Some(deadline) = e.poll_timeout().filter(|d| *d < until) {
+        e.handle_timeout(deadline);
+        assert_eq!(drain(e), vec![], "nothing happens before {until:?}");
+    }
+}
+
+/// A node elects itself after the initial wait plus a random wait; later, having lost its
+/// leader, it scouts again after the random wait alone (the article's two waits).
+#[test]
+fn election_after_initial_wait_and_after_random_wait() {
+    let t = Instant::now();
+    let mut e = node(1, 3, ElectorConfig::default(), 1);
+    e.start(t);
+    assert_eq!(
+        drain(&mut e),
+        vec![changed(Follower, 1, None, None, R::Started, 1)]
+    );
+    let first = e.poll_timeout().unwrap();
+    assert!(
+        first >= at(t, 500) && first <= at(t, 800),
+        "initial_wait 500 ms + random wait in [0, 300 ms]: {:?}",
+        first - t
+    );
+    quiet_until(&mut e, first);
+    e.handle_timeout(first);
+    assert_eq!(drain(&mut e), vec![broadcast(scouting_request(2))]);
+    let ms = |base: Instant, d: u64| base + Duration::from_millis(d);
+    e.handle_message(ms(first, 5), n(3), scouting_response(2, true));
+    assert_eq!(
+        drain(&mut e),
+        vec![persist(2), changed(Follower, 2, None, None, R::Started, 2)]
+    );
+    e.on_term_persisted(ms(first, 6), Term(2));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(proposal(2)),
+            changed(Candidate, 2, None, None, R::None, 3)
+        ]
+    );
+    e.handle_message(ms(first, 7), n(3), election_response(2));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(heartbeat(2)),
+            changed(Leader, 2, Some(1), None, R::None, 4)
+        ]
+    );
+
+    // A follower whose leader cedes scouts after the random wait only.
+    let mut f = node(1, 3, ElectorConfig::default(), 1);
+    f.start(t);
+    drain(&mut f);
+    f.handle_message(at(t, 100), n(2), heartbeat(1));
+    assert_eq!(
+        drain(&mut f),
+        vec![
+            send(2, election_response(1)),
+            changed(Follower, 1, Some(2), None, R::None, 2)
+        ]
+    );
+    f.handle_message(at(t, 150), n(2), cession(1));
+    assert_eq!(
+        drain(&mut f),
+        vec![changed(Follower, 1, None, None, R::LeadershipCeded, 3)]
+    );
+    let again = f.poll_timeout().unwrap();
+    assert!(
+        again >= at(t, 150) && again <= at(t, 450),
+        "random wait in [0, 300 ms]: {:?}",
+        again - t
+    );
+    quiet_until(&mut f, again);
+    f.handle_timeout(again);
+    assert_eq!(drain(&mut f), vec![broadcast(scouting_request(2))]);
+    f.handle_message(ms(again, 1), n(3), scouting_response(2, true));
+    f.on_term_persisted(ms(again, 2), Term(2));
+    f.handle_message(ms(again, 3), n(3), election_response(2));
+    assert_eq!(f.status().state, Leader);
+    assert_eq!(f.status().term, Term(2));
+}
+
+/// Three times in a row: the node scouts, becomes candidate, is pre-empted by a heartbeat of
+/// its own term from another node, follows it, and loses it after 800 ms of silence
+/// (LeaderNoHeartbeat); each round scouts for the next term.
+#[test]
+fn candidate_preempted_by_heartbeat_then_leader_inactivity_repeated() {
+    let t = Instant::now();
+    let mut e = node(1, 3, fixed(), 0);
+    e.start(t);
+    drain(&mut e);
+    let mut now = at(t, 500);
+    let mut age = 1;
+    let mut reason = R::Started;
+    for term in 1..=3u64 {
+        quiet_until(&mut e, now);
+        assert_eq!(e.poll_timeout(), Some(now));
+        e.handle_timeout(now);
+        assert_eq!(drain(&mut e), vec![broadcast(scouting_request(term))]);
+        e.handle_message(now, n(2), scouting_response(term, true));
+        assert_eq!(
+            drain(&mut e),
+            vec![
+                persist(term),
+                changed(Follower, term, None, None, reason, age + 1)
+            ]
+        );
+        e.on_term_persisted(now, Term(term));
+        assert_eq!(
+            drain(&mut e),
+            vec![
+                broadcast(proposal(term)),
+                changed(Candidate, term, None, None, R::None, age + 2)
+            ]
+        );
+        let heard = now + Duration::from_millis(10);
+        e.handle_message(heard, n(3), heartbeat(term));
+        assert_eq!(
+            drain(&mut e),
+            vec![
+                send(3, election_response(term)),
+                changed(Follower, term, Some(3), None, R::ElectionPreempted, age + 3)
+            ]
+        );
+        let lost = heard + Duration::from_millis(800);
+        quiet_until(&mut e, lost);
+        assert_eq!(e.poll_timeout(), Some(lost));
+        e.handle_timeout(lost);
+        assert_eq!(
+            drain(&mut e),
+            vec![changed(
+                Follower,
+                term,
+                None,
+                None,
+                R::LeaderNoHeartbeat,
+                age + 4
+            )]
+        );
+        age += 4;
+        reason = R::LeaderNoHeartbeat;
+        now = lost;
+    }
+    assert_eq!(e.counters().elections_started, 3);
+    assert_eq!(e.counters().elections_won, 0);
+}
+
+/// The whole path of one node: scouting -> candidate -> leader; then a heartbeat of a higher
+/// term makes it cede (LeadershipCession for its term) and follow the sender once the new
+/// term is on disk.
+#[test]
+fn scouting_candidate_leader_then_higher_heartbeat_cedes() {
+    let t = Instant::now();
+    let mut e = node(1, 3, fixed(), 0);
+    e.start(t);
+    drain(&mut e);
+    e.handle_timeout(at(t, 500));
+    assert_eq!(drain(&mut e), vec![broadcast(scouting_request(1))]);
+    e.handle_message(at(t, 501), n(3), scouting_response(1, true));
+    assert_eq!(
+        drain(&mut e),
+        vec![persist(1), changed(Follower, 1, None, None, R::Started, 2)]
+    );
+    e.on_term_persisted(at(t, 502), Term(1));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(proposal(1)),
+            changed(Candidate, 1, None, None, R::None, 3)
+        ]
+    );
+    e.handle_message(at(t, 503), n(3), election_response(1));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(heartbeat(1)),
+            changed(Leader, 1, Some(1), None, R::None, 4)
+        ]
+    );
+    e.handle_message(at(t, 600), n(2), heartbeat(3));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(cession(1)),
+            persist(3),
+            changed(Follower, 3, Some(2), None, R::LeaderPreempted, 5)
+        ]
+    );
+    e.on_term_persisted(at(t, 601), Term(3));
+    assert_eq!(drain(&mut e), vec![send(2, election_response(3))]);
+    assert_eq!(e.poll_timeout(), Some(at(t, 650)), "heartbeat checks start");
+}
+
+/// A leader ignores ElectionProposals of a lower, an equal and a higher term (sticky leader):
+/// no output, no term change, each dropped and counted.
+#[test]
+fn leader_ignores_proposals_of_lower_equal_and_higher_terms() {
+    let t = Instant::now();
+    let mut l = leader_of(3, t); // term 1
+    let dropped = l.counters().messages_dropped;
+    for (from, term) in [(2, 0), (3, 1), (2, 2), (3, 9)] {
+        l.handle_message(at(t, 600), n(from), proposal(term));
+        assert_eq!(drain(&mut l), vec![], "proposal of term {term}");
+    }
+    assert_eq!(l.status().state, Leader);
+    assert_eq!(l.status().term, Term(1));
+    assert_eq!(l.counters().messages_dropped, dropped + 4);
+    assert_eq!(l.poll_timeout(), Some(at(t, 630)), "heartbeats go on");
+}
+
+/// Quorum 1 in a 3-node cluster: scouting succeeds on the node's own support, and the
+/// candidacy becomes leadership at once; losing every peer does not cost it leadership.
+#[test]
+fn quorum_one_in_three_node_cluster() {
+    let t = Instant::now();
+    let config = ElectorConfig {
+        quorum: 1,
+        ..fixed()
+    };
+    let mut e = node(1, 3, config, 0);
+    assert_eq!(e.quorum(), 1);
+    e.start(t);
+    drain(&mut e);
+    e.handle_timeout(at(t, 500));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(scouting_request(1)),
+            persist(1),
+            changed(Follower, 1, None, None, R::Started, 2)
+        ]
+    );
+    e.on_term_persisted(at(t, 501), Term(1));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(proposal(1)),
+            broadcast(heartbeat(1)),
+            changed(Leader, 1, Some(1), None, R::None, 3)
+        ]
+    );
+    e.handle_peer_available(at(t, 510), n(2), false);
+    e.handle_peer_available(at(t, 511), n(3), false);
+    assert_eq!(drain(&mut e), vec![]);
+    assert_eq!(e.status().state, Leader);
+}
+
+/// ElectionResponses that do not apply are dropped without effect: to a leaderless follower,
+/// to a follower with a leader, to a candidate for another term or from an unavailable peer,
+/// and a lower-term one to a leader.
+#[test]
+fn stray_election_responses_are_ignored() {
+    let t = Instant::now();
+    let mut f = node(1, 3, fixed(), 2);
+    f.start(t);
+    drain(&mut f);
+    f.handle_message(at(t, 1), n(2), election_response(2));
+    f.handle_message(at(t, 2), n(2), election_response(1));
+    assert_eq!(drain(&mut f), vec![]);
+    assert_eq!(f.counters().messages_dropped, 2);
+
+    let mut f = follower_of_2(t);
+    f.handle_message(at(t, 110), n(3), election_response(1));
+    assert_eq!(drain(&mut f), vec![]);
+    assert_eq!(f.status().leader, Some(n(2)));
+
+    let mut c = node(1, 3, fixed(), 0);
+    c.start(t);
+    c.handle_timeout(at(t, 500));
+    c.handle_message(at(t, 501), n(2), scouting_response(1, true));
+    c.on_term_persisted(at(t, 502), Term(1));
+    drain(&mut c);
+    assert_eq!(c.status().state, Candidate);
+    c.handle_message(at(t, 503), n(3), election_response(0));
+    c.handle_message(at(t, 504), n(3), election_response(2));
+    c.handle_peer_available(at(t, 505), n(2), false);
+    c.handle_message(at(t, 506), n(2), election_response(1));
+    assert_eq!(drain(&mut c), vec![], "none of these makes a quorum");
+    assert_eq!(c.status().state, Candidate);
+    assert_eq!(c.status().term, Term(1));
+
+    let mut l = leader_of(3, t);
+    l.handle_message(at(t, 600), n(3), election_response(0));
+    assert_eq!(drain(&mut l), vec![]);
+    assert_eq!(l.status().state, Leader);
+}
+
+/// A scouting node that receives a proposal of a higher term supports it, abandons its own
+/// scouting (late `will_vote` answers no longer count, the scouting deadline is gone) and waits
+/// for the candidate's heartbeat instead.
+#[test]
+fn scouting_abandoned_after_supporting_higher_proposal() {
+    let t = Instant::now();
+    let mut e = node(1, 3, fixed(), 0);
+    e.start(t);
+    drain(&mut e);
+    e.handle_timeout(at(t, 500));
+    assert_eq!(drain(&mut e), vec![broadcast(scouting_request(1))]);
+    e.handle_message(at(t, 505), n(3), proposal(1));
+    assert_eq!(
+        drain(&mut e),
+        vec![persist(1), changed(Follower, 1, None, Some(3), R::None, 2)]
+    );
+    e.handle_message(at(t, 506), n(2), scouting_response(1, true));
+    assert_eq!(drain(&mut e), vec![], "the scouting is over");
+    e.on_term_persisted(at(t, 507), Term(1));
+    assert_eq!(drain(&mut e), vec![send(3, election_response(1))]);
+    assert_eq!(
+        e.poll_timeout(),
+        Some(at(t, 1005)),
+        "election_result_timeout after the proposal, not the scouting deadline (t+1000)"
+    );
+    assert_eq!(e.counters().elections_started, 0);
+}
+
+/// Mixed scouting answers below the quorum (4 nodes, quorum 3: one yes, one no, one yes for
+/// another term) lead to no candidacy and no term change; the node scouts again.
+#[test]
+fn mixed_scouting_answers_no_candidacy() {
+    let t = Instant::now();
+    let mut e = node(1, 4, fixed(), 0);
+    e.start(t);
+    drain(&mut e);
+    e.handle_timeout(at(t, 500));
+    assert_eq!(drain(&mut e), vec![broadcast(scouting_request(1))]);
+    e.handle_message(at(t, 501), n(2), scouting_response(1, true));
+    e.handle_message(at(t, 502), n(3), scouting_response(1, false));
+    e.handle_message(at(t, 503), n(4), scouting_response(2, true));
+    assert_eq!(drain(&mut e), vec![]);
+    assert_eq!(e.poll_timeout(), Some(at(t, 1000)));
+    e.handle_timeout(at(t, 1000));
+    assert_eq!(
+        drain(&mut e),
+        vec![],
+        "scouting failed: no persist, no proposal"
+    );
+    e.handle_timeout(at(t, 1000));
+    assert_eq!(drain(&mut e), vec![broadcast(scouting_request(1))]);
+    assert_eq!(e.status().term, Term(0));
+    assert_eq!(e.counters().elections_started, 0);
+}
+
+/// The leader leaves (its connection drops) and returns with the same term: the follower
+/// drops it (LeaderUnavailable), starts scouting, and on the leader's next heartbeat follows
+/// it again in the same term (no persist) with an unsolicited ElectionResponse; the abandoned
+/// scouting's answers no longer count.
+#[test]
+fn leader_leaves_and_returns_with_same_term() {
+    let t = Instant::now();
+    let mut f = follower_of_2(t);
+    f.handle_peer_available(at(t, 200), n(2), false);
+    assert_eq!(
+        drain(&mut f),
+        vec![changed(Follower, 1, None, None, R::LeaderUnavailable, 3)]
+    );
+    f.handle_timeout(at(t, 200));
+    assert_eq!(drain(&mut f), vec![broadcast(scouting_request(2))]);
+    f.handle_peer_available(at(t, 250), n(2), true);
+    assert_eq!(drain(&mut f), vec![], "no leader to greet");
+    f.handle_message(at(t, 260), n(2), heartbeat(1));
+    assert_eq!(
+        drain(&mut f),
+        vec![
+            send(2, election_response(1)),
+            changed(Follower, 1, Some(2), None, R::None, 4)
+        ]
+    );
+    f.handle_message(at(t, 270), n(3), scouting_response(2, true));
+    assert_eq!(drain(&mut f), vec![]);
+    assert_eq!(f.status().term, Term(1));
+}
+
+/// A follower that supported a candidate which never sent a heartbeat gives it up when it
+/// scouts, so that a successful scouting leads to its own candidacy (regression: the
+/// simulator's seed 22 found a node raising its term forever without proposing).
+#[test]
+fn supported_candidate_silent_then_own_candidacy() {
+    let t = Instant::now();
+    let mut e = node(1, 3, fixed(), 0);
+    e.start(t);
+    drain(&mut e);
+    e.handle_message(at(t, 10), n(2), proposal(1));
+    assert_eq!(
+        drain(&mut e),
+        vec![persist(1), changed(Follower, 1, None, Some(2), R::None, 2)]
+    );
+    e.on_term_persisted(at(t, 11), Term(1));
+    assert_eq!(drain(&mut e), vec![send(2, election_response(1))]);
+    assert_eq!(e.poll_timeout(), Some(at(t, 510)));
+    e.handle_timeout(at(t, 510));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(scouting_request(2)),
+            changed(Follower, 1, None, None, R::None, 3)
+        ]
+    );
+    e.handle_message(at(t, 511), n(3), scouting_response(2, true));
+    assert_eq!(
+        drain(&mut e),
+        vec![persist(2), changed(Follower, 2, None, None, R::None, 4)]
+    );
+    e.on_term_persisted(at(t, 512), Term(2));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(proposal(2)),
+            changed(Candidate, 2, None, None, R::None, 5)
+        ]
+    );
+}
+
+/// With the test-only switch off (`set_election_scouting(false)`), a node proposes directly
+/// with term + 1 (persisting first, no ElectionScoutingRequest), and a leader or a follower
+/// with a leader supports a higher proposal: the article's algorithm before ElectionScouting.
+#[test]
+fn without_scouting_node_proposes_directly_and_leader_yields() {
+    let t = Instant::now();
+    let mut e = node(1, 3, fixed(), 0);
+    e.set_election_scouting(false);
+    e.start(t);
+    drain(&mut e);
+    e.handle_timeout(at(t, 500));
+    assert_eq!(
+        drain(&mut e),
+        vec![persist(1), changed(Follower, 1, None, None, R::Started, 2)]
+    );
+    e.on_term_persisted(at(t, 501), Term(1));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            broadcast(proposal(1)),
+            changed(Candidate, 1, None, None, R::None, 3)
+        ]
+    );
+
+    let mut l = leader_of(3, t); // term 1
+    l.set_election_scouting(false);
+    l.handle_message(at(t, 600), n(3), proposal(5));
+    assert_eq!(
+        drain(&mut l),
+        vec![
+            broadcast(cession(1)),
+            persist(5),
+            changed(Follower, 5, None, Some(3), R::LeaderPreempted, 5)
+        ]
+    );
+    l.on_term_persisted(at(t, 601), Term(5));
+    assert_eq!(drain(&mut l), vec![send(3, election_response(5))]);
+
+    let mut f = follower_of_2(t);
+    f.set_election_scouting(false);
+    f.handle_message(at(t, 110), n(3), proposal(3));
+    assert_eq!(
+        drain(&mut f),
+        vec![
+            persist(3),
+            changed(Follower, 3, None, Some(3), R::LeaderPreempted, 3)
+        ]
+    );
+}
