@@ -816,9 +816,10 @@ fn runs_are_deterministic() {
     );
 }
 
-/// Soak: `scripts/soak-elector-sim.sh` (many seeds, release build). Ignored in CI.
+/// Soak: many seeds, e.g. `BMQ_SIM_SEEDS=10000 cargo test --release -p bmq-tests --test
+/// elector_sim -- --ignored soak`. Ignored in CI.
 #[test]
-#[ignore = "long: run with scripts/soak-elector-sim.sh"]
+#[ignore = "long: BMQ_SIM_SEEDS=10000 cargo test --release -p bmq-tests --test elector_sim -- --ignored soak"]
 fn soak() {
     let (start, count) = seeds_from_env();
     run_seeds(start, count);
