@@ -12,12 +12,20 @@
 //!   503.
 //! - `POST /admin/quorum/{n}`: sets the elector's and the metadata's quorum (0 = N/2+1).
 //! - `POST /admin/cede-leadership`: the leader cedes at once (graceful transfer).
+//! - `POST /admin/stop`: graceful stop, as on SIGTERM.
+//!
+//! The three `POST` actions change the cluster: when `admin.token` is configured (or a client
+//! token has the `admin` permission) they require `Authorization: Bearer <token>` and answer
+//! 401 otherwise, logged with the remote address and counted in
+//! `bmq_admin_auth_failures_total` ([`crate::auth`]). The `GET` endpoints stay readable. The
+//! listener binds to loopback unless `admin.listen_host` says otherwise
+//! ([`crate::auth::AdminSettings::bind_host`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
-use actix_web::{web, App, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use bmq_elector::{CedeLeadership, ElectorActor, GetElectorStatus, SetQuorum};
 use bmq_metadata::{GetMetadataStatus, MetadataActor, MetadataRole, SetMetadataQuorum};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -25,6 +33,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use crate::dataplane::DataPlane;
 use crate::partition::GetPartitionStats;
 use crate::peers::PeerHub;
+use tracing::warn;
+
 use crate::status::{ElectorDoc, MetadataDoc, NodeStatusDoc, PartitionDoc, PeerDoc, QueueDoc};
 
 /// Latency buckets (seconds) for every `*_seconds` histogram: 100 µs to 10 s.
@@ -78,6 +88,10 @@ fn register_counters_at_zero() {
         "bmq_peer_connections_refused_total",
         "bmq_peer_messages_invalid_total",
         "bmq_metadata_ledger_rollovers_total",
+        "bmq_admin_auth_failures_total",
+        "bmq_peer_auth_failures_total",
+        "bmq_client_auth_failures_total",
+        "bmq_client_unauthorized_total",
     ];
     for name in COUNTERS {
         metrics::counter!(*name).increment(0);
@@ -275,6 +289,56 @@ pub struct AdminContext {
     pub stop: Arc<tokio::sync::Notify>,
     /// The metrics recorder handle.
     pub metrics: PrometheusHandle,
+    /// `admin.token`: when set, the `POST` actions require it as a bearer token.
+    pub admin_token: Option<String>,
+    /// The client tokens; one with the `admin` permission is accepted for the `POST` actions
+    /// too, and any configured token makes those actions require one.
+    pub auth: crate::auth::AuthSettings,
+}
+
+/// Checks the bearer token of a state-changing admin request (see the module doc): `Ok` when
+/// no admin token is configured or the request carries a valid one; else the 401 answer, after
+/// logging the remote address and counting `bmq_admin_auth_failures_total`.
+fn authorize_admin(ctx: &AdminContext, req: &HttpRequest) -> Result<(), HttpResponse> {
+    let admin_tokens_exist = ctx.admin_token.is_some()
+        || ctx
+            .auth
+            .tokens
+            .iter()
+            .any(|t| t.permissions.contains(&crate::auth::Permission::Admin));
+    if !admin_tokens_exist {
+        return Ok(());
+    }
+    let presented = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let valid = presented.is_some_and(|p| {
+        let by_admin = ctx
+            .admin_token
+            .as_deref()
+            .is_some_and(|t| crate::auth::constant_time_eq(t.as_bytes(), p.as_bytes()));
+        let by_client = ctx
+            .auth
+            .find(p)
+            .is_some_and(|t| t.permissions.contains(&crate::auth::Permission::Admin));
+        by_admin | by_client
+    });
+    if valid {
+        return Ok(());
+    }
+    metrics::counter!("bmq_admin_auth_failures_total").increment(1);
+    let remote = req.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    warn!(%remote, path = %req.path(), presented = presented.is_some(), "admin action refused: missing or invalid token");
+    Err(HttpResponse::Unauthorized()
+        .insert_header(("WWW-Authenticate", "Bearer"))
+        .body(if presented.is_some() {
+            "invalid admin token\n"
+        } else {
+            "this action requires an admin token: Authorization: Bearer <token> (bmqctl admin --token or BMQ_ADMIN_TOKEN)\n"
+        }))
 }
 
 /// Builds this node's `/status` document from its actors.
@@ -373,7 +437,14 @@ async fn metrics_handler(ctx: web::Data<AdminContext>) -> HttpResponse {
         .body(body)
 }
 
-async fn set_quorum(ctx: web::Data<AdminContext>, path: web::Path<usize>) -> HttpResponse {
+async fn set_quorum(
+    ctx: web::Data<AdminContext>,
+    req: HttpRequest,
+    path: web::Path<usize>,
+) -> HttpResponse {
+    if let Err(refused) = authorize_admin(&ctx, &req) {
+        return refused;
+    }
     let quorum = path.into_inner();
     let a = ctx.elector.send(SetQuorum { quorum }).await;
     let b = ctx.metadata.send(SetMetadataQuorum { quorum }).await;
@@ -383,12 +454,18 @@ async fn set_quorum(ctx: web::Data<AdminContext>, path: web::Path<usize>) -> Htt
     HttpResponse::Ok().body(format!("quorum set to {quorum} (0 = N/2+1)\n"))
 }
 
-async fn stop(ctx: web::Data<AdminContext>) -> HttpResponse {
+async fn stop(ctx: web::Data<AdminContext>, req: HttpRequest) -> HttpResponse {
+    if let Err(refused) = authorize_admin(&ctx, &req) {
+        return refused;
+    }
     ctx.stop.notify_one();
     HttpResponse::Ok().body("graceful stop started: ceding leadership and primaries\n")
 }
 
-async fn cede(ctx: web::Data<AdminContext>) -> HttpResponse {
+async fn cede(ctx: web::Data<AdminContext>, req: HttpRequest) -> HttpResponse {
+    if let Err(refused) = authorize_admin(&ctx, &req) {
+        return refused;
+    }
     match ctx.elector.send(CedeLeadership).await {
         Ok(_) => HttpResponse::Ok().body("leadership ceded if held\n"),
         Err(_) => HttpResponse::ServiceUnavailable().body("elector unavailable\n"),

@@ -142,6 +142,20 @@ pub struct BrokerConfig {
     /// Logging.
     #[serde(default)]
     pub log: LogSettings,
+    /// The admin HTTP listener: bind host and admin token ([`crate::auth::AdminSettings`]).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::auth::AdminSettings::is_default"
+    )]
+    pub admin: crate::auth::AdminSettings,
+    /// TLS on the peer links (mutual) and the client listener; absent = plain TCP
+    /// ([`crate::tls::TlsSettings`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::TlsSettings>,
+    /// Client tokens and their per-domain permissions; no token configured = no client
+    /// authentication ([`crate::auth::AuthSettings`]).
+    #[serde(default, skip_serializing_if = "crate::auth::AuthSettings::is_empty")]
+    pub auth: crate::auth::AuthSettings,
 }
 
 fn default_partition_count() -> u32 {
@@ -854,6 +868,11 @@ impl BrokerConfig {
                 ));
             }
         }
+        self.admin.validate()?;
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
+        self.auth.validate(&self.domains)?;
         Ok(())
     }
 

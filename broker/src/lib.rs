@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -18,4 +19,5 @@ pub mod queue;
 pub mod replication;
 pub mod session;
 pub mod status;
+pub mod tls;
 pub mod uri;

@@ -259,6 +259,13 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     let [client_bind, peer_bind, admin_bind] = config.listen_addrs();
     let client_listener = bind(&client_bind, "client")?;
     let peer_listener = bind(&peer_bind, "peer")?;
+    // The admin port binds to loopback unless `admin.listen_host` says otherwise (issue 10).
+    let admin_bind = {
+        let host = config.admin.bind_host(&me.host);
+        let listen = crate::config::MemberConfig { host, ..me.clone() };
+        let _ = admin_bind;
+        listen.admin_addr()
+    };
     let admin_listener = bind(&admin_bind, "admin")?;
 
     let (term_store, persisted_term) = TermStore::open(&elector_dir)
@@ -370,6 +377,8 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
             router: router.clone(),
             metrics: metrics_handle.clone(),
             stop: admin_stop.clone(),
+            admin_token: config.admin.token.clone(),
+            auth: config.auth.clone(),
         },
     )?;
     let admin_handle = admin.handle();
@@ -386,7 +395,7 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         node = %self_id,
         client = %me.client_addr(),
         peer = %me.peer_addr(),
-        admin = %me.admin_addr(),
+        admin = %admin_bind,
         "node started"
     );
 

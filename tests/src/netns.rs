@@ -663,6 +663,8 @@ impl NetCluster {
                 m.peer_port = PEER_PORT;
                 m.admin_port = ADMIN_PORT;
             }
+            // The harness reads /status from each namespace's address, not its loopback.
+            config.admin.listen_host = Some(hosts[(config.node_id - 1) as usize].clone());
             edit(config);
         })?;
         for node in cluster.nodes.iter_mut() {

@@ -4,6 +4,9 @@
 //!   leadership and its primaries, then exits within its `limits.graceful_stop_timeout_ms`.
 //! - `bmqctl admin cede-leadership --admin HOST:PORT`: the node gives up leadership if it holds
 //!   it (`POST /admin/cede-leadership`).
+//!
+//! When the node has an admin token configured, pass it with `--token` or the
+//! `BMQ_ADMIN_TOKEN` environment variable; it is sent as `Authorization: Bearer <token>`.
 
 use std::time::Duration;
 
@@ -33,6 +36,14 @@ pub struct AdminTarget {
     /// Timeout of the request, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     pub timeout_ms: u64,
+    /// Admin token of the node (`admin.token`), sent as a bearer token.
+    #[arg(
+        long,
+        env = "BMQ_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
 }
 
 /// Runs an admin action and prints the node's answer.
@@ -42,26 +53,42 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
         AdminCommand::CedeLeadership(t) => (t, "/admin/cede-leadership"),
     };
     let timeout = Duration::from_millis(target.timeout_ms);
-    let body = tokio::time::timeout(timeout, http_post(&target.admin, path))
-        .await
-        .map_err(|_| {
-            anyhow!(
-                "no answer from {} within {} ms",
-                target.admin,
-                timeout.as_millis()
-            )
-        })??;
+    let body = tokio::time::timeout(
+        timeout,
+        http_post_with_token(&target.admin, path, target.token.as_deref()),
+    )
+    .await
+    .map_err(|_| {
+        anyhow!(
+            "no answer from {} within {} ms",
+            target.admin,
+            timeout.as_millis()
+        )
+    })??;
     print!("{body}");
     Ok(())
 }
 
 /// One HTTP/1.1 POST without a body; returns the body of a 200 answer.
 pub async fn http_post(addr: &str, path: &str) -> anyhow::Result<String> {
+    http_post_with_token(addr, path, None).await
+}
+
+/// [`http_post`] with `Authorization: Bearer <token>` when `token` is given. Errors: the
+/// connection fails, or the answer is not 200 (a 401 names the missing or invalid token).
+pub async fn http_post_with_token(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<String> {
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     let mut stream = TcpStream::connect(addr)
         .await
         .with_context(|| format!("cannot connect to {addr}"))?;
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n{authorization}\
          User-Agent: bmqctl/{}\r\nConnection: close\r\n\r\n",
         env!("CARGO_PKG_VERSION")
     );
