@@ -92,6 +92,7 @@ fn register_counters_at_zero() {
         "bmq_peer_auth_failures_total",
         "bmq_client_auth_failures_total",
         "bmq_client_unauthorized_total",
+        "bmq_client_tls_failures_total",
     ];
     for name in COUNTERS {
         metrics::counter!(*name).increment(0);

@@ -288,6 +288,12 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         "node starting"
     );
 
+    let tls = match &config.tls {
+        Some(settings) => {
+            Some(crate::tls::PeerTls::load(settings).context("cannot set up TLS from [tls]")?)
+        }
+        None => None,
+    };
     let inbound = Arc::new(NodeInbound::default());
     let hub = PeerHub::start(
         PeerHubConfig {
@@ -303,6 +309,7 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
             reconnect_backoff_max: Duration::from_millis(config.link.reconnect_backoff_max_ms),
             frame_size_max: config.limits.frame_size_max_bytes as usize,
             outbound_queue_capacity: PEER_OUTBOUND_CAPACITY,
+            tls: tls.clone(),
         },
         inbound.clone(),
     );
@@ -364,6 +371,7 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     tokio::spawn(crate::session::serve_clients(
         client_listener,
         router.clone(),
+        tls.as_ref().and_then(|t| t.client_acceptor.clone()),
     ));
     let admin_stop = Arc::new(tokio::sync::Notify::new());
     let admin = start_admin_server(

@@ -17,6 +17,14 @@
 //! counted (`bmq_peer_messages_dropped_total`) — every protocol above retries on its own timer.
 //! A frame that is oversized or does not decode closes only that connection, logged and counted
 //! (`bmq_peer_frame_errors_total`).
+//!
+//! Authentication (issue 10): with `[tls]` configured, both channels are mutual TLS under the
+//! cluster CA ([`crate::tls`]). The dialer verifies that the listener's certificate names
+//! `node-<peer id>`; the listener requires a client certificate chaining to the CA and naming
+//! `node-<id>` for the id its `PeerHello` claims. A failed handshake, a missing certificate or
+//! a certificate naming another member closes the connection before any elector or metadata
+//! message is read, logged (warn) with the remote address and counted in
+//! `bmq_peer_auth_failures_total`. Without `[tls]` the links are plain TCP, as before.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +39,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::codec::Framed;
 use tracing::{debug, info, warn};
+
+use crate::tls::{certificate_names, member_name, BoxedStream, PeerTls};
+
+/// How long a TLS handshake on a peer link may take.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Settings of the peer links (from `[link]` and `[limits]` of the node configuration).
 #[derive(Debug, Clone)]
@@ -53,6 +66,8 @@ pub struct PeerHubConfig {
     pub frame_size_max: usize,
     /// Capacity of each outbound link's queue, messages.
     pub outbound_queue_capacity: usize,
+    /// Mutual TLS of both channels; `None` = plain TCP (no `[tls]` section).
+    pub tls: Option<PeerTls>,
 }
 
 /// Receiver of what arrives from peers. Implementations must not block: they hand the message
@@ -193,6 +208,33 @@ impl PeerHub {
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
+        // With TLS, the handshake verifies the chain to the cluster CA; the certificate is kept
+        // to check, once the Hello names a member, that it is that member's.
+        let (stream, peer_cert): (BoxedStream, _) = match &self.config.tls {
+            None => (Box::new(stream), None),
+            Some(tls) => {
+                let accepted =
+                    tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.peer_acceptor.accept(stream))
+                        .await;
+                let tls_stream = match accepted {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        return Err(self.auth_failure(&remote, &format!("TLS handshake: {e}")))
+                    }
+                    Err(_) => return Err(self.auth_failure(&remote, "TLS handshake timed out")),
+                };
+                let cert = tls_stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.clone().into_owned());
+                let Some(cert) = cert else {
+                    return Err(self.auth_failure(&remote, "no client certificate"));
+                };
+                (Box::new(tls_stream), Some(cert))
+            }
+        };
         let mut framed = Framed::new(
             stream,
             FrameCodec::<PeerMessage>::new(self.config.frame_size_max),
@@ -220,6 +262,17 @@ impl PeerHub {
         }
         if !self.config.peers.iter().any(|(id, _)| *id == from) {
             return Err(self.refuse(&remote, &format!("unknown member id {from}")));
+        }
+        if let Some(cert) = &peer_cert {
+            if !certificate_names(cert, &member_name(from.0)) {
+                return Err(self.auth_failure(
+                    &remote,
+                    &format!(
+                        "the certificate does not name {} (the member the hello claims)",
+                        member_name(from.0)
+                    ),
+                ));
+            }
         }
         let channel = Channel::try_from(hello.channel).unwrap_or(Channel::Control);
         let is_control = channel == Channel::Control;
@@ -259,6 +312,13 @@ impl PeerHub {
             });
         }
         result
+    }
+
+    /// A connection that failed authentication: counted, logged with the remote address.
+    fn auth_failure(&self, remote: &str, reason: &str) -> String {
+        metrics::counter!("bmq_peer_auth_failures_total").increment(1);
+        warn!(%remote, %reason, "peer connection failed authentication; closed");
+        reason.to_string()
     }
 
     fn refuse(&self, remote: &str, reason: &str) -> String {
@@ -301,6 +361,37 @@ async fn dial_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        let stream: BoxedStream = match &cfg.tls {
+            None => Box::new(stream),
+            Some(tls) => {
+                // The listener must prove it is the member we dialed: its certificate names
+                // node-<peer>.
+                let name = rustls::pki_types::ServerName::try_from(member_name(peer.0))
+                    .expect("node-<id> is a valid DNS name");
+                match tokio::time::timeout(
+                    TLS_HANDSHAKE_TIMEOUT,
+                    tls.peer_connector.connect(name, stream),
+                )
+                .await
+                {
+                    Ok(Ok(s)) => Box::new(s),
+                    outcome => {
+                        let reason = match outcome {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "timed out".to_string(),
+                        };
+                        metrics::counter!("bmq_peer_auth_failures_total").increment(1);
+                        warn!(peer = %peer, %addr, %reason, "TLS handshake with peer failed");
+                        while rx.try_recv().is_ok() {}
+                        let jitter =
+                            rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
+                        tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+                        backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
+                        continue;
+                    }
+                }
+            }
+        };
         backoff = cfg.reconnect_backoff_min;
         let mut framed = Framed::new(stream, FrameCodec::<PeerMessage>::new(cfg.frame_size_max));
         let hello = PeerMessage {

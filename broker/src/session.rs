@@ -15,6 +15,14 @@
 //! Bad input: a frame that is oversized or does not decode closes this connection only, with
 //! a logged reason and `bmq_client_frame_errors_total`; a malformed URI or unknown domain is
 //! answered with a status naming the problem.
+//!
+//! Security (issue 10): with `[tls] client_listener`, the connection is TLS from the first byte
+//! (a failed handshake is logged with the remote address and counted in
+//! `bmq_client_tls_failures_total`). `Hello.token` is checked against `[[auth.tokens]]`
+//! ([`crate::auth`]): an unknown token is answered `NOT_AUTHORIZED` and the connection closed
+//! (`bmq_client_auth_failures_total`); each OpenQueue needs `produce` (write) and `consume`
+//! (read) on the queue's domain, else `NOT_AUTHORIZED` naming the missing permission
+//! (`bmq_client_unauthorized_total`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,11 +35,13 @@ use bmq_proto::client::{
 };
 use bmq_proto::{FrameCodec, NodeId, PartitionId, PROTOCOL_VERSION};
 use futures::{SinkExt, StreamExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::auth::ClientIdentity;
 use crate::dataplane::{DataPlane, SessionEvent};
+use crate::tls::BoxedStream;
 use crate::uri::QueueUri;
 
 /// A session's inbox capacity, messages.
@@ -41,8 +51,17 @@ const RETRANSMIT_INTERVAL: Duration = Duration::from_millis(1_000);
 /// How often the session looks for PUTs to retransmit.
 const RETRANSMIT_CHECK_PERIOD: Duration = Duration::from_millis(250);
 
-/// Accepts client connections on `listener` until the process ends.
-pub async fn serve_clients(listener: TcpListener, router: Arc<DataPlane>) {
+/// How long a client's TLS handshake may take.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts client connections on `listener` until the process ends; with `tls`, each
+/// connection is TLS (handshake in the connection's own task, bounded by
+/// [`TLS_HANDSHAKE_TIMEOUT`]).
+pub async fn serve_clients(
+    listener: TcpListener,
+    router: Arc<DataPlane>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     loop {
         match listener.accept().await {
             Ok((stream, remote)) => {
@@ -53,9 +72,32 @@ pub async fn serve_clients(listener: TcpListener, router: Arc<DataPlane>) {
                 }
                 let _ = stream.set_nodelay(true);
                 let router = router.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     metrics::counter!("bmq_client_connections_total").increment(1);
-                    run_session(stream, router).await;
+                    let stream: BoxedStream = match tls {
+                        None => Box::new(stream),
+                        Some(acceptor) => {
+                            match tokio::time::timeout(
+                                TLS_HANDSHAKE_TIMEOUT,
+                                acceptor.accept(stream),
+                            )
+                            .await
+                            {
+                                Ok(Ok(s)) => Box::new(s),
+                                outcome => {
+                                    metrics::counter!("bmq_client_tls_failures_total").increment(1);
+                                    let reason = match outcome {
+                                        Ok(Err(e)) => e.to_string(),
+                                        _ => "timed out".to_string(),
+                                    };
+                                    warn!(%remote, %reason, "client TLS handshake failed; closed");
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    run_session(stream, remote.to_string(), router).await;
                 });
             }
             Err(e) => {
@@ -134,13 +176,11 @@ struct Session {
     pending_opens: HashMap<String, u64>,
     pending_puts: RetransmitBuffer,
     out: Vec<ClientMessage>,
+    /// Who the client authenticated as at Hello; checked on every OpenQueue.
+    identity: ClientIdentity,
 }
 
-async fn run_session(stream: TcpStream, router: Arc<DataPlane>) {
-    let remote = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+async fn run_session(stream: BoxedStream, remote: String, router: Arc<DataPlane>) {
     let framed = tokio_util::codec::Framed::new(
         stream,
         FrameCodec::<ClientMessage>::new(router.config.limits.frame_size_max_bytes as usize),
@@ -187,6 +227,27 @@ async fn run_session(stream: TcpStream, router: Arc<DataPlane>) {
             .await;
         return;
     }
+    let identity = match router.config.auth.authenticate(&hello.token) {
+        Ok(identity) => identity,
+        Err(e) => {
+            metrics::counter!("bmq_client_auth_failures_total").increment(1);
+            warn!(%remote, client = %hello.client_id, "client hello refused: unknown token");
+            let _ = sink
+                .send(ClientMessage {
+                    kind: Some(Kind::HelloResponse(HelloResponse {
+                        status: Some(Status {
+                            code: StatusCode::NotAuthorized as i32,
+                            message: e.to_string(),
+                        }),
+                        node_id: router.self_id.0,
+                        cluster_name: router.config.cluster_name.clone(),
+                        protocol_version: PROTOCOL_VERSION,
+                    })),
+                })
+                .await;
+            return;
+        }
+    };
     let (id, mut inbox) = router.register_session(SESSION_INBOX_CAPACITY);
     debug!(%remote, session = id, client = %hello.client_id, "client session started");
     if sink
@@ -213,6 +274,7 @@ async fn run_session(stream: TcpStream, router: Arc<DataPlane>) {
         pending_opens: HashMap::new(),
         pending_puts: RetransmitBuffer::default(),
         out: Vec::new(),
+        identity,
     };
     let mut retransmit = tokio::time::interval(RETRANSMIT_CHECK_PERIOD);
     let mut peer_back = router.subscribe_peer_back();
@@ -387,6 +449,19 @@ impl Session {
             let status = Status {
                 code: StatusCode::UnknownDomain as i32,
                 message: format!("unknown domain {:?}", parsed.domain),
+            };
+            self.open_response(open.request_id, open.uri, status, 0);
+            return;
+        }
+        if let Err(message) = self
+            .identity
+            .authorize_open(&parsed.domain, open.read, open.write)
+        {
+            metrics::counter!("bmq_client_unauthorized_total").increment(1);
+            info!(session = self.id, token = %self.identity.name(), uri = %open.uri, read = open.read, write = open.write, "open queue refused: not authorized");
+            let status = Status {
+                code: StatusCode::NotAuthorized as i32,
+                message,
             };
             self.open_response(open.request_id, open.uri, status, 0);
             return;

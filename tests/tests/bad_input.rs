@@ -142,6 +142,7 @@ async fn unknown_domain_and_malformed_uri_are_refused_with_a_reason() {
             kind: Some(Kind::Hello(Hello {
                 client_id: "raw".into(),
                 protocol_version: bmq_proto::PROTOCOL_VERSION,
+                token: String::new(),
             })),
         })
         .await?;

@@ -384,6 +384,7 @@ async fn bad_client_input(addr: &str) -> anyhow::Result<()> {
         kind: Some(Kind::Hello(Hello {
             client_id: "prom-raw".into(),
             protocol_version: bmq_proto::PROTOCOL_VERSION,
+            token: String::new(),
         })),
     })
     .await?;

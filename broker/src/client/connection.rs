@@ -24,6 +24,8 @@ use tokio::time::Instant;
 use tokio_util::codec::Framed;
 use tracing::{debug, info, warn};
 
+use crate::tls::BoxedStream;
+
 use super::{status_error, ClientConfig, ClientError, Message, OpenOptions, Shared};
 
 /// Commands handled per wake-up before the write buffer is flushed.
@@ -32,7 +34,24 @@ const COMMAND_BATCH_MAX: usize = 256;
 /// Buffered bytes after which a write is flushed before the next frame is added.
 const WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
-type Transport = Framed<TcpStream, FrameCodec<ClientMessage>>;
+type Transport = Framed<BoxedStream, FrameCodec<ClientMessage>>;
+
+/// Why a connection attempt failed.
+struct ConnectFailure {
+    message: String,
+    /// The broker refused our credentials (`NOT_AUTHORIZED`): trying again or another broker
+    /// of the same cluster gives the same answer.
+    refused: Option<ClientError>,
+}
+
+impl From<String> for ConnectFailure {
+    fn from(message: String) -> Self {
+        ConnectFailure {
+            message,
+            refused: None,
+        }
+    }
+}
 
 /// A request from a [`Client`](super::Client) handle to the task.
 #[derive(Debug)]
@@ -124,23 +143,39 @@ pub(super) struct Connection {
     backoff: Duration,
 }
 
-/// Opens a TCP connection to `addr` and exchanges Hello within `timeout`.
+/// Opens a TCP connection to `addr` (with TLS when `config.tls_ca_file` is set, verifying the
+/// broker's certificate against that CA and the host of `addr`) and exchanges Hello (with
+/// `config.token`) within `timeout`.
 async fn connect_one(
     config: &ClientConfig,
     addr: &str,
     timeout: Duration,
-) -> Result<Transport, String> {
+) -> Result<Transport, ConnectFailure> {
     let attempt = async {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
         let _ = stream.set_nodelay(true);
+        let stream: BoxedStream = match &config.tls_ca_file {
+            None => Box::new(stream),
+            Some(ca) => {
+                let connector = crate::tls::client_connector(ca).map_err(|e| e.to_string())?;
+                let name = crate::tls::server_name_of(addr)?;
+                Box::new(
+                    connector
+                        .connect(name, stream)
+                        .await
+                        .map_err(|e| format!("TLS handshake with {addr}: {e}"))?,
+                )
+            }
+        };
         let mut transport = Framed::new(stream, FrameCodec::new(config.frame_size_max));
         // Batch small PUTs into larger writes; the task flushes after each batch anyway.
         transport.set_backpressure_boundary(WRITE_BUFFER_BYTES);
         let hello = Hello {
             client_id: config.client_id.clone(),
             protocol_version: bmq_proto::PROTOCOL_VERSION,
+            token: config.token.clone().unwrap_or_default(),
         };
         transport
             .send(ClientMessage {
@@ -156,16 +191,28 @@ async fn connect_one(
                     info!(broker = addr, node = response.node_id, cluster = %response.cluster_name, "client connected");
                     Ok(transport)
                 }
-                Err(e) => Err(format!("{addr} refused hello: {e}")),
+                Err(e) => {
+                    let refused = matches!(
+                        &e,
+                        ClientError::Refused {
+                            code: StatusCode::NotAuthorized,
+                            ..
+                        }
+                    );
+                    Err(ConnectFailure {
+                        message: format!("{addr} refused hello: {e}"),
+                        refused: refused.then_some(e),
+                    })
+                }
             },
-            Some(Ok(other)) => Err(format!("{addr} answered hello with {other:?}")),
-            Some(Err(e)) => Err(format!("{addr}: {e}")),
-            None => Err(format!("{addr} closed the connection during hello")),
+            Some(Ok(other)) => Err(format!("{addr} answered hello with {other:?}").into()),
+            Some(Err(e)) => Err(format!("{addr}: {e}").into()),
+            None => Err(format!("{addr} closed the connection during hello").into()),
         }
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(result) => result,
-        Err(_) => Err(format!("{addr}: no hello response within {timeout:?}")),
+        Err(_) => Err(format!("{addr}: no hello response within {timeout:?}").into()),
     }
 }
 
@@ -192,9 +239,13 @@ impl Connection {
                         connected = Some((index, transport));
                         break 'rounds;
                     }
+                    Err(ConnectFailure {
+                        refused: Some(refused),
+                        ..
+                    }) => return Err(refused),
                     Err(e) => {
-                        debug!(error = %e, "broker did not answer");
-                        last_error = e;
+                        debug!(error = %e.message, "broker did not answer");
+                        last_error = e.message;
                     }
                 }
             }
@@ -623,7 +674,7 @@ impl Connection {
                 }
             }
             Err(e) => {
-                debug!(error = %e, "reconnection attempt failed");
+                debug!(error = %e.message, "reconnection attempt failed");
                 self.next_attempt = Instant::now() + jitter(self.backoff);
                 self.backoff = (self.backoff * 2).min(self.shared.reconnect_backoff_max);
             }

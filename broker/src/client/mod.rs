@@ -79,6 +79,14 @@ pub struct ClientConfig {
     pub max_pending_puts: usize,
     /// Largest frame accepted from the broker, bytes. Default 64 MiB.
     pub frame_size_max: usize,
+    /// PEM file of the CA that signed the brokers' certificates: when set, the client speaks
+    /// TLS and verifies each broker's certificate against it and the host it dials. `None`
+    /// (the default) = plain TCP.
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// Token sent in `Hello` (an `[[auth.tokens]]` secret of the cluster); `None` = anonymous.
+    /// A token the cluster does not know fails [`Client::connect`] at once with
+    /// [`ClientError::Refused`] `NotAuthorized`.
+    pub token: Option<String>,
 }
 
 impl ClientConfig {
@@ -93,6 +101,8 @@ impl ClientConfig {
             reconnect_timeout: None,
             max_pending_puts: 10_000,
             frame_size_max: bmq_proto::FRAME_SIZE_MAX_DEFAULT,
+            tls_ca_file: None,
+            token: None,
         }
     }
 
