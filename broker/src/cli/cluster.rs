@@ -6,6 +6,14 @@
 //! leader ([`wait_for_leader`]), prints how to use it, then runs until Ctrl-C or SIGTERM and stops
 //! every node (SIGTERM, then SIGKILL after [`STOP_GRACE_PERIOD`]).
 //!
+//! Security (issue 10): unless `--no-security`, it first writes a development CA, one
+//! certificate per node ([`crate::tls::generate_dev_ca`]) and two random tokens into
+//! `<dir>/security/` (`ca.pem`, `node-<i>.pem`, `client.token`, `admin.token`; keys and tokens
+//! mode 0600), and the nodes' configurations enable mutual TLS on the peer links, TLS on the
+//! client listener, the client token (produce, consume and admin on every domain) and the admin
+//! token. `bmqctl produce`/`consume` run from the same directory find the CA and the client
+//! token there by default ([`crate::cli::credentials`]).
+//!
 //! A node that exits during start-up aborts the launch with the tail of its log (a port already
 //! in use shows up there). A node that exits later is reported and the others keep running.
 //!
@@ -71,6 +79,9 @@ pub struct ClusterUpArgs {
     /// Where the Prometheus started beside the cluster serves its UI and API.
     #[arg(long, default_value = DEFAULT_PROMETHEUS_LISTEN, value_name = "HOST:PORT")]
     pub prometheus_listen: String,
+    /// Plain TCP and no tokens (no development CA is written).
+    #[arg(long)]
+    pub no_security: bool,
 }
 
 /// Default address of the Prometheus that `cluster up` starts (Prometheus's usual port).
@@ -115,8 +126,11 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&dir)
             .with_context(|| format!("cannot remove {}", dir.display()))?;
     }
-    let configs = local_cluster(args.nodes, args.base_port, &dir)
+    let mut configs = local_cluster(args.nodes, args.base_port, &dir)
         .context("cannot build the cluster configuration")?;
+    if !args.no_security {
+        secure_local_cluster(&mut configs, &dir)?;
+    }
 
     check_ports_free(&configs)?;
 
@@ -149,6 +163,60 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
         println!("cluster stopped");
     }
     result
+}
+
+/// Writes a development CA, node certificates and fresh tokens into `<dir>/security/` and
+/// enables TLS, client tokens and the admin token in every configuration (see the module doc).
+///
+/// Errors: a file that cannot be written, or a certificate that cannot be generated.
+pub fn secure_local_cluster(configs: &mut [BrokerConfig], dir: &Path) -> anyhow::Result<()> {
+    use crate::auth::{Permission, TokenConfig};
+    use crate::cli::credentials::{ADMIN_TOKEN_FILE, CLIENT_TOKEN_FILE, SECURITY_DIR};
+    let security = dir.join(SECURITY_DIR);
+    let members: Vec<(u32, String)> = configs
+        .first()
+        .map(|c| c.members.iter().map(|m| (m.id, m.host.clone())).collect())
+        .unwrap_or_default();
+    let files = crate::tls::generate_dev_ca(&security, &members)
+        .context("cannot generate the development CA and certificates")?;
+    let client_token = random_token();
+    let admin_token = random_token();
+    crate::tls::write_file(
+        &security.join(CLIENT_TOKEN_FILE),
+        format!("{client_token}\n").as_bytes(),
+        true,
+    )?;
+    crate::tls::write_file(
+        &security.join(ADMIN_TOKEN_FILE),
+        format!("{admin_token}\n").as_bytes(),
+        true,
+    )?;
+    for config in configs.iter_mut() {
+        let tls = files
+            .nodes
+            .iter()
+            .find(|(id, _)| *id == config.node_id)
+            .map(|(_, t)| t.clone())
+            .context("no certificate generated for a node")?;
+        config.tls = Some(tls);
+        config.admin.token = Some(admin_token.clone());
+        config.auth.tokens = vec![TokenConfig {
+            name: "local".into(),
+            secret: client_token.clone(),
+            domains: vec!["*".into()],
+            permissions: vec![Permission::Produce, Permission::Consume, Permission::Admin],
+        }];
+    }
+    Ok(())
+}
+
+/// 32 random bytes from the operating system's CSPRNG-seeded generator, hex: a 64-character
+/// token.
+fn random_token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Fails if a port of the new cluster is already taken, typically by a cluster started earlier.
@@ -325,8 +393,8 @@ fn start_node(broker_bin: &Path, config: BrokerConfig) -> anyhow::Result<Node> {
         "# Written by `bmqctl cluster up`; rewritten at each start.\n{}",
         config.to_toml_string()
     );
-    std::fs::write(&config_path, text)
-        .with_context(|| format!("cannot write {}", config_path.display()))?;
+    // The configuration holds the tokens: readable by this user only.
+    crate::tls::write_file(&config_path, text.as_bytes(), true)?;
     let log_path = config
         .log
         .file
@@ -612,6 +680,46 @@ fn print_summary(nodes: &[Node], leader: u32, term: u64) {
     );
     println!("  bmqctl consume --queue bmq://bmq.test/orders --count 10000{broker_flag}");
     println!("  bmqctl status{admin_flag}");
+    if let (Some(tls), Some(dir)) = (
+        nodes.first().and_then(|n| n.config.tls.as_ref()),
+        nodes.first().and_then(|n| n.config_path.parent()?.parent()),
+    ) {
+        let security = dir.join(crate::cli::credentials::SECURITY_DIR);
+        println!(
+            "\nsecurity: TLS on every link (development CA {}),",
+            tls.ca_file.display()
+        );
+        println!(
+            "  client token in {} (produce, consume, admin on every domain),",
+            security
+                .join(crate::cli::credentials::CLIENT_TOKEN_FILE)
+                .display()
+        );
+        println!(
+            "  admin token in {}.",
+            security
+                .join(crate::cli::credentials::ADMIN_TOKEN_FILE)
+                .display()
+        );
+        let default_dir = std::env::current_dir()
+            .map(|d| d.join(".cluster"))
+            .is_ok_and(|d| d == dir);
+        if default_dir {
+            println!("  bmqctl produce/consume run from this directory use them by default.");
+        } else {
+            println!(
+                "  for bmqctl produce/consume: export BMQ_CLUSTER_DIR={}",
+                dir.display()
+            );
+        }
+        println!(
+            "  admin actions: BMQ_ADMIN_TOKEN=$(cat {}) bmqctl admin cede-leadership --admin {}",
+            security
+                .join(crate::cli::credentials::ADMIN_TOKEN_FILE)
+                .display(),
+            admins.first().map(String::as_str).unwrap_or("HOST:PORT")
+        );
+    }
     println!("\nCtrl-C stops the cluster.");
 }
 
@@ -705,6 +813,7 @@ mod tests {
             clean: false,
             no_prometheus: true,
             prometheus_listen: DEFAULT_PROMETHEUS_LISTEN.into(),
+            no_security: false,
         };
         let e = run(args).await.unwrap_err().to_string();
         assert!(e.contains("cargo build --release --bins"), "{e}");
@@ -743,6 +852,7 @@ mod tests {
             clean: true,
             no_prometheus: true,
             prometheus_listen: DEFAULT_PROMETHEUS_LISTEN.into(),
+            no_security: false,
         };
         let e = format!("{:#}", run(args).await.unwrap_err());
         assert!(e.contains("exited during start-up (exit code 3)"), "{e}");

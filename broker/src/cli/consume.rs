@@ -51,6 +51,9 @@ pub struct ConsumeArgs {
     /// Print a JSON report instead of the summary line.
     #[arg(long)]
     pub json: bool,
+    /// TLS and token.
+    #[command(flatten)]
+    pub security: crate::cli::credentials::ClientSecurityArgs,
 }
 
 /// What one producer's messages looked like to the consumer.
@@ -141,7 +144,14 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ConsumeReport> {
     let timeout = Duration::from_secs(args.timeout_secs.max(1));
     let idle = Duration::from_secs(args.idle_timeout_secs.max(1));
     let deadline = tokio::time::Instant::now() + timeout;
-    let client = connect(resolve_brokers(&args.broker), 1, timeout, "consume").await?;
+    let client = connect(
+        resolve_brokers(&args.broker),
+        1,
+        timeout,
+        "consume",
+        &args.security,
+    )
+    .await?;
     let consumer = ConsumerOptions {
         max_unconfirmed_messages: args.max_unconfirmed,
         max_unconfirmed_bytes: 0,
@@ -276,6 +286,11 @@ mod run_tests {
             max_unconfirmed: 100,
             timeout_secs: 3,
             json: false,
+            security: crate::cli::credentials::ClientSecurityArgs {
+                no_tls: true,
+                token: Some(String::new()),
+                ..Default::default()
+            },
         }
     }
 

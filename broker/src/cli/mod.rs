@@ -2,6 +2,7 @@
 pub mod admin;
 pub mod cluster;
 pub mod consume;
+pub mod credentials;
 pub mod payload;
 pub mod produce;
 pub mod prometheus;

@@ -52,6 +52,9 @@ pub struct ProduceArgs {
     /// Print a JSON report instead of the summary line.
     #[arg(long)]
     pub json: bool,
+    /// TLS and token.
+    #[command(flatten)]
+    pub security: crate::cli::credentials::ClientSecurityArgs,
 }
 
 /// What `bmqctl produce` did.
@@ -105,14 +108,17 @@ pub fn resolve_brokers(flag: &[String]) -> Vec<String> {
     }
 }
 
-/// A client for the CLI commands: `brokers`, requests bounded by `timeout` (at most 10 s).
+/// A client for the CLI commands: `brokers`, requests bounded by `timeout` (at most 10 s), TLS
+/// and token from `security` ([`crate::cli::credentials`]).
 pub(crate) async fn connect(
     brokers: Vec<String>,
     max_pending_puts: usize,
     timeout: Duration,
     role: &str,
+    security: &crate::cli::credentials::ClientSecurityArgs,
 ) -> anyhow::Result<Client> {
     let mut config = ClientConfig::new(brokers);
+    security.apply(&mut config, &crate::cli::credentials::cluster_dir())?;
     config.client_id = format!("bmqctl-{role}-{}", std::process::id());
     config.request_timeout = timeout.min(Duration::from_secs(10));
     config.max_pending_puts = max_pending_puts.max(1);
@@ -152,6 +158,7 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<ProduceReport> {
         args.window,
         timeout,
         "produce",
+        &args.security,
     )
     .await?;
     client
@@ -333,6 +340,11 @@ mod run_tests {
             broker: vec![addr.to_string()],
             timeout_secs: 5,
             json: false,
+            security: crate::cli::credentials::ClientSecurityArgs {
+                no_tls: true,
+                token: Some(String::new()),
+                ..Default::default()
+            },
         }
     }
 
