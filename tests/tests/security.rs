@@ -1,0 +1,475 @@
+//! Security (issue 10) with real broker processes over real TCP: mutual TLS on the peer links,
+//! TLS and tokens on the client listener, the admin token, and bad input on a secured cluster.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use bmq_broker::auth::{Permission, TokenConfig};
+use bmq_broker::client::{Client, ClientConfig, ClientError, OpenOptions};
+use bmq_broker::config::BrokerConfig;
+use bmq_broker::tls::{generate_dev_ca, member_name, BoxedStream, DevCaFiles, PeerTls};
+use bmq_proto::client::{AckStatus, StatusCode};
+use bmq_proto::peer::{
+    elector_message, peer_message::Kind, Channel, ElectionProposal, ElectorMessage,
+    LeaderHeartbeat, PeerHello, PeerMessage,
+};
+use bmq_proto::{FrameCodec, PROTOCOL_VERSION};
+use bmq_tests::Cluster;
+use futures::SinkExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+
+/// Secret of the token allowed to produce and consume on `bmq.test`.
+const APP_TOKEN: &str = "app-token-0123456789abcdef";
+/// Secret of the token allowed only to produce on `bmq.test`.
+const WRITER_TOKEN: &str = "writer-token-0123456789abcdef";
+/// The admin token.
+const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef";
+/// The term a rogue process announces.
+const HUGE_TERM: u64 = 1_000_000_000;
+
+/// A cluster whose nodes run mutual TLS on peer links, TLS on the client listener, the two
+/// tokens above and the admin token, with a development CA in `ca_dir`.
+struct SecureCluster {
+    cluster: Cluster,
+    ca: DevCaFiles,
+    _ca_dir: tempfile::TempDir,
+}
+
+fn secure_cluster(n: usize, tls: bool) -> anyhow::Result<SecureCluster> {
+    let ca_dir = tempfile::tempdir()?;
+    let members: Vec<(u32, String)> = (1..=n as u32).map(|i| (i, "127.0.0.1".into())).collect();
+    let ca = generate_dev_ca(ca_dir.path(), &members)?;
+    let nodes = ca.nodes.clone();
+    let mut cluster = Cluster::configure(n, |config: &mut BrokerConfig| {
+        if tls {
+            config.tls = nodes
+                .iter()
+                .find(|(id, _)| *id == config.node_id)
+                .map(|(_, t)| t.clone());
+        }
+        config.admin.token = Some(ADMIN_TOKEN.into());
+        config.auth.tokens = vec![
+            TokenConfig {
+                name: "app".into(),
+                secret: APP_TOKEN.into(),
+                domains: vec!["bmq.test".into()],
+                permissions: vec![Permission::Produce, Permission::Consume],
+            },
+            TokenConfig {
+                name: "writer".into(),
+                secret: WRITER_TOKEN.into(),
+                domains: vec!["bmq.test".into()],
+                permissions: vec![Permission::Produce],
+            },
+        ];
+    })?;
+    for id in 1..=n as u32 {
+        cluster.start_node(id)?;
+    }
+    Ok(SecureCluster {
+        cluster,
+        ca,
+        _ca_dir: ca_dir,
+    })
+}
+
+impl SecureCluster {
+    fn client_config(&self, token: Option<&str>) -> ClientConfig {
+        let mut c = ClientConfig::new(self.cluster.client_addrs());
+        c.tls_ca_file = Some(self.ca.ca_cert.clone());
+        c.token = token.map(String::from);
+        c.request_timeout = Duration::from_secs(5);
+        c
+    }
+}
+
+async fn metric(admin: &str, name: &str) -> anyhow::Result<f64> {
+    let mut stream = TcpStream::connect(admin).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Waits until `metric` on `admin` reaches `at_least`.
+async fn wait_metric(admin: &str, name: &str, at_least: f64) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = metric(admin, name).await?;
+        if v >= at_least {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("{admin}: {name} is {v}, expected at least {at_least}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One HTTP/1.1 POST; returns the status code.
+async fn post(admin: &str, path: &str, token: Option<&str>) -> anyhow::Result<u16> {
+    let mut stream = TcpStream::connect(admin).await?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    stream
+        .write_all(
+            format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n{auth}Connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    body.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("malformed answer {body:?}"))
+}
+
+/// What a rogue process sends once connected: a Hello claiming `claimed`, then elector
+/// messages with a huge term, for about half a second.
+async fn rogue_elector_traffic(stream: BoxedStream, claimed: u32, cluster_name: &str) {
+    let mut framed = Framed::new(stream, FrameCodec::<PeerMessage>::new(1 << 20));
+    let hello = PeerMessage {
+        kind: Some(Kind::Hello(PeerHello {
+            cluster_name: cluster_name.into(),
+            node_id: claimed,
+            channel: Channel::Control as i32,
+            protocol_version: PROTOCOL_VERSION,
+        })),
+    };
+    if framed.send(hello).await.is_err() {
+        return;
+    }
+    for i in 0..10u64 {
+        let kind = if i % 2 == 0 {
+            elector_message::Kind::Heartbeat(LeaderHeartbeat { term: HUGE_TERM + i })
+        } else {
+            elector_message::Kind::Proposal(ElectionProposal { term: HUGE_TERM + i })
+        };
+        let msg = PeerMessage {
+            kind: Some(Kind::Elector(ElectorMessage { kind: Some(kind) })),
+        };
+        if framed.send(msg).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The leader and term as every node reports them; an error if they disagree or one is silent.
+async fn agreed_leadership(cluster: &Cluster) -> anyhow::Result<(Option<u32>, u64)> {
+    let mut seen = None;
+    for (id, status) in cluster.statuses().await {
+        let s = status.with_context(|| format!("node {id} status"))?;
+        let view = (s.elector.leader, s.elector.term);
+        match seen {
+            None => seen = Some(view),
+            Some(v) if v != view => bail!("node {id} sees {view:?}, another node {v:?}"),
+            _ => {}
+        }
+    }
+    seen.context("no node answered")
+}
+
+/// A process without a valid certificate (plain TCP, a certificate from another CA, or a
+/// valid member certificate claiming another member) sends elector messages with a huge term
+/// to every node's peer port: each connection is refused and counted, leader and term stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rogue_peer_without_valid_certificate_changes_nothing() {
+    let sc = secure_cluster(3, true).expect("start cluster");
+    let result = async {
+        let cluster = &sc.cluster;
+        let (leader, term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let follower = (1..=3).find(|i| *i != leader).expect("a follower");
+        let cluster_name = cluster.node(1).config.cluster_name.clone();
+
+        // A certificate for node-<follower> signed by another CA, presented by a process that
+        // trusts the cluster's CA (so only the node's check of the client certificate stops it).
+        let rogue_dir = tempfile::tempdir()?;
+        let rogue_ca = generate_dev_ca(rogue_dir.path(), &[(follower, "127.0.0.1".into())])?;
+        let mut rogue_settings = rogue_ca.nodes[0].1.clone();
+        rogue_settings.ca_file = sc.ca.ca_cert.clone();
+        let rogue = PeerTls::load(&rogue_settings)?;
+        // The real certificate of the leader, used to claim to be the follower.
+        let leader_files = &sc.ca.nodes.iter().find(|(id, _)| *id == leader).unwrap().1;
+        let impostor = PeerTls::load(leader_files)?;
+
+        let mut before = Vec::new();
+        for node in &cluster.nodes {
+            before.push(metric(&node.admin_addr(), "bmq_peer_auth_failures_total").await?);
+        }
+        for node in &cluster.nodes {
+            let peer_addr = node.config.self_member().peer_addr();
+            let server = rustls::pki_types::ServerName::try_from(member_name(node.id))?;
+            // 1. Plain TCP.
+            let plain = TcpStream::connect(&peer_addr).await?;
+            rogue_elector_traffic(Box::new(plain), follower, &cluster_name).await;
+            // 2. A certificate from another CA.
+            let tcp = TcpStream::connect(&peer_addr).await?;
+            if let Ok(tls) = rogue.peer_connector.connect(server.clone(), tcp).await {
+                rogue_elector_traffic(Box::new(tls), follower, &cluster_name).await;
+            }
+            // 3. A valid member certificate whose hello claims another member.
+            let claimed = if node.id == follower {
+                (1..=3).find(|i| *i != leader && *i != follower).unwrap()
+            } else {
+                follower
+            };
+            let tcp = TcpStream::connect(&peer_addr).await?;
+            let tls = impostor.peer_connector.connect(server, tcp).await?;
+            rogue_elector_traffic(Box::new(tls), claimed, &cluster_name).await;
+        }
+        for (node, before) in cluster.nodes.iter().zip(&before) {
+            // The leader's own certificate on the leader's port claims a peer too: 3 each.
+            wait_metric(
+                &node.admin_addr(),
+                "bmq_peer_auth_failures_total",
+                before + 3.0,
+            )
+            .await?;
+        }
+        // Leadership is observed over several heartbeat periods: a rogue heartbeat that got
+        // through would have moved some node's term within one.
+        let watch_until = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < watch_until {
+            let (l, t) = agreed_leadership(cluster).await?;
+            ensure!(
+                (l, t) == (Some(leader), term),
+                "leadership changed from ({leader}, {term}) to ({l:?}, {t})"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", sc.cluster.log_tails(30));
+    }
+}
+
+/// Control for the test above: on a cluster without TLS, the same rogue traffic over plain TCP
+/// does move the term, so the secured test's "nothing changed" is not vacuous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tls_the_same_rogue_traffic_moves_the_term() {
+    let sc = secure_cluster(3, false).expect("start cluster");
+    let result = async {
+        let cluster = &sc.cluster;
+        let (leader, _term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let follower = (1..=3).find(|i| *i != leader).expect("a follower");
+        let target = (1..=3)
+            .find(|i| *i != leader && *i != follower)
+            .expect("another follower");
+        let cluster_name = cluster.node(1).config.cluster_name.clone();
+        let peer_addr = cluster.node(target).config.self_member().peer_addr();
+        let plain = TcpStream::connect(&peer_addr).await?;
+        rogue_elector_traffic(Box::new(plain), follower, &cluster_name).await;
+        cluster
+            .wait_for_all(Duration::from_secs(5), "a term at least the rogue's", |s| {
+                s.node_id != target || s.elector.term >= HUGE_TERM
+            })
+            .await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", sc.cluster.log_tails(30));
+    }
+}
+
+/// A wrong token cannot connect, a missing token or a missing permission cannot open a queue
+/// (each with a clear NOT_AUTHORIZED message), the right token produces and consumes, and
+/// admin actions need the admin token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_permissions_are_enforced() {
+    let sc = secure_cluster(3, true).expect("start cluster");
+    let result = async {
+        let cluster = &sc.cluster;
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let uri = "bmq://bmq.test/secured";
+
+        match Client::connect(sc.client_config(Some("not-a-valid-token-at-all"))).await {
+            Err(ClientError::Refused { code, message }) => {
+                ensure!(code == StatusCode::NotAuthorized, "{code:?}");
+                ensure!(message.contains("token"), "{message}");
+            }
+            Err(e) => bail!("wrong token: unexpected error {e}"),
+            Ok(_) => bail!("a wrong token connected"),
+        }
+
+        let anonymous = Client::connect(sc.client_config(None)).await?;
+        match anonymous.open_queue(uri, OpenOptions::write()).await {
+            Err(ClientError::Refused { code, message }) => {
+                ensure!(code == StatusCode::NotAuthorized, "{code:?}");
+                ensure!(message.contains("requires a token"), "{message}");
+            }
+            other => bail!("anonymous open: {other:?}"),
+        }
+
+        let writer = Client::connect(sc.client_config(Some(WRITER_TOKEN))).await?;
+        match writer
+            .open_queue(uri, OpenOptions::read_write(Default::default()))
+            .await
+        {
+            Err(ClientError::Refused { code, message }) => {
+                ensure!(code == StatusCode::NotAuthorized, "{code:?}");
+                ensure!(
+                    message.contains("consume") && message.contains("bmq.test"),
+                    "{message}"
+                );
+            }
+            other => bail!("writer opening for read: {other:?}"),
+        }
+        writer.open_queue(uri, OpenOptions::write()).await?;
+        let ack = writer.put(uri, "by writer".into(), vec![]).await?.await?;
+        ensure!(ack.status == AckStatus::Success as i32, "{ack:?}");
+
+        let app = Client::connect(sc.client_config(Some(APP_TOKEN))).await?;
+        app.open_queue(uri, OpenOptions::read_write(Default::default()))
+            .await?;
+        let msg = tokio::time::timeout(Duration::from_secs(10), app.next_message())
+            .await
+            .context("no push")?
+            .context("stream ended")?;
+        ensure!(&msg.payload[..] == b"by writer");
+        app.confirm(uri, msg.guid).await?;
+
+        let mut refused_opens = 0.0;
+        let mut failed_hellos = 0.0;
+        for node in &cluster.nodes {
+            refused_opens += metric(&node.admin_addr(), "bmq_client_unauthorized_total").await?;
+            failed_hellos += metric(&node.admin_addr(), "bmq_client_auth_failures_total").await?;
+        }
+        ensure!(refused_opens >= 2.0, "{refused_opens} refused opens counted");
+        ensure!(failed_hellos >= 1.0, "{failed_hellos} refused hellos counted");
+
+        // Admin: reads stay open, actions need the admin token.
+        let admin = cluster.node(1).admin_addr();
+        ensure!(metric(&admin, "bmq_admin_auth_failures_total").await? == 0.0);
+        let code = post(&admin, "/admin/cede-leadership", None).await?;
+        ensure!(code == 401, "no token: {code}");
+        let code = post(&admin, "/admin/cede-leadership", Some(APP_TOKEN)).await?;
+        ensure!(code == 401, "a client token without admin: {code}");
+        let code = post(&admin, "/admin/cede-leadership", Some(ADMIN_TOKEN)).await?;
+        ensure!(code == 200, "admin token: {code}");
+        ensure!(metric(&admin, "bmq_admin_auth_failures_total").await? == 2.0);
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", sc.cluster.log_tails(30));
+    }
+}
+
+/// A client without TLS cannot talk to a TLS client listener: it never gets a Hello answer,
+/// and the node counts the failed handshakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_client_cannot_talk_to_a_tls_listener() {
+    let sc = secure_cluster(1, true).expect("start cluster");
+    let result = async {
+        let cluster = &sc.cluster;
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let mut config = sc.client_config(Some(APP_TOKEN));
+        config.tls_ca_file = None;
+        config.request_timeout = Duration::from_secs(2);
+        match Client::connect(config).await {
+            Err(ClientError::Connect { .. }) => {}
+            Err(e) => bail!("unexpected error {e}"),
+            Ok(_) => bail!("a plain client connected to a TLS listener"),
+        }
+        wait_metric(
+            &cluster.node(1).admin_addr(),
+            "bmq_client_tls_failures_total",
+            1.0,
+        )
+        .await?;
+        // The same client with the CA connects.
+        Client::connect(sc.client_config(Some(APP_TOKEN))).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", sc.cluster.log_tails(30));
+    }
+}
+
+/// Sends `bytes` on a fresh connection to `addr` and waits (bounded) for the node to close it.
+async fn send_garbage(addr: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(bytes).await?;
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    Ok(())
+}
+
+/// Garbage bytes (including a truncated TLS ClientHello) on the client, peer and admin ports
+/// of every node of a secured cluster leave every node up, the leadership unchanged, and a
+/// client connected meanwhile producing and consuming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_every_port_of_a_secured_cluster_leaves_it_up() {
+    let sc = secure_cluster(3, true).expect("start cluster");
+    let result = async {
+        let cluster = &sc.cluster;
+        let (leader, term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let uri = "bmq://bmq.test/garbage";
+        let client = Client::connect(sc.client_config(Some(APP_TOKEN))).await?;
+        client
+            .open_queue(uri, OpenOptions::read_write(Default::default()))
+            .await?;
+        let truncated_client_hello = [0x16u8, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc];
+        let garbage: [&[u8]; 4] = [
+            &[0xff, 0xff, 0xff, 0xff, 1, 2, 3],
+            &[0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff],
+            b"GET / HTTP/1.1\r\n\r\n",
+            &truncated_client_hello,
+        ];
+        for node in &cluster.nodes {
+            for addr in [
+                node.client_addr(),
+                node.config.self_member().peer_addr(),
+                node.admin_addr(),
+            ] {
+                for bytes in garbage {
+                    send_garbage(&addr, bytes).await?;
+                }
+            }
+        }
+        for node in &cluster.nodes {
+            ensure!(node.is_running(), "node {} exited", node.id);
+        }
+        let (leader_after, term_after) = cluster.wait_for_leader(Duration::from_secs(5)).await?;
+        ensure!(
+            (leader_after, term_after) == (leader, term),
+            "garbage changed the leadership: ({leader}, {term}) -> ({leader_after}, {term_after})"
+        );
+        let ack = client.put(uri, "still here".into(), vec![]).await?.await?;
+        ensure!(ack.status == AckStatus::Success as i32, "{ack:?}");
+        let msg = tokio::time::timeout(Duration::from_secs(10), client.next_message())
+            .await
+            .context("no push")?
+            .context("stream ended")?;
+        ensure!(&msg.payload[..] == b"still here");
+        client.confirm(uri, msg.guid).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", sc.cluster.log_tails(30));
+    }
+}
