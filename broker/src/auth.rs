@@ -417,6 +417,39 @@ mod tests {
     }
 
     #[test]
+    fn the_commented_security_example_parses_and_validates() {
+        // The [admin], [tls] and [[auth.tokens]] example of local-cluster.toml, uncommented,
+        // is a valid configuration.
+        let text = crate::config::LOCAL_CLUSTER_TOML;
+        let start = text.find("# Security (issue 10").expect("security block");
+        let (head, block) = text.split_at(start);
+        let mut uncommented = head.to_string();
+        for line in block.lines() {
+            let l = line.strip_prefix("# ").unwrap_or(line);
+            // Only TOML lines: table headers and key = value pairs.
+            let is_pair = l.split_once(" = ").is_some_and(|(k, _)| {
+                !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            });
+            if l.starts_with("[admin]")
+                || l.starts_with("[tls]")
+                || l.starts_with("[[auth")
+                || is_pair
+            {
+                uncommented.push_str(l);
+                uncommented.push('\n');
+            }
+        }
+        let c = crate::config::BrokerConfig::from_toml_str(&uncommented).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.admin.listen_host.as_deref(), Some("0.0.0.0"));
+        assert!(c.tls.as_ref().is_some_and(|t| t.client_listener));
+        assert_eq!(
+            c.auth.tokens[0].permissions,
+            vec![Permission::Produce, Permission::Consume]
+        );
+    }
+
+    #[test]
     fn admin_binds_loopback_unless_told() {
         // A non-loopback member host still gets a loopback admin bind by default.
         let a = AdminSettings::default();

@@ -151,9 +151,13 @@ async fn rogue_elector_traffic(stream: BoxedStream, claimed: u32, cluster_name: 
     }
     for i in 0..10u64 {
         let kind = if i % 2 == 0 {
-            elector_message::Kind::Heartbeat(LeaderHeartbeat { term: HUGE_TERM + i })
+            elector_message::Kind::Heartbeat(LeaderHeartbeat {
+                term: HUGE_TERM + i,
+            })
         } else {
-            elector_message::Kind::Proposal(ElectionProposal { term: HUGE_TERM + i })
+            elector_message::Kind::Proposal(ElectionProposal {
+                term: HUGE_TERM + i,
+            })
         };
         let msg = PeerMessage {
             kind: Some(Kind::Elector(ElectorMessage { kind: Some(kind) })),
@@ -348,8 +352,14 @@ async fn tokens_and_permissions_are_enforced() {
             refused_opens += metric(&node.admin_addr(), "bmq_client_unauthorized_total").await?;
             failed_hellos += metric(&node.admin_addr(), "bmq_client_auth_failures_total").await?;
         }
-        ensure!(refused_opens >= 2.0, "{refused_opens} refused opens counted");
-        ensure!(failed_hellos >= 1.0, "{failed_hellos} refused hellos counted");
+        ensure!(
+            refused_opens >= 2.0,
+            "{refused_opens} refused opens counted"
+        );
+        ensure!(
+            failed_hellos >= 1.0,
+            "{failed_hellos} refused hellos counted"
+        );
 
         // Admin: reads stay open, actions need the admin token.
         let admin = cluster.node(1).admin_addr();

@@ -206,13 +206,27 @@ async fn connect_one(
                 }
             },
             Some(Ok(other)) => Err(format!("{addr} answered hello with {other:?}").into()),
-            Some(Err(e)) => Err(format!("{addr}: {e}").into()),
-            None => Err(format!("{addr} closed the connection during hello").into()),
+            Some(Err(e)) => Err(format!("{addr}: {e}{}", tls_hint(config)).into()),
+            None => Err(format!(
+                "{addr} closed the connection during hello{}",
+                tls_hint(config)
+            )
+            .into()),
         }
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(result) => result,
         Err(_) => Err(format!("{addr}: no hello response within {timeout:?}").into()),
+    }
+}
+
+/// A hint for a Hello that failed on a plain connection: a TLS listener answers a plain Hello
+/// with a TLS alert (which decodes as an oversized frame) or by closing.
+fn tls_hint(config: &ClientConfig) -> &'static str {
+    if config.tls_ca_file.is_none() {
+        " (if the broker speaks TLS, give its CA: ClientConfig::tls_ca_file, bmqctl --tls-ca)"
+    } else {
+        ""
     }
 }
 
