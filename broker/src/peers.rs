@@ -45,6 +45,12 @@ use crate::tls::{certificate_names, member_name, BoxedStream, PeerTls};
 /// How long a TLS handshake on a peer link may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Most accepted peer connections still in their TLS handshake or before their Hello was
+/// accepted; beyond that, new connections are closed at once and counted in
+/// `bmq_peer_connections_refused_total` (a flood of idle connections cannot pile up tasks).
+/// A real cluster needs at most 2 per peer at a time.
+const PEER_UNAUTHENTICATED_MAX: usize = 64;
+
 /// Settings of the peer links (from `[link]` and `[limits]` of the node configuration).
 #[derive(Debug, Clone)]
 pub struct PeerHubConfig {
@@ -93,6 +99,8 @@ pub struct PeerHub {
     outbound: HashMap<(NodeId, i32), mpsc::Sender<PeerMessage>>,
     links: Mutex<HashMap<NodeId, LinkState>>,
     stopping: AtomicBool,
+    /// Permits for connections not yet authenticated ([`PEER_UNAUTHENTICATED_MAX`]).
+    unauthenticated: Arc<tokio::sync::Semaphore>,
 }
 
 impl PeerHub {
@@ -117,6 +125,7 @@ impl PeerHub {
             outbound,
             links: Mutex::new(links),
             stopping: AtomicBool::new(false),
+            unauthenticated: Arc::new(tokio::sync::Semaphore::new(PEER_UNAUTHENTICATED_MAX)),
         });
         for (peer, addr, channel, rx) in receivers {
             tokio::spawn(dial_loop(hub.clone(), peer, addr, channel, rx));
@@ -182,11 +191,20 @@ impl PeerHub {
         loop {
             match listener.accept().await {
                 Ok((stream, remote)) => {
+                    let Ok(permit) = self.unauthenticated.clone().try_acquire_owned() else {
+                        self.refuse(
+                            &remote.to_string(),
+                            "too many connections still authenticating",
+                        );
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     let hub = self.clone();
                     let inbound = inbound.clone();
                     tokio::spawn(async move {
-                        if let Err(reason) = hub.clone().serve_connection(stream, inbound).await {
+                        if let Err(reason) =
+                            hub.clone().serve_connection(stream, inbound, permit).await
+                        {
                             debug!(%remote, %reason, "peer connection closed");
                         }
                     });
@@ -203,6 +221,7 @@ impl PeerHub {
         self: Arc<Self>,
         stream: TcpStream,
         inbound: Arc<dyn PeerInbound>,
+        unauthenticated: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<(), String> {
         let remote = stream
             .peer_addr()
@@ -274,6 +293,7 @@ impl PeerHub {
                 ));
             }
         }
+        drop(unauthenticated);
         let channel = Channel::try_from(hello.channel).unwrap_or(Channel::Control);
         let is_control = channel == Channel::Control;
         debug!(peer = %from, channel = channel_label(channel), "peer connection accepted");

@@ -53,6 +53,9 @@ const RETRANSMIT_CHECK_PERIOD: Duration = Duration::from_millis(250);
 
 /// How long a client's TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most client connections in their TLS handshake at once; beyond that new connections are
+/// closed at once and counted in `bmq_client_connections_refused_total`.
+const TLS_HANDSHAKES_MAX: usize = 256;
 
 /// Accepts client connections on `listener` until the process ends; with `tls`, each
 /// connection is TLS (handshake in the connection's own task, bounded by
@@ -62,6 +65,7 @@ pub async fn serve_clients(
     router: Arc<DataPlane>,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(TLS_HANDSHAKES_MAX));
     loop {
         match listener.accept().await {
             Ok((stream, remote)) => {
@@ -73,6 +77,17 @@ pub async fn serve_clients(
                 let _ = stream.set_nodelay(true);
                 let router = router.clone();
                 let tls = tls.clone();
+                let permit = match &tls {
+                    None => None,
+                    Some(_) => match handshakes.clone().try_acquire_owned() {
+                        Ok(p) => Some(p),
+                        Err(_) => {
+                            metrics::counter!("bmq_client_connections_refused_total").increment(1);
+                            warn!(%remote, "client connection refused: too many TLS handshakes in progress");
+                            continue;
+                        }
+                    },
+                };
                 tokio::spawn(async move {
                     metrics::counter!("bmq_client_connections_total").increment(1);
                     let stream: BoxedStream = match tls {
@@ -97,6 +112,7 @@ pub async fn serve_clients(
                             }
                         }
                     };
+                    drop(permit);
                     run_session(stream, remote.to_string(), router).await;
                 });
             }
