@@ -483,3 +483,30 @@ async fn garbage_on_every_port_of_a_secured_cluster_leaves_it_up() {
         panic!("{e:#}\n{}", sc.cluster.log_tails(30));
     }
 }
+
+/// A flood of idle connections to a TLS peer port is bounded: beyond 64 connections still
+/// authenticating, new ones are closed at once and counted, and the node stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connection_flood_on_the_peer_port_is_bounded() {
+    let sc = secure_cluster(1, true).expect("start cluster");
+    let result = async {
+        let cluster = &sc.cluster;
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let admin = cluster.node(1).admin_addr();
+        let before = metric(&admin, "bmq_peer_connections_refused_total").await?;
+        let peer_addr = cluster.node(1).config.self_member().peer_addr();
+        let mut idle = Vec::new();
+        for _ in 0..80 {
+            idle.push(TcpStream::connect(&peer_addr).await?);
+        }
+        wait_metric(&admin, "bmq_peer_connections_refused_total", before + 16.0).await?;
+        drop(idle);
+        ensure!(cluster.node(1).is_running(), "node exited");
+        cluster.wait_for_leader(Duration::from_secs(5)).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", sc.cluster.log_tails(30));
+    }
+}
