@@ -6,7 +6,9 @@
 //!   it (`POST /admin/cede-leadership`).
 //!
 //! When the node has an admin token configured, pass it with `--token` or the
-//! `BMQ_ADMIN_TOKEN` environment variable; it is sent as `Authorization: Bearer <token>`.
+//! `BMQ_ADMIN_TOKEN` environment variable; without either, the local cluster's
+//! `<cluster dir>/security/admin.token` is used when it exists ([`crate::cli::credentials`]).
+//! It is sent as `Authorization: Bearer <token>`.
 
 use std::time::Duration;
 
@@ -53,9 +55,21 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
         AdminCommand::CedeLeadership(t) => (t, "/admin/cede-leadership"),
     };
     let timeout = Duration::from_millis(target.timeout_ms);
+    let token = match &target.token {
+        Some(t) => Some(t.clone()),
+        None => {
+            let file = crate::cli::credentials::cluster_dir()
+                .join(crate::cli::credentials::SECURITY_DIR)
+                .join(crate::cli::credentials::ADMIN_TOKEN_FILE);
+            std::fs::read_to_string(&file)
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+        }
+    };
     let body = tokio::time::timeout(
         timeout,
-        http_post_with_token(&target.admin, path, target.token.as_deref()),
+        http_post_with_token(&target.admin, path, token.as_deref()),
     )
     .await
     .map_err(|_| {

@@ -705,20 +705,15 @@ fn print_summary(nodes: &[Node], leader: u32, term: u64) {
             .map(|d| d.join(".cluster"))
             .is_ok_and(|d| d == dir);
         if default_dir {
-            println!("  bmqctl produce/consume run from this directory use them by default.");
+            println!(
+                "  bmqctl produce, consume and admin run from this directory use them by default."
+            );
         } else {
             println!(
-                "  for bmqctl produce/consume: export BMQ_CLUSTER_DIR={}",
+                "  for bmqctl produce, consume and admin: export BMQ_CLUSTER_DIR={}",
                 dir.display()
             );
         }
-        println!(
-            "  admin actions: BMQ_ADMIN_TOKEN=$(cat {}) bmqctl admin cede-leadership --admin {}",
-            security
-                .join(crate::cli::credentials::ADMIN_TOKEN_FILE)
-                .display(),
-            admins.first().map(String::as_str).unwrap_or("HOST:PORT")
-        );
     }
     println!("\nCtrl-C stops the cluster.");
 }
