@@ -297,10 +297,10 @@ pub struct AdminContext {
     pub auth: crate::auth::AuthSettings,
 }
 
-/// Checks the bearer token of a state-changing admin request (see the module doc): `Ok` when
+/// Checks the bearer token of a state-changing admin request (see the module doc): `None` when
 /// no admin token is configured or the request carries a valid one; else the 401 answer, after
 /// logging the remote address and counting `bmq_admin_auth_failures_total`.
-fn authorize_admin(ctx: &AdminContext, req: &HttpRequest) -> Result<(), HttpResponse> {
+fn refuse_unauthorized(ctx: &AdminContext, req: &HttpRequest) -> Option<HttpResponse> {
     let admin_tokens_exist = ctx.admin_token.is_some()
         || ctx
             .auth
@@ -308,7 +308,7 @@ fn authorize_admin(ctx: &AdminContext, req: &HttpRequest) -> Result<(), HttpResp
             .iter()
             .any(|t| t.permissions.contains(&crate::auth::Permission::Admin));
     if !admin_tokens_exist {
-        return Ok(());
+        return None;
     }
     let presented = req
         .headers()
@@ -328,12 +328,12 @@ fn authorize_admin(ctx: &AdminContext, req: &HttpRequest) -> Result<(), HttpResp
         by_admin | by_client
     });
     if valid {
-        return Ok(());
+        return None;
     }
     metrics::counter!("bmq_admin_auth_failures_total").increment(1);
     let remote = req.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     warn!(%remote, path = %req.path(), presented = presented.is_some(), "admin action refused: missing or invalid token");
-    Err(HttpResponse::Unauthorized()
+    Some(HttpResponse::Unauthorized()
         .insert_header(("WWW-Authenticate", "Bearer"))
         .body(if presented.is_some() {
             "invalid admin token\n"
@@ -443,7 +443,7 @@ async fn set_quorum(
     req: HttpRequest,
     path: web::Path<usize>,
 ) -> HttpResponse {
-    if let Err(refused) = authorize_admin(&ctx, &req) {
+    if let Some(refused) = refuse_unauthorized(&ctx, &req) {
         return refused;
     }
     let quorum = path.into_inner();
@@ -456,7 +456,7 @@ async fn set_quorum(
 }
 
 async fn stop(ctx: web::Data<AdminContext>, req: HttpRequest) -> HttpResponse {
-    if let Err(refused) = authorize_admin(&ctx, &req) {
+    if let Some(refused) = refuse_unauthorized(&ctx, &req) {
         return refused;
     }
     ctx.stop.notify_one();
@@ -464,7 +464,7 @@ async fn stop(ctx: web::Data<AdminContext>, req: HttpRequest) -> HttpResponse {
 }
 
 async fn cede(ctx: web::Data<AdminContext>, req: HttpRequest) -> HttpResponse {
-    if let Err(refused) = authorize_admin(&ctx, &req) {
+    if let Some(refused) = refuse_unauthorized(&ctx, &req) {
         return refused;
     }
     match ctx.elector.send(CedeLeadership).await {
