@@ -306,6 +306,7 @@ impl PeerHub {
         let result = loop {
             match framed.next().await {
                 None => break Ok(()),
+                Some(Err(e)) if crate::tls::is_unclean_close(&e) => break Ok(()),
                 Some(Err(e)) => {
                     metrics::counter!("bmq_peer_frame_errors_total").increment(1);
                     warn!(peer = %from, error = %e, "bad frame from peer; closing the connection");

@@ -298,6 +298,9 @@ async fn run_session(stream: BoxedStream, remote: String, router: Arc<DataPlane>
         tokio::select! {
             frame = stream.next() => match frame {
                 None => break "client closed the connection".into(),
+                Some(Err(e)) if crate::tls::is_unclean_close(&e) => {
+                    break "client closed the connection (without TLS close_notify)".into()
+                }
                 Some(Err(e)) => {
                     metrics::counter!("bmq_client_frame_errors_total").increment(1);
                     break format!("bad frame: {e}");

@@ -252,6 +252,13 @@ pub fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> bool {
     }
 }
 
+/// Whether a read error is a TLS peer closing its socket without `close_notify` (rustls
+/// reports it as `UnexpectedEof`): a process that exits or is killed does that, so it is an
+/// ordinary close, not bad input.
+pub fn is_unclean_close(e: &bmq_proto::FrameError) -> bool {
+    matches!(e, bmq_proto::FrameError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof)
+}
+
 /// The files [`generate_dev_ca`] wrote.
 #[derive(Debug, Clone)]
 pub struct DevCaFiles {
@@ -384,6 +391,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("none.pem"), "{err}");
+    }
+
+    #[test]
+    fn only_unexpected_eof_is_an_unclean_close() {
+        // A missing close_notify is an ordinary close; other errors stay bad input.
+        let eof = bmq_proto::FrameError::Io(std::io::ErrorKind::UnexpectedEof.into());
+        assert!(is_unclean_close(&eof));
+        let other = bmq_proto::FrameError::Io(std::io::ErrorKind::InvalidData.into());
+        assert!(!is_unclean_close(&other));
     }
 
     #[test]
