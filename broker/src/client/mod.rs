@@ -17,7 +17,11 @@
 //!   waits for room beyond that;
 //! - pushed messages arrive through [`Client::next_message`]; confirm them with
 //!   [`Client::confirm`]. Their number is bounded by the consumer's
-//!   `max_unconfirmed_messages`, which the broker enforces.
+//!   `max_unconfirmed_messages`, which the broker enforces;
+//! - security: with [`ClientConfig::tls_ca_file`] the connection is TLS, the broker's
+//!   certificate verified against that CA and the host dialed; [`ClientConfig::token`] is sent
+//!   in `Hello`. A token the cluster refuses fails [`Client::connect`] at once; an OpenQueue the
+//!   token does not permit fails with [`ClientError::Refused`] `NotAuthorized`.
 //!
 //! ```no_run
 //! use bmq_broker::client::{Client, ClientConfig, OpenOptions};
@@ -238,6 +242,12 @@ impl Client {
     /// when no broker answered in time.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         config.validate()?;
+        if config.token.as_deref().is_some_and(|t| !t.is_empty()) && config.tls_ca_file.is_none() {
+            tracing::warn!(
+                "the client token is sent without TLS: anyone on the path can read it \
+                 (set ClientConfig::tls_ca_file)"
+            );
+        }
         let (messages_tx, messages_rx) = mpsc::unbounded_channel();
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_CHANNEL_CAPACITY);
         let shared = Arc::new(Shared {
