@@ -59,7 +59,7 @@ const TLS_HANDSHAKES_MAX: usize = 256;
 
 /// Accepts client connections on `listener` until the process ends; with `tls`, each
 /// connection is TLS (handshake in the connection's own task, bounded by
-/// [`TLS_HANDSHAKE_TIMEOUT`]).
+/// `TLS_HANDSHAKE_TIMEOUT`, 10 s).
 pub async fn serve_clients(
     listener: TcpListener,
     router: Arc<DataPlane>,

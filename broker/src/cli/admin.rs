@@ -7,7 +7,7 @@
 //!
 //! When the node has an admin token configured, pass it with `--token` or the
 //! `BMQ_ADMIN_TOKEN` environment variable; without either, the local cluster's
-//! `<cluster dir>/security/admin.token` is used when it exists ([`crate::cli::credentials`]).
+//! `CLUSTER_DIR/security/admin.token` is used when it exists ([`crate::cli::credentials`]).
 //! It is sent as `Authorization: Bearer <token>`.
 
 use std::time::Duration;
@@ -38,7 +38,8 @@ pub struct AdminTarget {
     /// Timeout of the request, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     pub timeout_ms: u64,
-    /// Admin token of the node (`admin.token`), sent as a bearer token.
+    /// Admin token of the node (`admin.token`), sent as a bearer token [default: else
+    /// CLUSTER_DIR/security/admin.token if it exists].
     #[arg(
         long,
         env = "BMQ_ADMIN_TOKEN",

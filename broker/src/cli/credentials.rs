@@ -1,12 +1,12 @@
 //! TLS and token options of the client commands (`bmqctl produce`, `bmqctl consume`).
 //!
 //! Resolution, first match wins:
-//! - CA certificate: `--tls-ca`, else `$BMQ_TLS_CA`, else `<cluster dir>/security/ca.pem` when
+//! - CA certificate: `--tls-ca`, else `$BMQ_TLS_CA`, else `CLUSTER_DIR/security/ca.pem` when
 //!   that file exists; `--no-tls` forces plain TCP.
 //! - Token: `--token`, else `$BMQ_TOKEN`, else the contents of
-//!   `<cluster dir>/security/client.token` when that file exists.
+//!   `CLUSTER_DIR/security/client.token` when that file exists.
 //!
-//! `<cluster dir>` is `$BMQ_CLUSTER_DIR`, else `.cluster` (the default directory of
+//! `CLUSTER_DIR` is `$BMQ_CLUSTER_DIR`, else `.cluster` (the default directory of
 //! `bmqctl cluster up`), so a newcomer's `bmqctl produce` next to `bmqctl cluster up` finds the
 //! local cluster's development CA and token without any flag.
 
@@ -30,14 +30,15 @@ pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ClientSecurityArgs {
     /// PEM file of the CA that signed the brokers' certificates; enables TLS
-    /// [default: $BMQ_TLS_CA, else <cluster dir>/security/ca.pem if it exists].
+    /// [default: $BMQ_TLS_CA, else CLUSTER_DIR/security/ca.pem if it exists; CLUSTER_DIR is
+    /// $BMQ_CLUSTER_DIR, else .cluster].
     #[arg(long = "tls-ca", value_name = "PEM")]
     pub tls_ca: Option<PathBuf>,
     /// Speak plain TCP even if a CA is found.
     #[arg(long)]
     pub no_tls: bool,
     /// Client token (an [[auth.tokens]] secret of the cluster)
-    /// [default: $BMQ_TOKEN, else the contents of <cluster dir>/security/client.token].
+    /// [default: $BMQ_TOKEN, else the contents of CLUSTER_DIR/security/client.token].
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
 }
