@@ -38,8 +38,9 @@ pub struct AdminTarget {
     /// Timeout of the request, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     pub timeout_ms: u64,
-    /// Admin token of the node (`admin.token`), sent as a bearer token [default: else
-    /// CLUSTER_DIR/security/admin.token if it exists].
+    /// Admin token of the node (`admin.token`), sent as a bearer token; without it (and
+    /// without $BMQ_ADMIN_TOKEN), CLUSTER_DIR/security/admin.token if it exists (CLUSTER_DIR is
+    /// $BMQ_CLUSTER_DIR, else .cluster).
     #[arg(
         long,
         env = "BMQ_ADMIN_TOKEN",
