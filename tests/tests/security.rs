@@ -134,15 +134,20 @@ async fn post(admin: &str, path: &str, token: Option<&str>) -> anyhow::Result<u1
         .with_context(|| format!("malformed answer {body:?}"))
 }
 
-/// What a rogue process sends once connected: a Hello claiming `claimed`, then elector
-/// messages with a huge term, for about half a second.
-async fn rogue_elector_traffic(stream: BoxedStream, claimed: u32, cluster_name: &str) {
+/// What a rogue process sends once connected: a Hello claiming `claimed` on `channel`, then
+/// elector messages with a huge term, for about half a second.
+async fn rogue_elector_traffic(
+    stream: BoxedStream,
+    claimed: u32,
+    channel: Channel,
+    cluster_name: &str,
+) {
     let mut framed = Framed::new(stream, FrameCodec::<PeerMessage>::new(1 << 20));
     let hello = PeerMessage {
         kind: Some(Kind::Hello(PeerHello {
             cluster_name: cluster_name.into(),
             node_id: claimed,
-            channel: Channel::Control as i32,
+            channel: channel as i32,
             protocol_version: PROTOCOL_VERSION,
         })),
     };
@@ -216,11 +221,12 @@ async fn rogue_peer_without_valid_certificate_changes_nothing() {
             let server = rustls::pki_types::ServerName::try_from(member_name(node.id))?;
             // 1. Plain TCP.
             let plain = TcpStream::connect(&peer_addr).await?;
-            rogue_elector_traffic(Box::new(plain), follower, &cluster_name).await;
+            rogue_elector_traffic(Box::new(plain), follower, Channel::Control, &cluster_name).await;
             // 2. A certificate from another CA.
             let tcp = TcpStream::connect(&peer_addr).await?;
             if let Ok(tls) = rogue.peer_connector.connect(server.clone(), tcp).await {
-                rogue_elector_traffic(Box::new(tls), follower, &cluster_name).await;
+                rogue_elector_traffic(Box::new(tls), follower, Channel::Control, &cluster_name)
+                    .await;
             }
             // 3. A valid member certificate whose hello claims another member.
             let claimed = if node.id == follower {
@@ -228,16 +234,19 @@ async fn rogue_peer_without_valid_certificate_changes_nothing() {
             } else {
                 follower
             };
-            let tcp = TcpStream::connect(&peer_addr).await?;
-            let tls = impostor.peer_connector.connect(server, tcp).await?;
-            rogue_elector_traffic(Box::new(tls), claimed, &cluster_name).await;
+            // On both channels: the DATA channel is authenticated the same way.
+            for channel in [Channel::Control, Channel::Data] {
+                let tcp = TcpStream::connect(&peer_addr).await?;
+                let tls = impostor.peer_connector.connect(server.clone(), tcp).await?;
+                rogue_elector_traffic(Box::new(tls), claimed, channel, &cluster_name).await;
+            }
         }
         for (node, before) in cluster.nodes.iter().zip(&before) {
-            // The leader's own certificate on the leader's port claims a peer too: 3 each.
+            // The leader's own certificate on the leader's port claims a peer too: 4 each.
             wait_metric(
                 &node.admin_addr(),
                 "bmq_peer_auth_failures_total",
-                before + 3.0,
+                before + 4.0,
             )
             .await?;
         }
@@ -275,7 +284,7 @@ async fn without_tls_the_same_rogue_traffic_moves_the_term() {
         let cluster_name = cluster.node(1).config.cluster_name.clone();
         let peer_addr = cluster.node(target).config.self_member().peer_addr();
         let plain = TcpStream::connect(&peer_addr).await?;
-        rogue_elector_traffic(Box::new(plain), follower, &cluster_name).await;
+        rogue_elector_traffic(Box::new(plain), follower, Channel::Control, &cluster_name).await;
         cluster
             .wait_for_all(Duration::from_secs(5), "a term at least the rogue's", |s| {
                 s.node_id != target || s.elector.term >= HUGE_TERM
