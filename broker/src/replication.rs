@@ -146,7 +146,6 @@ struct Waiter {
     producer: ConsumerKey,
     uri: String,
     guid: Bytes,
-    strong: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -845,7 +844,6 @@ impl ReplicationCore {
             producer,
             uri: uri.clone(),
             guid: guid.clone(),
-            strong,
         };
         if self.is_duplicate(now, &guid) {
             let seq = self.guids.sequence[&guid];
