@@ -146,7 +146,6 @@ struct Waiter {
     producer: ConsumerKey,
     uri: String,
     guid: Bytes,
-    strong: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -210,7 +209,10 @@ pub struct ReplicationCore {
     replicas: BTreeMap<NodeId, ReplicaProgress>,
     /// Highest sequence held by a quorum at this lease.
     committed: u64,
-    waiters: BTreeMap<u64, Vec<Waiter>>,
+    /// Producers waiting for the ACK of a strong PUT, by sequence (released at `committed`).
+    strong_waiters: BTreeMap<u64, Vec<Waiter>>,
+    /// Producers waiting for the ACK of an eventual PUT, by sequence (released at `persisted`).
+    eventual_waiters: BTreeMap<u64, Vec<Waiter>>,
     guids: GuidWindow,
     next_tick: Option<Instant>,
     pull_sent_at: Option<Instant>,
@@ -243,7 +245,8 @@ impl ReplicationCore {
             shapes: BTreeMap::new(),
             replicas: BTreeMap::new(),
             committed: 0,
-            waiters: BTreeMap::new(),
+            strong_waiters: BTreeMap::new(),
+            eventual_waiters: BTreeMap::new(),
             guids: GuidWindow::default(),
             next_tick: None,
             pull_sent_at: None,
@@ -358,7 +361,8 @@ impl ReplicationCore {
         self.primary = primary;
         self.shapes.clear();
         self.replicas.clear();
-        self.waiters.clear();
+        self.strong_waiters.clear();
+        self.eventual_waiters.clear();
         self.guids.clear();
         self.committed = 0;
         self.next_tick = None;
@@ -627,33 +631,36 @@ impl ReplicationCore {
         }
     }
 
+    /// Turns the waiters whose PUT is now safe into `Ack` outputs: strong ones up to the quorum
+    /// mark (`committed`), eventual ones up to this node's own fsync mark (`persisted`). Each
+    /// kind has its own map, so a release takes one `split_off` per kind and never rescans
+    /// PUTs that are still in flight (a rescan per receipt showed in a profile, issue 8).
     fn release_acks(&mut self) {
-        let strong_upto = self.committed;
-        let eventual_upto = self.persisted;
-        let upto = strong_upto.max(eventual_upto);
-        let ready: Vec<u64> = self.waiters.range(..=upto).map(|(s, _)| *s).collect();
-        for seq in ready {
-            let list = self.waiters.remove(&seq).expect("listed");
-            let mut keep = Vec::new();
+        let strong_rest = self
+            .strong_waiters
+            .split_off(&self.committed.saturating_add(1));
+        let strong_done = std::mem::replace(&mut self.strong_waiters, strong_rest);
+        let eventual_rest = self
+            .eventual_waiters
+            .split_off(&self.persisted.saturating_add(1));
+        let eventual_done = std::mem::replace(&mut self.eventual_waiters, eventual_rest);
+        for (_, list) in strong_done.into_iter().chain(eventual_done) {
             for w in list {
-                let done = if w.strong {
-                    seq <= strong_upto
-                } else {
-                    seq <= eventual_upto
-                };
-                if done {
-                    self.outputs.push_back(Output::Ack {
-                        producer: w.producer,
-                        uri: w.uri,
-                        guid: w.guid,
-                    });
-                } else {
-                    keep.push(w);
-                }
+                self.outputs.push_back(Output::Ack {
+                    producer: w.producer,
+                    uri: w.uri,
+                    guid: w.guid,
+                });
             }
-            if !keep.is_empty() {
-                self.waiters.insert(seq, keep);
-            }
+        }
+    }
+
+    /// The waiters of PUTs with `strong` consistency, or of the eventual ones.
+    fn waiters_mut(&mut self, strong: bool) -> &mut BTreeMap<u64, Vec<Waiter>> {
+        if strong {
+            &mut self.strong_waiters
+        } else {
+            &mut self.eventual_waiters
         }
     }
 
@@ -837,11 +844,10 @@ impl ReplicationCore {
             producer,
             uri: uri.clone(),
             guid: guid.clone(),
-            strong,
         };
         if self.is_duplicate(now, &guid) {
             let seq = self.guids.sequence[&guid];
-            let list = self.waiters.entry(seq).or_default();
+            let list = self.waiters_mut(strong).entry(seq).or_default();
             // A proxy resending the same PUT again and again waits once.
             if !list
                 .iter()
@@ -860,7 +866,10 @@ impl ReplicationCore {
         });
         let sequence = self.append(now, kind, timestamp_ms);
         self.guids.insert(now, guid, sequence);
-        self.waiters.entry(sequence).or_default().push(waiter);
+        self.waiters_mut(strong)
+            .entry(sequence)
+            .or_default()
+            .push(waiter);
         PutResult::Appended { sequence }
     }
 

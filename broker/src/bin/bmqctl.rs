@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use bmq_broker::cli::{admin, cluster, consume, produce, ready, status};
+use bmq_broker::cli::{admin, bench, cluster, consume, produce, ready, status};
 
 /// Command-line tool of the BlazingMQ-style broker cluster.
 #[derive(Debug, Parser)]
@@ -43,6 +43,12 @@ enum Command {
     Produce(produce::ProduceArgs),
     /// Receive, verify and confirm messages from a queue.
     Consume(consume::ConsumeArgs),
+    /// Benchmarks: message throughput and latency, metadata commit rate.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  bmqctl bench messages --count 200000 --size 1024\n  bmqctl bench metadata --queues 500"
+    )]
+    Bench(bench::BenchCommand),
     /// Exit 0 if a node is ready (GET /readyz answers 200); for container health checks.
     Ready(ready::ReadyArgs),
     /// Operator actions on one node: graceful stop, leadership cession.
@@ -93,6 +99,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         // Both print their own report (summary line or JSON).
         Command::Produce(args) => produce::run(args).await.map(drop),
         Command::Consume(args) => consume::run(args).await.map(drop),
+        Command::Bench(command) => bench::run(command).await,
         Command::Ready(args) => ready::run(args).await,
         Command::Admin(command) => admin::run(command).await,
     }

@@ -1,5 +1,6 @@
 //! Command-line tool (`bmqctl`) subcommands.
 pub mod admin;
+pub mod bench;
 pub mod cluster;
 pub mod consume;
 pub mod credentials;

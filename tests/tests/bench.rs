@@ -1,0 +1,119 @@
+//! `bmqctl bench` against real broker processes: the report's shape and counts (never its
+//! speed: benchmarks measure, tests check behaviour).
+
+use std::time::Duration;
+
+use bmq_broker::cli::bench::{self, MessagesArgs, MetadataArgs};
+use bmq_broker::cli::credentials::ClientSecurityArgs;
+use bmq_tests::Cluster;
+
+fn plain() -> ClientSecurityArgs {
+    ClientSecurityArgs {
+        no_tls: true,
+        token: Some(String::new()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_bench_reports_every_message_produced_and_consumed() {
+    // Two producers and two consumers over two queues of a 3-node cluster: every ACKed message
+    // is consumed, nothing fails, and the JSON report has the documented fields.
+    let cluster = Cluster::start(3).expect("cluster starts");
+    cluster
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .expect("a leader is elected");
+    let report = bench::run_messages(MessagesArgs {
+        domain: "bmq.test".into(),
+        queue_prefix: "bench-test".into(),
+        queues: 2,
+        producers: 2,
+        consumers: 2,
+        size: 256,
+        count: 2_000,
+        duration_secs: None,
+        rate: 0,
+        window: 100,
+        max_unconfirmed: 100,
+        broker: cluster.client_addrs(),
+        drain_timeout_secs: 60,
+        json: true,
+        quiet: true,
+        security: plain(),
+    })
+    .await
+    .expect("bench runs");
+    assert_eq!(report.sent, 2_000);
+    assert_eq!(report.produced.messages, 2_000, "{report:?}");
+    assert_eq!(report.produced.bytes, 2_000 * 256);
+    assert_eq!(report.missing, 0, "{report:?}");
+    assert_eq!(
+        report.consumed.messages - report.redeliveries,
+        2_000,
+        "{report:?}"
+    );
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert!(report.nacks.is_empty(), "{report:?}");
+    assert_eq!(report.ack_latency.count, 2_000);
+    assert!(report.e2e_latency.count >= 2_000);
+    assert!(report.ack_latency.p50_us <= report.ack_latency.p99_us);
+    assert!(report.ack_latency.p99_us <= report.ack_latency.max_us);
+
+    let json = serde_json::to_value(&report).expect("serializes");
+    for key in [
+        "produced",
+        "consumed",
+        "ack_latency",
+        "e2e_latency",
+        "nacks",
+        "errors",
+    ] {
+        assert!(json.get(key).is_some(), "missing {key} in {json}");
+    }
+    for key in ["p50_us", "p90_us", "p99_us", "p999_us", "max_us"] {
+        assert!(json["ack_latency"].get(key).is_some(), "missing {key}");
+    }
+    assert!(json["produced"]["msgs_per_sec"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_bench_commits_one_assignment_per_new_queue() {
+    // Opening 20 new queues commits 20 assignments, visible in every node's cluster state.
+    let cluster = Cluster::start(3).expect("cluster starts");
+    cluster
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .expect("a leader is elected");
+    let report = bench::run_metadata(MetadataArgs {
+        domain: "bmq.test".into(),
+        queues: 20,
+        parallel: 2,
+        broker: cluster.client_addrs(),
+        timeout_secs: 30,
+        json: true,
+        quiet: true,
+        security: plain(),
+    })
+    .await
+    .expect("bench runs");
+    assert_eq!((report.opened, report.errors), (20, 0), "{report:?}");
+    assert_eq!(report.open_latency.count, 20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let counts: Vec<usize> = cluster
+            .statuses()
+            .await
+            .into_iter()
+            .map(|(_, s)| s.map(|s| s.queues.len()).unwrap_or(0))
+            .collect();
+        if counts.iter().all(|&n| n >= 20) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "assignments not on every node: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
