@@ -223,6 +223,30 @@ impl Cluster {
         Ok(())
     }
 
+    /// Waits up to `timeout` for node `id`'s process to exit by itself. Returns its exit status
+    /// (the node is then marked stopped), or `None` if it is still running at the timeout.
+    pub fn wait_for_exit(
+        &mut self,
+        id: u32,
+        timeout: Duration,
+    ) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let node = &mut self.nodes[(id - 1) as usize];
+        let Some(child) = node.child.as_mut() else {
+            bail!("node {id} is not running");
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                node.child = None;
+                return Ok(Some(status));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Kills node `id` with SIGKILL.
     pub fn kill_node(&mut self, id: u32) -> anyhow::Result<()> {
         self.signal_node(id, libc::SIGKILL)
@@ -370,4 +394,21 @@ impl Drop for Cluster {
             ));
         }
     }
+}
+
+/// The sum of every sample of the metric family `name` (all label sets) on the node whose admin
+/// address is `admin`, read from a real `GET /metrics`; 0 when the family is absent.
+pub async fn metric(admin: &str, name: &str) -> anyhow::Result<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
 }

@@ -16,19 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Framed;
 
-async fn metric(admin: &str, name: &str) -> anyhow::Result<f64> {
-    let mut stream = TcpStream::connect(admin).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    Ok(body
-        .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
-}
+use bmq_tests::metric;
 
 /// Sends `bytes` on a fresh connection to `addr` and waits (bounded) for the node to close it.
 async fn send_garbage(addr: &str, bytes: &[u8]) -> anyhow::Result<()> {

@@ -85,19 +85,7 @@ impl SecureCluster {
     }
 }
 
-async fn metric(admin: &str, name: &str) -> anyhow::Result<f64> {
-    let mut stream = TcpStream::connect(admin).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    Ok(body
-        .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
-}
+use bmq_tests::metric;
 
 /// Waits until `metric` on `admin` reaches `at_least`.
 async fn wait_metric(admin: &str, name: &str, at_least: f64) -> anyhow::Result<f64> {
