@@ -64,6 +64,12 @@ pub struct MetadataConfig {
     pub record_resend: Duration,
     /// Interval between `FollowerHello`s of an out-of-sync follower.
     pub hello_retry: Duration,
+    /// While no advisory follows its latest commit record, the active leader re-broadcasts
+    /// that record this often, so a follower that lost the tail of the leader's commits (or
+    /// got them out of order) sees the gap and catches up even when the leader is otherwise
+    /// idle. Commit records are not acked, so nothing else would tell it; Raft's heartbeats
+    /// carry the commit index for the same reason (Raft §5.3).
+    pub commit_refresh: Duration,
     /// Data query attempts to the most advanced node before the leader drops its answer and
     /// collects a new quorum of sync responses without it.
     pub sync_data_attempts_max: u32,
@@ -79,6 +85,7 @@ impl Default for MetadataConfig {
             sync_retry: Duration::from_millis(200),
             record_resend: Duration::from_millis(500),
             hello_retry: Duration::from_millis(500),
+            commit_refresh: Duration::from_millis(500),
             sync_data_attempts_max: 5,
             uncommitted_max: 1024,
             gated_max: 1024,
@@ -212,6 +219,9 @@ pub struct MetadataCounters {
     pub records_resent: u64,
     /// CatchUps sent by this node as leader.
     pub catch_ups_sent: u64,
+    /// Latest commit records re-broadcast by this node as idle leader
+    /// ([`MetadataConfig::commit_refresh`]).
+    pub commits_refreshed: u64,
     /// FollowerHellos sent by this node.
     pub hellos_sent: u64,
 }
@@ -277,6 +287,9 @@ pub struct MetadataCore {
     /// After a CatchUp: the committed LSN a resync `AdvisoryCommit` must name.
     resync: Option<Lsn>,
     // Leader.
+    /// The latest commit record `(lsn, committed)` of this term and when it was last
+    /// broadcast, while it is the last record (see `MetadataConfig::commit_refresh`).
+    commit_tail: Option<(Lsn, Lsn, Instant)>,
     matched: BTreeMap<NodeId, Lsn>,
     sync: Option<LeaderSync>,
     last_status: Option<MetadataStatus>,
@@ -343,6 +356,7 @@ impl MetadataCore {
             hello_deadline: None,
             last_hello: None,
             resync: None,
+            commit_tail: None,
             matched: BTreeMap::new(),
             sync: None,
             last_status: None,
@@ -431,6 +445,9 @@ impl MetadataCore {
                         }
                     }
                 }
+                if let Some(at) = self.commit_refresh_due() {
+                    consider(at);
+                }
             }
         }
         deadline
@@ -458,6 +475,7 @@ impl MetadataCore {
         self.leader = leader;
         self.matched.clear();
         self.sync = None;
+        self.commit_tail = None;
         if leader == Some(self.self_id) {
             self.role = MetadataRole::PassiveLeader;
             self.emit_role_changed();
@@ -572,6 +590,7 @@ impl MetadataCore {
             MetadataRole::PassiveLeader | MetadataRole::ActiveLeader => {
                 self.retry_sync(now);
                 self.resend_records(now);
+                self.refresh_commit(now);
             }
         }
     }
@@ -770,6 +789,10 @@ impl MetadataCore {
             self.accept_commit(lsn, committed);
             return;
         }
+        if lsn == self.last_lsn && self.snapshot_seen {
+            // The leader's periodic refresh of its latest commit: we are in step.
+            return;
+        }
         if lsn <= self.last_lsn {
             self.counters.duplicate += 1;
             debug!(lsn = %lsn, last_lsn = %self.last_lsn, "duplicate commit");
@@ -948,9 +971,25 @@ impl MetadataCore {
         }
         if committed == self.committed_lsn && previous <= self.last_lsn {
             // Nothing new: we already hold the leader's committed state and every record it
-            // sent (a hello after finding the leader again). Keep the ledger as it is.
+            // sent (a hello after finding the leader again). Keep the ledger as it is; the
+            // leader's latest commit record, which follows, fills a tail of lost commits.
             self.out_of_sync = false;
+            self.resync = Some(committed);
             debug!(committed = %committed, last_lsn = %self.last_lsn, "catch up: already in step");
+            return;
+        }
+        if previous < self.last_lsn && self.last_lsn.term == term && committed <= self.last_lsn {
+            // We hold more than the CatchUp lists: commit records after the leader's last
+            // advisory (a CatchUp lists advisories, not commits). Our log of this term is a
+            // gap-free prefix of the leader's, so we hold every record up to `committed`:
+            // commit them and keep our log; the leader's latest commit record, which follows,
+            // brings our next sequence in step. Dropping this CatchUp instead would leave us
+            // out of sync for good once the leader goes quiet.
+            self.apply_committed(committed);
+            self.out_of_sync = false;
+            self.gated.clear();
+            self.resync = Some(committed);
+            debug!(committed = %committed, last_lsn = %self.last_lsn, "catch up: committed from our own log");
             return;
         }
         if previous < self.last_lsn {
@@ -1215,7 +1254,6 @@ impl MetadataCore {
 
     /// Commits the highest own-term pending LSN that a quorum holds.
     fn try_commit(&mut self, now: Instant) {
-        let _ = now;
         if self.role == MetadataRole::Follower {
             return;
         }
@@ -1242,6 +1280,7 @@ impl MetadataCore {
             lsn: Some(lsn.into()),
             committed: Some(committed.into()),
         }));
+        self.commit_tail = Some((lsn, committed, now));
         self.apply_committed(committed);
         if let Some(LeaderSync {
             phase: SyncPhase::Proposed { lsn: snapshot },
@@ -1306,6 +1345,34 @@ impl MetadataCore {
             };
             self.send(to, Msg::Commit(commit));
         }
+    }
+
+    /// When the latest commit record is due for a re-broadcast: it is still the last record,
+    /// and the leader is active (see [`MetadataConfig::commit_refresh`]).
+    fn commit_refresh_due(&self) -> Option<Instant> {
+        match self.commit_tail {
+            Some((lsn, _, at))
+                if self.role == MetadataRole::ActiveLeader && lsn == self.last_lsn =>
+            {
+                Some(at + self.config.commit_refresh)
+            }
+            _ => None,
+        }
+    }
+
+    fn refresh_commit(&mut self, now: Instant) {
+        if !self.commit_refresh_due().is_some_and(|at| at <= now) {
+            return;
+        }
+        let Some((lsn, committed, _)) = self.commit_tail else {
+            return;
+        };
+        self.counters.commits_refreshed += 1;
+        self.commit_tail = Some((lsn, committed, now));
+        self.broadcast(Msg::Commit(peer::AdvisoryCommit {
+            lsn: Some(lsn.into()),
+            committed: Some(committed.into()),
+        }));
     }
 
     fn resend_targets(&self, lsn: Lsn) -> Vec<NodeId> {

@@ -582,7 +582,75 @@ fn leader_resends_unacked_records() {
     assert_eq!(leader.counters().records_resent, 2);
     leader.handle_message(now, n(2), ack(lsn(1, 3)));
     drain(&mut leader);
-    assert_eq!(leader.poll_timeout(), None);
+    // Committed: nothing to resend; the only deadline left is the refresh of the commit.
+    assert_eq!(
+        leader.poll_timeout(),
+        Some(now + MetadataConfig::default().commit_refresh)
+    );
+}
+
+#[test]
+fn idle_leader_refreshes_its_latest_commit_and_a_follower_that_lost_it_catches_up() {
+    // Scenario: the broadcast of the leader's latest commit record is lost to a follower and
+    // nothing follows it; the idle leader re-broadcasts it after commit_refresh, the follower
+    // takes it, and a follower in step ignores it without counting a duplicate.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let mut follower = core(2);
+    follower.handle_leadership(now, Term(1), Some(n(1)));
+    leader.handle_message(
+        now,
+        n(2),
+        msg(Msg::FollowerHello(peer::FollowerHello {
+            term: 1,
+            last_lsn: Some(Lsn::ZERO.into()),
+        })),
+    );
+    for m in messages_to(drain(&mut leader), n(2)) {
+        follower.handle_message(now, n(1), m);
+    }
+    follower.on_persisted(now, lsn(1, 2));
+    drain(&mut follower);
+    let q = assign("q", 0, 0);
+    leader.propose(now, q.clone()).unwrap();
+    leader.on_persisted(now, lsn(1, 3));
+    drain(&mut leader);
+    follower.handle_message(now, n(1), record(lsn(1, 3), q));
+    follower.on_persisted(now, lsn(1, 3));
+    drain(&mut follower);
+    leader.handle_message(now, n(2), ack(lsn(1, 3)));
+    // The commit record 1:4 is broadcast and lost.
+    assert_eq!(
+        messages_to(drain(&mut leader), n(2)),
+        vec![commit(lsn(1, 4), lsn(1, 3))]
+    );
+    let refresh = now + Duration::from_millis(500);
+    assert_eq!(leader.poll_timeout(), Some(refresh));
+    leader.handle_timeout(refresh - Duration::from_millis(1));
+    assert_eq!(drain(&mut leader), vec![]);
+    leader.handle_timeout(refresh);
+    let out = drain(&mut leader);
+    assert_eq!(
+        out,
+        vec![MetadataOutput::Broadcast {
+            message: commit(lsn(1, 4), lsn(1, 3))
+        }]
+    );
+    assert_eq!(leader.counters().commits_refreshed, 1);
+    assert_eq!(
+        leader.poll_timeout(),
+        Some(refresh + Duration::from_millis(500))
+    );
+    follower.handle_message(refresh, n(1), commit(lsn(1, 4), lsn(1, 3)));
+    let out = drain(&mut follower);
+    assert_eq!(out.first(), Some(&persist_commit(lsn(1, 4), lsn(1, 3))));
+    assert_eq!(follower.status().committed_lsn, lsn(1, 3));
+    assert_eq!(follower.state(), leader.state());
+    // The next refresh finds it in step: nothing happens, nothing is counted.
+    let duplicates = follower.counters().duplicate;
+    follower.handle_message(refresh, n(1), commit(lsn(1, 4), lsn(1, 3)));
+    assert_eq!(drain(&mut follower), vec![]);
+    assert_eq!(follower.counters().duplicate, duplicates);
 }
 
 #[test]
@@ -1024,4 +1092,96 @@ fn harness_follower_that_finds_its_leader_again_catches_up_without_a_new_record(
     h.advance(Duration::from_millis(600));
     assert_eq!(h.node(2).counters().hellos_sent, hellos);
     assert_eq!(h.node(3).counters().hellos_sent, 1);
+}
+
+/// The messages `out` broadcasts or sends to `to`, in order.
+fn messages_to(out: Vec<MetadataOutput>, to: NodeId) -> Vec<peer::MetadataMessage> {
+    out.into_iter()
+        .filter_map(|o| match o {
+            MetadataOutput::Broadcast { message } => Some(message),
+            MetadataOutput::Send { to: t, message } if t == to => Some(message),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn catch_up_behind_a_followers_trailing_commit_commits_from_its_own_log() {
+    // Scenario (found by the metadata simulator): a follower holds a commit record past the
+    // leader's last advisory but missed a later commit; the CatchUp lists nothing beyond the
+    // leader's committed LSN, which is below the follower's last. The follower commits from its
+    // own log and takes the leader's latest commit, instead of dropping the CatchUp and staying
+    // out of sync for as long as the leader is quiet.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let mut late = core(3);
+    late.handle_leadership(now, Term(1), Some(n(1)));
+    drain(&mut late);
+    let hello = |last: Lsn| {
+        msg(Msg::FollowerHello(peer::FollowerHello {
+            term: 1,
+            last_lsn: Some(last.into()),
+        }))
+    };
+    leader.handle_message(now, n(3), hello(Lsn::ZERO));
+    for m in messages_to(drain(&mut leader), n(3)) {
+        late.handle_message(now, n(1), m);
+    }
+    assert_eq!(late.status().last_lsn, lsn(1, 2));
+    late.on_persisted(now, lsn(1, 2));
+
+    // The leader: q at 1:3, q2 at 1:4, commits 1:5 (of 1:3) and 1:6 (of 1:4).
+    let (q, q2) = (assign("q", 0, 0), assign("q2", 1, 1));
+    assert_eq!(leader.propose(now, q.clone()), Ok(lsn(1, 3)));
+    assert_eq!(leader.propose(now, q2.clone()), Ok(lsn(1, 4)));
+    leader.on_persisted(now, lsn(1, 4));
+    leader.handle_message(now, n(2), ack(lsn(1, 3)));
+    leader.handle_message(now, n(2), ack(lsn(1, 4)));
+    let sent = messages_to(drain(&mut leader), n(3));
+    assert_eq!(sent.len(), 4, "{sent:?}");
+    assert_eq!(sent[2], commit(lsn(1, 5), lsn(1, 3)));
+    assert_eq!(sent[3], commit(lsn(1, 6), lsn(1, 4)));
+    // The follower gets all but the last commit.
+    for m in sent.into_iter().take(3) {
+        late.handle_message(now, n(1), m);
+    }
+    late.on_persisted(now, lsn(1, 5));
+    drain(&mut late);
+    assert_eq!(
+        late.status(),
+        status(MetadataRole::Follower, 1, Some(1), lsn(1, 5), lsn(1, 3), 1)
+    );
+
+    // Its hello (after a gap or a reconnection) brings a CatchUp that lists up to 1:4 only,
+    // then the leader's latest commit.
+    leader.handle_message(now, n(3), hello(lsn(1, 5)));
+    let sent = messages_to(drain(&mut leader), n(3));
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[1], commit(lsn(1, 6), lsn(1, 4)));
+    for m in sent {
+        late.handle_message(now, n(1), m);
+    }
+    let out = drain(&mut late);
+    assert!(
+        out.contains(&MetadataOutput::Committed {
+            lsn: lsn(1, 4),
+            advisory: q2.clone()
+        }),
+        "{out:?}"
+    );
+    assert_eq!(out.last(), Some(&persist_commit(lsn(1, 6), lsn(1, 4))));
+    assert_eq!(
+        late.status(),
+        status(MetadataRole::Follower, 1, Some(1), lsn(1, 6), lsn(1, 4), 0)
+    );
+    assert_eq!(late.state(), leader.state());
+
+    // The next advisory is in sequence: no gap.
+    let q3 = assign("q3", 0, 2);
+    assert_eq!(leader.propose(now, q3.clone()), Ok(lsn(1, 7)));
+    drain(&mut leader);
+    let gaps = late.counters().gap;
+    late.handle_message(now, n(1), record(lsn(1, 7), q3.clone()));
+    assert_eq!(drain(&mut late), vec![persist_update(lsn(1, 7), q3)]);
+    assert_eq!(late.counters().gap, gaps);
 }
