@@ -356,6 +356,31 @@ impl Cluster {
         }
     }
 
+    /// Waits until every running node answers `/status` and `key` gives the same value for
+    /// all of them (for example the committed LSN, which followers reach a moment after the
+    /// leader). Returns that value; the error names the values last seen.
+    pub async fn wait_for_agreement<K: Ord + std::fmt::Debug>(
+        &self,
+        timeout: Duration,
+        what: &str,
+        key: impl Fn(&NodeStatusDoc) -> K,
+    ) -> anyhow::Result<K> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let docs = self
+                .wait_for_all(timeout, "every node answers", |_| true)
+                .await?;
+            let mut values: std::collections::BTreeSet<K> = docs.iter().map(&key).collect();
+            if values.len() == 1 {
+                return Ok(values.pop_first().expect("one value"));
+            }
+            if Instant::now() > deadline {
+                bail!("nodes disagree on {what} after {timeout:?}: {values:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The last `lines` lines of every node's log, for failure messages.
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
