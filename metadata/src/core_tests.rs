@@ -596,21 +596,7 @@ fn idle_leader_refreshes_its_latest_commit_and_a_follower_that_lost_it_catches_u
     // takes it, and a follower in step ignores it without counting a duplicate.
     let now = Instant::now();
     let mut leader = active_leader(now);
-    let mut follower = core(2);
-    follower.handle_leadership(now, Term(1), Some(n(1)));
-    leader.handle_message(
-        now,
-        n(2),
-        msg(Msg::FollowerHello(peer::FollowerHello {
-            term: 1,
-            last_lsn: Some(Lsn::ZERO.into()),
-        })),
-    );
-    for m in messages_to(drain(&mut leader), n(2)) {
-        follower.handle_message(now, n(1), m);
-    }
-    follower.on_persisted(now, lsn(1, 2));
-    drain(&mut follower);
+    let mut follower = follower_in_step(&mut leader, 2, now);
     let q = assign("q", 0, 0);
     leader.propose(now, q.clone()).unwrap();
     leader.on_persisted(now, lsn(1, 3));
@@ -1094,6 +1080,29 @@ fn harness_follower_that_finds_its_leader_again_catches_up_without_a_new_record(
     assert_eq!(h.node(3).counters().hellos_sent, 1);
 }
 
+/// A `FollowerHello` of term 1.
+fn hello(last: Lsn) -> peer::MetadataMessage {
+    msg(Msg::FollowerHello(peer::FollowerHello {
+        term: 1,
+        last_lsn: Some(last.into()),
+    }))
+}
+
+/// Follower `id` of `leader` (node 1, term 1), brought in step by the CatchUp its hello gets,
+/// with everything durable and its outputs drained.
+fn follower_in_step(leader: &mut MetadataCore, id: u32, now: Instant) -> MetadataCore {
+    let mut follower = core(id);
+    follower.handle_leadership(now, Term(1), Some(n(1)));
+    leader.handle_message(now, n(id), hello(Lsn::ZERO));
+    for m in messages_to(drain(leader), n(id)) {
+        follower.handle_message(now, n(1), m);
+    }
+    let last = follower.status().last_lsn;
+    follower.on_persisted(now, last);
+    drain(&mut follower);
+    follower
+}
+
 /// The messages `out` broadcasts or sends to `to`, in order.
 fn messages_to(out: Vec<MetadataOutput>, to: NodeId) -> Vec<peer::MetadataMessage> {
     out.into_iter()
@@ -1114,21 +1123,8 @@ fn catch_up_behind_a_followers_trailing_commit_commits_from_its_own_log() {
     // out of sync for as long as the leader is quiet.
     let now = Instant::now();
     let mut leader = active_leader(now);
-    let mut late = core(3);
-    late.handle_leadership(now, Term(1), Some(n(1)));
-    drain(&mut late);
-    let hello = |last: Lsn| {
-        msg(Msg::FollowerHello(peer::FollowerHello {
-            term: 1,
-            last_lsn: Some(last.into()),
-        }))
-    };
-    leader.handle_message(now, n(3), hello(Lsn::ZERO));
-    for m in messages_to(drain(&mut leader), n(3)) {
-        late.handle_message(now, n(1), m);
-    }
+    let mut late = follower_in_step(&mut leader, 3, now);
     assert_eq!(late.status().last_lsn, lsn(1, 2));
-    late.on_persisted(now, lsn(1, 2));
 
     // The leader: q at 1:3, q2 at 1:4, commits 1:5 (of 1:3) and 1:6 (of 1:4).
     let (q, q2) = (assign("q", 0, 0), assign("q2", 1, 1));
