@@ -10,7 +10,7 @@
 #     cores, 0.7 GB of memory).
 #
 # Usage: scripts/soak-elector-sim.sh [--seeds N] [--start S] [--no-model]
-#   --seeds     simulator seeds (default 100000, about 40 s)
+#   --seeds     simulator seeds (default 100000, under a minute)
 #   --start     first seed (default 0)
 #   --no-model  skip the model checks
 # The model's bounds can be changed with BMQ_MODEL_MAX_TERM, BMQ_MODEL_CRASHES,
