@@ -6,7 +6,7 @@
 #     partitions, pair and one-way cuts, crashes and restarts; every invariant after every step,
 #     then a liveness phase. CI runs 300 seeds;
 #  2. the two larger-bound exhaustive model checks of tests/tests/elector_model.rs (stateright,
-#     three real cores, every interleaving within the bounds it prints; about 13 minutes on 2
+#     three real cores, every interleaving within the bounds it prints; about 16 minutes on 2
 #     cores, 0.7 GB of memory).
 #
 # Usage: scripts/soak-elector-sim.sh [--seeds N] [--start S] [--no-model]
