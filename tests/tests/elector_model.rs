@@ -1166,24 +1166,30 @@ fn quorum_of_one_elects_two_leaders_in_one_term() {
             heartbeat_miss_count: 1,
         })
     };
-    let mut outcome = model.check(
-        "negative, quorum 1",
-        Search::BreadthFirst,
-        HasDiscoveries::AnyOf([ELECTION_SAFETY].into()),
-    );
-    let (_, last) = print_path(
-        ELECTION_SAFETY,
-        outcome
-            .discoveries
-            .remove(ELECTION_SAFETY)
-            .expect("the checker must find two leaders in one term"),
-    );
+    let (_, last) = two_leaders_in_one_term(model, "negative, quorum 1");
     assert!(
         last.leaders
             .iter()
             .any(|(t, n)| { last.leaders.iter().any(|(t2, n2)| t2 == t && n2 != n) }),
         "the counterexample must end with two leaders of one term: {last:?}"
     );
+}
+
+/// Checks `model` breadth first until it violates election safety, prints that counterexample
+/// and returns its path; panics if the checker finds none (a negative test's failure).
+fn two_leaders_in_one_term(model: ElectorModel, name: &str) -> (Vec<Action>, ClusterState) {
+    let mut outcome = model.check(
+        name,
+        Search::BreadthFirst,
+        HasDiscoveries::AnyOf([ELECTION_SAFETY].into()),
+    );
+    print_path(
+        ELECTION_SAFETY,
+        outcome
+            .discoveries
+            .remove(ELECTION_SAFETY)
+            .expect("the checker must find two leaders in one term"),
+    )
 }
 
 /// Restarts that forget the elector term (BlazingMQ restarts from the ledger's last term; here
@@ -1202,18 +1208,7 @@ fn restart_without_persisted_term_elects_two_leaders_in_one_term() {
             heartbeat_miss_count: 1,
         })
     };
-    let mut outcome = model.check(
-        "negative, restart from term 0",
-        Search::BreadthFirst,
-        HasDiscoveries::AnyOf([ELECTION_SAFETY].into()),
-    );
-    let (actions, _) = print_path(
-        ELECTION_SAFETY,
-        outcome
-            .discoveries
-            .remove(ELECTION_SAFETY)
-            .expect("the checker must find two leaders in one term"),
-    );
+    let (actions, _) = two_leaders_in_one_term(model, "negative, restart from term 0");
     assert!(
         actions.iter().any(|a| matches!(a, Action::Restart(_))),
         "the counterexample must go through a restart"
