@@ -43,6 +43,13 @@ const LATENCY_BUCKETS_SECONDS: &[f64] = &[
     5.0, 10.0,
 ];
 
+/// Buckets of the heartbeat interval histograms: fine around the 100 ms heartbeat period, so a
+/// delay of a few milliseconds (an fsync on the thread that sends heartbeats) shows.
+const HEARTBEAT_INTERVAL_BUCKETS_SECONDS: &[f64] = &[
+    0.05, 0.09, 0.099, 0.1, 0.101, 0.102, 0.103, 0.105, 0.11, 0.12, 0.15, 0.2, 0.3, 0.5, 0.8, 1.0,
+    2.0,
+];
+
 /// How long a scrape waits for one actor's answer before leaving its gauges as they were.
 const SCRAPE_ACTOR_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -50,6 +57,15 @@ const SCRAPE_ACTOR_TIMEOUT: Duration = Duration::from_secs(2);
 /// histograms rather than summaries) and returns the handle `/metrics` renders from.
 pub fn install_metrics_recorder() -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
+        // Full matchers take precedence over the suffix matcher below.
+        .set_buckets_for_metric(
+            Matcher::Full("bmq_elector_heartbeat_send_interval_seconds".to_string()),
+            HEARTBEAT_INTERVAL_BUCKETS_SECONDS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("bmq_elector_heartbeat_receive_interval_seconds".to_string()),
+            HEARTBEAT_INTERVAL_BUCKETS_SECONDS,
+        )?
         .set_buckets_for_metric(
             Matcher::Suffix("_seconds".to_string()),
             LATENCY_BUCKETS_SECONDS,

@@ -118,6 +118,12 @@ pub struct LeadershipChanged {
 /// The elector actor. See the module documentation.
 pub struct ElectorActor {
     core: Elector,
+    /// When this node last broadcast a `LeaderHeartbeat` (while leader), for the send-interval
+    /// histogram.
+    last_heartbeat_sent: Option<Instant>,
+    /// When the last `LeaderHeartbeat` arrived, and from whom, for the receive-interval
+    /// histogram.
+    last_heartbeat_received: Option<(NodeId, Instant)>,
     term_store: TermStore,
     transport: Recipient<ElectorOutbound>,
     subscribers: Vec<Recipient<LeadershipChanged>>,
@@ -136,6 +142,8 @@ impl ElectorActor {
     ) -> Self {
         ElectorActor {
             core,
+            last_heartbeat_sent: None,
+            last_heartbeat_received: None,
             term_store,
             transport,
             subscribers: Vec::new(),
@@ -157,9 +165,17 @@ impl ElectorActor {
                     to: Some(to),
                     message,
                 }),
-                ElectorOutput::Broadcast { message } => self
-                    .transport
-                    .do_send(ElectorOutbound { to: None, message }),
+                ElectorOutput::Broadcast { message } => {
+                    if is_heartbeat(&message) {
+                        let now = Instant::now();
+                        if let Some(last) = self.last_heartbeat_sent.replace(now) {
+                            metrics::histogram!("bmq_elector_heartbeat_send_interval_seconds")
+                                .record(now.duration_since(last).as_secs_f64());
+                        }
+                    }
+                    self.transport
+                        .do_send(ElectorOutbound { to: None, message })
+                }
                 ElectorOutput::PersistTerm { term } => match self.term_store.persist(term) {
                     Ok(()) => self.core.on_term_persisted(Instant::now(), term),
                     Err(e) => {
@@ -168,7 +184,13 @@ impl ElectorActor {
                         System::current().stop_with_code(1);
                     }
                 },
-                ElectorOutput::StateChanged { status } => self.publish(status),
+                ElectorOutput::StateChanged { status } => {
+                    // Intervals are measured between heartbeats of one leadership only.
+                    if status.state != ElectorState::Leader {
+                        self.last_heartbeat_sent = None;
+                    }
+                    self.publish(status)
+                }
             }
         }
         self.publish_counters(self.core.counters());
@@ -230,6 +252,15 @@ impl ElectorActor {
     }
 }
 
+/// Whether `message` is a leader's heartbeat (measured: its send and receive intervals show
+/// whether anything delays the thread that carries it).
+fn is_heartbeat(message: &ElectorMessage) -> bool {
+    matches!(
+        message.kind,
+        Some(bmq_proto::peer::elector_message::Kind::Heartbeat(_))
+    )
+}
+
 impl Actor for ElectorActor {
     type Context = Context<Self>;
 
@@ -244,6 +275,15 @@ impl Handler<ElectorInbound> for ElectorActor {
     type Result = ();
 
     fn handle(&mut self, msg: ElectorInbound, ctx: &mut Self::Context) {
+        if is_heartbeat(&msg.message) {
+            let now = Instant::now();
+            if let Some((from, last)) = self.last_heartbeat_received.replace((msg.from, now)) {
+                if from == msg.from {
+                    metrics::histogram!("bmq_elector_heartbeat_receive_interval_seconds")
+                        .record(now.duration_since(last).as_secs_f64());
+                }
+            }
+        }
         self.core
             .handle_message(Instant::now(), msg.from, msg.message);
         self.drive(ctx);
