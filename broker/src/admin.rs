@@ -10,7 +10,10 @@
 //! - `GET /healthz`: 200 while the process serves requests.
 //! - `GET /readyz`: 200 when the node follows (or is) a leader whose metadata is active; else
 //!   503.
-//! - `POST /admin/quorum/{n}`: sets the elector's and the metadata's quorum (0 = N/2+1).
+//! - `POST /admin/quorum/{n}`: sets the quorum of the elector (votes), the metadata (advisory
+//!   commits) and every local partition (journal receipts before an ACK) at once; `0` means a
+//!   majority, resolved by the node's one quorum rule ([`bmq_config::effective_quorum`]). It
+//!   changes this node only: set it on every node for a cluster-wide change.
 //! - `POST /admin/cede-leadership`: the leader cedes at once (graceful transfer).
 //! - `POST /admin/stop`: graceful stop, as on SIGTERM.
 //!
@@ -19,23 +22,26 @@
 //! 401 otherwise, logged with the remote address and counted in
 //! `bmq_admin_auth_failures_total` ([`crate::auth`]). The `GET` endpoints stay readable. The
 //! listener binds to loopback unless `admin.listen_host` says otherwise
-//! ([`crate::auth::AdminSettings::bind_host`]).
+//! ([`bmq_config::AdminSettings::bind_host`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::Addr;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
-use bmq_elector::{CedeLeadership, ElectorActor, GetElectorStatus, SetQuorum};
-use bmq_metadata::{GetMetadataStatus, MetadataActor, MetadataRole, SetMetadataQuorum};
+use bmq_config::{BrokerConfig, Permission};
+use bmq_metadata::MetadataRole;
+use bmq_proto::admin_doc::{
+    ElectorDoc, MetadataDoc, NodeStatusDoc, PartitionDoc, PeerDoc, QueueDoc,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing::{info, warn};
 
-use crate::dataplane::DataPlane;
-use crate::partition::GetPartitionStats;
-use crate::peers::PeerHub;
-use tracing::warn;
-
-use crate::status::{ElectorDoc, MetadataDoc, NodeStatusDoc, PartitionDoc, PeerDoc, QueueDoc};
+use crate::actors::elector::{CedeLeadership, ElectorActor, GetElectorStatus, SetQuorum};
+use crate::actors::metadata::{GetMetadataStatus, MetadataActor, SetMetadataQuorum};
+use crate::actors::partition::GetPartitionStats;
+use crate::net::peers::PeerHub;
+use crate::router::Router;
 
 /// Latency buckets (seconds) for every `*_seconds` histogram: 100 µs to 10 s.
 const LATENCY_BUCKETS_SECONDS: &[f64] = &[
@@ -259,7 +265,7 @@ pub async fn refresh_scrape_gauges(ctx: &AdminContext) {
         .into_iter()
         .filter(|(_, up)| *up)
         .map(|(id, _)| id.0)
-        .chain(std::iter::once(ctx.node_id))
+        .chain(std::iter::once(ctx.config.node_id))
         .collect();
     for (id, p) in &state.partitions {
         let label = id.0.to_string();
@@ -277,12 +283,14 @@ pub async fn refresh_scrape_gauges(ctx: &AdminContext) {
         metrics::gauge!("bmq_cluster_partition_status", "partition" => label.clone()).set(status);
         metrics::gauge!("bmq_cluster_partition_primary_reachable", "partition" => label.clone())
             .set(if reachable { 1.0 } else { 0.0 });
-        let stats = local.get(id).cloned().unwrap_or_default();
+        let (messages, unconfirmed, queues) = local
+            .get(id)
+            .map_or((0, 0, 0), |s| (s.messages, s.unconfirmed, s.queues));
         metrics::gauge!("bmq_partition_messages", "partition" => label.clone())
-            .set(stats.messages as f64);
+            .set(messages as f64);
         metrics::gauge!("bmq_partition_unconfirmed_messages", "partition" => label.clone())
-            .set(stats.unconfirmed as f64);
-        metrics::gauge!("bmq_partition_queues", "partition" => label).set(stats.queues as f64);
+            .set(unconfirmed as f64);
+        metrics::gauge!("bmq_partition_queues", "partition" => label).set(queues as f64);
     }
     metrics::gauge!("bmq_cluster_queues").set(state.queues.len() as f64);
 }
@@ -290,39 +298,35 @@ pub async fn refresh_scrape_gauges(ctx: &AdminContext) {
 /// What the admin handlers need from the node.
 #[derive(Clone)]
 pub struct AdminContext {
-    /// Node id.
-    pub node_id: u32,
-    /// Cluster name.
-    pub cluster_name: String,
+    /// The node configuration (id, cluster name, members, admin and client tokens).
+    pub config: Arc<BrokerConfig>,
     /// The elector actor.
     pub elector: Addr<ElectorActor>,
     /// The metadata actor.
     pub metadata: Addr<MetadataActor>,
     /// Peer links (availability).
     pub peers: Arc<PeerHub>,
-    /// The data plane (sessions, local partitions).
-    pub router: Arc<DataPlane>,
+    /// The router (sessions, local partitions).
+    pub router: Arc<Router>,
     /// Notified by `POST /admin/stop`: the node stops gracefully, as on SIGTERM.
     pub stop: Arc<tokio::sync::Notify>,
     /// The metrics recorder handle.
     pub metrics: PrometheusHandle,
-    /// `admin.token`: when set, the `POST` actions require it as a bearer token.
-    pub admin_token: Option<String>,
-    /// The client tokens; one with the `admin` permission is accepted for the `POST` actions
-    /// too, and any configured token makes those actions require one.
-    pub auth: crate::auth::AuthSettings,
 }
 
 /// Checks the bearer token of a state-changing admin request (see the module doc): `None` when
 /// no admin token is configured or the request carries a valid one; else the 401 answer, after
 /// logging the remote address and counting `bmq_admin_auth_failures_total`.
 fn refuse_unauthorized(ctx: &AdminContext, req: &HttpRequest) -> Option<HttpResponse> {
-    let admin_tokens_exist = ctx.admin_token.is_some()
-        || ctx
-            .auth
+    // `admin.token`, and any client token with the `admin` permission, are accepted; when
+    // neither exists the actions are open to whoever reaches the (loopback) port.
+    let admin_token = ctx.config.admin.token.as_deref();
+    let auth = &ctx.config.auth;
+    let admin_tokens_exist = admin_token.is_some()
+        || auth
             .tokens
             .iter()
-            .any(|t| t.permissions.contains(&crate::auth::Permission::Admin));
+            .any(|t| t.permissions.contains(&Permission::Admin));
     if !admin_tokens_exist {
         return None;
     }
@@ -333,14 +337,11 @@ fn refuse_unauthorized(ctx: &AdminContext, req: &HttpRequest) -> Option<HttpResp
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let valid = presented.is_some_and(|p| {
-        let by_admin = ctx
-            .admin_token
-            .as_deref()
-            .is_some_and(|t| crate::auth::constant_time_eq(t.as_bytes(), p.as_bytes()));
-        let by_client = ctx
-            .auth
+        let by_admin =
+            admin_token.is_some_and(|t| bmq_config::constant_time_eq(t.as_bytes(), p.as_bytes()));
+        let by_client = auth
             .find(p)
-            .is_some_and(|t| t.permissions.contains(&crate::auth::Permission::Admin));
+            .is_some_and(|t| t.permissions.contains(&Permission::Admin));
         by_admin | by_client
     });
     if valid {
@@ -375,8 +376,8 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
         && (role == MetadataRole::ActiveLeader
             || metadata.status.committed_lsn.term == elector.status.term);
     Ok(NodeStatusDoc {
-        node_id: ctx.node_id,
-        cluster_name: ctx.cluster_name.clone(),
+        node_id: ctx.config.node_id,
+        cluster_name: ctx.config.cluster_name.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         elector: ElectorDoc {
             state: elector.status.state.as_str().to_string(),
@@ -462,13 +463,24 @@ async fn set_quorum(
     if let Some(refused) = refuse_unauthorized(&ctx, &req) {
         return refused;
     }
-    let quorum = path.into_inner();
+    let requested = path.into_inner();
+    let members = ctx.config.members.len();
+    let quorum =
+        bmq_config::effective_quorum(u32::try_from(requested).unwrap_or(u32::MAX), members);
     let a = ctx.elector.send(SetQuorum { quorum }).await;
     let b = ctx.metadata.send(SetMetadataQuorum { quorum }).await;
     if a.is_err() || b.is_err() {
         return HttpResponse::ServiceUnavailable().body("actors unavailable\n");
     }
-    HttpResponse::Ok().body(format!("quorum set to {quorum} (0 = N/2+1)\n"))
+    ctx.router.set_partition_quorum(quorum);
+    info!(
+        requested,
+        quorum, "quorum set for the elector, the metadata and every partition"
+    );
+    HttpResponse::Ok().body(format!(
+        "quorum set to {quorum} of {members} for the elector, the metadata and every partition \
+         of this node (requested {requested}; 0 = N/2+1)\n"
+    ))
 }
 
 async fn stop(ctx: web::Data<AdminContext>, req: HttpRequest) -> HttpResponse {

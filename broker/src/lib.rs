@@ -1,23 +1,27 @@
-//! The broker node and its tools.
+//! The broker node (`bmq-broker`): one process of the cluster, built from the pure cores
+//! (`bmq-elector`, `bmq-metadata`, `bmq-dataplane`) and the configuration (`bmq-config`).
 //!
-//! - node side: [`config`], networking, health, partitions and queues, admin HTTP;
-//! - client side: [`client`] (the async client library, tokio only) and [`cli`] (`bmqctl`).
+//! - [`node`]: `run` — open storage, bind ports, start actors, serve, stop gracefully; the
+//!   supervision tree and which thread runs what.
+//! - [`actors`]: the actix shells around the cores — [`actors::elector`],
+//!   [`actors::metadata`], [`actors::partition`] — and [`actors::health`] (failed primaries ->
+//!   new primaries on the active leader).
+//! - [`router`]: sessions <-> partition primaries, local or over the peer DATA channel.
+//! - [`session`]: one task per client connection around the data plane's proxy core.
+//! - [`wiring`]: control-channel sender, commit fan-out, peer demultiplexer.
+//! - [`net`]: peer links ([`net::peers`]) and node-side TLS ([`net::tls`]).
+//! - [`admin`]: admin HTTP (`/metrics`, `/status`, `/healthz`, `/readyz`, admin actions).
+//! - [`auth`]: client authentication and authorisation.
+//!
+//! The client library (`bmq-client`) and the operator tool (`bmqctl`) are separate crates that
+//! do not depend on this one.
 #![warn(missing_docs)]
 
+pub mod actors;
 pub mod admin;
 pub mod auth;
-pub mod cli;
-pub mod client;
-pub mod config;
-pub mod dataplane;
-pub mod health;
-pub mod journal;
+pub mod net;
 pub mod node;
-pub mod partition;
-pub mod peers;
-pub mod queue;
-pub mod replication;
+pub mod router;
 pub mod session;
-pub mod status;
-pub mod tls;
-pub mod uri;
+pub mod wiring;

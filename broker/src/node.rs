@@ -1,19 +1,28 @@
-//! The broker node: wires the actors and listeners together (DESIGN.md §3).
+//! The broker node: opens its storage, binds its ports, starts its actors, serves until a stop
+//! signal, then stops gracefully (DESIGN.md §3). [`run`] is those five steps.
 //!
-//! Supervision tree (all in one actix `System`):
+//! Supervision tree and threads (all in one actix `System`):
 //! ```text
-//! node::run
-//!  ├─ PeerHub            dialers + listener of the peer CONTROL and DATA connections
-//!  ├─ PeerTransport      actor: elector/metadata outbound messages -> PeerHub
-//!  ├─ ElectorActor       the elector core (bmq_elector), term persisted in <data_dir>/elector
-//!  ├─ MetadataActor      the metadata core + ledger (bmq_metadata), <data_dir>/ledger
-//!  ├─ Bridge             actor: LeadershipChanged -> metadata; ClusterStateCommitted ->
-//!  │                     the state watch channel and the partition actors
-//!  ├─ HealthActor        on the active leader: failed primaries -> new primaries
-//!  ├─ DataPlane          router between client sessions and PartitionActors
-//!  ├─ client listener    one session task per client connection
-//!  └─ admin HTTP         /metrics /status /healthz /readyz
+//! node::run                                           thread
+//!  ├─ PeerHub        dialers, listener, link heartbeats   main (System)
+//!  ├─ ControlSender  elector/metadata -> CONTROL channel  main
+//!  ├─ ElectorActor   the elector core, term file          own arbiter
+//!  ├─ MetadataActor  the metadata core + ledger           own arbiter
+//!  ├─ CommitFanout   leadership -> metadata; commits ->   main
+//!  │                 router, state watch, health
+//!  ├─ HealthActor    on the active leader: failed         main
+//!  │                 primaries -> new primaries
+//!  ├─ Router         sessions <-> partitions              main (called from every thread)
+//!  │   └─ PartitionActor per partition (journal)       one arbiter each
+//!  ├─ client sessions, one task per connection          main
+//!  └─ admin HTTP     /metrics /status /healthz /readyz    main
 //! ```
+//! Every fsync runs on the thread of the actor that owns the file: a ledger record's on the
+//! metadata thread, a journal batch's on its partition's thread, a term's on the elector's
+//! thread (only when the term changes, never while leading). The main thread, which carries
+//! the link heartbeats, the forwarding of elector heartbeats and every client session, never
+//! waits for a disk.
+//!
 //! A failure to open the data directory, the term file or the ledger, or to bind a port, stops
 //! the node at start with an error naming the path or address.
 //!
@@ -25,188 +34,34 @@
 //! `limits.graceful_stop_timeout_ms`, then stops. Clients attached to it see a disconnect and
 //! reconnect elsewhere; their unacknowledged PUTs are resent.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, Addr, Context, Handler};
+use actix::{Actor, Addr};
 use anyhow::Context as _;
-use bmq_elector::{
-    CedeLeadership, Elector, ElectorActor, ElectorConfig, ElectorInbound, ElectorOutbound,
-    LeadershipChanged, PeerAvailability, SubscribeLeadership, TermStore,
+use bmq_config::{BrokerConfig, Consistency, DomainMode, FsyncSetting};
+use bmq_dataplane::{DeliveryMode, DomainPolicies, DomainPolicy, QueueLimits};
+use bmq_elector::{Elector, ElectorConfig, TermStore};
+use bmq_metadata::{ClusterState, FsyncPolicy, Ledger, MetadataCore, Recovered};
+use bmq_proto::peer::{
+    metadata_message, peer_message::Kind, Channel, MetadataMessage, NodeStatusAdvisory,
+    NodeStatusKind, PeerMessage,
 };
-use bmq_metadata::{
-    ClusterState, ClusterStateCommitted, FsyncPolicy, LeaderChanged, Ledger, MetadataActor,
-    MetadataCore, MetadataInbound, MetadataOutbound, RequestQueueAssignment, SubscribeState,
-};
-use bmq_proto::peer::{peer_message::Kind, Channel, PeerMessage};
-use bmq_proto::NodeId;
+use bmq_proto::{NodeId, Term};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::actors::elector::{CedeLeadership, ElectorActor, SubscribeLeadership};
+use crate::actors::health::{HealthActor, NodeStopping};
+use crate::actors::metadata::{MetadataActor, SubscribeState};
 use crate::admin::{install_metrics_recorder, start_admin_server, AdminContext};
-use crate::config::{BrokerConfig, FsyncSetting};
-use crate::dataplane::DataPlane;
-use crate::health::{HealthActor, NodeStopping};
-use crate::peers::{PeerHub, PeerHubConfig, PeerInbound};
+use crate::net::peers::{PeerHub, PeerHubConfig};
+use crate::net::tls::PeerTls;
+use crate::router::{Router, RouterParts};
+use crate::wiring::{CommitFanout, ControlSender, PeerDemux};
 
-/// Outbound queue capacity of each peer link, messages.
-const PEER_OUTBOUND_CAPACITY: usize = 65_536;
-
-/// Sends the elector's and the metadata actor's outbound messages over the CONTROL channel.
-struct PeerTransport {
-    hub: Arc<PeerHub>,
-}
-
-impl Actor for PeerTransport {
-    type Context = Context<Self>;
-}
-
-impl Handler<ElectorOutbound> for PeerTransport {
-    type Result = ();
-
-    fn handle(&mut self, msg: ElectorOutbound, _ctx: &mut Self::Context) {
-        let message = PeerMessage {
-            kind: Some(Kind::Elector(msg.message)),
-        };
-        match msg.to {
-            Some(to) => {
-                self.hub.send(to, Channel::Control, message);
-            }
-            None => self.hub.broadcast(Channel::Control, message),
-        }
-    }
-}
-
-impl Handler<MetadataOutbound> for PeerTransport {
-    type Result = ();
-
-    fn handle(&mut self, msg: MetadataOutbound, _ctx: &mut Self::Context) {
-        let message = PeerMessage {
-            kind: Some(Kind::Metadata(msg.message)),
-        };
-        match msg.to {
-            Some(to) => {
-                self.hub.send(to, Channel::Control, message);
-            }
-            None => self.hub.broadcast(Channel::Control, message),
-        }
-    }
-}
-
-/// Relays state changes between actors (see the module doc).
-struct Bridge {
-    metadata: Addr<MetadataActor>,
-    health: Addr<HealthActor>,
-    router: Arc<DataPlane>,
-    state_tx: watch::Sender<Arc<ClusterState>>,
-}
-
-impl Actor for Bridge {
-    type Context = Context<Self>;
-}
-
-impl Handler<LeadershipChanged> for Bridge {
-    type Result = ();
-
-    fn handle(&mut self, msg: LeadershipChanged, _ctx: &mut Self::Context) {
-        // Leadership changes are rare (bounded by the elector's timers), so do_send is fine.
-        self.metadata.do_send(LeaderChanged {
-            term: msg.status.term,
-            leader: msg.status.leader,
-        });
-    }
-}
-
-impl Handler<ClusterStateCommitted> for Bridge {
-    type Result = ();
-
-    fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
-        self.router.sync_partitions(&msg.state);
-        if !Arc::ptr_eq(&self.state_tx.borrow(), &msg.state) {
-            self.state_tx.send_replace(msg.state.clone());
-        }
-        // Commits are rate-bounded by the metadata quorum round trips, so do_send is fine.
-        self.health.do_send(msg);
-    }
-}
-
-/// Routes peer frames to the actor that owns them. Set once the actors exist; frames that
-/// arrive before are dropped (every protocol retries).
-#[derive(Default)]
-struct NodeInbound {
-    elector: OnceLock<Addr<ElectorActor>>,
-    metadata: OnceLock<Addr<MetadataActor>>,
-    router: OnceLock<Arc<DataPlane>>,
-    health: OnceLock<Addr<HealthActor>>,
-}
-
-impl PeerInbound for NodeInbound {
-    fn on_message(&self, from: NodeId, channel: Channel, message: PeerMessage) {
-        match (channel, message.kind) {
-            (_, Some(Kind::Elector(m))) => {
-                if let Some(e) = self.elector.get() {
-                    if e.try_send(ElectorInbound { from, message: m }).is_err() {
-                        metrics::counter!("bmq_mailbox_full_total", "actor" => "elector")
-                            .increment(1);
-                    }
-                }
-            }
-            (_, Some(Kind::Metadata(m))) => {
-                if let Some(bmq_proto::peer::metadata_message::Kind::NodeStatus(ns)) = &m.kind {
-                    // Node status is the health actor's business (DESIGN.md §6).
-                    if ns.node_id == from.0
-                        && ns.status == bmq_proto::peer::NodeStatusKind::NodeStatusStopping as i32
-                    {
-                        if let Some(h) = self.health.get() {
-                            if h.try_send(NodeStopping { node: from }).is_err() {
-                                metrics::counter!("bmq_mailbox_full_total", "actor" => "health")
-                                    .increment(1);
-                            }
-                        }
-                    }
-                    return;
-                }
-                if let Some(md) = self.metadata.get() {
-                    if md.try_send(MetadataInbound { from, message: m }).is_err() {
-                        metrics::counter!("bmq_mailbox_full_total", "actor" => "metadata")
-                            .increment(1);
-                    }
-                }
-            }
-            (
-                _,
-                kind @ (Some(Kind::Forwarded(_))
-                | Some(Kind::SessionGone(_))
-                | Some(Kind::Partition(_))
-                | Some(Kind::PrimaryActive(_))),
-            ) => {
-                if let Some(r) = self.router.get() {
-                    r.handle_peer_data(from, PeerMessage { kind });
-                }
-            }
-            _ => {
-                metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
-            }
-        }
-    }
-
-    fn on_availability(&self, peer: NodeId, available: bool) {
-        if let Some(e) = self.elector.get() {
-            if e.try_send(PeerAvailability { peer, available }).is_err() {
-                metrics::counter!("bmq_mailbox_full_total", "actor" => "elector").increment(1);
-            }
-        }
-        if let Some(r) = self.router.get() {
-            if available {
-                r.handle_node_back(peer);
-            } else {
-                r.handle_node_gone(peer);
-            }
-        }
-    }
-}
-
-/// Translates the `[elector]` settings into the elector core's configuration.
+/// Translates the `[elector]` settings into the elector core's configuration, with the
+/// node's effective quorum ([`BrokerConfig::effective_quorum`]).
 pub fn elector_config(config: &BrokerConfig) -> ElectorConfig {
     let e = &config.elector;
     let single = config.members.len() == 1;
@@ -214,16 +69,40 @@ pub fn elector_config(config: &BrokerConfig) -> ElectorConfig {
         initial_wait: if single {
             Duration::ZERO
         } else {
-            Duration::from_millis(e.initial_wait_ms)
+            e.initial_wait()
         },
-        random_wait_max: Duration::from_millis(e.random_wait_max_ms),
-        scouting_result_timeout: Duration::from_millis(e.scouting_result_timeout_ms),
-        election_result_timeout: Duration::from_millis(e.election_result_timeout_ms),
-        heartbeat_period: Duration::from_millis(e.heartbeat_period_ms),
-        heartbeat_check_period: Duration::from_millis(e.heartbeat_check_period_ms),
+        random_wait_max: e.random_wait_max(),
+        scouting_result_timeout: e.scouting_result_timeout(),
+        election_result_timeout: e.election_result_timeout(),
+        heartbeat_period: e.heartbeat_period(),
+        heartbeat_check_period: e.heartbeat_check_period(),
         heartbeat_miss_count: e.heartbeat_miss_count,
-        quorum: e.quorum as usize,
+        quorum: config.effective_quorum(),
     }
+}
+
+/// The domains of the configuration as the data-plane cores use them.
+pub fn domain_policies(config: &BrokerConfig) -> DomainPolicies {
+    DomainPolicies::new(config.domains.iter().map(|d| {
+        let mode = match d.mode {
+            DomainMode::Priority => DeliveryMode::Priority,
+            DomainMode::Broadcast => DeliveryMode::Broadcast,
+            DomainMode::Fanout => DeliveryMode::Fanout {
+                app_ids: d.app_ids.clone(),
+            },
+        };
+        let policy = DomainPolicy {
+            mode,
+            strong: d.consistency == Consistency::Strong,
+            limits: QueueLimits {
+                max_messages: d.max_queue_messages,
+                max_bytes: d.max_queue_bytes,
+                max_delivery_attempts: d.max_delivery_attempts,
+                message_ttl: d.message_ttl(),
+            },
+        };
+        (d.name.clone(), policy)
+    }))
 }
 
 fn bind(addr: &str, what: &str) -> anyhow::Result<std::net::TcpListener> {
@@ -233,41 +112,24 @@ fn bind(addr: &str, what: &str) -> anyhow::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
-/// Runs the node until SIGTERM/SIGINT. Must be called inside an actix `System`.
-pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
-    config.validate().context("invalid configuration")?;
-    let config = Arc::new(config);
-    let self_id = NodeId(config.node_id);
-    let me = config.self_member().clone();
-    let metrics_handle =
-        install_metrics_recorder().context("cannot install the metrics recorder")?;
+/// What the node recovered from its data directory.
+struct Storage {
+    term_store: TermStore,
+    ledger: Ledger,
+    recovered: Recovered,
+    start_term: Term,
+}
 
-    std::fs::create_dir_all(&config.data_dir).with_context(|| {
-        format!(
-            "cannot create the data directory {}",
-            config.data_dir.display()
-        )
-    })?;
-    let elector_dir = config.data_dir.join("elector");
-    let ledger_dir = config.data_dir.join("ledger");
-    std::fs::create_dir_all(&elector_dir)
-        .with_context(|| format!("cannot create {}", elector_dir.display()))?;
-    std::fs::create_dir_all(&ledger_dir)
-        .with_context(|| format!("cannot create {}", ledger_dir.display()))?;
-
-    // Bind every port first so a port clash fails fast with the address in the message.
-    let [client_bind, peer_bind, admin_bind] = config.listen_addrs();
-    let client_listener = bind(&client_bind, "client")?;
-    let peer_listener = bind(&peer_bind, "peer")?;
-    // The admin port binds to loopback unless `admin.listen_host` says otherwise (issue 10).
-    let admin_bind = {
-        let host = config.admin.bind_host(&me.host);
-        let listen = crate::config::MemberConfig { host, ..me.clone() };
-        let _ = admin_bind;
-        listen.admin_addr()
-    };
-    let admin_listener = bind(&admin_bind, "admin")?;
-
+/// Creates the data directory and opens the term file and the ledger.
+fn open_storage(config: &BrokerConfig) -> anyhow::Result<Storage> {
+    let data_dir = &config.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    let elector_dir = data_dir.join("elector");
+    let ledger_dir = data_dir.join("ledger");
+    for dir in [&elector_dir, &ledger_dir] {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
     let (term_store, persisted_term) = TermStore::open(&elector_dir)
         .with_context(|| format!("cannot open the elector term in {}", elector_dir.display()))?;
     let fsync = match config.metadata.fsync {
@@ -279,131 +141,207 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     ledger.set_max_file_size(config.metadata.ledger_max_file_size_bytes);
     // The elector never starts below the term of the last ledger LSN (DESIGN.md §4 "Start").
     let start_term = persisted_term.max(recovered.last_lsn.term);
-    info!(
-        node = %self_id,
-        term = %start_term,
-        last_lsn = %recovered.last_lsn,
-        committed_lsn = %recovered.committed_lsn,
-        queues = recovered.committed_state.queues.len(),
-        "node starting"
-    );
+    Ok(Storage {
+        term_store,
+        ledger,
+        recovered,
+        start_term,
+    })
+}
 
-    let tls = match &config.tls {
-        Some(settings) => {
-            Some(crate::tls::PeerTls::load(settings).context("cannot set up TLS from [tls]")?)
-        }
-        None => None,
-    };
-    let inbound = Arc::new(NodeInbound::default());
-    let hub = PeerHub::start(
-        PeerHubConfig {
-            self_id,
-            cluster_name: config.cluster_name.clone(),
-            peers: config
-                .peers()
-                .map(|m| (NodeId(m.id), m.peer_addr()))
-                .collect(),
-            heartbeat_period: Duration::from_millis(config.link.heartbeat_period_ms),
-            heartbeat_timeout: Duration::from_millis(config.link.heartbeat_timeout_ms),
-            reconnect_backoff_min: Duration::from_millis(config.link.reconnect_backoff_min_ms),
-            reconnect_backoff_max: Duration::from_millis(config.link.reconnect_backoff_max_ms),
-            frame_size_max: config.limits.frame_size_max_bytes as usize,
-            outbound_queue_capacity: PEER_OUTBOUND_CAPACITY,
-            tls: tls.clone(),
-        },
-        inbound.clone(),
-    );
-    let transport = PeerTransport { hub: hub.clone() }.start();
+/// The three listeners, bound before anything starts so a port clash fails fast.
+struct Listeners {
+    client: std::net::TcpListener,
+    peer: std::net::TcpListener,
+    admin: std::net::TcpListener,
+    admin_addr: String,
+}
+
+fn bind_listeners(config: &BrokerConfig) -> anyhow::Result<Listeners> {
+    let [client_addr, peer_addr, _] = config.listen_addrs();
+    // The admin port binds to loopback unless `admin.listen_host` says otherwise.
+    let me = config.self_member();
+    let admin_addr = bmq_config::MemberConfig {
+        host: config.admin.bind_host(&me.host),
+        ..me.clone()
+    }
+    .admin_addr();
+    Ok(Listeners {
+        client: bind(&client_addr, "client")?,
+        peer: bind(&peer_addr, "peer")?,
+        admin: bind(&admin_addr, "admin")?,
+        admin_addr,
+    })
+}
+
+/// The running actors and shared handles of a node.
+struct Actors {
+    hub: Arc<PeerHub>,
+    elector: Addr<ElectorActor>,
+    metadata: Addr<MetadataActor>,
+    health: Addr<HealthActor>,
+    router: Arc<Router>,
+    cluster: watch::Receiver<Arc<ClusterState>>,
+}
+
+/// Builds and starts every actor, in dependency order: the peer hub's queues, the elector and
+/// metadata actors (each on its own thread), the health actor, the router, the commit fan-out;
+/// then starts the peer links with a demultiplexer that knows them all.
+async fn start_actors(
+    config: &Arc<BrokerConfig>,
+    storage: Storage,
+    peer_listener: std::net::TcpListener,
+    tls: Option<PeerTls>,
+) -> anyhow::Result<Actors> {
+    let self_id = NodeId(config.node_id);
+    let quorum = config.effective_quorum();
+    let mailbox = config.limits.mailbox_capacity();
+    let (hub, pending_links) = PeerHub::new(PeerHubConfig {
+        self_id,
+        cluster_name: config.cluster_name.clone(),
+        peers: config
+            .peers()
+            .map(|m| (NodeId(m.id), m.peer_addr()))
+            .collect(),
+        heartbeat_period: config.link.heartbeat_period(),
+        heartbeat_timeout: config.link.heartbeat_timeout(),
+        reconnect_backoff_min: config.link.reconnect_backoff_min(),
+        reconnect_backoff_max: config.link.reconnect_backoff_max(),
+        frame_size_max: config.limits.frame_size_max_bytes as usize,
+        outbound_queue_capacity: mailbox,
+        tls,
+    });
+    let control = ControlSender { hub: hub.clone() }.start();
 
     let members: Vec<NodeId> = config.members.iter().map(|m| NodeId(m.id)).collect();
-    let initial_state = Arc::new(recovered.committed_state.clone());
-    let metadata_core =
-        MetadataCore::new(self_id, &members, config.elector.quorum as usize, recovered);
-    let metadata = MetadataActor::new(metadata_core, ledger, transport.clone().recipient()).start();
+    let initial_state = Arc::new(storage.recovered.committed_state.clone());
+    let metadata_core = MetadataCore::new(self_id, &members, quorum, storage.recovered);
+    let (ledger, transport) = (storage.ledger, control.clone().recipient());
+    let metadata = MetadataActor::start_in_arbiter(&actix::Arbiter::new().handle(), move |_| {
+        MetadataActor::new(metadata_core, ledger, transport)
+    });
 
     let peers: Vec<NodeId> = members.iter().copied().filter(|m| *m != self_id).collect();
     let seed = rand::random::<u64>();
-    let elector_core = Elector::new(self_id, &peers, elector_config(&config), start_term, seed);
-    let elector = ElectorActor::new(elector_core, term_store, transport.recipient()).start();
-
-    let (state_tx, state_rx) = watch::channel(initial_state);
-    let metadata_for_requests = metadata.clone();
-    let router = DataPlane::new(
-        config.clone(),
-        hub.clone(),
-        state_rx,
-        Box::new(move |uri| {
-            if metadata_for_requests
-                .try_send(RequestQueueAssignment { uri })
-                .is_err()
-            {
-                metrics::counter!("bmq_mailbox_full_total", "actor" => "metadata").increment(1);
-            }
-        }),
+    let elector_core = Elector::new(
+        self_id,
+        &peers,
+        elector_config(config),
+        storage.start_term,
+        seed,
     );
-    let health = HealthActor::new(self_id, metadata.clone(), hub.clone()).start();
-    let _ = inbound.health.set(health.clone());
-    let _ = router.primary_active_sink.set(health.clone().recipient());
-    let bridge = Bridge {
+    let (term_store, transport) = (storage.term_store, control.recipient());
+    let elector = ElectorActor::start_in_arbiter(&actix::Arbiter::new().handle(), move |_| {
+        ElectorActor::new(elector_core, term_store, transport)
+    });
+
+    let health = HealthActor::new(self_id, metadata.clone(), hub.clone(), mailbox).start();
+    let (state_tx, cluster) = watch::channel(initial_state);
+    let router = Router::new(RouterParts {
+        config: config.clone(),
+        peers: hub.clone(),
+        cluster: cluster.clone(),
+        policies: Arc::new(domain_policies(config)),
+        primary_active: health.clone().recipient(),
+        assignments: metadata.clone().recipient(),
+        quorum,
+    });
+    let fanout = CommitFanout {
         metadata: metadata.clone(),
         health: health.clone(),
         router: router.clone(),
         state_tx,
     }
     .start();
-    let _ = inbound.elector.set(elector.clone());
-    let _ = inbound.metadata.set(metadata.clone());
-    let _ = inbound.router.set(router.clone());
     metadata
         .send(SubscribeState {
-            subscriber: bridge.clone().recipient(),
+            subscriber: fanout.clone().recipient(),
         })
         .await?;
     elector
         .send(SubscribeLeadership {
-            subscriber: bridge.recipient(),
+            subscriber: fanout.recipient(),
         })
         .await?;
+    let demux = Arc::new(PeerDemux {
+        elector: elector.clone(),
+        metadata: metadata.clone(),
+        health: health.clone(),
+        router: router.clone(),
+    });
+    hub.start(
+        pending_links,
+        tokio::net::TcpListener::from_std(peer_listener)?,
+        demux,
+    );
+    Ok(Actors {
+        hub,
+        elector,
+        metadata,
+        health,
+        router,
+        cluster,
+    })
+}
 
-    let peer_listener = tokio::net::TcpListener::from_std(peer_listener)?;
-    tokio::spawn(hub.clone().serve(peer_listener, inbound.clone()));
-    let client_listener = tokio::net::TcpListener::from_std(client_listener)?;
+/// Runs the node until SIGTERM/SIGINT or `POST /admin/stop`. Must be called inside an actix
+/// `System`.
+pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
+    config.validate().context("invalid configuration")?;
+    let config = Arc::new(config);
+    let self_id = NodeId(config.node_id);
+    let metrics_handle =
+        install_metrics_recorder().context("cannot install the metrics recorder")?;
+    let storage = open_storage(&config)?;
+    let listeners = bind_listeners(&config)?;
+    info!(
+        node = %self_id,
+        term = %storage.start_term,
+        last_lsn = %storage.recovered.last_lsn,
+        committed_lsn = %storage.recovered.committed_lsn,
+        queues = storage.recovered.committed_state.queues.len(),
+        "node starting"
+    );
+    let tls = match &config.tls {
+        Some(settings) => Some(PeerTls::load(settings).context("cannot set up TLS from [tls]")?),
+        None => None,
+    };
+    let client_tls = tls.as_ref().and_then(|t| t.client_acceptor.clone());
+    let actors = start_actors(&config, storage, listeners.peer, tls).await?;
+
     tokio::spawn(crate::session::serve_clients(
-        client_listener,
-        router.clone(),
-        tls.as_ref().and_then(|t| t.client_acceptor.clone()),
+        tokio::net::TcpListener::from_std(listeners.client)?,
+        actors.router.clone(),
+        client_tls,
     ));
     let admin_stop = Arc::new(tokio::sync::Notify::new());
     let admin = start_admin_server(
-        admin_listener,
+        listeners.admin,
         AdminContext {
-            node_id: self_id.0,
-            cluster_name: config.cluster_name.clone(),
-            elector: elector.clone(),
-            metadata: metadata.clone(),
-            peers: hub.clone(),
-            router: router.clone(),
+            config: config.clone(),
+            elector: actors.elector.clone(),
+            metadata: actors.metadata.clone(),
+            peers: actors.hub.clone(),
+            router: actors.router.clone(),
             metrics: metrics_handle.clone(),
             stop: admin_stop.clone(),
-            admin_token: config.admin.token.clone(),
-            auth: config.auth.clone(),
         },
     )?;
     let admin_handle = admin.handle();
     tokio::spawn(admin);
-    let upkeep = metrics_handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
             tick.tick().await;
-            upkeep.run_upkeep();
+            metrics_handle.run_upkeep();
         }
     });
+    let me = config.self_member();
     info!(
         node = %self_id,
         client = %me.client_addr(),
         peer = %me.peer_addr(),
-        admin = %admin_bind,
+        admin = %listeners.admin_addr,
         "node started"
     );
 
@@ -411,45 +349,40 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         _ = wait_for_stop_signal() => {}
         _ = admin_stop.notified() => {}
     }
-    graceful_stop(&config, &hub, &health, &elector, router.cluster.clone()).await;
-    hub.stop();
+    graceful_stop(&config, &actors).await;
+    actors.hub.stop();
     admin_handle.stop(false).await;
     info!(node = %self_id, "node stopped");
     Ok(())
 }
 
+/// Tells every peer this node is stopping (the leader's health actor moves its primaries).
+fn announce_stopping(config: &BrokerConfig, hub: &PeerHub) {
+    for peer in config.peers() {
+        let msg = PeerMessage {
+            kind: Some(Kind::Metadata(MetadataMessage {
+                kind: Some(metadata_message::Kind::NodeStatus(NodeStatusAdvisory {
+                    node_id: config.node_id,
+                    status: NodeStatusKind::NodeStatusStopping as i32,
+                })),
+            })),
+        };
+        hub.send(NodeId(peer.id), Channel::Control, msg);
+    }
+}
+
 /// Cedes leadership and primaries, then waits (bounded) until no partition names this node
 /// primary (see the module doc).
-async fn graceful_stop(
-    config: &BrokerConfig,
-    hub: &Arc<PeerHub>,
-    health: &Addr<HealthActor>,
-    elector: &Addr<ElectorActor>,
-    mut cluster: watch::Receiver<Arc<ClusterState>>,
-) {
+async fn graceful_stop(config: &BrokerConfig, actors: &Actors) {
     let self_id = NodeId(config.node_id);
-    let timeout = Duration::from_millis(config.limits.graceful_stop_timeout_ms);
+    let timeout = config.limits.graceful_stop_timeout();
     info!(node = %self_id, ?timeout, "stopping: ceding leadership and primaries");
     let started = tokio::time::Instant::now();
-    let _ = health.try_send(NodeStopping { node: self_id });
-    let announce = || {
-        for peer in config.peers() {
-            let msg = PeerMessage {
-                kind: Some(Kind::Metadata(bmq_proto::peer::MetadataMessage {
-                    kind: Some(bmq_proto::peer::metadata_message::Kind::NodeStatus(
-                        bmq_proto::peer::NodeStatusAdvisory {
-                            node_id: self_id.0,
-                            status: bmq_proto::peer::NodeStatusKind::NodeStatusStopping as i32,
-                        },
-                    )),
-                })),
-            };
-            hub.send(NodeId(peer.id), Channel::Control, msg);
-        }
-    };
-    announce();
-    let _ = tokio::time::timeout(Duration::from_secs(1), elector.send(CedeLeadership)).await;
+    let _ = actors.health.try_send(NodeStopping { node: self_id });
+    announce_stopping(config, &actors.hub);
+    let _ = tokio::time::timeout(Duration::from_secs(1), actors.elector.send(CedeLeadership)).await;
     let deadline = started + timeout;
+    let mut cluster = actors.cluster.clone();
     loop {
         let primaries = cluster
             .borrow_and_update()
@@ -461,7 +394,7 @@ async fn graceful_stop(
             info!(node = %self_id, elapsed = ?started.elapsed(), "no partition left on this node: stopping");
             break;
         }
-        if hub.peer_availability().iter().all(|(_, up)| !up) {
+        if actors.hub.peer_availability().iter().all(|(_, up)| !up) {
             warn!(node = %self_id, primaries, "no peer to hand primaries to: stopping");
             break;
         }
@@ -470,7 +403,7 @@ async fn graceful_stop(
             break;
         }
         // Announce again: the leader may have changed since (we just ceded).
-        announce();
+        announce_stopping(config, &actors.hub);
         let _ = tokio::time::timeout(Duration::from_millis(200), cluster.changed()).await;
     }
     // Give the cession and the last receipts a moment to leave the sockets.

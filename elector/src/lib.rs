@@ -6,20 +6,16 @@
 //! - [`ElectorConfig`] (`config.rs`): timings and quorum, validated at start-up.
 //! - [`ElectorState`], [`TransitionReason`], [`ElectorStatus`] (`state.rs`): what is published.
 //! - [`TermStore`] (`term_store.rs`): the fsynced term file.
-//! - [`ElectorActor`] (`actor.rs`): the actix shell that executes the outputs.
+//!
+//! The crate is pure: no actix, no tokio, no socket, no clock. The node's actor that executes
+//! the outputs lives in `bmq-broker` (`actors/elector.rs`).
 #![warn(missing_docs)]
 
-pub mod actor;
 pub mod config;
 pub mod core;
 pub mod state;
 pub mod term_store;
 
-pub use crate::actor::{
-    CedeLeadership, ElectorActor, ElectorInbound, ElectorOutbound, ElectorSnapshot,
-    GetElectorStatus, LeadershipChanged, PeerAvailability, SetQuorum, SubscribeLeadership,
-    ELECTOR_MAILBOX_CAPACITY,
-};
 pub use crate::config::{ConfigError, ElectorConfig};
 pub use crate::core::{Elector, ElectorCounters, ElectorOutput};
 pub use crate::state::{ElectorState, ElectorStatus, TransitionReason};

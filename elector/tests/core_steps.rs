@@ -810,7 +810,7 @@ fn arbitrary_input_never_panics() {
     }
 }
 
-// ---------------------------------------------------------------------- issue 3: one test per rule
+// ---------------------------------------------------------------------- one test per rule
 
 /// Drives `e` through its deadlines up to (excluding) `until`, asserting that none of them
 /// produces an output.

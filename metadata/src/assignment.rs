@@ -91,6 +91,44 @@ fn least_loaded(load: &BTreeMap<NodeId, usize>) -> NodeId {
         .expect("load is not empty")
 }
 
+/// One step of gradual rebalancing (DESIGN.md §6): when every partition has an `available`,
+/// ACTIVE primary and the available node with the most primaries has at least two more than
+/// the one with the fewest, moves the highest-numbered partition of the former to the latter
+/// (lease + 1, passive until it heals). Otherwise `None`. Ties: the lowest node id is chosen as
+/// the source among equals, and as the target among equals.
+pub fn plan_rebalance(
+    state: &ClusterState,
+    available: &BTreeSet<NodeId>,
+) -> Option<bmq_proto::peer::PartitionInfo> {
+    let mut counts: std::collections::BTreeMap<NodeId, usize> =
+        available.iter().map(|n| (*n, 0)).collect();
+    for p in state.partitions.values() {
+        let primary = p.primary?;
+        if !available.contains(&primary) || p.status != PrimaryStatus::Active {
+            return None;
+        }
+        *counts.get_mut(&primary).expect("available") += 1;
+    }
+    let (&from, &most) = counts
+        .iter()
+        .max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n)))?;
+    let (&to, &fewest) = counts.iter().min_by_key(|(n, c)| (**c, **n))?;
+    if most < fewest + 2 {
+        return None;
+    }
+    let (id, p) = state
+        .partitions
+        .iter()
+        .rev()
+        .find(|(_, p)| p.primary == Some(from))?;
+    Some(bmq_proto::peer::PartitionInfo {
+        partition_id: id.0,
+        primary_node_id: Some(to.0),
+        primary_lease_id: p.primary_lease_id + 1,
+        status: bmq_proto::peer::PrimaryStatus::Passive as i32,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +225,62 @@ mod tests {
         s.apply(&primaries(&[(0, Some(1), 1), (1, Some(2), 1)]))
             .unwrap();
         assert!(plan_primary_assignment(&s, &nodes(&[1, 2, 3])).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod rebalance_tests {
+    use super::*;
+    use bmq_proto::PartitionId;
+
+    fn state(primaries: &[(u32, PrimaryStatus)]) -> ClusterState {
+        let mut s = ClusterState::new(primaries.len() as u32);
+        for (i, (node, status)) in primaries.iter().enumerate() {
+            let p = s.partitions.get_mut(&PartitionId(i as u32)).unwrap();
+            p.primary = Some(NodeId(*node));
+            p.primary_lease_id = 3;
+            p.status = *status;
+        }
+        s
+    }
+
+    fn nodes(ids: &[u32]) -> BTreeSet<NodeId> {
+        ids.iter().map(|n| NodeId(*n)).collect()
+    }
+
+    #[test]
+    fn a_returning_node_gets_one_partition_at_a_time() {
+        // Node 1 came back with no primaries; node 2 holds three: one moves, lease + 1.
+        use PrimaryStatus::Active;
+        let s = state(&[(2, Active), (3, Active), (2, Active), (2, Active)]);
+        let step = plan_rebalance(&s, &nodes(&[1, 2, 3])).expect("a move");
+        assert_eq!(
+            step,
+            bmq_proto::peer::PartitionInfo {
+                partition_id: 3,
+                primary_node_id: Some(1),
+                primary_lease_id: 4,
+                status: bmq_proto::peer::PrimaryStatus::Passive as i32,
+            }
+        );
+    }
+
+    #[test]
+    fn a_balanced_cluster_never_moves_a_primary() {
+        // Counts 2/1/1 differ by one: nothing moves.
+        use PrimaryStatus::Active;
+        let s = state(&[(1, Active), (2, Active), (3, Active), (1, Active)]);
+        assert_eq!(plan_rebalance(&s, &nodes(&[1, 2, 3])), None);
+    }
+
+    #[test]
+    fn no_move_while_a_primary_heals_or_is_missing() {
+        // One move at a time: wait until the last moved partition is ACTIVE; and a partition
+        // without a live primary is the failure path's business, not rebalancing's.
+        use PrimaryStatus::{Active, Passive};
+        let healing = state(&[(2, Active), (2, Passive), (2, Active), (3, Active)]);
+        assert_eq!(plan_rebalance(&healing, &nodes(&[1, 2, 3])), None);
+        let dead = state(&[(2, Active), (2, Active), (2, Active), (4, Active)]);
+        assert_eq!(plan_rebalance(&dead, &nodes(&[1, 2, 3])), None);
     }
 }

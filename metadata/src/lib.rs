@@ -6,22 +6,18 @@
 //! - [`assignment`]: pure placement decisions (queue -> partition, partition -> primary).
 //! - [`ledger`]: the on-disk ledger with CRC32C records, torn-tail recovery and rollover.
 //! - [`core`]: [`MetadataCore`], the replication state machine (no I/O, no clock).
-//! - [`actor`]: [`MetadataActor`], the actix shell that persists, sends and publishes.
+//!
+//! The crate is pure: no actix, no tokio, no socket, no clock. The node's actor that persists,
+//! sends and publishes lives in `bmq-broker` (`actors/metadata.rs`).
 #![warn(missing_docs)]
 
-pub mod actor;
 pub mod assignment;
 pub mod core;
 pub mod ledger;
 pub mod lsn;
 pub mod state;
 
-pub use crate::actor::{
-    ClusterStateCommitted, GetMetadataStatus, LeaderChanged, MetadataActor, MetadataInbound,
-    MetadataOutbound, MetadataSnapshot, Propose, RequestQueueAssignment, SetMetadataQuorum,
-    SubscribeState,
-};
-pub use crate::assignment::{pick_partition_for_queue, plan_primary_assignment};
+pub use crate::assignment::{pick_partition_for_queue, plan_primary_assignment, plan_rebalance};
 pub use crate::core::{
     MetadataConfig, MetadataCore, MetadataCounters, MetadataOutput, MetadataRole, MetadataStatus,
     ProposeError,

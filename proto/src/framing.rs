@@ -7,6 +7,7 @@
 use std::marker::PhantomData;
 
 use bytes::{Buf, BufMut, BytesMut};
+#[cfg(feature = "codec")]
 use tokio_util::codec::{Decoder, Encoder};
 
 /// Default maximum frame body size: 64 MiB.
@@ -56,11 +57,11 @@ impl<M> FrameCodec<M> {
     }
 }
 
-impl<M: prost::Message + Default> Decoder for FrameCodec<M> {
-    type Item = M;
-    type Error = FrameError;
-
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<M>, FrameError> {
+impl<M: prost::Message + Default> FrameCodec<M> {
+    /// Takes one frame off the front of `src`: `Ok(None)` until a whole frame is there,
+    /// [`FrameError::TooLarge`] as soon as the length prefix exceeds the maximum, and
+    /// [`FrameError::Decode`] for a body that is not an `M`. Never panics.
+    pub fn decode_frame(&self, src: &mut BytesMut) -> Result<Option<M>, FrameError> {
         if src.len() < LENGTH_PREFIX_BYTES {
             return Ok(None);
         }
@@ -81,10 +82,10 @@ impl<M: prost::Message + Default> Decoder for FrameCodec<M> {
     }
 }
 
-impl<M: prost::Message> Encoder<M> for FrameCodec<M> {
-    type Error = FrameError;
-
-    fn encode(&mut self, item: M, dst: &mut BytesMut) -> Result<(), FrameError> {
+impl<M: prost::Message> FrameCodec<M> {
+    /// Appends `item` as one frame to `dst`; [`FrameError::TooLarge`] when its body exceeds
+    /// the maximum.
+    pub fn encode_frame(&self, item: &M, dst: &mut BytesMut) -> Result<(), FrameError> {
         let length = item.encoded_len();
         if length > self.frame_size_max {
             return Err(FrameError::TooLarge {
@@ -99,7 +100,26 @@ impl<M: prost::Message> Encoder<M> for FrameCodec<M> {
     }
 }
 
-#[cfg(test)]
+#[cfg(feature = "codec")]
+impl<M: prost::Message + Default> Decoder for FrameCodec<M> {
+    type Item = M;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<M>, FrameError> {
+        self.decode_frame(src)
+    }
+}
+
+#[cfg(feature = "codec")]
+impl<M: prost::Message> Encoder<M> for FrameCodec<M> {
+    type Error = FrameError;
+
+    fn encode(&mut self, item: M, dst: &mut BytesMut) -> Result<(), FrameError> {
+        self.encode_frame(&item, dst)
+    }
+}
+
+#[cfg(all(test, feature = "codec"))]
 mod tests {
     use super::*;
     use crate::client::{client_message::Kind, ClientMessage, Put};

@@ -1,4 +1,4 @@
-//! Property tests of the frame decoder and the wire messages (issue 4 item 5; DESIGN.md §8):
+//! Property tests of the frame decoder and the wire messages (DESIGN.md §8):
 //! arbitrary bytes from a socket give frames or errors, never a panic, and the way the bytes are
 //! split into reads never changes what is decoded.
 

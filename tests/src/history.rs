@@ -28,10 +28,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bmq_broker::cli::payload;
-use bmq_broker::cli::status::fetch_status;
-use bmq_broker::client::{Client, ClientConfig, OpenOptions};
+use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_proto::client::{AckStatus, ConsumerOptions};
+use bmqctl::payload;
+use bmqctl::status::fetch_status;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 

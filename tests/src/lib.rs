@@ -17,9 +17,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bmq_broker::cli::status::fetch_status;
-use bmq_broker::config::{local_cluster, BrokerConfig};
-use bmq_broker::status::NodeStatusDoc;
+use bmq_config::{local_cluster, BrokerConfig};
+use bmq_proto::admin_doc::NodeStatusDoc;
+use bmqctl::status::fetch_status;
 
 /// Path of the `broker` binary of this build profile, building it first if needed.
 pub fn broker_binary() -> PathBuf {

@@ -50,9 +50,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bmq_broker::cli::status::fetch_status;
-use bmq_broker::config::BrokerConfig;
-use bmq_broker::status::NodeStatusDoc;
+use bmq_config::BrokerConfig;
+use bmq_proto::admin_doc::NodeStatusDoc;
+use bmqctl::status::fetch_status;
 
 use crate::Cluster;
 

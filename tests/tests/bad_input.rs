@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use bmq_broker::client::{Client, ClientConfig, ClientError, OpenOptions};
+use bmq_client::{Client, ClientConfig, ClientError, OpenOptions};
 use bmq_proto::client::{
     client_message::Kind, AckStatus, ClientMessage, Hello, OpenQueue, StatusCode,
 };

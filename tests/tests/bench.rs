@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use bmq_broker::cli::bench::{self, MessagesArgs, MetadataArgs};
-use bmq_broker::cli::credentials::ClientSecurityArgs;
 use bmq_tests::Cluster;
+use bmqctl::bench::{self, MessagesArgs, MetadataArgs};
+use bmqctl::credentials::ClientSecurityArgs;
 
 fn plain() -> ClientSecurityArgs {
     ClientSecurityArgs {

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure};
-use bmq_broker::client::{Client, ClientConfig, OpenOptions};
+use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_tests::history::{
     scan_logs, Event, LeaderPoller, Recorder, Report, Violation, Workload, WorkloadConfig,
 };

@@ -4,10 +4,10 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use bmq_broker::cli::payload;
-use bmq_broker::client::{Client, ClientConfig, OpenOptions};
+use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_proto::client::{AckStatus, ConsumerOptions};
 use bmq_tests::Cluster;
+use bmqctl::payload;
 
 const QUEUE: &str = "bmq://bmq.test/orders";
 

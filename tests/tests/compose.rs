@@ -24,9 +24,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context};
-use bmq_broker::cli::status::fetch_status;
-use bmq_broker::status::NodeStatusDoc;
+use bmq_proto::admin_doc::NodeStatusDoc;
 use bmq_tests::{broker_binary, free_ports};
+use bmqctl::status::fetch_status;
 
 /// Image tags of this test, apart from the operator's `:local` ones.
 const BROKER_IMAGE: &str = "bmq-broker:test";

@@ -1,4 +1,4 @@
-//! Exhaustive model checking of the REAL elector core (issue 3, DESIGN.md §4) with `stateright`:
+//! Exhaustive model checking of the REAL elector core (DESIGN.md §4) with `stateright`:
 //! three [`Elector`]s — the production `elector/src/core.rs`, not a re-implementation of its
 //! rules — explored in every interleaving of message deliveries, timer firings, term writes,
 //! crashes, restarts and cessions, up to bounds.

@@ -1,4 +1,4 @@
-//! Deterministic simulator of the elector (DESIGN.md §10.2, issue 3): N real [`Elector`] cores
+//! Deterministic simulator of the elector (DESIGN.md §10.2): N real [`Elector`] cores
 //! (3, 4 or 5 nodes) over a simulated network and a virtual clock, one seed driving every random
 //! choice — message loss, duplication, reordering and delay; full partitions, minority
 //! isolation, pair cuts (A cannot reach B while both reach the others) and one-way cuts;

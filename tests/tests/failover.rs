@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use bmq_broker::cli::payload;
-use bmq_broker::client::{Client, ClientConfig, OpenOptions};
+use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_proto::client::{AckStatus, ConsumerOptions};
 use bmq_tests::Cluster;
+use bmqctl::payload;
 
 const QUEUE: &str = "bmq://bmq.test/failover";
 /// Messages per producer.

@@ -1,4 +1,4 @@
-//! The metadata ledger across process restarts (issue 4 item 6; DESIGN.md §5): real `broker`
+//! The metadata ledger across process restarts (DESIGN.md §5): real `broker`
 //! processes, real clients. After a full restart, a follower's restart after missed updates, and
 //! a restart from a ledger whose tail was cut mid-record, every node's `/status` shows the same
 //! committed LSN and the same partition and queue assignments. Corruption before the tail stops
@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use bmq_broker::client::{Client, ClientConfig, OpenOptions};
-use bmq_broker::status::{NodeStatusDoc, PartitionDoc, QueueDoc};
+use bmq_client::{Client, ClientConfig, OpenOptions};
+use bmq_proto::admin_doc::{NodeStatusDoc, PartitionDoc, QueueDoc};
 use bmq_tests::{metric, Cluster};
 
 const TIMEOUT: Duration = Duration::from_secs(30);

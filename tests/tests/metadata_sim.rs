@@ -1,5 +1,5 @@
 //! Deterministic simulator of the metadata cores over a simulated network and a simulated disk
-//! (issue 4 item 4; DESIGN.md §5 and §10.2). One seed drives every random choice.
+//! (DESIGN.md §5 and §10.2). One seed drives every random choice.
 //!
 //! - **Nodes**: 3 or 5 real [`MetadataCore`]s, each writing to a real [`Ledger`] in its own
 //!   temporary directory.

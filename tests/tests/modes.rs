@@ -5,11 +5,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use bmq_broker::cli::payload;
-use bmq_broker::client::{Client, ClientConfig, OpenOptions};
-use bmq_broker::config::{DomainConfig, DomainMode};
+use bmq_client::{Client, ClientConfig, OpenOptions};
+use bmq_config::{DomainConfig, DomainMode};
 use bmq_proto::client::{AckStatus, ConsumerOptions};
 use bmq_tests::Cluster;
+use bmqctl::payload;
 
 const QUEUE: &str = "bmq://bmq.broadcast/ticks";
 const FANOUT_QUEUE: &str = "bmq://bmq.fanout/orders";

@@ -16,13 +16,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, ensure, Context};
-use bmq_broker::cli::prometheus::{self, ScrapeTarget};
-use bmq_broker::client::{Client, ClientConfig, OpenOptions};
+use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_proto::client::{
     client_message::Kind, AckStatus, ClientMessage, ConsumerOptions, Hello, Put,
 };
 use bmq_proto::FrameCodec;
 use bmq_tests::{free_ports, Cluster};
+use bmqctl::prometheus::{self, ScrapeTarget};
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,20 +1,22 @@
-//! Security (issue 10) with real broker processes over real TCP: mutual TLS on the peer links,
+//! Security with real broker processes over real TCP: mutual TLS on the peer links,
 //! TLS and tokens on the client listener, the admin token, and bad input on a secured cluster.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use bmq_broker::auth::{Permission, TokenConfig};
-use bmq_broker::client::{Client, ClientConfig, ClientError, OpenOptions};
-use bmq_broker::config::BrokerConfig;
-use bmq_broker::tls::{generate_dev_ca, member_name, BoxedStream, DevCaFiles, PeerTls};
+use bmq_broker::net::tls::PeerTls;
+use bmq_client::{Client, ClientConfig, ClientError, OpenOptions};
+use bmq_config::BrokerConfig;
+use bmq_config::{Permission, TokenConfig};
 use bmq_proto::client::{AckStatus, StatusCode};
 use bmq_proto::peer::{
     elector_message, peer_message::Kind, Channel, ElectionProposal, ElectorMessage,
     LeaderHeartbeat, PeerHello, PeerMessage,
 };
+use bmq_proto::{member_name, BoxedStream};
 use bmq_proto::{FrameCodec, PROTOCOL_VERSION};
 use bmq_tests::Cluster;
+use bmqctl::dev_ca::{generate_dev_ca, DevCaFiles};
 use futures::SinkExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -206,7 +208,8 @@ async fn rogue_peer_without_valid_certificate_changes_nothing() {
         }
         for node in &cluster.nodes {
             let peer_addr = node.config.self_member().peer_addr();
-            let server = rustls::pki_types::ServerName::try_from(member_name(node.id))?;
+            let server =
+                rustls::pki_types::ServerName::try_from(member_name(bmq_proto::NodeId(node.id)))?;
             // 1. Plain TCP.
             let plain = TcpStream::connect(&peer_addr).await?;
             rogue_elector_traffic(Box::new(plain), follower, Channel::Control, &cluster_name).await;

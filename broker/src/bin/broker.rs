@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use bmq_broker::config::BrokerConfig;
+use bmq_config::BrokerConfig;
 use clap::Parser;
 
 /// One broker node of the cluster.

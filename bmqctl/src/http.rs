@@ -1,0 +1,179 @@
+//! The one HTTP/1.1 client of `bmqctl` and the tests: a GET or a POST to a node's admin port
+//! (`/status`, `/readyz`, `/metrics`, `/admin/...`), `Connection: close`, bodies read up to
+//! [`RESPONSE_MAX_BYTES`], `Content-Length`, chunked and read-to-close bodies handled.
+
+use anyhow::{anyhow, bail, Context};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest response body read, bytes (a `/status` of a large cluster, or `/metrics`).
+pub const RESPONSE_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// One HTTP/1.1 GET with `Connection: close`; returns the body of a 200 response.
+///
+/// Errors: the connection fails, the response is malformed or larger than
+/// [`RESPONSE_MAX_BYTES`], or its status is not 200 (the error quotes the body).
+pub async fn get(addr: &str, path: &str) -> anyhow::Result<Vec<u8>> {
+    exchange(addr, "GET", path, None).await
+}
+
+/// One HTTP/1.1 POST without a body, with `Authorization: Bearer <token>` when `token` is
+/// given; returns the body of a 200 response as text.
+///
+/// Errors: as [`get`]; a 401 names the missing or invalid token.
+pub async fn post(addr: &str, path: &str, token: Option<&str>) -> anyhow::Result<String> {
+    let body = exchange(addr, "POST", path, token).await?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn exchange(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<Vec<u8>> {
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n\
+         Content-Length: 0\r\n{authorization}User-Agent: bmqctl/{}\r\nConnection: close\r\n\r\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .context("cannot send request")?;
+    let mut response = Vec::new();
+    // Read one byte past the limit to tell "exactly at the limit" from "over it".
+    (&mut stream)
+        .take(RESPONSE_MAX_BYTES as u64 + 1)
+        .read_to_end(&mut response)
+        .await
+        .context("cannot read response")?;
+    if response.len() > RESPONSE_MAX_BYTES {
+        bail!("response larger than {RESPONSE_MAX_BYTES} bytes");
+    }
+    parse_http_response(&response)
+}
+
+/// Splits a complete HTTP/1.x response into status and body and returns the body of a 200
+/// response. Handles `Content-Length`, `Transfer-Encoding: chunked` and read-to-close bodies.
+fn parse_http_response(response: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let head_end = find(response, b"\r\n\r\n").ok_or_else(|| {
+        if response.is_empty() {
+            anyhow!("connection closed without a response")
+        } else {
+            anyhow!("malformed HTTP response: no end of headers")
+        }
+    })?;
+    let head = std::str::from_utf8(&response[..head_end])
+        .context("malformed HTTP response: headers are not UTF-8")?;
+    let raw_body = &response[head_end + 4..];
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or_default();
+    let code = parts.next().unwrap_or_default();
+    let reason = parts.next().unwrap_or_default();
+    if !version.starts_with("HTTP/1.") {
+        bail!("malformed HTTP status line {status_line:?}");
+    }
+    let mut content_length = None;
+    let mut chunked = false;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            bail!("malformed HTTP header {line:?}");
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            content_length = Some(
+                value
+                    .parse::<usize>()
+                    .with_context(|| format!("malformed Content-Length {value:?}"))?,
+            );
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.to_ascii_lowercase().contains("chunked");
+        }
+    }
+    let body = if chunked {
+        decode_chunked(raw_body)?
+    } else if let Some(len) = content_length {
+        if raw_body.len() < len {
+            bail!(
+                "truncated HTTP body: {} of {len} bytes received",
+                raw_body.len()
+            );
+        }
+        raw_body[..len].to_vec()
+    } else {
+        raw_body.to_vec()
+    };
+    if code != "200" {
+        let text = String::from_utf8_lossy(&body);
+        let text = text.trim();
+        let excerpt: String = text.chars().take(200).collect();
+        if excerpt.is_empty() {
+            bail!("HTTP {code} {reason}");
+        }
+        bail!("HTTP {code} {reason}: {excerpt}");
+    }
+    Ok(body)
+}
+
+/// Decodes a `Transfer-Encoding: chunked` body (chunk extensions and trailers are ignored).
+fn decode_chunked(mut data: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = find(data, b"\r\n").context("truncated chunked body")?;
+        let size_line = std::str::from_utf8(&data[..line_end]).context("malformed chunk size")?;
+        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .with_context(|| format!("malformed chunk size {size_hex:?}"))?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return Ok(body);
+        }
+        if data.len() < size + 2 {
+            bail!("truncated chunked body");
+        }
+        body.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_content_length_chunked_and_errors() {
+        // Bodies framed by Content-Length, chunked encoding or connection close are extracted;
+        // a non-200 status becomes an error naming the status and the body.
+        let r = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello";
+        assert_eq!(parse_http_response(r).unwrap(), b"hello");
+        let r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2;x=y\r\nlo\r\n0\r\n\r\n";
+        assert_eq!(parse_http_response(r).unwrap(), b"hello");
+        let r = b"HTTP/1.0 200 OK\r\n\r\nhello";
+        assert_eq!(parse_http_response(r).unwrap(), b"hello");
+        let r = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 8\r\n\r\nstarting";
+        let e = parse_http_response(r).unwrap_err().to_string();
+        assert_eq!(e, "HTTP 503 Service Unavailable: starting");
+        let r = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhello";
+        assert!(parse_http_response(r)
+            .unwrap_err()
+            .to_string()
+            .contains("truncated"));
+        assert!(parse_http_response(b"").is_err());
+        assert!(parse_http_response(b"garbage\r\n\r\n").is_err());
+        let r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel";
+        assert!(parse_http_response(r).is_err());
+    }
+}

@@ -1,0 +1,106 @@
+//! `bmqctl`: the command-line tool of the broker cluster.
+//!
+//! Subcommands live in the `bmqctl` library; this file only parses the command line, sets up
+//! logging and the runtime, and turns an error into `error: ...` and exit code 1.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use bmqctl::{admin, bench, cluster, consume, produce, ready, status};
+
+/// Command-line tool of the BlazingMQ-style broker cluster.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bmqctl",
+    version,
+    about = "Command-line tool of the broker cluster: start a local cluster, show its status, \
+             produce and consume messages",
+    after_help = "Examples:\n  \
+        bmqctl cluster up                 # start 3 local nodes, Ctrl-C stops them\n  \
+        bmqctl produce --queue bmq://bmq.test/orders --count 10000 --size 1024\n  \
+        bmqctl consume --queue bmq://bmq.test/orders --count 10000\n  \
+        bmqctl status                     # leader, term, LSNs, partitions, queues\n\n\
+        Logging goes to standard error; RUST_LOG sets the filter (default: warn)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Manage a local cluster.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  bmqctl cluster up --nodes 3 --clean"
+    )]
+    Cluster(ClusterCommand),
+    /// Show the cluster: nodes, leader, term, LSNs, partitions and queues.
+    Status(status::StatusArgs),
+    /// Publish self-checking messages to a queue and wait for their acknowledgements.
+    Produce(produce::ProduceArgs),
+    /// Receive, verify and confirm messages from a queue.
+    Consume(consume::ConsumeArgs),
+    /// Benchmarks: message throughput and latency, metadata commit rate.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  bmqctl bench messages --count 200000 --size 1024\n  bmqctl bench metadata --queues 500"
+    )]
+    Bench(bench::BenchCommand),
+    /// Exit 0 if a node is ready (GET /readyz answers 200); for container health checks.
+    Ready(ready::ReadyArgs),
+    /// Operator actions on one node: graceful stop, leadership cession.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  bmqctl admin stop --admin 127.0.0.1:30301"
+    )]
+    Admin(admin::AdminCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Start N broker nodes on this machine and run them until Ctrl-C.
+    Up(cluster::ClusterUpArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the tokio runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Cluster(ClusterCommand::Up(args)) => cluster::run(args).await,
+        Command::Status(args) => status::run(args).await,
+        // Both print their own report (summary line or JSON).
+        Command::Produce(args) => produce::run(args).await.map(drop),
+        Command::Consume(args) => consume::run(args).await.map(drop),
+        Command::Bench(command) => bench::run(command).await,
+        Command::Ready(args) => ready::run(args).await,
+        Command::Admin(command) => admin::run(command).await,
+    }
+}

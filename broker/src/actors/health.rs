@@ -1,0 +1,249 @@
+//! `HealthActor`: turns node failures into new partition primaries (DESIGN.md §6).
+//!
+//! Receives every `ClusterStateCommitted` from the metadata actor (role + committed state) and
+//! reads peer availability from the [`PeerHub`]. Every `CHECK_PERIOD`, on the **active leader**
+//! only, it computes `plan_primary_assignment(state, available)` — the pure decision in
+//! `bmq_metadata` — and proposes the resulting `PartitionPrimaryAdvisory` (lease + 1 for each
+//! moved partition) through the metadata actor. One proposal is in flight at a time; it is
+//! considered settled at the next commit, or retried after `PROPOSAL_TIMEOUT`.
+//!
+//! A node that announces it is stopping (`NodeStopping`, from its `NodeStatusAdvisory
+//! { STOPPING }` or from this node's own graceful stop) counts as unavailable for primaries
+//! until its links drop, so the leader moves its partitions away while it still runs and
+//! serves as a replica during the new primaries' healing (graceful stop, DESIGN.md §7).
+//!
+//! When every partition has a live, healed (ACTIVE) primary, primaries are rebalanced
+//! gradually ([`bmq_metadata::plan_rebalance`]): one partition at a time moves from the node with the most
+//! primaries to the one with the fewest, and only while they differ by two or more — a node
+//! that returns gets its share back without a burst of moves, and a balanced cluster never
+//! moves a primary. Safe because the journals are replicated: the new primary heals from a
+//! quorum before serving.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
+use bmq_metadata::{plan_primary_assignment, plan_rebalance, ClusterState, MetadataRole};
+use bmq_proto::peer::{
+    advisory::Kind as AdvisoryKind, Advisory, PartitionPrimaryAdvisory, PrimaryStatusAdvisory,
+};
+use bmq_proto::{LeaseId, NodeId};
+use tracing::{info, warn};
+
+use crate::actors::metadata::{ClusterStateCommitted, MetadataActor, Propose};
+use crate::net::peers::PeerHub;
+
+/// How often the active leader re-evaluates primary assignments.
+const CHECK_PERIOD: Duration = Duration::from_millis(50);
+/// A proposal not committed within this time is considered lost and may be made again.
+const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `node` healed `partition` at `lease` and asks for `PrimaryStatusAdvisory { ACTIVE }`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PrimaryActive {
+    /// The primary.
+    pub node: NodeId,
+    /// The partition.
+    pub partition: bmq_proto::PartitionId,
+    /// Its `primary_lease_id`.
+    pub lease: LeaseId,
+}
+
+/// `node` announced a graceful stop: move its primaries away.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NodeStopping {
+    /// The stopping node.
+    pub node: NodeId,
+}
+
+/// See the module doc.
+pub struct HealthActor {
+    self_id: NodeId,
+    metadata: actix::Addr<MetadataActor>,
+    peers: Arc<PeerHub>,
+    active_leader: bool,
+    state: Arc<ClusterState>,
+    in_flight_since: Option<Instant>,
+    /// Nodes that announced a graceful stop and are still connected.
+    stopping: BTreeSet<NodeId>,
+    mailbox_capacity: usize,
+}
+
+impl HealthActor {
+    /// A health actor for this node; `mailbox_capacity` is `limits.mailbox_capacity`.
+    pub fn new(
+        self_id: NodeId,
+        metadata: actix::Addr<MetadataActor>,
+        peers: Arc<PeerHub>,
+        mailbox_capacity: usize,
+    ) -> Self {
+        HealthActor {
+            self_id,
+            metadata,
+            peers,
+            mailbox_capacity,
+            active_leader: false,
+            state: Arc::new(ClusterState::new(0)),
+            in_flight_since: None,
+            stopping: BTreeSet::new(),
+        }
+    }
+
+    fn available(&mut self) -> BTreeSet<NodeId> {
+        let mut available: BTreeSet<NodeId> = self
+            .peers
+            .peer_availability()
+            .into_iter()
+            .filter_map(|(id, up)| up.then_some(id))
+            .collect();
+        available.insert(self.self_id);
+        // A stopping peer that has gone is forgotten: when it comes back it is available.
+        let self_id = self.self_id;
+        self.stopping
+            .retain(|n| *n == self_id || available.contains(n));
+        for n in &self.stopping {
+            available.remove(n);
+        }
+        available
+    }
+
+    fn check(&mut self, ctx: &mut Context<Self>) {
+        if !self.active_leader {
+            return;
+        }
+        if self
+            .in_flight_since
+            .is_some_and(|t| t.elapsed() < PROPOSAL_TIMEOUT)
+        {
+            return;
+        }
+        let available = self.available();
+        let plan: Vec<_> = plan_primary_assignment(&self.state, &available)
+            .into_iter()
+            .map(|mut p| {
+                // A new primary is passive until it has healed and says so (PrimaryActive).
+                p.status = bmq_proto::peer::PrimaryStatus::Passive as i32;
+                p
+            })
+            .filter(|p| {
+                // Only partitions without a live primary (see the module doc).
+                self.state
+                    .partitions
+                    .get(&bmq_proto::PartitionId(p.partition_id))
+                    .is_none_or(|cur| cur.primary.is_none_or(|n| !available.contains(&n)))
+            })
+            .collect();
+        let plan = if plan.is_empty() {
+            match plan_rebalance(&self.state, &available) {
+                Some(step) => vec![step],
+                None => {
+                    self.in_flight_since = None;
+                    return;
+                }
+            }
+        } else {
+            plan
+        };
+        for p in &plan {
+            info!(
+                partition = p.partition_id,
+                primary = ?p.primary_node_id,
+                lease = p.primary_lease_id,
+                "proposing new partition primary"
+            );
+        }
+        self.in_flight_since = Some(Instant::now());
+        let advisory = Advisory {
+            kind: Some(AdvisoryKind::PartitionPrimary(PartitionPrimaryAdvisory {
+                partitions: plan,
+            })),
+        };
+        ctx.spawn(
+            self.metadata
+                .send(Propose { advisory })
+                .into_actor(self)
+                .map(|result, actor, _ctx| match result {
+                    Ok(Ok(_lsn)) => {}
+                    Ok(Err(e)) => {
+                        warn!(error = %e, "primary assignment proposal refused");
+                        actor.in_flight_since = None;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "metadata actor unreachable");
+                        actor.in_flight_since = None;
+                    }
+                }),
+        );
+    }
+}
+
+impl Actor for HealthActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(self.mailbox_capacity);
+        ctx.run_interval(CHECK_PERIOD, |actor, ctx| actor.check(ctx));
+    }
+}
+
+impl Handler<PrimaryActive> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PrimaryActive, ctx: &mut Self::Context) {
+        if !self.active_leader {
+            return;
+        }
+        let current = self.state.partitions.get(&msg.partition).is_some_and(|p| {
+            p.primary == Some(msg.node)
+                && p.primary_lease_id == msg.lease.0
+                && p.status != bmq_metadata::PrimaryStatus::Active
+        });
+        if !current {
+            return;
+        }
+        info!(partition = %msg.partition, primary = %msg.node, lease = %msg.lease, "primary healed: committing ACTIVE");
+        let advisory = Advisory {
+            kind: Some(AdvisoryKind::PrimaryStatus(PrimaryStatusAdvisory {
+                partition_id: msg.partition.0,
+                primary_node_id: msg.node.0,
+                primary_lease_id: msg.lease.0,
+                status: bmq_proto::peer::PrimaryStatus::Active as i32,
+            })),
+        };
+        // The primary resends its notice until the commit shows; a lost proposal is retried.
+        ctx.spawn(
+            self.metadata
+                .send(Propose { advisory })
+                .into_actor(self)
+                .map(|_, _, _| ()),
+        );
+    }
+}
+
+impl Handler<NodeStopping> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: NodeStopping, ctx: &mut Self::Context) {
+        if self.stopping.insert(msg.node) {
+            info!(node = %msg.node, "node stopping: its primaries will move");
+            self.in_flight_since = None;
+            self.check(ctx);
+        }
+    }
+}
+
+impl Handler<ClusterStateCommitted> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
+        let was_active = self.active_leader;
+        self.active_leader = msg.status.role == MetadataRole::ActiveLeader;
+        if !Arc::ptr_eq(&self.state, &msg.state) || was_active != self.active_leader {
+            self.in_flight_since = None;
+        }
+        self.state = msg.state;
+    }
+}

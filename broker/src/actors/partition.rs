@@ -1,0 +1,397 @@
+//! `PartitionActor`: the actix shell around one partition's pure core
+//! ([`bmq_dataplane::Partition`]) on this node, primary or replica (DESIGN.md §7).
+//!
+//! Role: owns the partition's journal (`<data_dir>/partitions/<id>/`, [`Journal`]) and its
+//! core; executes the core's outputs. Every rule — replication, healing, queues, fanout,
+//! broadcast, NACKs, duplicates — is in the core; this file only does I/O.
+//!
+//! Receives:
+//! - [`PartitionRequest`]: OpenQueue, PUT, CONFIRM, CloseQueue from a session (local or
+//!   proxied through a peer);
+//! - [`PartitionSessionGone`], [`PartitionNodeGone`]: consumers went away;
+//! - [`PartitionPeerMessage`]: replication traffic from a peer;
+//! - [`PartitionRoleChanged`]: the committed primary, lease and status (on every commit);
+//! - [`SetPartitionQuorum`]: the effective quorum changed (`POST /admin/quorum/{n}`);
+//! - [`GetPartitionStats`]: answers a [`PartitionStats`] (for `/status` and the gauges).
+//!
+//! Sends, through its [`PartitionOutbox`] (the router): answers and pushes to sessions,
+//! replication messages to peers over the DATA channel, and the ACTIVE announcement of a
+//! healed primary to every node.
+//!
+//! Journal and fsync (group commit): the core's `Persist` outputs are written at once, in
+//! order; the fsync is a [`FlushJournal`] the actor sends itself, so every request already in
+//! the mailbox is written first, then one fsync covers them all, then `on_persisted`. A journal
+//! write or fsync failure stops the node (never retry an fsync).
+//!
+//! Timers: one, re-armed from the core's `poll_timeout` after every input.
+//!
+//! Thread: each partition actor runs on its own arbiter thread (started by the router), so a
+//! journal fsync never delays heartbeats, sessions or another partition.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
+use bmq_dataplane::{Journal, JournalError, Partition, PartitionOutput, PartitionStats};
+use bmq_proto::client::ClientMessage;
+use bmq_proto::peer::PartitionMessage;
+use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
+use tracing::{debug, error};
+
+/// Size at which a journal segment is closed and a new one started, bytes.
+pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = 64 * 1024 * 1024;
+
+/// Where a partition's outputs go: implemented by the router, which knows where sessions and
+/// peers are. Every method is non-blocking (`try_send` into a bounded queue).
+pub trait PartitionOutbox: Send + Sync + 'static {
+    /// An answer or push for the session `to`, local or on another node. Returns false when it
+    /// was dropped (a full inbox or queue, a gone session): PUTs are retransmitted by the
+    /// proxy and unconfirmed pushes redelivered, so nothing acknowledged is lost.
+    fn to_session(&self, to: SessionAddr, message: ClientMessage) -> bool;
+    /// A replication message for a peer's partition.
+    fn to_peer(&self, to: NodeId, message: PartitionMessage);
+    /// This node healed `partition` and serves it at `lease`: tell every node.
+    fn primary_active(&self, partition: PartitionId, lease: LeaseId);
+}
+
+/// A client request routed to this partition.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PartitionRequest {
+    /// The session that sent it.
+    pub from: SessionAddr,
+    /// OpenQueue, Put, Confirm or CloseQueue.
+    pub message: ClientMessage,
+}
+
+/// A session ended: release its consumers.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PartitionSessionGone {
+    /// The session.
+    pub session: SessionAddr,
+}
+
+/// A proxy node became unavailable: release every consumer it carried.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PartitionNodeGone {
+    /// The node.
+    pub node: NodeId,
+}
+
+/// Replication traffic from a peer.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PartitionPeerMessage {
+    /// The sender.
+    pub from: NodeId,
+    /// The message.
+    pub message: PartitionMessage,
+}
+
+/// The committed cluster state names `primary` at `lease` for this partition.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PartitionRoleChanged {
+    /// The primary, if any.
+    pub primary: Option<NodeId>,
+    /// Its `primary_lease_id`.
+    pub lease: LeaseId,
+    /// Whether the committed status is ACTIVE.
+    pub active: bool,
+}
+
+/// The effective quorum changed (members that must hold a record before it is committed).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetPartitionQuorum {
+    /// The new quorum, this node included (the effective number, never 0).
+    pub quorum: usize,
+}
+
+/// Sent by the actor to itself: fsync what was written (group commit).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct FlushJournal;
+
+/// Asks for the partition's figures (for `/status` and the gauges).
+#[derive(Message)]
+#[rtype(result = "PartitionStats")]
+pub struct GetPartitionStats;
+
+/// The shell around one partition's core (see the module doc).
+pub struct PartitionActor {
+    id: PartitionId,
+    core: Partition,
+    journal: Journal,
+    outbox: Arc<dyn PartitionOutbox>,
+    mailbox_capacity: usize,
+    /// When the pending timer fires, if one is pending.
+    timer_at: Option<Instant>,
+    /// A `FlushJournal` is in the mailbox.
+    flush_queued: bool,
+    /// A journal write or fsync failed: the node is stopping; nothing more is written or sent.
+    failed: bool,
+}
+
+/// Wall-clock milliseconds since the Unix epoch (the anchor of the core's record timestamps).
+pub fn wall_clock_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl PartitionActor {
+    /// Opens the journal of partition `id` in `dir` and builds the actor around `make_core`,
+    /// which receives the recovered records. Errors name the journal file (and the offset, for
+    /// corruption).
+    pub fn open(
+        id: PartitionId,
+        dir: &std::path::Path,
+        make_core: impl FnOnce(Vec<bmq_proto::peer::JournalRecord>) -> Partition,
+        outbox: Arc<dyn PartitionOutbox>,
+        mailbox_capacity: usize,
+    ) -> Result<Self, JournalError> {
+        let (journal, records) = Journal::open(dir, JOURNAL_SEGMENT_SIZE_MAX)?;
+        tracing::info!(partition = %id, records = records.len(), bytes = journal.bytes(), "partition journal recovered");
+        Ok(PartitionActor {
+            id,
+            core: make_core(records),
+            journal,
+            outbox,
+            mailbox_capacity,
+            timer_at: None,
+            flush_queued: false,
+            failed: false,
+        })
+    }
+
+    /// Executes the core's outputs: journal writes, sends, answers. The writes of one drain
+    /// are fsynced together, and only then does the core hear `on_persisted`.
+    fn drive(&mut self, ctx: &mut Context<Self>) {
+        if self.failed {
+            return;
+        }
+        let mut wrote = false;
+        while let Some(output) = self.core.poll_output() {
+            match output {
+                PartitionOutput::Persist {
+                    truncate_after,
+                    records,
+                } => {
+                    let result = match truncate_after {
+                        Some(t) => self.journal.truncate_after(t),
+                        None => Ok(()),
+                    }
+                    .and_then(|_| self.journal.append(&records));
+                    if let Err(e) = result {
+                        self.fatal(&e);
+                        return;
+                    }
+                    wrote = true;
+                }
+                PartitionOutput::SendPeer { to, message } => self.outbox.to_peer(to, message),
+                PartitionOutput::Reply { to, message } => {
+                    self.outbox.to_session(to, message);
+                }
+                PartitionOutput::AnnounceActive { lease } => {
+                    self.outbox.primary_active(self.id, lease);
+                }
+            }
+        }
+        self.publish_counters();
+        if wrote && !self.flush_queued {
+            // Group commit: the flush goes to the back of the mailbox, so every request
+            // already waiting is written before the one fsync. A full mailbox flushes now.
+            if ctx.address().try_send(FlushJournal).is_ok() {
+                self.flush_queued = true;
+            } else {
+                self.flush(ctx);
+                return;
+            }
+        }
+        // Arm the timer only when none is pending for an earlier time: cancelling actix
+        // futures on every message starves them while the mailbox stays busy.
+        if let Some(at) = self.core.poll_timeout() {
+            if self.timer_at.is_none_or(|t| at < t) {
+                self.timer_at = Some(at);
+                let wait = at.saturating_duration_since(Instant::now());
+                ctx.run_later(wait, |actor, ctx| {
+                    actor.timer_at = None;
+                    actor.core.handle_timeout(Instant::now());
+                    actor.publish_gauges();
+                    actor.drive(ctx);
+                });
+            }
+        }
+    }
+
+    /// Publishes what the core counted since the last call.
+    fn publish_counters(&mut self) {
+        let c = self.core.take_counters();
+        let counters = [
+            ("bmq_queue_put_total", c.puts),
+            ("bmq_queue_put_duplicates_total", c.put_duplicates),
+            ("bmq_queue_ack_total", c.acks),
+            ("bmq_queue_push_total", c.pushes),
+            ("bmq_queue_redeliveries_total", c.redeliveries),
+            ("bmq_queue_confirm_total", c.confirms),
+            ("bmq_partition_invalid_requests_total", c.invalid_requests),
+        ];
+        for (name, n) in counters {
+            if n > 0 {
+                metrics::counter!(name).increment(n);
+            }
+        }
+        for (reason, n) in [
+            ("limit_reached", c.nacks_limit_reached),
+            ("unknown_queue", c.nacks_unknown_queue),
+        ] {
+            if n > 0 {
+                metrics::counter!("bmq_queue_nack_total", "reason" => reason).increment(n);
+            }
+        }
+    }
+
+    /// The partition's gauges (role, lease, replication lag, committed sequence).
+    fn publish_gauges(&self) -> PartitionStats {
+        let s = self.core.stats();
+        let p = self.id.to_string();
+        let primary = s.role != bmq_dataplane::PartitionRole::Replica;
+        let active = s.role == bmq_dataplane::PartitionRole::Active;
+        metrics::gauge!("bmq_partition_is_primary", "partition" => p.clone()).set(if primary {
+            1.0
+        } else {
+            0.0
+        });
+        metrics::gauge!("bmq_partition_primary_active", "partition" => p.clone()).set(if active {
+            1.0
+        } else {
+            0.0
+        });
+        metrics::gauge!("bmq_partition_primary_lease_id", "partition" => p.clone())
+            .set(s.lease.0 as f64);
+        if primary {
+            metrics::gauge!("bmq_partition_replication_lag_records", "partition" => p.clone())
+                .set(s.replication_lag as f64);
+            metrics::gauge!("bmq_partition_committed_sequence", "partition" => p)
+                .set(s.committed as f64);
+        }
+        s
+    }
+
+    /// fsyncs what was written, then tells the core (which may release receipts and ACKs).
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        self.flush_queued = false;
+        if self.failed {
+            return;
+        }
+        if let Err(e) = self.journal.sync() {
+            self.fatal(&e);
+            return;
+        }
+        metrics::gauge!("bmq_journal_bytes", "partition" => self.id.to_string())
+            .set(self.journal.bytes() as f64);
+        self.core
+            .on_persisted(Instant::now(), self.journal.last_sequence());
+        self.drive(ctx);
+    }
+
+    fn fatal(&mut self, e: &JournalError) {
+        self.failed = true;
+        error!(partition = %self.id, error = %e, "journal write failed: stopping the node");
+        actix::System::current().stop_with_code(1);
+    }
+}
+
+impl Actor for PartitionActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(self.mailbox_capacity);
+        debug!(partition = %self.id, "partition actor started");
+    }
+}
+
+impl Handler<PartitionRequest> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionRequest, ctx: &mut Self::Context) {
+        self.core
+            .handle_request(Instant::now(), msg.from, msg.message);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<PartitionSessionGone> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionSessionGone, ctx: &mut Self::Context) {
+        self.core.handle_session_gone(Instant::now(), msg.session);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<PartitionNodeGone> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionNodeGone, ctx: &mut Self::Context) {
+        self.core.handle_node_gone(Instant::now(), msg.node);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<PartitionPeerMessage> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionPeerMessage, ctx: &mut Self::Context) {
+        self.core.handle_peer(Instant::now(), msg.from, msg.message);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<PartitionRoleChanged> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionRoleChanged, ctx: &mut Self::Context) {
+        self.core
+            .handle_role(Instant::now(), msg.primary, msg.lease, msg.active);
+        self.publish_gauges();
+        self.drive(ctx);
+    }
+}
+
+impl Handler<SetPartitionQuorum> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetPartitionQuorum, ctx: &mut Self::Context) {
+        self.core.set_quorum(Instant::now(), msg.quorum);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<FlushJournal> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: FlushJournal, ctx: &mut Self::Context) {
+        if self.flush_queued {
+            self.flush(ctx);
+        }
+    }
+}
+
+impl Handler<GetPartitionStats> for PartitionActor {
+    type Result = MessageResult<GetPartitionStats>;
+
+    fn handle(&mut self, _msg: GetPartitionStats, _ctx: &mut Self::Context) -> Self::Result {
+        let stats = self.publish_gauges();
+        let p = self.id.to_string();
+        metrics::gauge!("bmq_partition_messages", "partition" => p.clone())
+            .set(stats.messages as f64);
+        metrics::gauge!("bmq_partition_journal_last_sequence", "partition" => p)
+            .set(stats.last_sequence as f64);
+        MessageResult(stats)
+    }
+}

@@ -1,0 +1,4 @@
+//! The node's networking below the actors: peer links and node-side TLS.
+
+pub mod peers;
+pub mod tls;

@@ -1,0 +1,529 @@
+//! Peer links: the TCP connections between broker nodes (DESIGN.md §3).
+//!
+//! Every node dials every peer twice, a CONTROL connection (elector, metadata, health) and a
+//! DATA connection (forwarded client traffic), so a heartbeat never waits behind bulk data. A
+//! dialed connection is used only to send; the peer's own dialed connection carries the other
+//! direction. Each connection starts with a `PeerHello` naming the cluster, the sender and the
+//! channel; the listener refuses an unknown cluster, an unknown member or another protocol
+//! version before reading anything else.
+//!
+//! Liveness: the dialer sends a `LinkHeartbeat` every `link.heartbeat_period`; a peer is
+//! *available* while our control connection to it is up and its control connection to us has
+//! delivered a frame within `link.heartbeat_timeout`. Changes are reported through
+//! [`PeerInbound::on_availability`]; a killed peer is noticed at once (the socket closes), a
+//! paused one after the timeout.
+//!
+//! Limits: each outbound link has a bounded queue; a message that does not fit is dropped and
+//! counted (`bmq_peer_messages_dropped_total`) — every protocol above retries on its own timer.
+//! A frame that is oversized or does not decode closes only that connection, logged and counted
+//! (`bmq_peer_frame_errors_total`).
+//!
+//! Authentication: with `[tls]` configured, both channels are mutual TLS under the
+//! cluster CA ([`crate::net::tls`]). The dialer verifies that the listener's certificate names
+//! `node-<peer id>`; the listener requires a client certificate chaining to the CA and naming
+//! `node-<id>` for the id its `PeerHello` claims. A failed handshake, a missing certificate or
+//! a certificate naming another member closes the connection before any elector or metadata
+//! message is read, logged (warn) with the remote address and counted in
+//! `bmq_peer_auth_failures_total`. Without `[tls]` the links are plain TCP, as before.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bmq_proto::peer::{peer_message::Kind, Channel, LinkHeartbeat, PeerHello, PeerMessage};
+use bmq_proto::{FrameCodec, NodeId, PROTOCOL_VERSION};
+use futures::{SinkExt, StreamExt};
+use rand::Rng;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::codec::Framed;
+use tracing::{debug, info, warn};
+
+use bmq_proto::{member_name, BoxedStream};
+
+use crate::net::tls::{certificate_names, PeerTls};
+
+/// How long a TLS handshake on a peer link may take.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most accepted peer connections still in their TLS handshake or before their Hello was
+/// accepted; beyond that, new connections are closed at once and counted in
+/// `bmq_peer_connections_refused_total` (a flood of idle connections cannot pile up tasks).
+/// A real cluster needs at most 2 per peer at a time.
+const PEER_UNAUTHENTICATED_MAX: usize = 64;
+
+/// Settings of the peer links (from `[link]` and `[limits]` of the node configuration).
+#[derive(Debug, Clone)]
+pub struct PeerHubConfig {
+    /// This node's id.
+    pub self_id: NodeId,
+    /// Cluster name; a peer announcing another one is refused.
+    pub cluster_name: String,
+    /// Every peer (not self) with its `host:port` peer address.
+    pub peers: Vec<(NodeId, String)>,
+    /// Interval between link heartbeats on each dialed connection.
+    pub heartbeat_period: Duration,
+    /// A peer whose control connection delivered nothing for this long is unavailable.
+    pub heartbeat_timeout: Duration,
+    /// First reconnect delay; doubles (with jitter) up to `reconnect_backoff_max`.
+    pub reconnect_backoff_min: Duration,
+    /// Largest reconnect delay.
+    pub reconnect_backoff_max: Duration,
+    /// Largest accepted frame body, bytes.
+    pub frame_size_max: usize,
+    /// Capacity of each outbound link's queue, messages.
+    pub outbound_queue_capacity: usize,
+    /// Mutual TLS of both channels; `None` = plain TCP (no `[tls]` section).
+    pub tls: Option<PeerTls>,
+}
+
+/// Receiver of what arrives from peers. Implementations must not block: they hand the message
+/// to an actor's mailbox (`try_send`) and return.
+pub trait PeerInbound: Send + Sync + 'static {
+    /// A frame (other than Hello and LinkHeartbeat) arrived from `from` on `channel`.
+    fn on_message(&self, from: NodeId, channel: Channel, message: PeerMessage);
+    /// `peer` became available or unavailable (see the module doc).
+    fn on_availability(&self, peer: NodeId, available: bool);
+}
+
+#[derive(Debug, Default)]
+struct LinkState {
+    outbound_control_up: bool,
+    inbound_control_open: u32,
+    last_inbound_control: Option<Instant>,
+    available: bool,
+}
+
+/// The node's peer links: outbound queues, dialers, and the liveness monitor.
+pub struct PeerHub {
+    config: PeerHubConfig,
+    outbound: HashMap<(NodeId, i32), mpsc::Sender<PeerMessage>>,
+    links: Mutex<HashMap<NodeId, LinkState>>,
+    stopping: AtomicBool,
+    /// Permits for connections not yet authenticated ([`PEER_UNAUTHENTICATED_MAX`]).
+    unauthenticated: Arc<tokio::sync::Semaphore>,
+}
+
+/// The receiving ends of the outbound queues, handed to [`PeerHub::start`]. Messages queued
+/// before the start wait there (bounded) until the links are up.
+pub struct PendingLinks {
+    receivers: Vec<(NodeId, String, Channel, mpsc::Receiver<PeerMessage>)>,
+}
+
+impl PeerHub {
+    /// The hub with its outbound queues; nothing is dialed or accepted until
+    /// [`PeerHub::start`]. Two steps, so that the actors the hub delivers to can be built with
+    /// the hub (their outbound path) first.
+    pub fn new(config: PeerHubConfig) -> (Arc<PeerHub>, PendingLinks) {
+        let mut outbound = HashMap::new();
+        let mut receivers = Vec::new();
+        let mut links = HashMap::new();
+        for (peer, addr) in &config.peers {
+            links.insert(*peer, LinkState::default());
+            // Every peer's series exists from the start (0 = unavailable), so a peer that never
+            // came up shows as down rather than as missing.
+            metrics::gauge!("bmq_peer_available", "peer" => peer.to_string()).set(0.0);
+            for channel in [Channel::Control, Channel::Data] {
+                let (tx, rx) = mpsc::channel(config.outbound_queue_capacity);
+                outbound.insert((*peer, channel as i32), tx);
+                receivers.push((*peer, addr.clone(), channel, rx));
+            }
+        }
+        let hub = Arc::new(PeerHub {
+            config,
+            outbound,
+            links: Mutex::new(links),
+            stopping: AtomicBool::new(false),
+            unauthenticated: Arc::new(tokio::sync::Semaphore::new(PEER_UNAUTHENTICATED_MAX)),
+        });
+        (hub, PendingLinks { receivers })
+    }
+
+    /// Starts the dialers, the liveness monitor and the listener on the current tokio runtime;
+    /// what arrives from peers goes to `inbound`.
+    pub fn start(
+        self: &Arc<Self>,
+        pending: PendingLinks,
+        listener: TcpListener,
+        inbound: Arc<dyn PeerInbound>,
+    ) {
+        for (peer, addr, channel, rx) in pending.receivers {
+            tokio::spawn(dial_loop(self.clone(), peer, addr, channel, rx));
+        }
+        tokio::spawn(monitor_loop(self.clone(), inbound.clone()));
+        tokio::spawn(self.clone().serve(listener, inbound));
+    }
+
+    /// Queues `message` for `to` on `channel`. Returns false (and counts the drop) when the
+    /// peer is unknown, its link is down, or its queue is full.
+    pub fn send(&self, to: NodeId, channel: Channel, message: PeerMessage) -> bool {
+        let Some(tx) = self.outbound.get(&(to, channel as i32)) else {
+            debug!(peer = %to, "message for an unknown peer dropped");
+            return false;
+        };
+        match tx.try_send(message) {
+            Ok(()) => true,
+            Err(_) => {
+                metrics::counter!("bmq_peer_messages_dropped_total", "channel" => channel_label(channel))
+                    .increment(1);
+                false
+            }
+        }
+    }
+
+    /// Queues `message` for every peer on `channel`.
+    pub fn broadcast(&self, channel: Channel, message: PeerMessage) {
+        for (peer, _) in &self.config.peers {
+            self.send(*peer, channel, message.clone());
+        }
+    }
+
+    /// Whether `peer` is currently available (see the module doc).
+    pub fn is_available(&self, peer: NodeId) -> bool {
+        self.links
+            .lock()
+            .expect("link state lock")
+            .get(&peer)
+            .is_some_and(|l| l.available)
+    }
+
+    /// Every peer with its availability, in id order.
+    pub fn peer_availability(&self) -> Vec<(NodeId, bool)> {
+        let links = self.links.lock().expect("link state lock");
+        let mut v: Vec<_> = links.iter().map(|(id, l)| (*id, l.available)).collect();
+        v.sort();
+        v
+    }
+
+    /// Stops dialing (graceful shutdown); existing connections close as their tasks notice.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    fn with_link(&self, peer: NodeId, f: impl FnOnce(&mut LinkState)) {
+        if let Some(l) = self.links.lock().expect("link state lock").get_mut(&peer) {
+            f(l);
+        }
+    }
+
+    /// Accepts peer connections on `listener` until the process ends.
+    async fn serve(self: Arc<Self>, listener: TcpListener, inbound: Arc<dyn PeerInbound>) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, remote)) => {
+                    let Ok(permit) = self.unauthenticated.clone().try_acquire_owned() else {
+                        self.refuse(
+                            &remote.to_string(),
+                            "too many connections still authenticating",
+                        );
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let hub = self.clone();
+                    let inbound = inbound.clone();
+                    tokio::spawn(async move {
+                        if let Err(reason) =
+                            hub.clone().serve_connection(stream, inbound, permit).await
+                        {
+                            debug!(%remote, %reason, "peer connection closed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "peer listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve_connection(
+        self: Arc<Self>,
+        stream: TcpStream,
+        inbound: Arc<dyn PeerInbound>,
+        unauthenticated: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<(), String> {
+        let remote = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        // With TLS, the handshake verifies the chain to the cluster CA; the certificate is kept
+        // to check, once the Hello names a member, that it is that member's.
+        let (stream, peer_cert): (BoxedStream, _) = match &self.config.tls {
+            None => (Box::new(stream), None),
+            Some(tls) => {
+                let accepted =
+                    tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.peer_acceptor.accept(stream))
+                        .await;
+                let tls_stream = match accepted {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        return Err(self.auth_failure(&remote, &format!("TLS handshake: {e}")))
+                    }
+                    Err(_) => return Err(self.auth_failure(&remote, "TLS handshake timed out")),
+                };
+                let cert = tls_stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.clone().into_owned());
+                let Some(cert) = cert else {
+                    return Err(self.auth_failure(&remote, "no client certificate"));
+                };
+                (Box::new(tls_stream), Some(cert))
+            }
+        };
+        let mut framed = Framed::new(
+            stream,
+            FrameCodec::<PeerMessage>::new(self.config.frame_size_max),
+        );
+        let first = tokio::time::timeout(Duration::from_secs(5), framed.next())
+            .await
+            .map_err(|_| "no hello within 5 s".to_string())?;
+        let hello = match first {
+            Some(Ok(PeerMessage {
+                kind: Some(Kind::Hello(h)),
+            })) => h,
+            Some(Ok(_)) => return Err(self.refuse(&remote, "first frame is not a PeerHello")),
+            Some(Err(e)) => return Err(self.refuse(&remote, &format!("bad first frame: {e}"))),
+            None => return Err("closed before hello".into()),
+        };
+        let from = NodeId(hello.node_id);
+        if hello.cluster_name != self.config.cluster_name {
+            return Err(self.refuse(&remote, &format!("cluster name {:?}", hello.cluster_name)));
+        }
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return Err(self.refuse(
+                &remote,
+                &format!("protocol version {}", hello.protocol_version),
+            ));
+        }
+        if !self.config.peers.iter().any(|(id, _)| *id == from) {
+            return Err(self.refuse(&remote, &format!("unknown member id {from}")));
+        }
+        if let Some(cert) = &peer_cert {
+            if !certificate_names(cert, &member_name(from)) {
+                return Err(self.auth_failure(
+                    &remote,
+                    &format!(
+                        "the certificate does not name {} (the member the hello claims)",
+                        member_name(from)
+                    ),
+                ));
+            }
+        }
+        drop(unauthenticated);
+        let channel = Channel::try_from(hello.channel).unwrap_or(Channel::Control);
+        let is_control = channel == Channel::Control;
+        debug!(peer = %from, channel = channel_label(channel), "peer connection accepted");
+        if is_control {
+            self.with_link(from, |l| {
+                l.inbound_control_open += 1;
+                l.last_inbound_control = Some(Instant::now());
+            });
+        }
+        let result = loop {
+            match framed.next().await {
+                None => break Ok(()),
+                Some(Err(e)) if bmq_client::tls::is_unclean_close(&e) => break Ok(()),
+                Some(Err(e)) => {
+                    metrics::counter!("bmq_peer_frame_errors_total").increment(1);
+                    warn!(peer = %from, error = %e, "bad frame from peer; closing the connection");
+                    break Err(e.to_string());
+                }
+                Some(Ok(message)) => {
+                    if is_control {
+                        self.with_link(from, |l| l.last_inbound_control = Some(Instant::now()));
+                    }
+                    match message.kind {
+                        Some(Kind::LinkHeartbeat(_)) => {}
+                        Some(Kind::Hello(_)) | None => {
+                            metrics::counter!("bmq_peer_frame_errors_total").increment(1);
+                            debug!(peer = %from, "unexpected frame from peer dropped");
+                        }
+                        Some(_) => inbound.on_message(from, channel, message),
+                    }
+                }
+            }
+        };
+        if is_control {
+            self.with_link(from, |l| {
+                l.inbound_control_open = l.inbound_control_open.saturating_sub(1)
+            });
+        }
+        result
+    }
+
+    /// A connection that failed authentication: counted, logged with the remote address.
+    fn auth_failure(&self, remote: &str, reason: &str) -> String {
+        metrics::counter!("bmq_peer_auth_failures_total").increment(1);
+        warn!(%remote, %reason, "peer connection failed authentication; closed");
+        reason.to_string()
+    }
+
+    fn refuse(&self, remote: &str, reason: &str) -> String {
+        metrics::counter!("bmq_peer_connections_refused_total").increment(1);
+        warn!(%remote, %reason, "peer connection refused");
+        reason.to_string()
+    }
+}
+
+fn channel_label(channel: Channel) -> &'static str {
+    match channel {
+        Channel::Control => "control",
+        Channel::Data => "data",
+    }
+}
+
+/// Dials `peer` on `channel` forever (until the hub stops), sending what its queue receives.
+async fn dial_loop(
+    hub: Arc<PeerHub>,
+    peer: NodeId,
+    addr: String,
+    channel: Channel,
+    mut rx: mpsc::Receiver<PeerMessage>,
+) {
+    let cfg = hub.config.clone();
+    let mut backoff = cfg.reconnect_backoff_min;
+    while !hub.stopping.load(Ordering::SeqCst) {
+        let connected =
+            tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(&addr)).await;
+        let stream = match connected {
+            Ok(Ok(s)) => s,
+            _ => {
+                // Messages queued while the link is down are stale by the time it is back: drop
+                // them (every protocol above retries on its own timer).
+                while rx.try_recv().is_ok() {}
+                let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
+                tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+                backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let stream: BoxedStream = match &cfg.tls {
+            None => Box::new(stream),
+            Some(tls) => {
+                // The listener must prove it is the member we dialed: its certificate names
+                // node-<peer>.
+                let name = rustls::pki_types::ServerName::try_from(member_name(peer))
+                    .expect("node-<id> is a valid DNS name");
+                match tokio::time::timeout(
+                    TLS_HANDSHAKE_TIMEOUT,
+                    tls.peer_connector.connect(name, stream),
+                )
+                .await
+                {
+                    Ok(Ok(s)) => Box::new(s),
+                    outcome => {
+                        let reason = match outcome {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => "timed out".to_string(),
+                        };
+                        metrics::counter!("bmq_peer_auth_failures_total").increment(1);
+                        warn!(peer = %peer, %addr, %reason, "TLS handshake with peer failed");
+                        while rx.try_recv().is_ok() {}
+                        let jitter =
+                            rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
+                        tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+                        backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
+                        continue;
+                    }
+                }
+            }
+        };
+        backoff = cfg.reconnect_backoff_min;
+        let mut framed = Framed::new(stream, FrameCodec::<PeerMessage>::new(cfg.frame_size_max));
+        let hello = PeerMessage {
+            kind: Some(Kind::Hello(PeerHello {
+                cluster_name: cfg.cluster_name.clone(),
+                node_id: cfg.self_id.0,
+                channel: channel as i32,
+                protocol_version: PROTOCOL_VERSION,
+            })),
+        };
+        if framed.send(hello).await.is_err() {
+            continue;
+        }
+        info!(peer = %peer, channel = channel_label(channel), "peer link up");
+        if channel == Channel::Control {
+            hub.with_link(peer, |l| l.outbound_control_up = true);
+        }
+        let mut heartbeat = tokio::time::interval(cfg.heartbeat_period);
+        let started = Instant::now();
+        let outcome: Result<(), String> = loop {
+            tokio::select! {
+                msg = rx.recv() => {
+                    let Some(msg) = msg else { return };
+                    if let Err(e) = framed.feed(msg).await { break Err(e.to_string()); }
+                    // Batch whatever else is already queued into the same flush.
+                    let mut batch = 0;
+                    while batch < 1024 {
+                        match rx.try_recv() {
+                            Ok(m) => { if framed.feed(m).await.is_err() { break; } batch += 1; }
+                            Err(_) => break,
+                        }
+                    }
+                    if let Err(e) = framed.flush().await { break Err(e.to_string()); }
+                }
+                _ = heartbeat.tick() => {
+                    let hb = PeerMessage { kind: Some(Kind::LinkHeartbeat(LinkHeartbeat {
+                        sent_at_ms: started.elapsed().as_millis() as u64,
+                    })) };
+                    if let Err(e) = framed.send(hb).await { break Err(e.to_string()); }
+                }
+                // The peer never writes on a connection we dialed: a read completing means it
+                // closed (or sent garbage); either way the link is gone.
+                _ = framed.next() => break Err("closed by peer".into()),
+            }
+            if hub.stopping.load(Ordering::SeqCst) {
+                break Ok(());
+            }
+        };
+        if channel == Channel::Control {
+            hub.with_link(peer, |l| l.outbound_control_up = false);
+        }
+        if let Err(reason) = outcome {
+            info!(peer = %peer, channel = channel_label(channel), %reason, "peer link down");
+        }
+    }
+}
+
+/// Recomputes every peer's availability every half heartbeat period and reports changes.
+async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
+    let mut tick = tokio::time::interval(hub.config.heartbeat_period / 2);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let mut changes = Vec::new();
+        {
+            let mut links = hub.links.lock().expect("link state lock");
+            let outbound = links.values().filter(|l| l.outbound_control_up).count();
+            let inbound: u32 = links.values().map(|l| l.inbound_control_open).sum();
+            metrics::gauge!("bmq_peer_connections", "direction" => "outbound").set(outbound as f64);
+            metrics::gauge!("bmq_peer_connections", "direction" => "inbound")
+                .set(f64::from(inbound));
+            for (peer, l) in links.iter_mut() {
+                let fresh = l
+                    .last_inbound_control
+                    .is_some_and(|t| now.duration_since(t) <= hub.config.heartbeat_timeout);
+                let available = l.outbound_control_up && l.inbound_control_open > 0 && fresh;
+                if available != l.available {
+                    l.available = available;
+                    changes.push((*peer, available));
+                }
+            }
+        }
+        for (peer, available) in changes {
+            info!(peer = %peer, available, "peer availability changed");
+            metrics::gauge!("bmq_peer_available", "peer" => peer.to_string()).set(if available {
+                1.0
+            } else {
+                0.0
+            });
+            inbound.on_availability(peer, available);
+        }
+    }
+}

@@ -1,0 +1,574 @@
+//! `Router`: where client traffic goes between sessions and partition primaries (DESIGN.md §7).
+//!
+//! A client may attach to any node (its *proxy*). The proxy's session sends OPEN/PUT/CONFIRM/
+//! CLOSE to the primary of the queue's partition — to the local [`PartitionActor`] when this
+//! node is that primary, otherwise as a `ForwardedClientMessage` (naming the partition) over the
+//! peer DATA channel. The primary answers (OpenQueueResponse, ACK, PUSH) to the session address
+//! that asked, by the same two routes in reverse: the router is the partitions'
+//! [`PartitionOutbox`].
+//!
+//! The router also keeps this node's partition actors in step with the committed cluster state:
+//! every partition has an actor on every node (primary or replica, each with its journal, each
+//! on its own thread), told the committed primary and `primary_lease_id` on every commit; a node
+//! that is no longer a partition's primary steps down to replica, it does not exit.
+//! Replication traffic (`PartitionMessage` on the DATA channel) goes to the partition's actor.
+//!
+//! Built with everything it needs; it never reaches into other actors' state. Answers to
+//! requests that cannot be served here (unknown partition, full mailbox) are the data plane's
+//! [`refusal`]s.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use actix::{Actor, Addr, Recipient};
+use bmq_config::BrokerConfig;
+use bmq_dataplane::{
+    refusal, ConsumerDefaults, DomainPolicies, Partition, PartitionConfig, ReplicationConfig,
+};
+use bmq_metadata::{ClusterState, PrimaryStatus};
+use bmq_proto::client::{client_message::Kind as ClientKind, ClientMessage, Status, StatusCode};
+use bmq_proto::peer::{
+    peer_message::Kind as PeerKind, Channel, ForwardedClientMessage, PartitionMessage, PeerMessage,
+    PrimaryActiveNotice, SessionGone,
+};
+use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
+use tokio::sync::{broadcast, mpsc, watch};
+use tracing::{debug, error};
+
+use crate::actors::health::PrimaryActive;
+use crate::actors::metadata::RequestQueueAssignment;
+use crate::actors::partition::{
+    wall_clock_ms, PartitionActor, PartitionNodeGone, PartitionOutbox, PartitionPeerMessage,
+    PartitionRequest, PartitionRoleChanged, PartitionSessionGone, SetPartitionQuorum,
+};
+use crate::net::peers::PeerHub;
+
+/// What a session's inbox receives from the rest of the node.
+#[derive(Debug)]
+pub enum SessionEvent {
+    /// A response or delivery from a primary (OpenQueueResponse, Ack, Push, CloseQueueResponse).
+    FromPrimary(ClientMessage),
+    /// A queue the session asked to open now has a partition (or not, on timeout).
+    OpenResolved {
+        /// The client's request id.
+        request_id: u64,
+        /// The queue.
+        uri: String,
+        /// The partition, or the status to answer the client with.
+        outcome: Result<PartitionId, Status>,
+    },
+}
+
+/// What the router is built from.
+pub struct RouterParts {
+    /// The node configuration.
+    pub config: Arc<BrokerConfig>,
+    /// The peer links.
+    pub peers: Arc<PeerHub>,
+    /// The latest committed cluster state.
+    pub cluster: watch::Receiver<Arc<ClusterState>>,
+    /// The domains' policies, resolved once from the configuration.
+    pub policies: Arc<DomainPolicies>,
+    /// Where `PrimaryActiveNotice`s go on this node (the health actor).
+    pub primary_active: Recipient<PrimaryActive>,
+    /// Where queue assignment requests go (the metadata actor, which forwards to the leader).
+    pub assignments: Recipient<RequestQueueAssignment>,
+    /// The effective quorum every partition starts with.
+    pub quorum: usize,
+}
+
+/// The router shared by sessions, partition actors and the peer inbound path (see the module
+/// doc).
+pub struct Router {
+    self_id: NodeId,
+    config: Arc<BrokerConfig>,
+    peers: Arc<PeerHub>,
+    cluster: watch::Receiver<Arc<ClusterState>>,
+    policies: Arc<DomainPolicies>,
+    primary_active_sink: Recipient<PrimaryActive>,
+    assignments: Recipient<RequestQueueAssignment>,
+    quorum: AtomicUsize,
+    sessions: dashmap::DashMap<u64, mpsc::Sender<SessionEvent>>,
+    partitions: Mutex<HashMap<PartitionId, Addr<PartitionActor>>>,
+    next_session_id: AtomicU64,
+    /// "A peer link came back" notifications for sessions.
+    peer_back: broadcast::Sender<NodeId>,
+}
+
+fn forwarded(
+    key: SessionAddr,
+    message: ClientMessage,
+    partition: Option<PartitionId>,
+) -> PeerMessage {
+    PeerMessage {
+        kind: Some(PeerKind::Forwarded(ForwardedClientMessage {
+            origin_node_id: key.origin_node.0,
+            session_id: key.session_id,
+            inner: Some(message),
+            partition_id: partition.map(|p| p.0),
+        })),
+    }
+}
+
+impl Router {
+    /// A router for this node. Partition actors are started by [`Router::sync_partitions`].
+    pub fn new(parts: RouterParts) -> Arc<Router> {
+        Arc::new(Router {
+            self_id: NodeId(parts.config.node_id),
+            config: parts.config,
+            peers: parts.peers,
+            cluster: parts.cluster,
+            policies: parts.policies,
+            primary_active_sink: parts.primary_active,
+            assignments: parts.assignments,
+            quorum: AtomicUsize::new(parts.quorum),
+            sessions: dashmap::DashMap::new(),
+            partitions: Mutex::new(HashMap::new()),
+            next_session_id: AtomicU64::new(1),
+            peer_back: broadcast::channel(64).0,
+        })
+    }
+
+    /// This node.
+    pub fn self_id(&self) -> NodeId {
+        self.self_id
+    }
+
+    /// The node configuration.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    /// A receiver of the committed cluster state.
+    pub fn cluster(&self) -> watch::Receiver<Arc<ClusterState>> {
+        self.cluster.clone()
+    }
+
+    /// Asks the leader, through the metadata actor, to assign `uri` to a partition (fire and
+    /// forget: the caller waits for the assignment in the committed state and asks again).
+    pub fn request_assignment(&self, uri: String) {
+        if self
+            .assignments
+            .try_send(RequestQueueAssignment { uri })
+            .is_err()
+        {
+            metrics::counter!("bmq_mailbox_full_total", "actor" => "metadata").increment(1);
+        }
+    }
+
+    /// Registers a new local session and returns its id and inbox.
+    pub fn register_session(&self) -> (u64, mpsc::Receiver<SessionEvent>) {
+        let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(self.config.limits.mailbox_capacity());
+        self.sessions.insert(id, tx);
+        metrics::gauge!("bmq_client_sessions").set(self.sessions.len() as f64);
+        (id, rx)
+    }
+
+    /// Removes a local session and tells every primary it used to release its consumers.
+    pub fn unregister_session(&self, session_id: u64, primaries: impl IntoIterator<Item = NodeId>) {
+        self.sessions.remove(&session_id);
+        metrics::gauge!("bmq_client_sessions").set(self.sessions.len() as f64);
+        let session = SessionAddr {
+            origin_node: self.self_id,
+            session_id,
+        };
+        let told: BTreeSet<NodeId> = primaries.into_iter().collect();
+        for primary in told {
+            if primary == self.self_id {
+                self.each_partition(|addr| {
+                    let _ = addr.try_send(PartitionSessionGone { session });
+                });
+            } else {
+                let msg = PeerMessage {
+                    kind: Some(PeerKind::SessionGone(SessionGone {
+                        origin_node_id: self.self_id.0,
+                        session_id,
+                    })),
+                };
+                self.peers.send(primary, Channel::Data, msg);
+            }
+        }
+    }
+
+    /// Number of local client sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Delivers `event` to a local session's inbox. Returns false when the session is gone or
+    /// its inbox is full (the message is dropped and counted; PUTs are retransmitted and
+    /// unconfirmed PUSHes redelivered, so nothing acknowledged is lost).
+    pub fn to_local_session(&self, session_id: u64, event: SessionEvent) -> bool {
+        let Some(tx) = self.sessions.get(&session_id).map(|s| s.clone()) else {
+            return false;
+        };
+        if tx.try_send(event).is_err() {
+            metrics::counter!("bmq_session_inbox_dropped_total").increment(1);
+            return false;
+        }
+        true
+    }
+
+    /// Sends a session's request to the primary `primary` of `partition`.
+    pub fn to_primary(
+        &self,
+        partition: PartitionId,
+        primary: NodeId,
+        session_id: u64,
+        message: ClientMessage,
+    ) -> bool {
+        let from = SessionAddr {
+            origin_node: self.self_id,
+            session_id,
+        };
+        if primary == self.self_id {
+            self.to_local_partition(partition, from, message)
+        } else {
+            let msg = forwarded(from, message, Some(partition));
+            self.peers.send(primary, Channel::Data, msg)
+        }
+    }
+
+    fn partition(&self, id: PartitionId) -> Option<Addr<PartitionActor>> {
+        self.partitions
+            .lock()
+            .expect("partitions lock")
+            .get(&id)
+            .cloned()
+    }
+
+    fn each_partition(&self, f: impl Fn(&Addr<PartitionActor>)) {
+        for addr in self.partitions.lock().expect("partitions lock").values() {
+            f(addr);
+        }
+    }
+
+    fn to_local_partition(
+        &self,
+        partition: PartitionId,
+        from: SessionAddr,
+        message: ClientMessage,
+    ) -> bool {
+        let Some(addr) = self.partition(partition) else {
+            let why = "this node does not know this partition yet";
+            self.refuse(from, &message, StatusCode::NotReady, why, partition);
+            return false;
+        };
+        // The clone is kept only for the refusal below; payloads are reference-counted.
+        match addr.try_send(PartitionRequest {
+            from,
+            message: message.clone(),
+        }) {
+            Ok(()) => true,
+            Err(_) => {
+                metrics::counter!("bmq_partition_overloaded_total").increment(1);
+                let why = "partition overloaded";
+                self.refuse(from, &message, StatusCode::Overloaded, why, partition);
+                false
+            }
+        }
+    }
+
+    /// Answers a request that cannot be served here so the proxy retries elsewhere or later.
+    fn refuse(
+        &self,
+        to: SessionAddr,
+        message: &ClientMessage,
+        code: StatusCode,
+        reason: &str,
+        partition: PartitionId,
+    ) {
+        if let Some(answer) = refusal(message, code, reason, partition) {
+            self.to_session(to, answer);
+        }
+    }
+
+    /// Tells the local health actor that `node` healed `partition` at `lease`.
+    fn primary_active_seen(&self, node: NodeId, partition: PartitionId, lease: LeaseId) {
+        let msg = PrimaryActive {
+            node,
+            partition,
+            lease,
+        };
+        if self.primary_active_sink.try_send(msg).is_err() {
+            metrics::counter!("bmq_mailbox_full_total", "actor" => "health").increment(1);
+        }
+    }
+
+    /// Handles a frame from a peer's DATA channel (see the module doc).
+    pub fn handle_peer_data(&self, from: NodeId, message: PeerMessage) {
+        match message.kind {
+            Some(PeerKind::Forwarded(f)) => self.handle_forwarded(from, f),
+            Some(PeerKind::PrimaryActive(n)) => {
+                self.primary_active_seen(from, PartitionId(n.partition_id), LeaseId(n.lease));
+            }
+            Some(PeerKind::Partition(m)) => {
+                let partition = partition_of(&m);
+                match partition.and_then(|p| self.partition(p)) {
+                    Some(addr) => {
+                        if addr
+                            .try_send(PartitionPeerMessage { from, message: m })
+                            .is_err()
+                        {
+                            // Replication resends what gets no receipt, so a drop only delays.
+                            metrics::counter!("bmq_mailbox_full_total", "actor" => "partition")
+                                .increment(1);
+                        }
+                    }
+                    None => {
+                        metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+                        debug!(peer = %from, ?partition, "replication message for an unknown partition dropped");
+                    }
+                }
+            }
+            Some(PeerKind::SessionGone(g)) => {
+                let session = SessionAddr {
+                    origin_node: NodeId(g.origin_node_id),
+                    session_id: g.session_id,
+                };
+                self.each_partition(|addr| {
+                    let _ = addr.try_send(PartitionSessionGone { session });
+                });
+            }
+            _ => {
+                metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+            }
+        }
+    }
+
+    fn handle_forwarded(&self, from: NodeId, f: ForwardedClientMessage) {
+        let Some(inner) = f.inner else {
+            metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+            return;
+        };
+        match &inner.kind {
+            // Primary -> proxy: answers and deliveries for one of our sessions.
+            Some(ClientKind::OpenQueueResponse(_))
+            | Some(ClientKind::Ack(_))
+            | Some(ClientKind::Push(_))
+            | Some(ClientKind::CloseQueueResponse(_)) => {
+                if f.origin_node_id != self.self_id.0 {
+                    metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+                    return;
+                }
+                self.to_local_session(f.session_id, SessionEvent::FromPrimary(inner));
+            }
+            // Proxy -> primary: requests for one of our partitions. The proxy names the
+            // partition it routed to; an older proxy does not, and the queue is looked up.
+            Some(ClientKind::OpenQueue(_))
+            | Some(ClientKind::Put(_))
+            | Some(ClientKind::Confirm(_))
+            | Some(ClientKind::CloseQueue(_)) => {
+                let session = SessionAddr {
+                    origin_node: from,
+                    session_id: f.session_id,
+                };
+                let partition = f.partition_id.map(PartitionId).or_else(|| {
+                    let uri = request_uri(&inner)?;
+                    self.cluster.borrow().queues.get(uri).map(|q| q.partition)
+                });
+                match partition {
+                    Some(p) => {
+                        self.to_local_partition(p, session, inner);
+                    }
+                    None => {
+                        let why = "queue not assigned yet";
+                        let p = PartitionId(0);
+                        self.refuse(session, &inner, StatusCode::NotReady, why, p);
+                    }
+                }
+            }
+            _ => {
+                metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+                debug!(peer = %from, "unexpected forwarded message dropped");
+            }
+        }
+    }
+
+    /// A peer became available again: sessions attached to a primary there reopen their
+    /// queues (the primary released their consumers when the link dropped).
+    pub fn handle_node_back(&self, node: NodeId) {
+        // No receiver (no session) is fine.
+        let _ = self.peer_back.send(node);
+    }
+
+    /// Subscribes to "peer link came back" notifications (see [`Router::handle_node_back`]).
+    pub fn subscribe_peer_back(&self) -> broadcast::Receiver<NodeId> {
+        self.peer_back.subscribe()
+    }
+
+    /// A peer became unavailable: release every consumer it proxied (their unconfirmed
+    /// messages are redelivered to other consumers).
+    pub fn handle_node_gone(&self, node: NodeId) {
+        self.each_partition(|addr| {
+            let _ = addr.try_send(PartitionNodeGone { node });
+        });
+    }
+
+    /// Sets the effective quorum of every partition (and of partitions started later).
+    pub fn set_partition_quorum(&self, quorum: usize) {
+        self.quorum.store(quorum, Ordering::SeqCst);
+        self.each_partition(|addr| {
+            // Rare (an operator action); a full mailbox is reported to the caller's log.
+            if addr.try_send(SetPartitionQuorum { quorum }).is_err() {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
+            }
+        });
+    }
+
+    /// The partition core of `id` on this node, built from the configuration.
+    fn partition_config(&self, id: PartitionId) -> PartitionConfig {
+        let c = &self.config;
+        PartitionConfig {
+            replication: ReplicationConfig {
+                self_id: self.self_id,
+                partition: id,
+                members: c.members.iter().map(|m| NodeId(m.id)).collect(),
+                quorum: self.quorum.load(Ordering::SeqCst),
+                batch_records_max: c.replication.batch_records_max as usize,
+                in_flight_records_max: c.replication.in_flight_records_max,
+                resend_after: c.replication.resend_after(),
+                guid_window_max: usize::try_from(c.limits.duplicate_guid_window_max)
+                    .unwrap_or(usize::MAX),
+                guid_window_age: c.limits.duplicate_guid_window(),
+            },
+            policies: self.policies.clone(),
+            consumer_defaults: ConsumerDefaults {
+                max_unconfirmed_messages: u32::try_from(c.limits.max_unconfirmed_messages_default)
+                    .unwrap_or(u32::MAX),
+                max_unconfirmed_bytes: c.limits.max_unconfirmed_bytes_default,
+            },
+            wall_clock_anchor: (Instant::now(), wall_clock_ms()),
+        }
+    }
+
+    fn journal_dir(&self, id: PartitionId) -> PathBuf {
+        self.config
+            .data_dir
+            .join("partitions")
+            .join(id.0.to_string())
+    }
+
+    /// Starts an actor (opening its journal) for every partition of `state` not yet running,
+    /// each on its own arbiter thread, and tells every actor its partition's committed primary
+    /// and lease (an actor no longer primary steps down to replica). Called on every commit. A
+    /// journal that cannot be opened (I/O error, corruption) stops the node: serving without it
+    /// could lose acknowledged messages.
+    pub fn sync_partitions(self: &Arc<Self>, state: &ClusterState) {
+        let mut partitions = self.partitions.lock().expect("partitions lock");
+        for (id, p) in &state.partitions {
+            if !partitions.contains_key(id) {
+                let cfg = self.partition_config(*id);
+                let outbox: Arc<dyn PartitionOutbox> = self.clone();
+                let opened = PartitionActor::open(
+                    *id,
+                    &self.journal_dir(*id),
+                    |records| Partition::new(cfg, records),
+                    outbox,
+                    self.config.limits.mailbox_capacity(),
+                );
+                match opened {
+                    Ok(actor) => {
+                        // Each partition runs on its own thread, so journal fsyncs never
+                        // delay the peer links, the sessions or another partition.
+                        let arbiter = actix::Arbiter::new();
+                        let addr =
+                            PartitionActor::start_in_arbiter(&arbiter.handle(), move |_| actor);
+                        partitions.insert(*id, addr);
+                    }
+                    Err(e) => {
+                        error!(partition = %id, error = %e, "cannot open the partition journal: stopping the node");
+                        actix::System::current().stop_with_code(1);
+                        return;
+                    }
+                }
+            }
+            let addr = partitions.get(id).expect("inserted above");
+            // Bounded by the commit rate; a full mailbox is caught up at the next commit.
+            if addr
+                .try_send(PartitionRoleChanged {
+                    primary: p.primary,
+                    lease: LeaseId(p.primary_lease_id),
+                    active: p.status == PrimaryStatus::Active,
+                })
+                .is_err()
+            {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
+            }
+        }
+    }
+
+    /// The partition actors this node runs, for `/status`.
+    pub fn local_partitions(&self) -> Vec<(PartitionId, Addr<PartitionActor>)> {
+        self.partitions
+            .lock()
+            .expect("partitions lock")
+            .iter()
+            .map(|(id, a)| (*id, a.clone()))
+            .collect()
+    }
+}
+
+impl PartitionOutbox for Router {
+    fn to_session(&self, to: SessionAddr, message: ClientMessage) -> bool {
+        if to.origin_node == self.self_id {
+            self.to_local_session(to.session_id, SessionEvent::FromPrimary(message))
+        } else {
+            self.peers
+                .send(to.origin_node, Channel::Data, forwarded(to, message, None))
+        }
+    }
+
+    fn to_peer(&self, to: NodeId, message: PartitionMessage) {
+        let msg = PeerMessage {
+            kind: Some(PeerKind::Partition(message)),
+        };
+        self.peers.send(to, Channel::Data, msg);
+    }
+
+    fn primary_active(&self, partition: PartitionId, lease: LeaseId) {
+        for peer in self.config.peers() {
+            let msg = PeerMessage {
+                kind: Some(PeerKind::PrimaryActive(PrimaryActiveNotice {
+                    partition_id: partition.0,
+                    lease: lease.0,
+                })),
+            };
+            self.peers.send(NodeId(peer.id), Channel::Data, msg);
+        }
+        self.primary_active_seen(self.self_id, partition, lease);
+    }
+}
+
+/// The queue URI a client request names.
+pub fn request_uri(message: &ClientMessage) -> Option<&str> {
+    match &message.kind {
+        Some(ClientKind::OpenQueue(m)) => Some(&m.uri),
+        Some(ClientKind::Put(m)) => Some(&m.uri),
+        Some(ClientKind::Confirm(m)) => Some(&m.uri),
+        Some(ClientKind::CloseQueue(m)) => Some(&m.uri),
+        Some(ClientKind::OpenQueueResponse(m)) => Some(&m.uri),
+        Some(ClientKind::Ack(m)) => Some(&m.uri),
+        Some(ClientKind::Push(m)) => Some(&m.uri),
+        Some(ClientKind::CloseQueueResponse(m)) => Some(&m.uri),
+        _ => None,
+    }
+}
+
+/// The partition a replication message is about.
+fn partition_of(m: &PartitionMessage) -> Option<PartitionId> {
+    use bmq_proto::peer::partition_message::Kind as K;
+    let id = match m.kind.as_ref()? {
+        K::StateQuery(x) => x.partition_id,
+        K::StateResponse(x) => x.partition_id,
+        K::Pull(x) => x.partition_id,
+        K::Sync(x) => x.partition_id,
+        K::Replicate(x) => x.partition_id,
+        K::Receipt(x) => x.partition_id,
+    };
+    Some(PartitionId(id))
+}

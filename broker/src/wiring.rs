@@ -1,0 +1,191 @@
+//! The glue between the node's actors, each built with everything it needs (no late binding).
+//!
+//! - [`ControlSender`]: sends the elector's and the metadata actor's outbound messages over the
+//!   peer CONTROL channel.
+//! - [`CommitFanout`]: relays leadership changes to the metadata actor, and every committed
+//!   cluster state to the router (partition roles), the state watch (sessions, admin) and the
+//!   health actor.
+//! - [`PeerDemux`]: routes each frame from a peer to the actor that owns it (elector, metadata,
+//!   health, router), and peer availability to the elector and the router.
+
+use std::sync::Arc;
+
+use actix::{Actor, Addr, Context, Handler};
+use bmq_metadata::ClusterState;
+use bmq_proto::peer::{
+    metadata_message::Kind as MetadataKind, peer_message::Kind, Channel, NodeStatusKind,
+    PeerMessage,
+};
+use bmq_proto::NodeId;
+use tokio::sync::watch;
+
+use crate::actors::elector::{
+    ElectorActor, ElectorInbound, ElectorOutbound, LeadershipChanged, PeerAvailability,
+};
+use crate::actors::health::{HealthActor, NodeStopping};
+use crate::actors::metadata::{
+    ClusterStateCommitted, LeaderChanged, MetadataActor, MetadataInbound, MetadataOutbound,
+};
+use crate::net::peers::{PeerHub, PeerInbound};
+use crate::router::Router;
+
+/// Sends the elector's and the metadata actor's outbound messages over the CONTROL channel.
+pub struct ControlSender {
+    /// The peer links.
+    pub hub: Arc<PeerHub>,
+}
+
+impl ControlSender {
+    fn send(&self, to: Option<NodeId>, message: PeerMessage) {
+        match to {
+            Some(to) => {
+                self.hub.send(to, Channel::Control, message);
+            }
+            None => self.hub.broadcast(Channel::Control, message),
+        }
+    }
+}
+
+impl Actor for ControlSender {
+    type Context = Context<Self>;
+}
+
+impl Handler<ElectorOutbound> for ControlSender {
+    type Result = ();
+
+    fn handle(&mut self, msg: ElectorOutbound, _ctx: &mut Self::Context) {
+        let message = PeerMessage {
+            kind: Some(Kind::Elector(msg.message)),
+        };
+        self.send(msg.to, message);
+    }
+}
+
+impl Handler<MetadataOutbound> for ControlSender {
+    type Result = ();
+
+    fn handle(&mut self, msg: MetadataOutbound, _ctx: &mut Self::Context) {
+        let message = PeerMessage {
+            kind: Some(Kind::Metadata(msg.message)),
+        };
+        self.send(msg.to, message);
+    }
+}
+
+/// Relays state changes between actors (see the module doc).
+pub struct CommitFanout {
+    /// The metadata actor (told about leadership changes).
+    pub metadata: Addr<MetadataActor>,
+    /// The health actor (told every commit).
+    pub health: Addr<HealthActor>,
+    /// The router (starts and informs the partition actors on every commit).
+    pub router: Arc<Router>,
+    /// The committed state, for sessions and the admin server.
+    pub state_tx: watch::Sender<Arc<ClusterState>>,
+}
+
+impl Actor for CommitFanout {
+    type Context = Context<Self>;
+}
+
+impl Handler<LeadershipChanged> for CommitFanout {
+    type Result = ();
+
+    fn handle(&mut self, msg: LeadershipChanged, _ctx: &mut Self::Context) {
+        // Leadership changes are rare (bounded by the elector's timers), so do_send is fine.
+        self.metadata.do_send(LeaderChanged {
+            term: msg.status.term,
+            leader: msg.status.leader,
+        });
+    }
+}
+
+impl Handler<ClusterStateCommitted> for CommitFanout {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
+        self.router.sync_partitions(&msg.state);
+        if !Arc::ptr_eq(&self.state_tx.borrow(), &msg.state) {
+            self.state_tx.send_replace(msg.state.clone());
+        }
+        // Commits are rate-bounded by the metadata quorum round trips, so do_send is fine.
+        self.health.do_send(msg);
+    }
+}
+
+/// Routes peer frames to the actor that owns them (see the module doc). A full mailbox drops
+/// the frame and counts it (`bmq_mailbox_full_total`): every peer protocol retries.
+pub struct PeerDemux {
+    /// The elector actor.
+    pub elector: Addr<ElectorActor>,
+    /// The metadata actor.
+    pub metadata: Addr<MetadataActor>,
+    /// The health actor (node status).
+    pub health: Addr<HealthActor>,
+    /// The router (DATA channel traffic).
+    pub router: Arc<Router>,
+}
+
+fn mailbox_full(actor: &'static str) {
+    metrics::counter!("bmq_mailbox_full_total", "actor" => actor).increment(1);
+}
+
+impl PeerInbound for PeerDemux {
+    fn on_message(&self, from: NodeId, _channel: Channel, message: PeerMessage) {
+        match message.kind {
+            Some(Kind::Elector(m)) => {
+                if self
+                    .elector
+                    .try_send(ElectorInbound { from, message: m })
+                    .is_err()
+                {
+                    mailbox_full("elector");
+                }
+            }
+            Some(Kind::Metadata(m)) => {
+                if let Some(MetadataKind::NodeStatus(ns)) = &m.kind {
+                    // Node status is the health actor's business (DESIGN.md §6).
+                    let stopping = ns.status == NodeStatusKind::NodeStatusStopping as i32;
+                    if ns.node_id == from.0
+                        && stopping
+                        && self.health.try_send(NodeStopping { node: from }).is_err()
+                    {
+                        mailbox_full("health");
+                    }
+                    return;
+                }
+                if self
+                    .metadata
+                    .try_send(MetadataInbound { from, message: m })
+                    .is_err()
+                {
+                    mailbox_full("metadata");
+                }
+            }
+            kind @ (Some(Kind::Forwarded(_))
+            | Some(Kind::SessionGone(_))
+            | Some(Kind::Partition(_))
+            | Some(Kind::PrimaryActive(_))) => {
+                self.router.handle_peer_data(from, PeerMessage { kind });
+            }
+            _ => {
+                metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+            }
+        }
+    }
+
+    fn on_availability(&self, peer: NodeId, available: bool) {
+        if self
+            .elector
+            .try_send(PeerAvailability { peer, available })
+            .is_err()
+        {
+            mailbox_full("elector");
+        }
+        if available {
+            self.router.handle_node_back(peer);
+        } else {
+            self.router.handle_node_gone(peer);
+        }
+    }
+}

@@ -1,0 +1,560 @@
+//! The node-wide sections of the configuration: `[[members]]`, `[elector]`, `[link]`,
+//! `[metadata]`, `[limits]`, `[replication]`, `[log]`. Each section validates itself and names
+//! the offending field in its error.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Smallest accepted `metadata.ledger_max_file_size_bytes` (64 KiB): below that, rollover would
+/// happen on nearly every record.
+pub const LEDGER_FILE_SIZE_MIN_BYTES: u64 = 64 * 1024;
+/// Smallest accepted `limits.frame_size_max_bytes` (4 KiB): a frame must at least hold the
+/// protocol's control messages.
+pub const FRAME_SIZE_MIN_BYTES: u64 = 4 * 1024;
+/// Largest accepted `limits.frame_size_max_bytes` (1 GiB).
+pub const FRAME_SIZE_MAX_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// One cluster member and its three listening ports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    /// Node id, at least 1, unique in the cluster.
+    pub id: u32,
+    /// Host name or IP address the node listens on and peers connect to.
+    pub host: String,
+    /// Port for client sessions (producers and consumers).
+    pub client_port: u16,
+    /// Port for peer connections (control and data channels).
+    pub peer_port: u16,
+    /// Port of the admin HTTP server (`/metrics`, `/status`, `/healthz`, `/readyz`).
+    pub admin_port: u16,
+}
+
+impl MemberConfig {
+    /// Checks the id, the host and the three ports of `members[index]`.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `members[index].<field>`.
+    pub fn validate(&self, index: usize) -> Result<(), ConfigError> {
+        if self.id == 0 {
+            return Err(ConfigError::invalid(
+                format!("members[{index}].id"),
+                "0 is not a valid node id (ids start at 1)",
+            ));
+        }
+        if !is_valid_host(&self.host) {
+            return Err(ConfigError::invalid(
+                format!("members[{index}].host"),
+                format!("{:?} is not a valid host", self.host),
+            ));
+        }
+        for (name, port) in [
+            ("client_port", self.client_port),
+            ("peer_port", self.peer_port),
+            ("admin_port", self.admin_port),
+        ] {
+            if port == 0 {
+                return Err(ConfigError::invalid(
+                    format!("members[{index}].{name}"),
+                    "0 is not a valid port",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn addr(&self, port: u16) -> String {
+        // An IPv6 literal must be bracketed to be followed by a port.
+        if self.host.contains(':') && !self.host.starts_with('[') {
+            format!("[{}]:{}", self.host, port)
+        } else {
+            format!("{}:{}", self.host, port)
+        }
+    }
+
+    /// Client address, `host:port`.
+    pub fn client_addr(&self) -> String {
+        self.addr(self.client_port)
+    }
+
+    /// Peer address, `host:port`.
+    pub fn peer_addr(&self) -> String {
+        self.addr(self.peer_port)
+    }
+
+    /// Admin HTTP address, `host:port`.
+    pub fn admin_addr(&self) -> String {
+        self.addr(self.admin_port)
+    }
+}
+
+/// Leader election timings, in milliseconds (DESIGN.md §4, BlazingMQ's elector settings with
+/// defaults tuned for sub-second failover).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ElectorSettings {
+    /// Time a starting node waits to discover an existing leader before scouting (ms). Default 500.
+    pub initial_wait_ms: u64,
+    /// Upper bound of the random wait before an ElectionScouting round (ms). Default 300.
+    pub random_wait_max_ms: u64,
+    /// How long a scouting node waits for ElectionScouting responses (ms, at least 1). Default 500.
+    pub scouting_result_timeout_ms: u64,
+    /// How long a candidate waits for election responses (ms, at least 1). Default 500.
+    pub election_result_timeout_ms: u64,
+    /// Period of the leader's heartbeats (ms, at least 1). Default 100.
+    pub heartbeat_period_ms: u64,
+    /// How often a follower checks for missed heartbeats (ms, 1 to `heartbeat_period_ms`).
+    /// Default 50.
+    pub heartbeat_check_period_ms: u64,
+    /// Missed heartbeats after which a follower drops its leader (at least 1); leader loss is
+    /// detected after `heartbeat_miss_count * heartbeat_period_ms`. Default 8 (800 ms).
+    pub heartbeat_miss_count: u32,
+    /// Supporters needed to win an election, the candidate included; 0 means `N/2 + 1`. A value
+    /// above N is accepted so tests can forbid leadership. Default 0.
+    pub quorum: u32,
+}
+
+impl Default for ElectorSettings {
+    fn default() -> Self {
+        ElectorSettings {
+            initial_wait_ms: 500,
+            random_wait_max_ms: 300,
+            scouting_result_timeout_ms: 500,
+            election_result_timeout_ms: 500,
+            heartbeat_period_ms: 100,
+            heartbeat_check_period_ms: 50,
+            heartbeat_miss_count: 8,
+            quorum: 0,
+        }
+    }
+}
+
+impl ElectorSettings {
+    /// `initial_wait_ms` as a duration.
+    pub fn initial_wait(&self) -> Duration {
+        Duration::from_millis(self.initial_wait_ms)
+    }
+    /// `random_wait_max_ms` as a duration.
+    pub fn random_wait_max(&self) -> Duration {
+        Duration::from_millis(self.random_wait_max_ms)
+    }
+    /// `scouting_result_timeout_ms` as a duration.
+    pub fn scouting_result_timeout(&self) -> Duration {
+        Duration::from_millis(self.scouting_result_timeout_ms)
+    }
+    /// `election_result_timeout_ms` as a duration.
+    pub fn election_result_timeout(&self) -> Duration {
+        Duration::from_millis(self.election_result_timeout_ms)
+    }
+    /// `heartbeat_period_ms` as a duration.
+    pub fn heartbeat_period(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_period_ms)
+    }
+    /// `heartbeat_check_period_ms` as a duration.
+    pub fn heartbeat_check_period(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_check_period_ms)
+    }
+    /// Silence after which a follower drops its leader:
+    /// `heartbeat_miss_count * heartbeat_period`.
+    pub fn leader_loss_timeout(&self) -> Duration {
+        self.heartbeat_period()
+            .saturating_mul(self.heartbeat_miss_count)
+    }
+
+    /// Checks the timeouts and their relations.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `elector.<field>`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, v) in [
+            (
+                "scouting_result_timeout_ms",
+                self.scouting_result_timeout_ms,
+            ),
+            (
+                "election_result_timeout_ms",
+                self.election_result_timeout_ms,
+            ),
+            ("heartbeat_period_ms", self.heartbeat_period_ms),
+            ("heartbeat_check_period_ms", self.heartbeat_check_period_ms),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(
+                    format!("elector.{name}"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        if self.heartbeat_check_period_ms > self.heartbeat_period_ms {
+            return Err(ConfigError::invalid(
+                "elector.heartbeat_check_period_ms",
+                format!(
+                    "{} must not exceed elector.heartbeat_period_ms ({})",
+                    self.heartbeat_check_period_ms, self.heartbeat_period_ms
+                ),
+            ));
+        }
+        if self.heartbeat_miss_count == 0 {
+            return Err(ConfigError::invalid(
+                "elector.heartbeat_miss_count",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Peer connection settings, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinkSettings {
+    /// Period of the per-connection heartbeat (ms, at least 1). Default 100.
+    pub heartbeat_period_ms: u64,
+    /// Silence after which a peer connection is considered hung and closed (ms, above
+    /// `heartbeat_period_ms`). Default 1000.
+    pub heartbeat_timeout_ms: u64,
+    /// First reconnection delay (ms, at least 1). Default 50.
+    pub reconnect_backoff_min_ms: u64,
+    /// Largest reconnection delay; the delay doubles up to it, with jitter (ms, at least
+    /// `reconnect_backoff_min_ms`). Default 1000.
+    pub reconnect_backoff_max_ms: u64,
+}
+
+impl Default for LinkSettings {
+    fn default() -> Self {
+        LinkSettings {
+            heartbeat_period_ms: 100,
+            heartbeat_timeout_ms: 1000,
+            reconnect_backoff_min_ms: 50,
+            reconnect_backoff_max_ms: 1000,
+        }
+    }
+}
+
+impl LinkSettings {
+    /// `heartbeat_period_ms` as a duration.
+    pub fn heartbeat_period(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_period_ms)
+    }
+    /// `heartbeat_timeout_ms` as a duration.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_timeout_ms)
+    }
+    /// `reconnect_backoff_min_ms` as a duration.
+    pub fn reconnect_backoff_min(&self) -> Duration {
+        Duration::from_millis(self.reconnect_backoff_min_ms)
+    }
+    /// `reconnect_backoff_max_ms` as a duration.
+    pub fn reconnect_backoff_max(&self) -> Duration {
+        Duration::from_millis(self.reconnect_backoff_max_ms)
+    }
+
+    /// Checks the periods and their relations.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `link.<field>`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.heartbeat_period_ms == 0 {
+            return Err(ConfigError::invalid(
+                "link.heartbeat_period_ms",
+                "must be at least 1",
+            ));
+        }
+        if self.heartbeat_timeout_ms <= self.heartbeat_period_ms {
+            return Err(ConfigError::invalid(
+                "link.heartbeat_timeout_ms",
+                format!(
+                    "{} must exceed link.heartbeat_period_ms ({})",
+                    self.heartbeat_timeout_ms, self.heartbeat_period_ms
+                ),
+            ));
+        }
+        if self.reconnect_backoff_min_ms == 0 {
+            return Err(ConfigError::invalid(
+                "link.reconnect_backoff_min_ms",
+                "must be at least 1",
+            ));
+        }
+        if self.reconnect_backoff_max_ms < self.reconnect_backoff_min_ms {
+            return Err(ConfigError::invalid(
+                "link.reconnect_backoff_max_ms",
+                format!(
+                    "{} must not be below link.reconnect_backoff_min_ms ({})",
+                    self.reconnect_backoff_max_ms, self.reconnect_backoff_min_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// When the metadata ledger calls fsync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncSetting {
+    /// fsync after each record, before acking or committing it (`every_record`, the default:
+    /// metadata writes are rare and a lost committed advisory is a safety violation).
+    #[default]
+    EveryRecord,
+    /// Never fsync (`never`): for tests and benchmarks only; a power loss can lose committed
+    /// metadata.
+    Never,
+}
+
+/// Metadata ledger settings (DESIGN.md §5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetadataSettings {
+    /// Size after which the ledger rolls over to a new file (bytes, at least 64 KiB).
+    /// Default 64 MiB.
+    pub ledger_max_file_size_bytes: u64,
+    /// fsync policy. Default `every_record`.
+    pub fsync: FsyncSetting,
+}
+
+impl Default for MetadataSettings {
+    fn default() -> Self {
+        MetadataSettings {
+            ledger_max_file_size_bytes: 64 * MIB,
+            fsync: FsyncSetting::EveryRecord,
+        }
+    }
+}
+
+impl MetadataSettings {
+    /// Checks the rollover size.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `metadata.ledger_max_file_size_bytes`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.ledger_max_file_size_bytes < LEDGER_FILE_SIZE_MIN_BYTES {
+            return Err(ConfigError::invalid(
+                "metadata.ledger_max_file_size_bytes",
+                format!(
+                    "{} is below the minimum of {LEDGER_FILE_SIZE_MIN_BYTES} bytes",
+                    self.ledger_max_file_size_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Limits (STYLE.md: a limit on everything).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSettings {
+    /// Largest frame accepted on a client or peer connection (bytes, 4 KiB to 1 GiB); a larger
+    /// frame closes the connection. Default 64 MiB.
+    pub frame_size_max_bytes: u64,
+    /// Client sessions a node accepts at once (at least 1). Default 1024.
+    pub client_sessions_max: u32,
+    /// Unconfirmed messages per consumer when the consumer does not say (at least 1).
+    /// Default 1000.
+    pub max_unconfirmed_messages_default: u64,
+    /// Unconfirmed bytes per consumer when the consumer does not say (bytes, at least 1).
+    /// Default 32 MiB.
+    pub max_unconfirmed_bytes_default: u64,
+    /// Unacknowledged PUTs a proxying node keeps for retransmission after failover (messages,
+    /// at least 1). Default 100 000.
+    pub retransmit_buffer_max: u64,
+    /// Timeout of every request/response exchange (ms, at least 1). Default 10 000.
+    pub request_timeout_ms: u64,
+    /// Capacity of each actor mailbox (messages, at least 1). Default 100 000.
+    pub mailbox_capacity: u32,
+    /// Graceful stop (SIGTERM, `bmqctl admin stop`): how long a stopping node waits for its
+    /// primaries to move to other nodes before it exits anyway (ms; 0 = exit at once).
+    /// Default 10 000.
+    pub graceful_stop_timeout_ms: u64,
+    /// How long a partition primary remembers a PUT's GUID to drop resent duplicates (ms).
+    /// Default 300 000 (5 minutes).
+    pub duplicate_guid_window_ms: u64,
+    /// Most GUIDs a partition primary remembers for duplicate detection. Default 1 000 000.
+    pub duplicate_guid_window_max: u64,
+}
+
+impl Default for LimitsSettings {
+    fn default() -> Self {
+        LimitsSettings {
+            frame_size_max_bytes: 64 * MIB,
+            client_sessions_max: 1024,
+            max_unconfirmed_messages_default: 1000,
+            max_unconfirmed_bytes_default: 32 * MIB,
+            retransmit_buffer_max: 100_000,
+            request_timeout_ms: 10_000,
+            mailbox_capacity: 100_000,
+            graceful_stop_timeout_ms: 10_000,
+            duplicate_guid_window_ms: 300_000,
+            duplicate_guid_window_max: 1_000_000,
+        }
+    }
+}
+
+impl LimitsSettings {
+    /// `request_timeout_ms` as a duration.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// `graceful_stop_timeout_ms` as a duration.
+    pub fn graceful_stop_timeout(&self) -> Duration {
+        Duration::from_millis(self.graceful_stop_timeout_ms)
+    }
+
+    /// `duplicate_guid_window_ms` as a duration.
+    pub fn duplicate_guid_window(&self) -> Duration {
+        Duration::from_millis(self.duplicate_guid_window_ms)
+    }
+
+    /// `mailbox_capacity` as a `usize`, for the mailboxes and channels it sizes.
+    pub fn mailbox_capacity(&self) -> usize {
+        usize::try_from(self.mailbox_capacity).unwrap_or(usize::MAX)
+    }
+
+    /// Checks the frame size range and that every count and timeout is at least 1.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `limits.<field>`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(FRAME_SIZE_MIN_BYTES..=FRAME_SIZE_MAX_BYTES).contains(&self.frame_size_max_bytes) {
+            return Err(ConfigError::invalid(
+                "limits.frame_size_max_bytes",
+                format!(
+                    "{} is not between {FRAME_SIZE_MIN_BYTES} and {FRAME_SIZE_MAX_BYTES} bytes",
+                    self.frame_size_max_bytes
+                ),
+            ));
+        }
+        for (name, v) in [
+            ("client_sessions_max", u64::from(self.client_sessions_max)),
+            (
+                "max_unconfirmed_messages_default",
+                self.max_unconfirmed_messages_default,
+            ),
+            (
+                "max_unconfirmed_bytes_default",
+                self.max_unconfirmed_bytes_default,
+            ),
+            ("retransmit_buffer_max", self.retransmit_buffer_max),
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("mailbox_capacity", u64::from(self.mailbox_capacity)),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(
+                    format!("limits.{name}"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// A `tracing` filter: a level (`error`, `warn`, `info`, `debug`, `trace`) or directives such
+    /// as `info,bmq_elector=debug`. `RUST_LOG` overrides it. Default `info`.
+    pub level: String,
+    /// Log file, appended to; standard error when absent.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::serialize_opt_path"
+    )]
+    pub file: Option<PathBuf>,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings {
+            level: "info".to_string(),
+            file: None,
+        }
+    }
+}
+
+impl LogSettings {
+    /// Checks that the filter and the file are not empty.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `log.<field>`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.level.trim().is_empty() {
+            return Err(ConfigError::invalid("log.level", "must not be empty"));
+        }
+        if self.file.as_ref().is_some_and(|f| f.as_os_str().is_empty()) {
+            return Err(ConfigError::invalid(
+                "log.file",
+                "must not be empty (omit it to log to standard error)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Replication of partition journals from a primary to its replicas (DESIGN.md §7).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReplicationSettings {
+    /// Most journal records in one replication or synchronisation message (at least 1).
+    /// Default 256.
+    pub batch_records_max: u32,
+    /// Most records sent to one replica and not yet receipted; the primary waits for receipts
+    /// beyond that (at least `batch_records_max`). Default 8192.
+    pub in_flight_records_max: u64,
+    /// A replica that answered nothing for this long is sent the unreceipted records again
+    /// (and unanswered healing queries and pulls are repeated) (ms, at least 1). Default 500.
+    pub resend_after_ms: u64,
+}
+
+impl Default for ReplicationSettings {
+    fn default() -> Self {
+        ReplicationSettings {
+            batch_records_max: 256,
+            in_flight_records_max: 8192,
+            resend_after_ms: 500,
+        }
+    }
+}
+
+impl ReplicationSettings {
+    /// `resend_after_ms` as a duration.
+    pub fn resend_after(&self) -> Duration {
+        Duration::from_millis(self.resend_after_ms)
+    }
+
+    /// Checks that every limit is at least 1 and the in-flight window holds a batch.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `replication.<field>`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, v) in [
+            ("batch_records_max", u64::from(self.batch_records_max)),
+            ("in_flight_records_max", self.in_flight_records_max),
+            ("resend_after_ms", self.resend_after_ms),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(
+                    format!("replication.{name}"),
+                    "must be at least 1",
+                ));
+            }
+        }
+        if self.in_flight_records_max < u64::from(self.batch_records_max) {
+            return Err(ConfigError::invalid(
+                "replication.in_flight_records_max",
+                format!(
+                    "{} must not be below replication.batch_records_max ({})",
+                    self.in_flight_records_max, self.batch_records_max
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `host` can be a host name or address in a `host:port`: not empty, no whitespace,
+/// no `/`.
+pub fn is_valid_host(host: &str) -> bool {
+    !host.is_empty() && !host.chars().any(|c| c.is_whitespace() || c == '/')
+}

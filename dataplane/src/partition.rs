@@ -1,0 +1,833 @@
+//! `Partition`: one partition on one node, primary or replica (DESIGN.md §7), as a pure core.
+//!
+//! It owns the partition's [`ReplicationCore`] and, while this node is the partition's
+//! *active* primary, its queues: one [`QueueCore`] per queue (per app id in a fanout domain,
+//! each app holding its own copy of every message), rebuilt from the journal when the node
+//! becomes active ([`restore_from_journal`]).
+//!
+//! Inputs, each `handle_*(now, ..)`:
+//! - [`Partition::handle_request`]: OpenQueue, PUT, CONFIRM, CloseQueue from a session (local or
+//!   proxied). A node that is not the active primary answers `NOT_READY` (the proxy keeps its
+//!   PUTs and reopens later).
+//! - [`Partition::handle_session_gone`], [`Partition::handle_node_gone`]: consumers went away;
+//!   their unconfirmed messages are redelivered (with the next delivery attempt).
+//! - [`Partition::handle_peer`]: replication traffic; [`Partition::handle_role`]: the committed
+//!   primary, lease and status (a node no longer primary steps down to replica).
+//! - [`Partition::on_persisted`]: the shell fsynced the journal; [`Partition::handle_timeout`]
+//!   at [`Partition::poll_timeout`].
+//!
+//! Outputs, drained in order with [`Partition::poll_output`]: [`PartitionOutput`] — journal
+//! writes, messages to peers, answers and pushes to sessions, and the announcement that this
+//! node healed the partition and is its active primary (repeated every [`ANNOUNCE_PERIOD`]
+//! until the leader has committed it). Counts for the node's metrics accumulate in
+//! [`PartitionCounters`] ([`Partition::take_counters`]).
+//!
+//! Request rules:
+//! - a queue's domain is resolved once against [`DomainPolicies`]; an unknown domain or a
+//!   malformed URI is answered `UNKNOWN_DOMAIN` (open) or `UNKNOWN_QUEUE` (PUT);
+//! - **broadcast**: a PUT is pushed to the consumers attached now and ACKed at once; nothing is
+//!   stored (at-most-once);
+//! - a PUT whose GUID is in the replication core's recent-GUID window is a resend: it is not
+//!   stored again and is ACKed with the first copy;
+//! - otherwise each app copy takes the message; a depth limit refusing any copy NACKs the PUT
+//!   `LIMIT_REACHED` with the reason (copies already taken stay: at-least-once, never lost); an
+//!   accepted PUT is journaled and replicated, and ACKed once a quorum holds it (strong) or the
+//!   primary does (eventual);
+//! - after every request the queue pushes what it can; a push, a confirm and (with its attempt
+//!   number) a delivery are journal records too, so a new primary knows what was confirmed and
+//!   how often each message was delivered.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bmq_proto::client::{
+    client_message::Kind, Ack, AckStatus, ClientMessage, CloseQueue, CloseQueueResponse, Confirm,
+    OpenQueue, OpenQueueResponse, Push, Put, Status, StatusCode,
+};
+use bmq_proto::peer::{
+    journal_record::Kind as RecordKind, JournalRecord, PartitionMessage, StoredConfirm,
+    StoredDelivery,
+};
+use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
+use bytes::Bytes;
+use tracing::info;
+
+use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy};
+use crate::queue::{ConsumerOptions, PutOutcome, QueueCore};
+use crate::replication::{Output, PrimaryPhase, ReplicationConfig, ReplicationCore};
+
+/// How often a healed primary repeats its ACTIVE announcement until the leader commits it.
+pub const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
+
+/// What a partition needs to know at creation.
+#[derive(Debug, Clone)]
+pub struct PartitionConfig {
+    /// Replication settings (this node, members, quorum, batch and resend limits).
+    pub replication: ReplicationConfig,
+    /// The domains' policies.
+    pub policies: Arc<DomainPolicies>,
+    /// Flow control of consumers that set none.
+    pub consumer_defaults: ConsumerDefaults,
+    /// A monotonic instant and the wall-clock time (ms since the Unix epoch) at that instant,
+    /// read once by the shell; journal records are stamped from it.
+    pub wall_clock_anchor: (Instant, u64),
+}
+
+/// What the shell must do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PartitionOutput {
+    /// Drop every journal record after `truncate_after` (when set), append `records`, fsync,
+    /// then call [`Partition::on_persisted`].
+    Persist {
+        /// Keep records up to this sequence only.
+        truncate_after: Option<u64>,
+        /// Records to append, consecutive.
+        records: Vec<JournalRecord>,
+    },
+    /// Send a replication message to a peer over the DATA channel.
+    SendPeer {
+        /// The peer.
+        to: NodeId,
+        /// The message.
+        message: PartitionMessage,
+    },
+    /// Send an answer (OpenQueueResponse, Ack, CloseQueueResponse) or a Push to a session,
+    /// wherever it lives.
+    Reply {
+        /// The session.
+        to: SessionAddr,
+        /// The message.
+        message: ClientMessage,
+    },
+    /// This node healed the partition and serves it at `lease`: tell every node (the leader
+    /// commits `PrimaryStatusAdvisory { ACTIVE }`).
+    AnnounceActive {
+        /// The lease served.
+        lease: LeaseId,
+    },
+}
+
+/// This node's role in a partition, as `/status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionRole {
+    /// Not the primary.
+    Replica,
+    /// Primary, collecting journal shapes from a quorum.
+    Collecting,
+    /// Primary, pulling records from a more advanced member.
+    Pulling,
+    /// Primary, bringing replicas up to date.
+    Syncing,
+    /// Primary, serving.
+    Active,
+}
+
+impl PartitionRole {
+    /// `replica`, `collecting`, `pulling`, `syncing` or `active`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PartitionRole::Replica => "replica",
+            PartitionRole::Collecting => "collecting",
+            PartitionRole::Pulling => "pulling",
+            PartitionRole::Syncing => "syncing",
+            PartitionRole::Active => "active",
+        }
+    }
+}
+
+/// What `/status` and the gauges show of a partition on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionStats {
+    /// This node's role.
+    pub role: PartitionRole,
+    /// The highest lease known.
+    pub lease: LeaseId,
+    /// Messages held (not yet confirmed), all queues (active primary only).
+    pub messages: u64,
+    /// Messages pushed and not yet confirmed, all queues (active primary only).
+    pub unconfirmed: u64,
+    /// Queues open on this partition (active primary only).
+    pub queues: usize,
+    /// Last journal sequence held.
+    pub last_sequence: u64,
+    /// Highest sequence held by a quorum (primary only).
+    pub committed: u64,
+    /// Records the slowest replica lacks (primary only).
+    pub replication_lag: u64,
+}
+
+/// Counts since the last [`Partition::take_counters`], for the node's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PartitionCounters {
+    /// PUTs received while active.
+    pub puts: u64,
+    /// PUTs whose GUID was already stored (resends).
+    pub put_duplicates: u64,
+    /// Successful ACKs sent.
+    pub acks: u64,
+    /// PUTs refused by a queue's limit (`LIMIT_REACHED`).
+    pub nacks_limit_reached: u64,
+    /// PUTs of an unknown domain or malformed URI (`UNKNOWN_QUEUE`).
+    pub nacks_unknown_queue: u64,
+    /// Pushes sent (first deliveries and redeliveries).
+    pub pushes: u64,
+    /// Pushes with `delivery_attempt > 1`.
+    pub redeliveries: u64,
+    /// Confirms that matched an unconfirmed message.
+    pub confirms: u64,
+    /// Requests of an unexpected kind.
+    pub invalid_requests: u64,
+}
+
+/// One queue on the active primary: its domain's policy and one core per app.
+#[derive(Debug)]
+struct QueueEntry {
+    policy: DomainPolicy,
+    /// `(app id, core)`: the fanout app ids in order, or the single app `""`.
+    apps: Vec<(String, QueueCore)>,
+}
+
+impl QueueEntry {
+    fn new(uri: &str, policy: &DomainPolicy) -> Self {
+        let apps = policy
+            .apps()
+            .into_iter()
+            .map(|app| {
+                let core = QueueCore::new(queue_name(uri, &app), policy.limits);
+                (app, core)
+            })
+            .collect();
+        QueueEntry {
+            policy: policy.clone(),
+            apps,
+        }
+    }
+}
+
+/// The name of `uri`'s copy for `app` (`uri#app`; `uri` itself when `app` is empty), as
+/// limit messages show it. `#` cannot appear in a queue URI.
+fn queue_name(uri: &str, app: &str) -> String {
+    if app.is_empty() {
+        uri.to_string()
+    } else {
+        format!("{uri}#{app}")
+    }
+}
+
+/// One partition on this node (see the module doc).
+#[derive(Debug)]
+pub struct Partition {
+    id: PartitionId,
+    self_id: NodeId,
+    replication: ReplicationCore,
+    policies: Arc<DomainPolicies>,
+    consumer_defaults: ConsumerDefaults,
+    wall_clock_anchor: (Instant, u64),
+    queues: HashMap<String, QueueEntry>,
+    /// The lease this node healed and announces ACTIVE for, until the commit shows it.
+    announcing: Option<LeaseId>,
+    /// When to repeat the announcement.
+    announce_at: Option<Instant>,
+    counters: PartitionCounters,
+    outputs: VecDeque<PartitionOutput>,
+}
+
+fn proto_status(code: StatusCode, message: &str) -> Option<Status> {
+    Some(Status {
+        code: code as i32,
+        message: message.to_string(),
+    })
+}
+
+fn ack(uri: String, guid: Bytes, status: AckStatus, message: String) -> ClientMessage {
+    ClientMessage {
+        kind: Some(Kind::Ack(Ack {
+            uri,
+            guid,
+            status: status as i32,
+            message,
+        })),
+    }
+}
+
+impl Partition {
+    /// A partition holding `recovered`, its journal as read from disk (all durable).
+    pub fn new(cfg: PartitionConfig, recovered: Vec<JournalRecord>) -> Self {
+        Partition {
+            id: cfg.replication.partition,
+            self_id: cfg.replication.self_id,
+            replication: ReplicationCore::new(cfg.replication, recovered),
+            policies: cfg.policies,
+            consumer_defaults: cfg.consumer_defaults,
+            wall_clock_anchor: cfg.wall_clock_anchor,
+            queues: HashMap::new(),
+            announcing: None,
+            announce_at: None,
+            counters: PartitionCounters::default(),
+            outputs: VecDeque::new(),
+        }
+    }
+
+    /// The partition's id.
+    pub fn id(&self) -> PartitionId {
+        self.id
+    }
+
+    /// The replication core (read only: journal, shape, receipts).
+    pub fn replication(&self) -> &ReplicationCore {
+        &self.replication
+    }
+
+    /// This node's role.
+    pub fn role(&self) -> PartitionRole {
+        match self.replication.phase() {
+            None => PartitionRole::Replica,
+            Some(PrimaryPhase::Collecting) => PartitionRole::Collecting,
+            Some(PrimaryPhase::Pulling { .. }) => PartitionRole::Pulling,
+            Some(PrimaryPhase::Syncing) => PartitionRole::Syncing,
+            Some(PrimaryPhase::Active) => PartitionRole::Active,
+        }
+    }
+
+    /// What `/status` and the gauges show.
+    pub fn stats(&self) -> PartitionStats {
+        let last = self.replication.last_sequence();
+        let slowest = self
+            .replication
+            .replica_receipts()
+            .iter()
+            .map(|(_, r)| *r)
+            .min()
+            .unwrap_or(last);
+        let cores = self.queues.values().flat_map(|q| q.apps.iter());
+        let (messages, unconfirmed) = cores.fold((0, 0), |(m, u), (_, q)| {
+            (m + q.depth() as u64, u + q.unconfirmed() as u64)
+        });
+        PartitionStats {
+            role: self.role(),
+            lease: self.replication.lease(),
+            messages,
+            unconfirmed,
+            queues: self.queues.len(),
+            last_sequence: last,
+            committed: self.replication.committed(),
+            replication_lag: if self.replication.phase().is_some() {
+                last.saturating_sub(slowest)
+            } else {
+                0
+            },
+        }
+    }
+
+    /// The counts since the last call (then zero).
+    pub fn take_counters(&mut self) -> PartitionCounters {
+        std::mem::take(&mut self.counters)
+    }
+
+    /// The next output to execute, in order.
+    pub fn poll_output(&mut self) -> Option<PartitionOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// Wall-clock milliseconds since the Unix epoch at `now`, derived from the anchor given at
+    /// creation (the core reads no clock); stamped on journal records.
+    fn wall_ms(&self, now: Instant) -> u64 {
+        let (at, wall_ms) = self.wall_clock_anchor;
+        wall_ms.saturating_add(now.saturating_duration_since(at).as_millis() as u64)
+    }
+
+    /// When [`Partition::handle_timeout`] should be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.replication.poll_timeout(), self.announce_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Timers: replication resends, and the repeated ACTIVE announcement.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.replication.handle_timeout(now);
+        if self.announce_at.is_some_and(|t| now >= t) {
+            match self.announcing {
+                Some(lease)
+                    if self.replication.is_active_primary()
+                        && self.replication.lease() == lease =>
+                {
+                    self.outputs
+                        .push_back(PartitionOutput::AnnounceActive { lease });
+                    self.announce_at = Some(now + ANNOUNCE_PERIOD);
+                }
+                _ => {
+                    self.announcing = None;
+                    self.announce_at = None;
+                }
+            }
+        }
+        self.absorb_replication(now);
+    }
+
+    /// The shell fsynced the journal up to `sequence`.
+    pub fn on_persisted(&mut self, now: Instant, sequence: u64) {
+        self.replication.on_persisted(now, sequence);
+        self.absorb_replication(now);
+    }
+
+    /// Replication traffic from `from`.
+    pub fn handle_peer(&mut self, now: Instant, from: NodeId, message: PartitionMessage) {
+        self.replication.handle_message(now, from, message);
+        if !self.replication.is_active_primary() && !self.queues.is_empty() {
+            info!(partition = %self.id, lease = %self.replication.lease(), "a higher lease was seen: stepping down to replica");
+            self.queues.clear();
+        }
+        self.absorb_replication(now);
+    }
+
+    /// Changes the quorum at run time (the effective number, this node included).
+    pub fn set_quorum(&mut self, now: Instant, quorum: usize) {
+        info!(partition = %self.id, quorum, "partition quorum changed");
+        self.replication.set_quorum(now, quorum);
+        self.absorb_replication(now);
+    }
+
+    /// The committed cluster state names `primary` at `lease` for this partition, `active`
+    /// when its status is ACTIVE. A node no longer primary steps down to replica.
+    pub fn handle_role(
+        &mut self,
+        now: Instant,
+        primary: Option<NodeId>,
+        lease: LeaseId,
+        active: bool,
+    ) {
+        let was_primary = self.replication.phase().is_some();
+        self.replication.handle_role(now, primary, lease);
+        let is_primary = self.replication.phase().is_some();
+        if active && primary == Some(self.self_id) && self.announcing == Some(lease) {
+            self.announcing = None;
+            self.announce_at = None;
+        }
+        if was_primary && !is_primary {
+            info!(partition = %self.id, %lease, "no longer primary: stepping down to replica");
+            self.queues.clear();
+        } else if !was_primary && is_primary {
+            info!(partition = %self.id, %lease, "became primary: healing");
+        }
+        self.absorb_replication(now);
+    }
+
+    /// A session ended: its consumers go, their unconfirmed messages are redelivered.
+    pub fn handle_session_gone(&mut self, now: Instant, session: SessionAddr) {
+        for (_, q) in self.queues.values_mut().flat_map(|e| e.apps.iter_mut()) {
+            q.remove_consumer(session);
+        }
+        self.deliver_all(now);
+    }
+
+    /// A proxy node went away: every consumer it carried goes.
+    pub fn handle_node_gone(&mut self, now: Instant, node: NodeId) {
+        for (_, q) in self.queues.values_mut().flat_map(|e| e.apps.iter_mut()) {
+            q.remove_consumers_of_node(node);
+        }
+        self.deliver_all(now);
+    }
+
+    /// A client request from session `from`.
+    pub fn handle_request(&mut self, now: Instant, from: SessionAddr, message: ClientMessage) {
+        if !self.replication.is_active_primary() {
+            let reason = "this node is not the partition's active primary";
+            if let Some(answer) = refusal(&message, StatusCode::NotReady, reason, self.id) {
+                self.reply(from, answer);
+            }
+            return;
+        }
+        match message.kind {
+            Some(Kind::OpenQueue(open)) => self.handle_open(now, from, open),
+            Some(Kind::Put(put)) => self.handle_put(now, from, put),
+            Some(Kind::Confirm(confirm)) => self.handle_confirm(now, from, confirm),
+            Some(Kind::CloseQueue(close)) => self.handle_close(now, from, close),
+            _ => self.counters.invalid_requests += 1,
+        }
+        self.absorb_replication(now);
+    }
+
+    fn reply(&mut self, to: SessionAddr, message: ClientMessage) {
+        self.outputs
+            .push_back(PartitionOutput::Reply { to, message });
+    }
+
+    fn open_response(&mut self, to: SessionAddr, open: &OpenQueue, code: StatusCode, why: &str) {
+        self.reply(
+            to,
+            ClientMessage {
+                kind: Some(Kind::OpenQueueResponse(OpenQueueResponse {
+                    request_id: open.request_id,
+                    uri: open.uri.clone(),
+                    status: proto_status(code, why),
+                    partition_id: self.id.0,
+                })),
+            },
+        );
+    }
+
+    /// The queue `uri`, created on first use; `None` when its domain is unknown.
+    fn queue(&mut self, uri: &str) -> Option<&mut QueueEntry> {
+        if !self.queues.contains_key(uri) {
+            let policy = self.policies.resolve(uri)?;
+            let entry = QueueEntry::new(uri, policy);
+            self.queues.insert(uri.to_string(), entry);
+        }
+        self.queues.get_mut(uri)
+    }
+
+    fn handle_open(&mut self, now: Instant, from: SessionAddr, open: OpenQueue) {
+        let defaults = self.consumer_defaults;
+        let Some(entry) = self.queue(&open.uri) else {
+            let why = "unknown domain or invalid uri";
+            self.open_response(from, &open, StatusCode::UnknownDomain, why);
+            return;
+        };
+        if open.read {
+            let c = open.consumer.clone().unwrap_or_default();
+            let fanout = matches!(entry.policy.mode, DeliveryMode::Fanout { .. });
+            let target = entry
+                .apps
+                .iter_mut()
+                .find(|(app, _)| !fanout || *app == c.app_id);
+            let Some((_, queue)) = target else {
+                let why = format!(
+                    "app id {:?} is not one of this fanout domain's app ids",
+                    c.app_id
+                );
+                self.open_response(from, &open, StatusCode::Refused, &why);
+                return;
+            };
+            queue.add_consumer(
+                from,
+                ConsumerOptions {
+                    priority: c.priority,
+                    max_unconfirmed_messages: if c.max_unconfirmed_messages == 0 {
+                        defaults.max_unconfirmed_messages
+                    } else {
+                        c.max_unconfirmed_messages
+                    },
+                    max_unconfirmed_bytes: if c.max_unconfirmed_bytes == 0 {
+                        defaults.max_unconfirmed_bytes
+                    } else {
+                        c.max_unconfirmed_bytes
+                    },
+                },
+            );
+        }
+        self.open_response(from, &open, StatusCode::Ok, "");
+        self.deliver(now, &open.uri);
+    }
+
+    fn handle_put(&mut self, now: Instant, from: SessionAddr, put: Put) {
+        self.counters.puts += 1;
+        let Some(entry) = self.queue(&put.uri) else {
+            self.counters.nacks_unknown_queue += 1;
+            let why = "unknown domain or invalid uri".to_string();
+            self.reply(from, ack(put.uri, put.guid, AckStatus::UnknownQueue, why));
+            return;
+        };
+        if entry.policy.mode == DeliveryMode::Broadcast {
+            self.broadcast(from, put);
+            return;
+        }
+        let strong = entry.policy.strong;
+        if self.replication.is_duplicate(now, &put.guid) {
+            // Resent by a proxy: ACKed with the stored copy, not stored again.
+            self.counters.put_duplicates += 1;
+            let Put {
+                uri,
+                guid,
+                payload,
+                properties,
+                ..
+            } = put;
+            self.replication
+                .handle_put(now, from, uri, guid, payload, properties, strong, 0);
+            return;
+        }
+        // One copy per app id in a fanout domain, else one. A refusal by any copy NACKs the
+        // PUT (copies already taken stay: at-least-once, never lost).
+        let entry = self.queues.get_mut(&put.uri).expect("resolved above");
+        let mut outcome = PutOutcome::Duplicate;
+        for (_, queue) in entry.apps.iter_mut() {
+            let taken = queue.put(
+                now,
+                put.guid.clone(),
+                put.payload.clone(),
+                put.properties.clone(),
+            );
+            match taken {
+                PutOutcome::Duplicate => {}
+                PutOutcome::Accepted => outcome = PutOutcome::Accepted,
+                refused @ PutOutcome::Refused { .. } => {
+                    outcome = refused;
+                    break;
+                }
+            }
+        }
+        let uri = put.uri.clone();
+        match outcome {
+            PutOutcome::Accepted => {
+                let Put {
+                    uri,
+                    guid,
+                    payload,
+                    properties,
+                    ..
+                } = put;
+                let wall_ms = self.wall_ms(now);
+                self.replication
+                    .handle_put(now, from, uri, guid, payload, properties, strong, wall_ms);
+            }
+            PutOutcome::Duplicate => {
+                // Held by the queue but older than the GUID window: already stored.
+                self.counters.put_duplicates += 1;
+                self.reply(
+                    from,
+                    ack(put.uri, put.guid, AckStatus::Success, String::new()),
+                );
+            }
+            PutOutcome::Refused { status, reason } => {
+                self.counters.nacks_limit_reached += 1;
+                self.reply(from, ack(put.uri, put.guid, status, reason));
+            }
+        }
+        self.deliver(now, &uri);
+    }
+
+    /// Broadcast mode: pushes `put` to every consumer attached now and ACKs it; nothing is
+    /// stored (at-most-once, DESIGN.md §7).
+    fn broadcast(&mut self, from: SessionAddr, put: Put) {
+        let consumers: Vec<SessionAddr> = self
+            .queues
+            .get(&put.uri)
+            .map(|e| e.apps.iter().flat_map(|(_, q)| q.consumer_keys()).collect())
+            .unwrap_or_default();
+        for consumer in consumers {
+            self.counters.pushes += 1;
+            let push = Push {
+                uri: put.uri.clone(),
+                guid: put.guid.clone(),
+                payload: put.payload.clone(),
+                properties: put.properties.clone(),
+                delivery_attempt: 1,
+            };
+            self.reply(
+                consumer,
+                ClientMessage {
+                    kind: Some(Kind::Push(push)),
+                },
+            );
+        }
+        self.counters.acks += 1;
+        self.reply(
+            from,
+            ack(put.uri, put.guid, AckStatus::Success, String::new()),
+        );
+    }
+
+    fn handle_confirm(&mut self, now: Instant, from: SessionAddr, c: Confirm) {
+        let confirmed_app = self.queues.get_mut(&c.uri).and_then(|entry| {
+            entry
+                .apps
+                .iter_mut()
+                .find_map(|(app, q)| q.confirm(from, &c.guid).then(|| app.clone()))
+        });
+        if let Some(app_id) = confirmed_app {
+            self.counters.confirms += 1;
+            let record = RecordKind::Confirm(StoredConfirm {
+                uri: c.uri.clone(),
+                guid: c.guid,
+                app_id,
+            });
+            self.replication
+                .handle_record(now, record, self.wall_ms(now));
+        }
+        self.deliver(now, &c.uri);
+    }
+
+    fn handle_close(&mut self, now: Instant, from: SessionAddr, close: CloseQueue) {
+        if let Some(entry) = self.queues.get_mut(&close.uri) {
+            for (_, queue) in entry.apps.iter_mut() {
+                queue.remove_consumer(from);
+            }
+        }
+        self.reply(
+            from,
+            ClientMessage {
+                kind: Some(Kind::CloseQueueResponse(CloseQueueResponse {
+                    request_id: close.request_id,
+                    uri: close.uri.clone(),
+                    status: proto_status(StatusCode::Ok, ""),
+                })),
+            },
+        );
+        self.deliver(now, &close.uri);
+    }
+
+    /// Pushes whatever `uri`'s queues can deliver now, journaling each delivery.
+    fn deliver(&mut self, now: Instant, uri: &str) {
+        let Some(entry) = self.queues.get_mut(uri) else {
+            return;
+        };
+        let mut pushes = Vec::new();
+        for (app, queue) in entry.apps.iter_mut() {
+            while let Some(d) = queue.poll_delivery(now) {
+                pushes.push((app.clone(), d));
+            }
+        }
+        for (app_id, d) in pushes {
+            self.counters.pushes += 1;
+            if d.delivery_attempt > 1 {
+                self.counters.redeliveries += 1;
+            }
+            let record = RecordKind::Delivery(StoredDelivery {
+                uri: uri.to_string(),
+                guid: d.guid.clone(),
+                attempt: d.delivery_attempt,
+                app_id,
+            });
+            self.replication
+                .handle_record(now, record, self.wall_ms(now));
+            // A push that cannot be handed over stays unconfirmed and is redelivered when its
+            // consumer goes away: at-least-once.
+            let push = Push {
+                uri: uri.to_string(),
+                guid: d.guid,
+                payload: d.payload,
+                properties: d.properties,
+                delivery_attempt: d.delivery_attempt,
+            };
+            self.reply(
+                d.consumer,
+                ClientMessage {
+                    kind: Some(Kind::Push(push)),
+                },
+            );
+        }
+    }
+
+    fn deliver_all(&mut self, now: Instant) {
+        let uris: Vec<String> = self.queues.keys().cloned().collect();
+        for uri in uris {
+            self.deliver(now, &uri);
+        }
+        self.absorb_replication(now);
+    }
+
+    /// Moves the replication core's outputs into this core's, in order, acting on ACKs and on
+    /// the end of healing.
+    fn absorb_replication(&mut self, now: Instant) {
+        while let Some(output) = self.replication.poll_output() {
+            match output {
+                Output::Persist {
+                    truncate_after,
+                    records,
+                } => self.outputs.push_back(PartitionOutput::Persist {
+                    truncate_after,
+                    records,
+                }),
+                Output::Send { to, message } => self
+                    .outputs
+                    .push_back(PartitionOutput::SendPeer { to, message }),
+                Output::Ack {
+                    producer,
+                    uri,
+                    guid,
+                } => {
+                    self.counters.acks += 1;
+                    self.reply(producer, ack(uri, guid, AckStatus::Success, String::new()));
+                }
+                Output::Active { lease } => self.become_active(now, lease),
+            }
+        }
+    }
+
+    /// Healing finished: rebuild the queues from the journal, push what they hold, announce.
+    fn become_active(&mut self, now: Instant, lease: LeaseId) {
+        let policies = self.policies.clone();
+        self.queues = restore_from_journal(self.replication.records(), now, |uri| {
+            policies.resolve(uri).cloned()
+        });
+        info!(partition = %self.id, %lease, last_sequence = self.replication.last_sequence(), queues = self.queues.len(), "partition primary healed: active");
+        self.announcing = Some(lease);
+        self.announce_at = Some(now + ANNOUNCE_PERIOD);
+        self.outputs
+            .push_back(PartitionOutput::AnnounceActive { lease });
+        let uris: Vec<String> = self.queues.keys().cloned().collect();
+        for uri in uris {
+            self.deliver(now, &uri);
+        }
+    }
+}
+
+/// Rebuilds a partition's queues from its journal (a new primary going active): every message
+/// not confirmed, in journal order, with the deliveries already made (so its next push carries
+/// the next attempt number), one copy per app of its domain's policy (`policy(uri)`).
+/// Messages of a URI without a policy (a domain no longer configured) are skipped.
+fn restore_from_journal(
+    records: &[JournalRecord],
+    now: Instant,
+    policy: impl Fn(&str) -> Option<DomainPolicy>,
+) -> HashMap<String, QueueEntry> {
+    // Keyed by (uri, app id, GUID).
+    let mut confirmed: HashSet<(&str, &str, &Bytes)> = HashSet::new();
+    let mut attempts: HashMap<(&str, &str, &Bytes), u32> = HashMap::new();
+    for r in records {
+        match &r.kind {
+            Some(RecordKind::Confirm(c)) => {
+                confirmed.insert((&c.uri, &c.app_id, &c.guid));
+            }
+            Some(RecordKind::Delivery(d)) => {
+                let a = attempts.entry((&d.uri, &d.app_id, &d.guid)).or_default();
+                *a = (*a).max(d.attempt);
+            }
+            _ => {}
+        }
+    }
+    let mut rebuilt: HashMap<String, QueueEntry> = HashMap::new();
+    let mut unknown: HashSet<&str> = HashSet::new();
+    for r in records {
+        let Some(RecordKind::Message(m)) = &r.kind else {
+            continue;
+        };
+        if unknown.contains(m.uri.as_str()) {
+            continue;
+        }
+        if !rebuilt.contains_key(&m.uri) {
+            match policy(&m.uri) {
+                Some(p) => {
+                    rebuilt.insert(m.uri.clone(), QueueEntry::new(&m.uri, &p));
+                }
+                None => {
+                    unknown.insert(&m.uri);
+                    continue;
+                }
+            }
+        }
+        let entry = rebuilt.get_mut(&m.uri).expect("inserted above");
+        for (app, queue) in entry.apps.iter_mut() {
+            let id = (m.uri.as_str(), app.as_str(), &m.guid);
+            if confirmed.contains(&id) {
+                continue;
+            }
+            let deliveries = attempts.get(&id).copied().unwrap_or(0);
+            queue.restore(
+                now,
+                m.guid.clone(),
+                m.payload.clone(),
+                m.properties.clone(),
+                deliveries,
+            );
+        }
+    }
+    rebuilt
+}
+
+#[cfg(test)]
+#[path = "partition_tests.rs"]
+mod tests;

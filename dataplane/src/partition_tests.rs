@@ -1,0 +1,360 @@
+//! Step tests of the partition core: each drives one `Partition` through inputs and asserts
+//! the exact outputs (the openraft style, STYLE.md).
+
+use super::*;
+use crate::queue::QueueLimits;
+use bmq_proto::client::ConsumerOptions as ProtoConsumerOptions;
+use bmq_proto::peer::StoredMessage;
+
+const LIMITS: QueueLimits = QueueLimits {
+    max_messages: 100,
+    max_bytes: 1 << 20,
+    max_delivery_attempts: 0,
+    message_ttl: None,
+};
+
+fn guid(n: u8) -> Bytes {
+    Bytes::from(vec![n; 16])
+}
+
+fn record(sequence: u64, kind: RecordKind) -> JournalRecord {
+    JournalRecord {
+        lease: 1,
+        sequence,
+        timestamp_ms: 0,
+        kind: Some(kind),
+    }
+}
+
+fn policy(mode: DeliveryMode) -> DomainPolicy {
+    DomainPolicy {
+        mode,
+        strong: true,
+        limits: LIMITS,
+    }
+}
+
+fn policies() -> Arc<DomainPolicies> {
+    Arc::new(DomainPolicies::new([
+        ("d".to_string(), policy(DeliveryMode::Priority)),
+        (
+            "f".to_string(),
+            policy(DeliveryMode::Fanout {
+                app_ids: vec!["a".into(), "b".into()],
+            }),
+        ),
+        ("b".to_string(), policy(DeliveryMode::Broadcast)),
+    ]))
+}
+
+/// A single-node partition (quorum 1) that is its own active primary at lease 1.
+fn active_single_node(now: Instant) -> Partition {
+    let cfg = PartitionConfig {
+        replication: ReplicationConfig {
+            self_id: NodeId(1),
+            partition: PartitionId(0),
+            members: vec![NodeId(1)],
+            quorum: 1,
+            batch_records_max: 16,
+            in_flight_records_max: 64,
+            resend_after: Duration::from_millis(500),
+            guid_window_max: 100,
+            guid_window_age: Duration::from_secs(60),
+        },
+        policies: policies(),
+        consumer_defaults: ConsumerDefaults {
+            max_unconfirmed_messages: 10,
+            max_unconfirmed_bytes: 1 << 20,
+        },
+        wall_clock_anchor: (now, 1_000),
+    };
+    let mut p = Partition::new(cfg, Vec::new());
+    p.handle_role(now, Some(NodeId(1)), LeaseId(1), false);
+    let outputs = drain(&mut p);
+    assert_eq!(
+        outputs,
+        vec![PartitionOutput::AnnounceActive { lease: LeaseId(1) }]
+    );
+    assert_eq!(p.role(), PartitionRole::Active);
+    p
+}
+
+fn drain(p: &mut Partition) -> Vec<PartitionOutput> {
+    std::iter::from_fn(|| p.poll_output()).collect()
+}
+
+fn session(n: u64) -> SessionAddr {
+    SessionAddr {
+        origin_node: NodeId(1),
+        session_id: n,
+    }
+}
+
+fn open(uri: &str, read: bool, app_id: &str) -> ClientMessage {
+    ClientMessage {
+        kind: Some(Kind::OpenQueue(OpenQueue {
+            request_id: 7,
+            uri: uri.into(),
+            read,
+            write: true,
+            consumer: Some(ProtoConsumerOptions {
+                app_id: app_id.into(),
+                ..Default::default()
+            }),
+        })),
+    }
+}
+
+fn put(uri: &str, n: u8) -> ClientMessage {
+    ClientMessage {
+        kind: Some(Kind::Put(Put {
+            uri: uri.into(),
+            guid: guid(n),
+            payload: Bytes::from_static(b"x"),
+            properties: vec![],
+        })),
+    }
+}
+
+fn reply(to: SessionAddr, kind: Kind) -> PartitionOutput {
+    PartitionOutput::Reply {
+        to,
+        message: ClientMessage { kind: Some(kind) },
+    }
+}
+
+fn open_ok(uri: &str) -> Kind {
+    Kind::OpenQueueResponse(OpenQueueResponse {
+        request_id: 7,
+        uri: uri.into(),
+        status: proto_status(StatusCode::Ok, ""),
+        partition_id: 0,
+    })
+}
+
+#[test]
+fn a_replica_answers_not_ready() {
+    // A node that is not the partition's active primary refuses an open and a PUT with
+    // NOT_READY, so the proxy keeps the PUT and reopens later.
+    let now = Instant::now();
+    let cfg = PartitionConfig {
+        replication: ReplicationConfig {
+            self_id: NodeId(2),
+            partition: PartitionId(3),
+            members: vec![NodeId(1), NodeId(2), NodeId(3)],
+            quorum: 2,
+            batch_records_max: 16,
+            in_flight_records_max: 64,
+            resend_after: Duration::from_millis(500),
+            guid_window_max: 100,
+            guid_window_age: Duration::from_secs(60),
+        },
+        policies: policies(),
+        consumer_defaults: ConsumerDefaults {
+            max_unconfirmed_messages: 10,
+            max_unconfirmed_bytes: 1 << 20,
+        },
+        wall_clock_anchor: (now, 0),
+    };
+    let mut p = Partition::new(cfg, Vec::new());
+    p.handle_request(now, session(1), put("bmq://d/q", 1));
+    let why = "this node is not the partition's active primary";
+    assert_eq!(
+        drain(&mut p),
+        vec![reply(
+            session(1),
+            Kind::Ack(Ack {
+                uri: "bmq://d/q".into(),
+                guid: guid(1),
+                status: AckStatus::NotReady as i32,
+                message: why.into(),
+            })
+        )]
+    );
+    assert_eq!(p.role(), PartitionRole::Replica);
+}
+
+#[test]
+fn put_is_journaled_acked_and_pushed() {
+    // On a single-node primary, a PUT is journaled, ACKed once persisted, and pushed to the
+    // consumer (the delivery is journaled too). The push leaves before the journal write.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open(uri, true, ""));
+    assert_eq!(drain(&mut p), vec![reply(session(1), open_ok(uri))]);
+    p.handle_request(now, session(2), put(uri, 1));
+    let outputs = drain(&mut p);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    let PartitionOutput::Persist {
+        truncate_after: None,
+        records,
+    } = &outputs[1]
+    else {
+        panic!("expected a journal write after the push: {outputs:?}");
+    };
+    assert_eq!(records.len(), 2, "the message and its delivery");
+    assert!(matches!(&records[0].kind, Some(RecordKind::Message(m)) if m.guid == guid(1)));
+    assert!(
+        matches!(&records[1].kind, Some(RecordKind::Delivery(d)) if d.guid == guid(1) && d.attempt == 1)
+    );
+    assert_eq!(records[0].timestamp_ms, 1_000);
+    assert!(matches!(&outputs[0], PartitionOutput::Reply { to, message }
+        if *to == session(1) && matches!(&message.kind, Some(Kind::Push(push)) if push.guid == guid(1))));
+    p.on_persisted(now, 2);
+    assert_eq!(
+        drain(&mut p),
+        vec![reply(
+            session(2),
+            Kind::Ack(Ack {
+                uri: uri.into(),
+                guid: guid(1),
+                status: AckStatus::Success as i32,
+                message: String::new(),
+            })
+        )]
+    );
+    assert_eq!(p.take_counters().acks, 1);
+}
+
+#[test]
+fn broadcast_pushes_and_acks_without_storing() {
+    // A broadcast PUT goes to the consumers attached now and is ACKed at once; nothing is
+    // journaled.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://b/q";
+    p.handle_request(now, session(1), open(uri, true, ""));
+    drain(&mut p);
+    p.handle_request(now, session(2), put(uri, 9));
+    let outputs = drain(&mut p);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert!(matches!(&outputs[0], PartitionOutput::Reply { to, message }
+        if *to == session(1) && matches!(&message.kind, Some(Kind::Push(_)))));
+    assert!(matches!(&outputs[1], PartitionOutput::Reply { to, message }
+        if *to == session(2) && matches!(&message.kind, Some(Kind::Ack(a)) if a.status == AckStatus::Success as i32)));
+    assert_eq!(p.replication().last_sequence(), 0);
+}
+
+#[test]
+fn fanout_consumer_must_name_a_known_app() {
+    // A consumer of a fanout domain names one of the domain's app ids, else its open is
+    // refused naming the app id.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    p.handle_request(now, session(1), open("bmq://f/q", true, "zzz"));
+    let outputs = drain(&mut p);
+    assert!(
+        matches!(&outputs[..], [PartitionOutput::Reply { message, .. }]
+        if matches!(&message.kind, Some(Kind::OpenQueueResponse(r))
+            if r.status.as_ref().is_some_and(|s| s.code == StatusCode::Refused as i32 && s.message.contains("zzz"))))
+    );
+    p.handle_request(now, session(1), open("bmq://f/q", true, "b"));
+    assert_eq!(drain(&mut p), vec![reply(session(1), open_ok("bmq://f/q"))]);
+}
+
+#[test]
+fn unknown_domain_is_refused() {
+    // An open or PUT of a domain that is not configured gets UNKNOWN_DOMAIN / UNKNOWN_QUEUE.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    p.handle_request(now, session(1), put("bmq://nope/q", 1));
+    let outputs = drain(&mut p);
+    assert!(
+        matches!(&outputs[..], [PartitionOutput::Reply { message, .. }]
+        if matches!(&message.kind, Some(Kind::Ack(a)) if a.status == AckStatus::UnknownQueue as i32))
+    );
+    assert_eq!(p.take_counters().nacks_unknown_queue, 1);
+}
+
+#[test]
+fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
+    // Message 1 was pushed twice and not confirmed: its next push is attempt 3. Message 2
+    // was confirmed: gone. Message 3 was never pushed: attempt 1.
+    let uri = "bmq://d/q";
+    let msg = |n: u8| {
+        RecordKind::Message(StoredMessage {
+            uri: uri.into(),
+            guid: guid(n),
+            payload: Bytes::from_static(b"x"),
+            properties: vec![],
+        })
+    };
+    let delivery = |n: u8, attempt| {
+        RecordKind::Delivery(StoredDelivery {
+            uri: uri.into(),
+            guid: guid(n),
+            attempt,
+            app_id: String::new(),
+        })
+    };
+    let records = vec![
+        record(1, msg(1)),
+        record(2, msg(2)),
+        record(3, delivery(1, 1)),
+        record(4, delivery(2, 1)),
+        record(
+            5,
+            RecordKind::Confirm(StoredConfirm {
+                uri: uri.into(),
+                guid: guid(2),
+                app_id: String::new(),
+            }),
+        ),
+        record(6, delivery(1, 2)),
+        record(7, msg(3)),
+    ];
+    let now = Instant::now();
+    let mut queues = restore_from_journal(&records, now, |_| Some(policy(DeliveryMode::Priority)));
+    let q = &mut queues.get_mut(uri).expect("queue rebuilt").apps[0].1;
+    assert_eq!(q.depth(), 2);
+    q.add_consumer(
+        session(1),
+        ConsumerOptions {
+            priority: 0,
+            max_unconfirmed_messages: 100,
+            max_unconfirmed_bytes: 1 << 20,
+        },
+    );
+    let pushes: Vec<(Bytes, u32)> = std::iter::from_fn(|| q.poll_delivery(now))
+        .map(|d| (d.guid, d.delivery_attempt))
+        .collect();
+    assert_eq!(pushes, vec![(guid(1), 3), (guid(3), 1)]);
+}
+
+#[test]
+fn fanout_copies_are_rebuilt_per_app() {
+    // App a confirmed the message, app b did not: only b's copy is held.
+    let uri = "bmq://f/q";
+    let records = vec![
+        record(
+            1,
+            RecordKind::Message(StoredMessage {
+                uri: uri.into(),
+                guid: guid(1),
+                payload: Bytes::from_static(b"x"),
+                properties: vec![],
+            }),
+        ),
+        record(
+            2,
+            RecordKind::Confirm(StoredConfirm {
+                uri: uri.into(),
+                guid: guid(1),
+                app_id: "a".into(),
+            }),
+        ),
+    ];
+    let queues = restore_from_journal(&records, Instant::now(), |_| {
+        Some(policy(DeliveryMode::Fanout {
+            app_ids: vec!["a".into(), "b".into()],
+        }))
+    });
+    let entry = queues.get(uri).expect("queue rebuilt");
+    let depths: Vec<(&str, usize)> = entry
+        .apps
+        .iter()
+        .map(|(app, q)| (app.as_str(), q.depth()))
+        .collect();
+    assert_eq!(depths, vec![("a", 0), ("b", 1)]);
+}

@@ -1,0 +1,598 @@
+//! `Proxy`: what a client session decides on the node the client is connected to (DESIGN.md
+//! §7, "Proxying"), as a pure core.
+//!
+//! For each open queue it knows the route: the queue's partition (once the leader assigned it)
+//! and the primary and lease it was last opened on. It sends OpenQueue, PUT, CONFIRM and
+//! CloseQueue there, and keeps every PUT that is not yet ACKed in a bounded retransmission
+//! buffer (in arrival order, found by GUID). When the committed state names a new primary for
+//! one of its partitions, when the link to the primary comes back, or when a PUT got
+//! `NOT_READY`, it reopens the queue on the partition's current *active* primary and resends
+//! the buffered PUTs in arrival order (the primary drops duplicate GUIDs); PUTs that got no
+//! answer within the retransmission interval are resent too. So an ACKed message is never
+//! lost, duplicates are possible, and a producer's order is kept.
+//!
+//! Inputs: `handle_*` (client requests after the shell authorised them, answers from
+//! primaries, resolved assignments, cluster changes, peer links coming back, the
+//! retransmission tick). Outputs, drained with [`Proxy::poll_output`]: [`ProxyOutput`].
+//! The shell (the session task) owns the socket, authenticates the client at Hello and
+//! authorises each OpenQueue; it executes the outputs and publishes [`ProxyCounters`].
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bmq_proto::client::{
+    client_message::Kind, Ack, AckStatus, ClientMessage, CloseQueue, CloseQueueResponse, Confirm,
+    OpenQueue, OpenQueueResponse, Put, Status, StatusCode,
+};
+use bmq_proto::{LeaseId, NodeId, PartitionId};
+use bytes::Bytes;
+use tracing::info;
+
+/// Where a partition is served from, as the committed cluster state says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrimaryRoute {
+    /// The partition's primary.
+    pub primary: NodeId,
+    /// Its `primary_lease_id`.
+    pub lease: LeaseId,
+    /// Whether the primary finished healing (status ACTIVE); only an active primary serves.
+    pub active: bool,
+}
+
+/// What the shell must do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProxyOutput {
+    /// Send `message` to the primary `primary` of `partition` (this node or a peer).
+    ToPrimary {
+        /// The queue's partition.
+        partition: PartitionId,
+        /// Its primary.
+        primary: NodeId,
+        /// OpenQueue, Put, Confirm or CloseQueue.
+        message: ClientMessage,
+    },
+    /// Send `message` to the client.
+    ToClient(ClientMessage),
+    /// Find the partition of queue `uri` (asking the leader to assign it), then call
+    /// [`Proxy::handle_resolved`] with `request_id`.
+    Resolve {
+        /// The client's OpenQueue request id.
+        request_id: u64,
+        /// The queue.
+        uri: String,
+    },
+    /// A PUT was acknowledged `latency` after the client sent it (for the latency histogram).
+    Acked {
+        /// From the PUT's arrival here to its ACK.
+        latency: Duration,
+    },
+}
+
+/// Counts since the last [`Proxy::take_counters`], for the node's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProxyCounters {
+    /// PUTs for a queue not open in this session (NACKed `UNKNOWN_QUEUE`).
+    pub nacks_not_open: u64,
+    /// PUTs refused because the retransmission buffer is full (NACKed `LIMIT_REACHED`).
+    pub nacks_buffer_full: u64,
+    /// PUTs sent again after the retransmission interval.
+    pub retransmissions: u64,
+    /// Requests that named a queue not open in this session (CONFIRM), dropped.
+    pub invalid_requests: u64,
+}
+
+/// Limits of a proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// Most unacknowledged PUTs kept (`limits.retransmit_buffer_max`).
+    pub retransmit_buffer_max: usize,
+    /// A buffered PUT with no answer for this long is sent again.
+    pub retransmit_interval: Duration,
+}
+
+/// Where an open queue is served from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QueueRoute {
+    /// Waiting for the leader to assign the queue to a partition.
+    Resolving,
+    /// Assigned to `partition`.
+    Assigned {
+        partition: PartitionId,
+        /// The primary and lease the queue was last opened on; `None` while the partition has
+        /// no active primary (or the last open was refused).
+        attached: Option<(NodeId, LeaseId)>,
+        /// A PUT was refused with NOT_READY: later PUTs wait in the buffer until the next
+        /// reattach resends them all in arrival order (so a producer's order holds).
+        blocked: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct OpenQueueState {
+    request: OpenQueue,
+    route: QueueRoute,
+}
+
+impl OpenQueueState {
+    /// Partition and primary to send to now, unless blocked or detached.
+    fn target(&self) -> Option<(PartitionId, NodeId)> {
+        match self.route {
+            QueueRoute::Assigned {
+                partition,
+                attached: Some((primary, _)),
+                blocked: false,
+            } => Some((partition, primary)),
+            _ => None,
+        }
+    }
+
+    /// Partition and primary the queue is attached to, blocked or not.
+    fn attached(&self) -> Option<(PartitionId, NodeId)> {
+        match self.route {
+            QueueRoute::Assigned {
+                partition,
+                attached: Some((primary, _)),
+                ..
+            } => Some((partition, primary)),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct PendingPut {
+    put: Put,
+    sent_at: Option<Instant>,
+    /// When the client's PUT arrived: the ACK latency is measured from here.
+    received_at: Instant,
+}
+
+/// The retransmission buffer: unacknowledged PUTs in arrival order, found by GUID. Resends walk
+/// it in arrival order so a producer's messages reach a new primary in the order it sent them.
+#[derive(Debug, Default)]
+struct RetransmitBuffer {
+    by_arrival: BTreeMap<u64, PendingPut>,
+    arrival_of: HashMap<Bytes, u64>,
+    next_arrival: u64,
+}
+
+impl RetransmitBuffer {
+    fn len(&self) -> usize {
+        self.by_arrival.len()
+    }
+
+    fn insert(&mut self, pending: PendingPut) {
+        if let Some(old) = self.arrival_of.remove(&pending.put.guid) {
+            self.by_arrival.remove(&old);
+        }
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        self.arrival_of.insert(pending.put.guid.clone(), arrival);
+        self.by_arrival.insert(arrival, pending);
+    }
+
+    fn get_mut(&mut self, guid: &[u8]) -> Option<&mut PendingPut> {
+        let arrival = self.arrival_of.get(guid)?;
+        self.by_arrival.get_mut(arrival)
+    }
+
+    fn remove(&mut self, guid: &[u8]) -> Option<PendingPut> {
+        let arrival = self.arrival_of.remove(guid)?;
+        self.by_arrival.remove(&arrival)
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut PendingPut> {
+        self.by_arrival.values_mut()
+    }
+}
+
+fn ok() -> Status {
+    Status {
+        code: StatusCode::Ok as i32,
+        message: String::new(),
+    }
+}
+
+fn ack(put: Put, status: AckStatus, message: &str) -> ClientMessage {
+    ClientMessage {
+        kind: Some(Kind::Ack(Ack {
+            uri: put.uri,
+            guid: put.guid,
+            status: status as i32,
+            message: message.to_string(),
+        })),
+    }
+}
+
+/// One client session's proxy (see the module doc).
+#[derive(Debug)]
+pub struct Proxy {
+    cfg: ProxyConfig,
+    self_id: NodeId,
+    queues: HashMap<String, OpenQueueState>,
+    /// Client request ids of opens sent to a primary and not yet answered, by uri.
+    pending_opens: HashMap<String, u64>,
+    pending_puts: RetransmitBuffer,
+    counters: ProxyCounters,
+    outputs: VecDeque<ProxyOutput>,
+}
+
+impl Proxy {
+    /// The proxy of a new session on node `self_id`.
+    pub fn new(self_id: NodeId, cfg: ProxyConfig) -> Self {
+        Proxy {
+            cfg,
+            self_id,
+            queues: HashMap::new(),
+            pending_opens: HashMap::new(),
+            pending_puts: RetransmitBuffer::default(),
+            counters: ProxyCounters::default(),
+            outputs: VecDeque::new(),
+        }
+    }
+
+    /// The next output to execute, in order.
+    pub fn poll_output(&mut self) -> Option<ProxyOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// Outputs waiting to be executed.
+    pub fn pending_outputs(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// The counts since the last call (then zero).
+    pub fn take_counters(&mut self) -> ProxyCounters {
+        std::mem::take(&mut self.counters)
+    }
+
+    /// Unacknowledged PUTs held for retransmission.
+    pub fn unacknowledged(&self) -> usize {
+        self.pending_puts.len()
+    }
+
+    /// The primaries this session's queues are attached to (told when the session ends, so
+    /// they release its consumers).
+    pub fn attached_primaries(&self) -> Vec<NodeId> {
+        self.queues
+            .values()
+            .filter_map(|q| q.attached().map(|(_, n)| n))
+            .collect()
+    }
+
+    fn reply(&mut self, message: ClientMessage) {
+        self.outputs.push_back(ProxyOutput::ToClient(message));
+    }
+
+    fn forward(&mut self, partition: PartitionId, primary: NodeId, kind: Kind) {
+        self.outputs.push_back(ProxyOutput::ToPrimary {
+            partition,
+            primary,
+            message: ClientMessage { kind: Some(kind) },
+        });
+    }
+
+    /// An OpenQueue the shell validated (URI, domain) and authorised: resolve the queue's
+    /// partition. A second open of the same queue replaces the first.
+    pub fn handle_open(&mut self, open: OpenQueue) {
+        let uri = open.uri.clone();
+        let request_id = open.request_id;
+        self.queues.insert(
+            uri.clone(),
+            OpenQueueState {
+                request: open,
+                route: QueueRoute::Resolving,
+            },
+        );
+        self.outputs
+            .push_back(ProxyOutput::Resolve { request_id, uri });
+    }
+
+    /// The queue `uri` of open request `request_id` is assigned to a partition (`Ok`), or
+    /// could not be (`Err`, answered to the client). `routes` gives each partition's primary.
+    pub fn handle_resolved(
+        &mut self,
+        request_id: u64,
+        uri: String,
+        outcome: Result<PartitionId, Status>,
+        routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
+        now: Instant,
+    ) {
+        let Some(q) = self.queues.get_mut(&uri) else {
+            return;
+        };
+        if q.request.request_id != request_id {
+            return;
+        }
+        match outcome {
+            Ok(partition) => {
+                q.route = QueueRoute::Assigned {
+                    partition,
+                    attached: None,
+                    blocked: false,
+                };
+                self.pending_opens.insert(uri.clone(), request_id);
+                self.attach(&uri, routes, now);
+            }
+            Err(status) => {
+                self.queues.remove(&uri);
+                self.reply(ClientMessage {
+                    kind: Some(Kind::OpenQueueResponse(OpenQueueResponse {
+                        request_id,
+                        uri,
+                        status: Some(status),
+                        partition_id: 0,
+                    })),
+                });
+            }
+        }
+    }
+
+    /// A PUT from the client.
+    pub fn handle_put(&mut self, now: Instant, put: Put) {
+        let Some(q) = self.queues.get(&put.uri) else {
+            self.counters.nacks_not_open += 1;
+            let why = "the queue is not open in this session";
+            self.reply(ack(put, AckStatus::UnknownQueue, why));
+            return;
+        };
+        if !q.request.write {
+            let why = "the queue is not open for writing";
+            self.reply(ack(put, AckStatus::Refused, why));
+            return;
+        }
+        if put.guid.len() != 16 {
+            let why = "a message guid must be 16 bytes";
+            self.reply(ack(put, AckStatus::Invalid, why));
+            return;
+        }
+        if self.pending_puts.len() >= self.cfg.retransmit_buffer_max {
+            self.counters.nacks_buffer_full += 1;
+            let why = "too many unacknowledged messages in this session";
+            self.reply(ack(put, AckStatus::LimitReached, why));
+            return;
+        }
+        let target = q.target();
+        let mut pending = PendingPut {
+            put,
+            sent_at: None,
+            received_at: now,
+        };
+        if let Some((partition, primary)) = target {
+            pending.sent_at = Some(now);
+            self.forward(partition, primary, Kind::Put(pending.put.clone()));
+        }
+        self.pending_puts.insert(pending);
+    }
+
+    /// A CONFIRM from the client: to the queue's primary (dropped and counted for a queue not
+    /// open here; lost while detached, which only delays: the message is redelivered).
+    pub fn handle_confirm(&mut self, confirm: Confirm) {
+        match self.queues.get(&confirm.uri) {
+            Some(q) => {
+                if let Some((partition, primary)) = q.attached() {
+                    self.forward(partition, primary, Kind::Confirm(confirm));
+                }
+            }
+            None => self.counters.invalid_requests += 1,
+        }
+    }
+
+    /// A CloseQueue from the client: forwarded to the primary, answered here at once.
+    pub fn handle_close(&mut self, close: CloseQueue) {
+        if let Some(q) = self.queues.remove(&close.uri) {
+            if let Some((partition, primary)) = q.attached() {
+                self.forward(partition, primary, Kind::CloseQueue(close.clone()));
+            }
+        }
+        self.reply(ClientMessage {
+            kind: Some(Kind::CloseQueueResponse(CloseQueueResponse {
+                request_id: close.request_id,
+                uri: close.uri,
+                status: Some(ok()),
+            })),
+        });
+    }
+
+    /// An answer or delivery from a primary: Ack, Push or OpenQueueResponse.
+    pub fn handle_from_primary(&mut self, now: Instant, message: ClientMessage) {
+        match message.kind {
+            Some(Kind::Ack(ack)) => self.on_ack(now, ack),
+            Some(Kind::Push(push))
+                if self.queues.get(&push.uri).is_some_and(|q| q.request.read) =>
+            {
+                self.reply(ClientMessage {
+                    kind: Some(Kind::Push(push)),
+                });
+            }
+            Some(Kind::OpenQueueResponse(resp)) => self.on_open_response(resp),
+            _ => {}
+        }
+    }
+
+    fn on_ack(&mut self, now: Instant, ack: Ack) {
+        if ack.status == AckStatus::NotReady as i32 {
+            // Not (or no longer, or not yet) the primary: keep the PUT, and hold the queue's
+            // later PUTs back, for an in-order resend.
+            if let Some(p) = self.pending_puts.get_mut(&ack.guid) {
+                p.sent_at = None;
+            }
+            if let Some(QueueRoute::Assigned { blocked, .. }) =
+                self.queues.get_mut(&ack.uri).map(|q| &mut q.route)
+            {
+                *blocked = true;
+            }
+            return;
+        }
+        if let Some(pending) = self.pending_puts.remove(&ack.guid) {
+            if ack.status == AckStatus::Success as i32 {
+                let latency = now.saturating_duration_since(pending.received_at);
+                self.outputs.push_back(ProxyOutput::Acked { latency });
+            }
+            self.reply(ClientMessage {
+                kind: Some(Kind::Ack(ack)),
+            });
+        }
+    }
+
+    fn on_open_response(&mut self, resp: OpenQueueResponse) {
+        let code = resp.status.as_ref().map(|s| s.code).unwrap_or(0);
+        if let Some(request_id) = self.pending_opens.remove(&resp.uri) {
+            if code != StatusCode::Ok as i32 {
+                self.queues.remove(&resp.uri);
+            }
+            self.reply(ClientMessage {
+                kind: Some(Kind::OpenQueueResponse(OpenQueueResponse {
+                    request_id,
+                    ..resp
+                })),
+            });
+        } else if code != StatusCode::Ok as i32 {
+            // An internal reopen failed (the primary is not ready yet): try again at the next
+            // state change or retransmission tick.
+            if let Some(QueueRoute::Assigned { attached, .. }) =
+                self.queues.get_mut(&resp.uri).map(|q| &mut q.route)
+            {
+                *attached = None;
+            }
+        }
+    }
+
+    /// Opens `uri` on its partition's current active primary (if any) and resends its
+    /// buffered PUTs there in arrival order.
+    fn attach(
+        &mut self,
+        uri: &str,
+        routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
+        now: Instant,
+    ) {
+        let Some(q) = self.queues.get_mut(uri) else {
+            return;
+        };
+        let QueueRoute::Assigned { partition, .. } = q.route else {
+            return;
+        };
+        // Only an ACTIVE (healed) primary serves; a passive one would refuse with NOT_READY.
+        let route = routes(partition).filter(|r| r.active);
+        q.route = QueueRoute::Assigned {
+            partition,
+            attached: route.map(|r| (r.primary, r.lease)),
+            blocked: false,
+        };
+        let Some(route) = route else {
+            return;
+        };
+        let open = q.request.clone();
+        self.forward(partition, route.primary, Kind::OpenQueue(open));
+        let mut resend = Vec::new();
+        for pending in self.pending_puts.values_mut().filter(|p| p.put.uri == uri) {
+            pending.sent_at = Some(now);
+            resend.push(pending.put.clone());
+        }
+        for put in resend {
+            self.forward(partition, route.primary, Kind::Put(put));
+        }
+    }
+
+    /// The committed state changed: reattach every queue whose primary or lease moved.
+    pub fn handle_cluster_change(
+        &mut self,
+        routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
+        now: Instant,
+    ) {
+        let moved: Vec<String> = self
+            .queues
+            .iter()
+            .filter_map(|(uri, q)| match q.route {
+                QueueRoute::Assigned {
+                    partition,
+                    attached,
+                    ..
+                } => {
+                    let current = routes(partition).map(|r| (r.primary, r.lease));
+                    (current != attached).then(|| uri.clone())
+                }
+                QueueRoute::Resolving => None,
+            })
+            .collect();
+        for uri in moved {
+            info!(%uri, "queue's primary changed: reopening on the new primary");
+            self.attach(&uri, routes, now);
+        }
+    }
+
+    /// A peer link came back (`None`: some did, which is unknown). A primary on the other end
+    /// released this session's consumers when the link dropped, and requests sent meanwhile
+    /// were lost: reopen every queue attached there and resend its buffered PUTs.
+    pub fn handle_peer_back(
+        &mut self,
+        node: Option<NodeId>,
+        routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
+        now: Instant,
+    ) {
+        let self_id = self.self_id;
+        let affected: Vec<String> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| {
+                q.attached().is_some_and(|(_, primary)| {
+                    primary != self_id && node.is_none_or(|n| n == primary)
+                })
+            })
+            .map(|(uri, _)| uri.clone())
+            .collect();
+        for uri in affected {
+            info!(%uri, "link to the primary came back: reopening");
+            self.attach(&uri, routes, now);
+        }
+    }
+
+    /// The retransmission tick: reattaches queues whose last open was refused or that are
+    /// blocked, and resends PUTs without an answer for the retransmission interval.
+    pub fn handle_tick(
+        &mut self,
+        now: Instant,
+        routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
+    ) {
+        let unattached: Vec<String> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| {
+                matches!(
+                    q.route,
+                    QueueRoute::Assigned { attached: None, .. }
+                        | QueueRoute::Assigned { blocked: true, .. }
+                )
+            })
+            .map(|(uri, _)| uri.clone())
+            .collect();
+        for uri in unattached {
+            self.attach(&uri, routes, now);
+        }
+        let interval = self.cfg.retransmit_interval;
+        let mut resend = Vec::new();
+        for pending in self.pending_puts.values_mut() {
+            if pending
+                .sent_at
+                .is_some_and(|t| now.saturating_duration_since(t) < interval)
+            {
+                continue;
+            }
+            let Some((partition, primary)) =
+                self.queues.get(&pending.put.uri).and_then(|q| q.attached())
+            else {
+                continue;
+            };
+            pending.sent_at = Some(now);
+            resend.push((partition, primary, pending.put.clone()));
+        }
+        for (partition, primary, put) in resend {
+            self.counters.retransmissions += 1;
+            self.forward(partition, primary, Kind::Put(put));
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "proxy_tests.rs"]
+mod tests;

@@ -1,0 +1,858 @@
+//! `QueueCore`: the pure core of a priority-mode queue on a partition's primary (DESIGN.md §7).
+//!
+//! No I/O, no clock: the caller passes `now`. Inputs are [`QueueCore::put`],
+//! [`QueueCore::add_consumer`], [`QueueCore::remove_consumer`],
+//! [`QueueCore::remove_consumers_of_node`] and [`QueueCore::confirm`]; the pushes to make are
+//! drained with [`QueueCore::poll_delivery`] until it returns `None`.
+//!
+//! Delivery rules (BlazingMQ's priority mode):
+//! - Only the consumers with the **highest** priority receive messages, round-robin among them.
+//!   A lower-priority consumer gets nothing while a higher-priority consumer is attached, even
+//!   when every higher-priority consumer is at capacity: it is a standby, not an overflow.
+//! - A consumer has capacity for a message when its unconfirmed count is below
+//!   `max_unconfirmed_messages`, and its unconfirmed bytes plus the message's payload stay within
+//!   `max_unconfirmed_bytes` — or it has nothing unconfirmed at all, so that a message larger
+//!   than the byte limit still flows, one at a time.
+//! - Messages are delivered in arrival order. When a consumer goes away, its unconfirmed messages
+//!   return to the head of the queue (in their arrival order) and are redelivered with
+//!   `delivery_attempt + 1` (at-least-once).
+//! - A message whose next delivery would exceed `max_delivery_attempts` (0 = unlimited) is
+//!   dropped instead of delivered (a poison message); one older than `message_ttl` when it
+//!   reaches the head is dropped too. Both are counted in [`QueueCounters`].
+//!
+//! Costs: `put`, `confirm` and each `poll_delivery` step are O(1) in the queue depth (a
+//! `VecDeque` of GUIDs in delivery order plus a `HashMap` by GUID) and O(k) in the number k of
+//! highest-priority consumers. `remove_consumer` is O(u log u) in that consumer's unconfirmed
+//! messages.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bmq_proto::client::{AckStatus, Property};
+use bmq_proto::{NodeId, SessionAddr};
+use bytes::Bytes;
+
+/// A consumer's priority and flow control, as resolved by the primary (no "0 = default" here:
+/// the caller replaces zeros by the broker's defaults before calling the core).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerOptions {
+    /// Higher receives first; only the highest priority present receives at all.
+    pub priority: i32,
+    /// Most messages pushed to this consumer and not yet confirmed. 0 means it receives nothing.
+    pub max_unconfirmed_messages: u32,
+    /// Most payload bytes pushed to this consumer and not yet confirmed (a lone message larger
+    /// than this is still delivered when nothing else is unconfirmed).
+    pub max_unconfirmed_bytes: u64,
+}
+
+/// A queue's limits, from its domain's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Most messages held (pending plus unconfirmed); 0 = unlimited.
+    pub max_messages: u64,
+    /// Most payload bytes held (pending plus unconfirmed); 0 = unlimited.
+    pub max_bytes: u64,
+    /// Most deliveries of one message; 0 = unlimited.
+    pub max_delivery_attempts: u32,
+    /// Age (since `put`) after which an undelivered message is dropped; `None` = never.
+    pub message_ttl: Option<Duration>,
+}
+
+/// One push to make: send `payload` to `consumer`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// Who receives it.
+    pub consumer: SessionAddr,
+    /// The message's 16-byte GUID (as the producer chose it).
+    pub guid: Bytes,
+    /// The message body.
+    pub payload: Bytes,
+    /// The message's properties.
+    pub properties: Vec<Property>,
+    /// 1 for the first delivery, incremented on each redelivery.
+    pub delivery_attempt: u32,
+}
+
+/// What [`QueueCore::put`] did with a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// Stored; the producer may be acknowledged.
+    Accepted,
+    /// A message with this GUID is already held; it is not stored twice (the producer may be
+    /// acknowledged: at-least-once resends land here).
+    Duplicate,
+    /// Not stored; NACK the producer with `status` and `reason`.
+    Refused {
+        /// The ack status to answer with (`LIMIT_REACHED` for depth limits).
+        status: AckStatus,
+        /// Human-readable reason, naming the limit and its value.
+        reason: String,
+    },
+}
+
+/// Counters of one queue since it was created (monotonic).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    /// Messages accepted by `put`.
+    pub puts: u64,
+    /// Puts whose GUID was already held.
+    pub duplicates: u64,
+    /// Puts refused by a depth limit.
+    pub refused: u64,
+    /// Deliveries made (first deliveries and redeliveries).
+    pub pushes: u64,
+    /// Messages confirmed.
+    pub confirms: u64,
+    /// Deliveries with `delivery_attempt > 1`.
+    pub redeliveries: u64,
+    /// Messages dropped because they were older than the TTL.
+    pub ttl_expired: u64,
+    /// Messages dropped because they reached `max_delivery_attempts`.
+    pub attempts_exhausted: u64,
+}
+
+/// A message held by the queue.
+#[derive(Debug)]
+struct Held {
+    /// Arrival order, to put redelivered messages back in order.
+    sequence: u64,
+    arrival: Instant,
+    payload: Bytes,
+    properties: Vec<Property>,
+    /// Deliveries made so far.
+    deliveries: u32,
+    /// The consumer it is pushed to and not yet confirmed by; `None` while pending.
+    consumer: Option<SessionAddr>,
+}
+
+#[derive(Debug)]
+struct Consumer {
+    options: ConsumerOptions,
+    unconfirmed_bytes: u64,
+    unconfirmed: HashSet<Bytes>,
+}
+
+impl Consumer {
+    fn has_capacity_for(&self, size: u64) -> bool {
+        let count = self.unconfirmed.len() as u64;
+        if count >= u64::from(self.options.max_unconfirmed_messages) {
+            return false;
+        }
+        count == 0 || self.unconfirmed_bytes + size <= self.options.max_unconfirmed_bytes
+    }
+}
+
+/// A priority-mode queue: stored messages, attached consumers, and who holds what (see the
+/// module doc for the rules).
+#[derive(Debug)]
+pub struct QueueCore {
+    uri: String,
+    limits: QueueLimits,
+    messages: HashMap<Bytes, Held>,
+    /// GUIDs of pending (not pushed) messages, in delivery order. Every entry is in `messages`
+    /// with `consumer == None`, and every such message is here exactly once.
+    pending: VecDeque<Bytes>,
+    bytes: u64,
+    unconfirmed: usize,
+    next_sequence: u64,
+    consumers: BTreeMap<SessionAddr, Consumer>,
+    /// The consumers with the highest priority, sorted by key; the round-robin ring.
+    active: Vec<SessionAddr>,
+    /// Index in `active` of the next consumer to try.
+    round_robin_next: usize,
+    counters: QueueCounters,
+}
+
+impl QueueCore {
+    /// An empty queue named `uri` with `limits`.
+    pub fn new(uri: String, limits: QueueLimits) -> Self {
+        QueueCore {
+            uri,
+            limits,
+            messages: HashMap::new(),
+            pending: VecDeque::new(),
+            bytes: 0,
+            unconfirmed: 0,
+            next_sequence: 0,
+            consumers: BTreeMap::new(),
+            active: Vec::new(),
+            round_robin_next: 0,
+            counters: QueueCounters::default(),
+        }
+    }
+
+    /// The queue's URI.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The queue's limits.
+    pub fn limits(&self) -> &QueueLimits {
+        &self.limits
+    }
+
+    /// Stores a message at the tail. A GUID already held is a [`PutOutcome::Duplicate`] and is
+    /// not stored again; a full queue (`max_messages` or `max_bytes`) refuses it with
+    /// `LIMIT_REACHED`.
+    pub fn put(
+        &mut self,
+        now: Instant,
+        guid: Bytes,
+        payload: Bytes,
+        properties: Vec<Property>,
+    ) -> PutOutcome {
+        if self.messages.contains_key(&guid) {
+            self.counters.duplicates += 1;
+            return PutOutcome::Duplicate;
+        }
+        // Dropping expired messages first frees room for new ones.
+        self.expire(now);
+        let size = payload.len() as u64;
+        let limits = self.limits;
+        let reason = if limits.max_messages > 0 && self.messages.len() as u64 >= limits.max_messages
+        {
+            Some(format!(
+                "queue {} holds {} messages, its limit",
+                self.uri, limits.max_messages
+            ))
+        } else if limits.max_bytes > 0 && self.bytes + size > limits.max_bytes {
+            Some(format!(
+                "queue {} holds {} bytes; {} more would exceed its limit of {} bytes",
+                self.uri, self.bytes, size, limits.max_bytes
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.counters.refused += 1;
+            return PutOutcome::Refused {
+                status: AckStatus::LimitReached,
+                reason,
+            };
+        }
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        self.bytes += size;
+        self.messages.insert(
+            guid.clone(),
+            Held {
+                sequence,
+                arrival: now,
+                payload,
+                properties,
+                deliveries: 0,
+                consumer: None,
+            },
+        );
+        self.pending.push_back(guid);
+        self.counters.puts += 1;
+        PutOutcome::Accepted
+    }
+
+    /// Stores a message rebuilt from the journal by a new primary: no limit check (it was
+    /// accepted once), `deliveries` pushes already made (its next push carries attempt
+    /// `deliveries + 1`). A GUID already held is ignored.
+    pub fn restore(
+        &mut self,
+        now: Instant,
+        guid: Bytes,
+        payload: Bytes,
+        properties: Vec<Property>,
+        deliveries: u32,
+    ) {
+        if self.messages.contains_key(&guid) {
+            return;
+        }
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        self.bytes += payload.len() as u64;
+        self.messages.insert(
+            guid.clone(),
+            Held {
+                sequence,
+                arrival: now,
+                payload,
+                properties,
+                deliveries,
+                consumer: None,
+            },
+        );
+        self.pending.push_back(guid);
+    }
+
+    /// Attaches a consumer, or updates the options of one already attached (its unconfirmed
+    /// messages stay with it).
+    pub fn add_consumer(&mut self, key: SessionAddr, options: ConsumerOptions) {
+        self.consumers
+            .entry(key)
+            .and_modify(|c| c.options = options)
+            .or_insert_with(|| Consumer {
+                options,
+                unconfirmed_bytes: 0,
+                unconfirmed: HashSet::new(),
+            });
+        self.recompute_active();
+    }
+
+    /// Detaches a consumer. Its unconfirmed messages go back to the head of the queue, in
+    /// arrival order, for redelivery. Unknown keys are ignored.
+    pub fn remove_consumer(&mut self, key: SessionAddr) {
+        if let Some(consumer) = self.consumers.remove(&key) {
+            self.release(consumer);
+            self.recompute_active();
+        }
+    }
+
+    /// Detaches every consumer carried by `node` (a proxy node went away), as
+    /// [`QueueCore::remove_consumer`] does for each.
+    pub fn remove_consumers_of_node(&mut self, node: NodeId) {
+        let from = SessionAddr {
+            origin_node: node,
+            session_id: 0,
+        };
+        let keys: Vec<SessionAddr> = self
+            .consumers
+            .range(from..)
+            .take_while(|(k, _)| k.origin_node == node)
+            .map(|(k, _)| *k)
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let mut released: Vec<Bytes> = Vec::new();
+        for key in keys {
+            let consumer = self.consumers.remove(&key).expect("key was just listed");
+            released.extend(consumer.unconfirmed);
+        }
+        self.requeue_front(released);
+        self.recompute_active();
+    }
+
+    /// Confirms (removes) a message pushed to `key`. Returns false, and changes nothing, when
+    /// the GUID is unknown or the message is not unconfirmed by that consumer.
+    pub fn confirm(&mut self, key: SessionAddr, guid: &[u8]) -> bool {
+        match self.messages.get(guid) {
+            Some(held) if held.consumer == Some(key) => {}
+            _ => return false,
+        }
+        let (guid, held) = self.messages.remove_entry(guid).expect("checked above");
+        let size = held.payload.len() as u64;
+        self.bytes -= size;
+        self.unconfirmed -= 1;
+        if let Some(consumer) = self.consumers.get_mut(&key) {
+            consumer.unconfirmed.remove(&guid);
+            consumer.unconfirmed_bytes -= size;
+        }
+        self.counters.confirms += 1;
+        true
+    }
+
+    /// The next push to make, or `None` when nothing can be delivered now (empty queue, no
+    /// consumer, or every highest-priority consumer at capacity for the head message). Drops
+    /// expired and exhausted messages it meets at the head. Call until `None`.
+    pub fn poll_delivery(&mut self, now: Instant) -> Option<Delivery> {
+        loop {
+            self.expire(now);
+            let guid = self.pending.front()?.clone();
+            let held = self.messages.get(&guid).expect("pending guid is held");
+            let attempt = held.deliveries + 1;
+            if self.limits.max_delivery_attempts > 0 && attempt > self.limits.max_delivery_attempts
+            {
+                self.pending.pop_front();
+                self.drop_held(&guid);
+                self.counters.attempts_exhausted += 1;
+                continue;
+            }
+            let size = held.payload.len() as u64;
+            let consumer_key = self.pick_consumer(size)?;
+            self.pending.pop_front();
+            let held = self.messages.get_mut(&guid).expect("pending guid is held");
+            held.deliveries = attempt;
+            held.consumer = Some(consumer_key);
+            let delivery = Delivery {
+                consumer: consumer_key,
+                guid: guid.clone(),
+                payload: held.payload.clone(),
+                properties: held.properties.clone(),
+                delivery_attempt: attempt,
+            };
+            let consumer = self
+                .consumers
+                .get_mut(&consumer_key)
+                .expect("active consumer exists");
+            consumer.unconfirmed.insert(guid);
+            consumer.unconfirmed_bytes += size;
+            self.unconfirmed += 1;
+            self.counters.pushes += 1;
+            if attempt > 1 {
+                self.counters.redeliveries += 1;
+            }
+            return Some(delivery);
+        }
+    }
+
+    /// Drops the messages at the head of the queue that are older than the TTL at `now`;
+    /// returns how many. Called by `put` and `poll_delivery`; call it on a timer to expire
+    /// messages of a queue without consumers. Only pending messages expire: one held by a
+    /// consumer waits for its confirm or its redelivery.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let Some(ttl) = self.limits.message_ttl else {
+            return 0;
+        };
+        let mut dropped = 0;
+        while let Some(guid) = self.pending.front() {
+            let held = self.messages.get(guid).expect("pending guid is held");
+            if now.saturating_duration_since(held.arrival) < ttl {
+                break;
+            }
+            let guid = self.pending.pop_front().expect("front exists");
+            self.drop_held(&guid);
+            self.counters.ttl_expired += 1;
+            dropped += 1;
+        }
+        dropped
+    }
+
+    /// Messages held: pending plus unconfirmed.
+    pub fn depth(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Payload bytes held: pending plus unconfirmed.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Messages pushed and not yet confirmed.
+    pub fn unconfirmed(&self) -> usize {
+        self.unconfirmed
+    }
+
+    /// Messages waiting for a delivery.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The attached consumers, in key order.
+    pub fn consumer_keys(&self) -> Vec<SessionAddr> {
+        self.consumers.keys().copied().collect()
+    }
+
+    /// Consumers attached.
+    pub fn consumer_count(&self) -> usize {
+        self.consumers.len()
+    }
+
+    /// The counters since creation.
+    pub fn counters(&self) -> QueueCounters {
+        self.counters
+    }
+
+    /// Round-robin over the highest-priority consumers, from the cursor, for one with capacity
+    /// for `size` bytes; advances the cursor past it.
+    fn pick_consumer(&mut self, size: u64) -> Option<SessionAddr> {
+        let n = self.active.len();
+        for i in 0..n {
+            let index = (self.round_robin_next + i) % n;
+            let key = self.active[index];
+            if self.consumers[&key].has_capacity_for(size) {
+                self.round_robin_next = (index + 1) % n;
+                return Some(key);
+            }
+        }
+        None
+    }
+
+    fn recompute_active(&mut self) {
+        let Some(top) = self.consumers.values().map(|c| c.options.priority).max() else {
+            self.active.clear();
+            self.round_robin_next = 0;
+            return;
+        };
+        self.active = self
+            .consumers
+            .iter()
+            .filter(|(_, c)| c.options.priority == top)
+            .map(|(k, _)| *k)
+            .collect();
+        self.round_robin_next %= self.active.len();
+    }
+
+    fn release(&mut self, consumer: Consumer) {
+        self.requeue_front(consumer.unconfirmed.into_iter().collect());
+    }
+
+    /// Puts unconfirmed messages back at the head of the queue, oldest first.
+    fn requeue_front(&mut self, mut guids: Vec<Bytes>) {
+        guids.sort_by_key(|g| self.messages[g].sequence);
+        for guid in guids.into_iter().rev() {
+            let held = self
+                .messages
+                .get_mut(&guid)
+                .expect("unconfirmed guid is held");
+            debug_assert!(held.consumer.is_some());
+            held.consumer = None;
+            self.unconfirmed -= 1;
+            self.pending.push_front(guid);
+        }
+    }
+
+    fn drop_held(&mut self, guid: &Bytes) {
+        let held = self.messages.remove(guid).expect("dropped guid is held");
+        self.bytes -= held.payload.len() as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UNLIMITED: QueueLimits = QueueLimits {
+        max_messages: 0,
+        max_bytes: 0,
+        max_delivery_attempts: 0,
+        message_ttl: None,
+    };
+
+    fn key(node: u32, session: u64) -> SessionAddr {
+        SessionAddr {
+            origin_node: NodeId(node),
+            session_id: session,
+        }
+    }
+
+    fn opts(priority: i32, messages: u32, bytes: u64) -> ConsumerOptions {
+        ConsumerOptions {
+            priority,
+            max_unconfirmed_messages: messages,
+            max_unconfirmed_bytes: bytes,
+        }
+    }
+
+    fn guid(n: u8) -> Bytes {
+        Bytes::from(vec![n; 16])
+    }
+
+    fn put_n(q: &mut QueueCore, now: Instant, ns: impl IntoIterator<Item = u8>, size: usize) {
+        for n in ns {
+            assert_eq!(
+                q.put(now, guid(n), Bytes::from(vec![n; size]), vec![]),
+                PutOutcome::Accepted
+            );
+        }
+    }
+
+    /// Drains every delivery as (consumer session, guid byte, attempt).
+    fn drain(q: &mut QueueCore, now: Instant) -> Vec<(u64, u8, u32)> {
+        let mut out = Vec::new();
+        while let Some(d) = q.poll_delivery(now) {
+            out.push((d.consumer.session_id, d.guid[0], d.delivery_attempt));
+        }
+        out
+    }
+
+    #[test]
+    fn round_robin_among_equal_priority() {
+        // Three consumers of one priority receive messages in turn, in arrival order.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        for s in 1..=3 {
+            q.add_consumer(key(1, s), opts(0, 100, 1 << 20));
+        }
+        put_n(&mut q, now, 1..=7, 10);
+        assert_eq!(
+            drain(&mut q, now),
+            vec![
+                (1, 1, 1),
+                (2, 2, 1),
+                (3, 3, 1),
+                (1, 4, 1),
+                (2, 5, 1),
+                (3, 6, 1),
+                (1, 7, 1)
+            ]
+        );
+        assert_eq!(q.unconfirmed(), 7);
+        assert_eq!(q.depth(), 7);
+        assert_eq!(q.bytes(), 70);
+        assert_eq!(q.counters().pushes, 7);
+    }
+
+    #[test]
+    fn only_highest_priority_receives() {
+        // A lower-priority consumer is a standby: it gets nothing while the higher one is
+        // attached, even at capacity, and takes over (with redeliveries) once it leaves.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
+        q.add_consumer(key(1, 2), opts(5, 2, 1 << 20));
+        put_n(&mut q, now, 1..=4, 10);
+        assert_eq!(drain(&mut q, now), vec![(2, 1, 1), (2, 2, 1)]);
+        assert_eq!(q.pending(), 2);
+        q.remove_consumer(key(1, 2));
+        assert_eq!(
+            drain(&mut q, now),
+            vec![(1, 1, 2), (1, 2, 2), (1, 3, 1), (1, 4, 1)]
+        );
+        assert_eq!(q.counters().redeliveries, 2);
+    }
+
+    #[test]
+    fn priority_update_by_re_adding() {
+        // Re-adding a consumer with a higher priority makes it the only receiver.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
+        q.add_consumer(key(1, 2), opts(0, 100, 1 << 20));
+        q.add_consumer(key(1, 2), opts(1, 100, 1 << 20));
+        assert_eq!(q.consumer_count(), 2);
+        put_n(&mut q, now, 1..=2, 1);
+        assert_eq!(drain(&mut q, now), vec![(2, 1, 1), (2, 2, 1)]);
+    }
+
+    #[test]
+    fn message_capacity_and_confirm() {
+        // A consumer at max_unconfirmed_messages gets nothing more until it confirms; a confirm
+        // frees one slot and removes the message.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        q.add_consumer(key(1, 1), opts(0, 2, 1 << 20));
+        put_n(&mut q, now, 1..=4, 10);
+        assert_eq!(drain(&mut q, now), vec![(1, 1, 1), (1, 2, 1)]);
+        assert!(q.confirm(key(1, 1), &guid(1)));
+        assert_eq!(q.depth(), 3);
+        assert_eq!(q.bytes(), 30);
+        assert_eq!(drain(&mut q, now), vec![(1, 3, 1)]);
+        // A second confirm of the same message, another consumer's confirm, or an unknown guid
+        // is refused.
+        assert!(!q.confirm(key(1, 1), &guid(1)));
+        assert!(!q.confirm(key(1, 9), &guid(2)));
+        assert!(!q.confirm(key(1, 1), &guid(4)));
+        assert!(!q.confirm(key(1, 1), b"nope"));
+        assert_eq!(q.counters().confirms, 1);
+        assert!(q.confirm(key(1, 1), &guid(2)));
+        assert!(q.confirm(key(1, 1), &guid(3)));
+        assert_eq!(drain(&mut q, now), vec![(1, 4, 1)]);
+        assert!(q.confirm(key(1, 1), &guid(4)));
+        assert_eq!((q.depth(), q.bytes(), q.unconfirmed()), (0, 0, 0));
+    }
+
+    #[test]
+    fn byte_capacity() {
+        // The byte limit holds back a message that would exceed it; a consumer with nothing
+        // unconfirmed still takes a message larger than its limit. Round-robin skips a consumer
+        // without room.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        q.add_consumer(key(1, 1), opts(0, 100, 25));
+        put_n(&mut q, now, 1..=3, 10);
+        assert_eq!(drain(&mut q, now), vec![(1, 1, 1), (1, 2, 1)]);
+        assert!(q.confirm(key(1, 1), &guid(1)));
+        assert_eq!(drain(&mut q, now), vec![(1, 3, 1)]);
+        assert!(q.confirm(key(1, 1), &guid(2)));
+        assert!(q.confirm(key(1, 1), &guid(3)));
+        // An oversized message flows alone.
+        put_n(&mut q, now, 4..=5, 40);
+        assert_eq!(drain(&mut q, now), vec![(1, 4, 1)]);
+        assert!(q.confirm(key(1, 1), &guid(4)));
+        assert_eq!(drain(&mut q, now), vec![(1, 5, 1)]);
+        assert!(q.confirm(key(1, 1), &guid(5)));
+        // Two consumers: the one without room is skipped.
+        q.add_consumer(key(1, 2), opts(0, 100, 1000));
+        put_n(&mut q, now, 6..=9, 20);
+        assert_eq!(
+            drain(&mut q, now),
+            vec![(1, 6, 1), (2, 7, 1), (2, 8, 1), (2, 9, 1)]
+        );
+    }
+
+    #[test]
+    fn redelivery_after_consumer_removal() {
+        // A removed consumer's unconfirmed messages go back to the head, in order, ahead of
+        // newer ones, and are redelivered with attempt 2.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
+        q.add_consumer(key(1, 2), opts(0, 100, 1 << 20));
+        put_n(&mut q, now, 1..=4, 10);
+        assert_eq!(
+            drain(&mut q, now),
+            vec![(1, 1, 1), (2, 2, 1), (1, 3, 1), (2, 4, 1)]
+        );
+        put_n(&mut q, now, 5..=5, 10);
+        q.remove_consumer(key(1, 1));
+        assert_eq!(q.unconfirmed(), 2);
+        assert_eq!(q.consumer_count(), 1);
+        assert_eq!(drain(&mut q, now), vec![(2, 1, 2), (2, 3, 2), (2, 5, 1)]);
+        // A stale confirm from the removed consumer does nothing.
+        assert!(!q.confirm(key(1, 1), &guid(1)));
+        assert!(q.confirm(key(1, 2), &guid(1)));
+        assert_eq!(q.counters().redeliveries, 2);
+        // With no consumer left, nothing is delivered and everything is pending.
+        q.remove_consumer(key(1, 2));
+        assert_eq!(q.poll_delivery(now), None);
+        assert_eq!((q.pending(), q.unconfirmed(), q.depth()), (4, 0, 4));
+    }
+
+    #[test]
+    fn remove_consumers_of_node() {
+        // A proxy node going away releases exactly its consumers' messages.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        q.add_consumer(key(1, 7), opts(0, 100, 1 << 20));
+        q.add_consumer(key(2, 1), opts(0, 100, 1 << 20));
+        q.add_consumer(key(2, 2), opts(0, 100, 1 << 20));
+        q.add_consumer(key(3, 1), opts(0, 100, 1 << 20));
+        put_n(&mut q, now, 1..=4, 1);
+        let first: Vec<_> = std::iter::from_fn(|| q.poll_delivery(now))
+            .map(|d| (d.consumer, d.guid[0]))
+            .collect();
+        assert_eq!(
+            first,
+            vec![
+                (key(1, 7), 1),
+                (key(2, 1), 2),
+                (key(2, 2), 3),
+                (key(3, 1), 4)
+            ]
+        );
+        q.remove_consumers_of_node(NodeId(2));
+        assert_eq!(q.consumer_count(), 2);
+        let again: Vec<_> = std::iter::from_fn(|| q.poll_delivery(now))
+            .map(|d| (d.consumer, d.guid[0], d.delivery_attempt))
+            .collect();
+        assert_eq!(again, vec![(key(1, 7), 2, 2), (key(3, 1), 3, 2)]);
+        q.remove_consumers_of_node(NodeId(9));
+        assert_eq!(q.consumer_count(), 2);
+    }
+
+    #[test]
+    fn max_delivery_attempts_drops_poison_messages() {
+        // With max 2 attempts, a message whose consumers die twice is dropped, not delivered a
+        // third time.
+        let now = Instant::now();
+        let limits = QueueLimits {
+            max_delivery_attempts: 2,
+            ..UNLIMITED
+        };
+        let mut q = QueueCore::new("bmq://d/q".into(), limits);
+        put_n(&mut q, now, 1..=2, 10);
+        q.add_consumer(key(1, 1), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(1, 1, 1)]);
+        q.remove_consumer(key(1, 1));
+        q.add_consumer(key(1, 2), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(2, 1, 2)]);
+        q.remove_consumer(key(1, 2));
+        q.add_consumer(key(1, 3), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(3, 2, 1)]);
+        assert_eq!(q.counters().attempts_exhausted, 1);
+        assert_eq!((q.depth(), q.bytes()), (1, 10));
+    }
+
+    #[test]
+    fn ttl_drops_old_pending_messages() {
+        // Messages older than the TTL at the head are dropped, not delivered; younger ones are.
+        let t0 = Instant::now();
+        let limits = QueueLimits {
+            message_ttl: Some(Duration::from_secs(10)),
+            ..UNLIMITED
+        };
+        let mut q = QueueCore::new("bmq://d/q".into(), limits);
+        put_n(&mut q, t0, 1..=2, 10);
+        put_n(&mut q, t0 + Duration::from_secs(5), 3..=3, 10);
+        let t = t0 + Duration::from_secs(10);
+        assert_eq!(q.expire(t), 2);
+        assert_eq!((q.depth(), q.bytes()), (1, 10));
+        q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
+        assert_eq!(drain(&mut q, t), vec![(1, 3, 1)]);
+        // An unconfirmed message does not expire while held; it expires once released.
+        let later = t0 + Duration::from_secs(100);
+        assert_eq!(q.expire(later), 0);
+        q.remove_consumer(key(1, 1));
+        q.add_consumer(key(1, 2), opts(0, 100, 1 << 20));
+        assert_eq!(drain(&mut q, later), vec![]);
+        assert_eq!(q.counters().ttl_expired, 3);
+        assert_eq!(q.depth(), 0);
+    }
+
+    #[test]
+    fn duplicate_guid_is_not_stored_twice() {
+        // A GUID already held (pending or unconfirmed) is a duplicate; after its confirm the
+        // GUID may be stored again (the primary's GUID window handles that case).
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        put_n(&mut q, now, 1..=1, 10);
+        assert_eq!(
+            q.put(now, guid(1), Bytes::from_static(b"x"), vec![]),
+            PutOutcome::Duplicate
+        );
+        assert_eq!((q.depth(), q.bytes()), (1, 10));
+        q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(1, 1, 1)]);
+        assert_eq!(
+            q.put(now, guid(1), Bytes::from_static(b"x"), vec![]),
+            PutOutcome::Duplicate
+        );
+        assert_eq!(drain(&mut q, now), vec![]);
+        let c = q.counters();
+        assert_eq!((c.puts, c.duplicates), (1, 2));
+    }
+
+    #[test]
+    fn depth_limits_refuse_puts() {
+        // A full queue, by messages or by bytes, refuses with LIMIT_REACHED; a confirm makes
+        // room again.
+        let now = Instant::now();
+        let limits = QueueLimits {
+            max_messages: 2,
+            max_bytes: 25,
+            ..UNLIMITED
+        };
+        let mut q = QueueCore::new("bmq://d/q".into(), limits);
+        put_n(&mut q, now, 1..=2, 10);
+        let refused = q.put(now, guid(3), Bytes::from(vec![0; 1]), vec![]);
+        assert!(
+            matches!(&refused, PutOutcome::Refused { status: AckStatus::LimitReached, reason } if reason.contains("2 messages")),
+            "{refused:?}"
+        );
+        q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
+        drain(&mut q, now);
+        assert!(q.confirm(key(1, 1), &guid(1)));
+        // One slot free, but 10 + 16 bytes exceed 25.
+        let refused = q.put(now, guid(3), Bytes::from(vec![0; 16]), vec![]);
+        assert!(
+            matches!(&refused, PutOutcome::Refused { status: AckStatus::LimitReached, reason } if reason.contains("25 bytes")),
+            "{refused:?}"
+        );
+        assert_eq!(
+            q.put(now, guid(3), Bytes::from(vec![0; 15]), vec![]),
+            PutOutcome::Accepted
+        );
+        assert_eq!(q.counters().refused, 2);
+        assert_eq!((q.depth(), q.bytes()), (2, 25));
+    }
+
+    #[test]
+    fn properties_travel_with_the_message() {
+        // A delivery carries the put's payload and properties.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let props = vec![Property {
+            key: "k".into(),
+            value: "v".into(),
+        }];
+        q.put(now, guid(1), Bytes::from_static(b"body"), props.clone());
+        q.add_consumer(key(4, 2), opts(0, 1, 1));
+        let d = q.poll_delivery(now).unwrap();
+        assert_eq!(
+            d,
+            Delivery {
+                consumer: key(4, 2),
+                guid: guid(1),
+                payload: Bytes::from_static(b"body"),
+                properties: props,
+                delivery_attempt: 1,
+            }
+        );
+    }
+}

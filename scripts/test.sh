@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The test command of README.md, and what .ci/run calls: provisions what the tests need on a
+# machine that has only the Rust toolchain, then runs every test of the workspace.
+#
+#   scripts/test.sh                      # everything (as CI)
+#   scripts/test.sh -p bmq-dataplane     # extra arguments go to `cargo test`
+#
+# What it provisions (Debian packages, through apt-get; as root, or with sudo):
+# - prometheus + promtool: tests/tests/prometheus.rs runs a real Prometheus server against a
+#   cluster and checks every dashboard panel and alert rule;
+# - debootstrap, when a Docker engine answers: tests/tests/compose.rs builds its base image
+#   without a registry;
+# - iproute2 + iptables: the chaos suite (tests/tests/chaos.rs) makes network faults with the
+#   kernel (it needs root; without root it is skipped and says why, or fails under CI=1).
+# Nothing is installed when it is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_install() {
+  local packages=("$@")
+  echo "== installing ${packages[*]} (Debian packages)"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  else
+    echo "error: ${packages[*]} missing and neither root nor sudo is available to install them" >&2
+    exit 1
+  fi
+}
+
+missing=()
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ "$(id -u)" = 0 ]; then
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+fi
+if docker version >/dev/null 2>&1 && ! command -v debootstrap >/dev/null 2>&1; then
+  missing+=(debootstrap)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  apt_install "${missing[@]}"
+fi
+prometheus --version 2>&1 | head -n 1
+
+echo "== cargo test --workspace --locked $*"
+exec cargo test --workspace --locked "$@"
