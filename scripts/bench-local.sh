@@ -3,10 +3,13 @@
 # BENCHMARKS.md gives the method and the figures). Plain TCP, release build.
 #   scripts/bench-local.sh                 # everything
 #   FSYNC=never scripts/bench-local.sh     # the same with metadata.fsync = "never"
+#   BIN=/path/to/other/release scripts/bench-local.sh   # another build (no cargo build), same method
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --bins --locked
-BIN=$PWD/target/release
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --bins --locked
+  BIN=$PWD/target/release
+fi
 DIR=${DIR:-/tmp/bmq-bench-local}
 BASE=${BASE_PORT:-33100}
 FSYNC=${FSYNC:-every_record}
