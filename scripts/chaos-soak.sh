@@ -49,7 +49,7 @@ if [[ -z "$report" ]]; then
 fi
 
 echo "chaos-soak: ${seconds}s, ${nodes} nodes, seed ${seed}, report ${report}"
-cargo build -q "${profile[@]}" -p bmq-broker --bins
+cargo build -q "${profile[@]}" --workspace --all-targets
 status=0
 BMQ_CHAOS_SECONDS="$seconds" BMQ_CHAOS_SEED="$seed" BMQ_CHAOS_NODES="$nodes" \
   BMQ_CHAOS_REPORT="$report" \

@@ -147,7 +147,7 @@ log "base image: $base"
 
 # The binaries: built on the host, copied into the build context.
 if [ "$run_cargo" = 1 ]; then
-    cargo_flags=(build -q -p bmq-broker --bins)
+    cargo_flags=(build -q -p bmq-broker -p bmq-ctl --bins)
     [ "$profile" = release ] && cargo_flags+=(--release)
     log "cargo ${cargo_flags[*]}"
     cargo "${cargo_flags[@]}"
@@ -158,7 +158,7 @@ rm -rf "$context"
 mkdir -p "$context/bin"
 for bin in broker bmqctl; do
     src="$target_dir/$profile/$bin"
-    [ -x "$src" ] || { log "$src is missing; run cargo build -p bmq-broker --bins${profile/debug/}"; exit 1; }
+    [ -x "$src" ] || { log "$src is missing; run cargo build --bins (with --release for --profile release)"; exit 1; }
     # Debug information is dropped (a debug build's binaries shrink from ~130 MB to ~15 MB).
     if command -v strip >/dev/null; then
         strip --strip-debug -o "$context/bin/$bin" "$src"

@@ -43,5 +43,10 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 prometheus --version 2>&1 | head -n 1
 
+# The multi-process tests run the `broker` and `bmqctl` binaries of this build: build every
+# target once, with the same feature resolution as `cargo test --workspace`.
+echo "== cargo build --workspace --all-targets --locked"
+cargo build --workspace --all-targets --locked
+
 echo "== cargo test --workspace --locked $*"
 exec cargo test --workspace --locked "$@"

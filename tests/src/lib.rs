@@ -2,9 +2,10 @@
 //!
 //! [`Cluster`] writes one configuration per node (free ports picked by binding port 0, a
 //! temporary data directory per cluster), starts `broker` processes, and kills them all when
-//! dropped — so a failing test (a panic) cleans up too. The `broker` binary is the one cargo
-//! built for this profile; [`broker_binary`] builds it once (`cargo build -p bmq-broker --bins`)
-//! if the test run did not.
+//! dropped — so a failing test (a panic) cleans up too. The `broker` and `bmqctl` binaries are
+//! the ones cargo built for this profile; [`broker_binary`] builds them once (`cargo build
+//! --workspace --all-targets`, the same feature resolution as `cargo test --workspace`, so it is
+//! a no-op after the test build) if the test run did not.
 #![warn(missing_docs)]
 
 pub mod history;
@@ -21,7 +22,8 @@ use bmq_config::{local_cluster, BrokerConfig};
 use bmq_proto::admin_doc::NodeStatusDoc;
 use bmqctl::status::fetch_status;
 
-/// Path of the `broker` binary of this build profile, building it first if needed.
+/// Path of the `broker` binary of this build profile, building it (and `bmqctl`) first if
+/// needed.
 pub fn broker_binary() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
@@ -35,12 +37,15 @@ pub fn broker_binary() -> PathBuf {
         let broker = profile_dir.join("broker");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "bmq-broker", "--bins"]);
+        cmd.args(["build", "-q", "--workspace", "--all-targets"]);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }
         let status = cmd.status().expect("run cargo build for the broker binary");
-        assert!(status.success(), "cargo build -p bmq-broker --bins failed");
+        assert!(
+            status.success(),
+            "cargo build --workspace --all-targets failed"
+        );
         assert!(
             broker.exists(),
             "broker binary missing at {}",
