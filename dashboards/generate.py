@@ -264,9 +264,19 @@ def queues():
             "sent back, on the node the producer is connected to.",
             quantiles("bmq_queue_ack_latency_seconds"), unit="s")
     d.panel("Redeliveries",
-            "bmq_queue_redeliveries_total: pushes with delivery attempt > 1 (a consumer went "
-            "away with unconfirmed messages).",
+            "bmq_queue_redeliveries_total: pushes with delivery attempt > 1 (a consumer failed "
+            "this message before).",
             [(rate("bmq_queue_redeliveries_total", "node"), "{{node}}")], unit="ops")
+    d.panel("Consumer failures",
+            "bmq_queue_consumer_failures_total: a consumer went away (or closed the queue) "
+            "holding a message, one per message. Primary moves and graceful stops do not count.",
+            [(rate("bmq_queue_consumer_failures_total", "node"), "{{node}}")], unit="ops")
+    d.panel("Removed without a confirm",
+            "bmq_queue_removed_total: messages dropped unconfirmed, by reason: ttl, "
+            "attempts_exhausted (poison), purged. Each is logged at warn with queue and GUID; "
+            "alert BmqMessagesRemovedWithoutConfirm.",
+            [(f"sum by (reason) (increase(bmq_queue_removed_total{{{SEL}}}[$__rate_interval]))",
+              "{{reason}}")], decimals=0)
     d.panel("NACKs by reason",
             "bmq_queue_nack_total: PUTs answered with a failure status, by reason.",
             [(rate("bmq_queue_nack_total", "reason"), "{{reason}}")], unit="ops")

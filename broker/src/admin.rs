@@ -97,6 +97,7 @@ fn register_counters_at_zero() {
         "bmq_queue_push_total",
         "bmq_queue_confirm_total",
         "bmq_queue_redeliveries_total",
+        "bmq_queue_consumer_failures_total",
         "bmq_client_connections_total",
         "bmq_client_connections_refused_total",
         "bmq_client_frame_errors_total",
@@ -126,6 +127,9 @@ fn register_counters_at_zero() {
         "limit_reached",
     ] {
         metrics::counter!("bmq_queue_nack_total", "reason" => reason).increment(0);
+    }
+    for reason in ["ttl", "attempts_exhausted", "purged"] {
+        metrics::counter!("bmq_queue_removed_total", "reason" => reason).increment(0);
     }
     for actor in ["elector", "metadata"] {
         metrics::counter!("bmq_mailbox_full_total", "actor" => actor).increment(0);

@@ -26,13 +26,21 @@
 //! A failure to open the data directory, the term file or the ledger, or to bind a port, stops
 //! the node at start with an error naming the path or address.
 //!
-//! Graceful stop (SIGTERM/SIGINT or `POST /admin/stop`): the node announces
-//! `NodeStatusAdvisory { STOPPING }` to its peers (the leader's health actor then moves its
-//! primaries away, lease + 1), cedes leadership (so the others elect at once instead of waiting
-//! for missed heartbeats), waits until the committed state names it primary of no partition
-//! — serving as a replica meanwhile, so the new primaries heal from it — or until
-//! `limits.graceful_stop_timeout_ms`, then stops. Clients attached to it see a disconnect and
-//! reconnect elsewhere; their unacknowledged PUTs are resent.
+//! Graceful stop (SIGTERM/SIGINT or `POST /admin/stop`, DESIGN.md §7):
+//! 1. the elector retires: a leader cedes at once and the node never stands again, so the
+//!    others elect a node that is not stopping; the node announces
+//!    `NodeStatusAdvisory { STOPPING }`, and the leader's health actor never picks it as a
+//!    primary and moves its primaries to nodes that are up and not stopping (lease + 1);
+//! 2. drain: its partitions push nothing new, and its consumers get up to
+//!    `limits.graceful_stop_drain_ms` to confirm what they hold (it ends as soon as nothing is
+//!    unconfirmed);
+//! 3. it waits until the committed state names it primary of no partition — serving as a
+//!    replica meanwhile, so the new primaries heal from it — or until every peer is stopping or
+//!    gone (nobody to hand over to: stop at once), bounded in all by
+//!    `limits.graceful_stop_timeout_ms` from the signal;
+//! 4. it exits. Clients attached to it see a disconnect and reconnect elsewhere; their
+//!    unacknowledged PUTs are resent. Messages redelivered because of a stop do not count as a
+//!    delivery attempt.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,8 +59,8 @@ use bmq_proto::{NodeId, Term};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::actors::elector::{CedeLeadership, ElectorActor, SubscribeLeadership};
-use crate::actors::health::{HealthActor, NodeStopping};
+use crate::actors::elector::{ElectorActor, Retire, SubscribeLeadership};
+use crate::actors::health::{GetStoppingPeers, HealthActor, NodeStopping};
 use crate::actors::metadata::{MetadataActor, SubscribeState};
 use crate::admin::{install_metrics_recorder, start_admin_server, AdminContext};
 use crate::net::peers::{PeerHub, PeerHubConfig};
@@ -356,32 +364,64 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Tells every peer this node is stopping (the leader's health actor moves its primaries).
-fn announce_stopping(config: &BrokerConfig, hub: &PeerHub) {
+/// Tells every peer this node is stopping (`STOPPING`: never give it a new primary) or has
+/// drained (`DRAINED`: move its primaries now), and this node's own health actor.
+fn announce_stopping(config: &BrokerConfig, actors: &Actors, drained: bool) {
+    let status = if drained {
+        NodeStatusKind::NodeStatusDrained
+    } else {
+        NodeStatusKind::NodeStatusStopping
+    };
     for peer in config.peers() {
         let msg = PeerMessage {
             kind: Some(Kind::Metadata(MetadataMessage {
                 kind: Some(metadata_message::Kind::NodeStatus(NodeStatusAdvisory {
                     node_id: config.node_id,
-                    status: NodeStatusKind::NodeStatusStopping as i32,
+                    status: status as i32,
                 })),
             })),
         };
-        hub.send(NodeId(peer.id), Channel::Control, msg);
+        actors.hub.send(NodeId(peer.id), Channel::Control, msg);
     }
+    let node = NodeId(config.node_id);
+    let _ = actors.health.try_send(NodeStopping { node, drained });
 }
 
-/// Cedes leadership and primaries, then waits (bounded) until no partition names this node
-/// primary (see the module doc).
+/// Graceful stop (DESIGN.md §7): retire from leadership, announce the stop, drain, hand the
+/// primaries over, exit. Each wait is bounded (see the module doc), and nothing waits for a
+/// peer that is itself stopping.
 async fn graceful_stop(config: &BrokerConfig, actors: &Actors) {
     let self_id = NodeId(config.node_id);
-    let timeout = config.limits.graceful_stop_timeout();
-    info!(node = %self_id, ?timeout, "stopping: ceding leadership and primaries");
     let started = tokio::time::Instant::now();
-    let _ = actors.health.try_send(NodeStopping { node: self_id });
-    announce_stopping(config, &actors.hub);
-    let _ = tokio::time::timeout(Duration::from_secs(1), actors.elector.send(CedeLeadership)).await;
-    let deadline = started + timeout;
+    let deadline = started + config.limits.graceful_stop_timeout();
+    info!(node = %self_id, timeout = ?config.limits.graceful_stop_timeout(), "stopping: draining, then handing primaries over");
+    // 1. Never lead again (a leader cedes at once, so the others elect a node that stays), and
+    //    tell everyone: the leader moves our primaries to nodes that are not stopping.
+    let _ = tokio::time::timeout(Duration::from_secs(1), actors.elector.send(Retire)).await;
+    announce_stopping(config, actors, false);
+    // 2. Drain: push nothing new; give consumers time to confirm what they hold, and let the
+    //    confirms reach a quorum so that the next primary knows them.
+    actors.router.stop_delivering();
+    let drain_deadline = deadline.min(started + config.limits.graceful_stop_drain());
+    loop {
+        let left = actors.router.drain_status(Duration::from_millis(500)).await;
+        if left.is_done() {
+            info!(node = %self_id, elapsed = ?started.elapsed(), "drained: every pushed message confirmed, every record on a quorum");
+            break;
+        }
+        if successors(actors).await == 0 {
+            info!(node = %self_id, unconfirmed = left.unconfirmed, "every peer is stopping or gone: not draining");
+            break;
+        }
+        if tokio::time::Instant::now() >= drain_deadline {
+            warn!(node = %self_id, unconfirmed = left.unconfirmed, uncommitted = left.uncommitted, "drain time over: moving on (unconfirmed messages are redelivered by the next primary, without a failure counted)");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 3. Wait until no partition names this node primary: the leader moves them to a peer that
+    //    is up and not stopping. With no such peer there is nobody to hand over to: stop now.
+    announce_stopping(config, actors, true);
     let mut cluster = actors.cluster.clone();
     loop {
         let primaries = cluster
@@ -394,20 +434,35 @@ async fn graceful_stop(config: &BrokerConfig, actors: &Actors) {
             info!(node = %self_id, elapsed = ?started.elapsed(), "no partition left on this node: stopping");
             break;
         }
-        if actors.hub.peer_availability().iter().all(|(_, up)| !up) {
-            warn!(node = %self_id, primaries, "no peer to hand primaries to: stopping");
+        if successors(actors).await == 0 {
+            info!(node = %self_id, primaries, elapsed = ?started.elapsed(), "every peer is stopping or gone: stopping now");
             break;
         }
         if tokio::time::Instant::now() >= deadline {
             warn!(node = %self_id, primaries, "graceful stop timeout: stopping with primaries still here");
             break;
         }
-        // Announce again: the leader may have changed since (we just ceded).
-        announce_stopping(config, &actors.hub);
-        let _ = tokio::time::timeout(Duration::from_millis(200), cluster.changed()).await;
+        // Announce again: the leader may have changed since.
+        announce_stopping(config, actors, true);
+        let _ = tokio::time::timeout(Duration::from_millis(100), cluster.changed()).await;
     }
-    // Give the cession and the last receipts a moment to leave the sockets.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Let the cession and the last receipts leave the sockets.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Peers that are up and not stopping: the nodes this node's primaries can move to.
+async fn successors(actors: &Actors) -> usize {
+    let stopping = actors
+        .health
+        .send(GetStoppingPeers)
+        .await
+        .unwrap_or_default();
+    actors
+        .hub
+        .peer_availability()
+        .into_iter()
+        .filter(|(id, up)| *up && !stopping.contains(id))
+        .count()
 }
 
 async fn wait_for_stop_signal() {

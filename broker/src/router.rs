@@ -41,8 +41,9 @@ use tracing::{debug, error};
 use crate::actors::health::PrimaryActive;
 use crate::actors::metadata::RequestQueueAssignment;
 use crate::actors::partition::{
-    wall_clock_ms, PartitionActor, PartitionNodeGone, PartitionOutbox, PartitionPeerMessage,
-    PartitionRequest, PartitionRoleChanged, PartitionSessionGone, SetPartitionQuorum,
+    wall_clock_ms, GetPartitionStats, PartitionActor, PartitionNodeGone, PartitionOutbox,
+    PartitionPeerMessage, PartitionRequest, PartitionRoleChanged, PartitionSessionGone,
+    SetPartitionQuorum, StopDelivering,
 };
 use crate::net::peers::PeerHub;
 
@@ -60,6 +61,23 @@ pub enum SessionEvent {
         /// The partition, or the status to answer the client with.
         outcome: Result<PartitionId, Status>,
     },
+}
+
+/// What a graceful stop waits for before the primaries move ([`Router::drain_status`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainStatus {
+    /// Messages pushed to consumers and not yet confirmed.
+    pub unconfirmed: u64,
+    /// Journal records not yet held by a quorum: once they are, a new primary knows every
+    /// confirm given during the drain.
+    pub uncommitted: u64,
+}
+
+impl DrainStatus {
+    /// Nothing left to wait for.
+    pub fn is_done(&self) -> bool {
+        self.unconfirmed == 0 && self.uncommitted == 0
+    }
 }
 
 /// What the router is built from.
@@ -407,6 +425,34 @@ impl Router {
         self.each_partition(|addr| {
             let _ = addr.try_send(PartitionNodeGone { node });
         });
+    }
+
+    /// Graceful stop: every local partition pushes nothing new from now on.
+    pub fn stop_delivering(&self) {
+        self.each_partition(|addr| {
+            // Once per stop; a partition that misses it keeps delivering until the move.
+            if addr.try_send(StopDelivering).is_err() {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
+            }
+        });
+    }
+
+    /// What a graceful stop still waits for on the partitions this node is the active
+    /// primary of: messages pushed and not yet confirmed, and journal records (confirms among
+    /// them) not yet held by a quorum. A partition that does not answer within `timeout`
+    /// counts as having nothing left.
+    pub async fn drain_status(&self, timeout: std::time::Duration) -> DrainStatus {
+        let mut status = DrainStatus::default();
+        for (_, addr) in self.local_partitions() {
+            if let Ok(Ok(stats)) = tokio::time::timeout(timeout, addr.send(GetPartitionStats)).await
+            {
+                if stats.role == bmq_dataplane::PartitionRole::Active {
+                    status.unconfirmed += stats.unconfirmed;
+                    status.uncommitted += stats.last_sequence.saturating_sub(stats.committed);
+                }
+            }
+        }
+        status
     }
 
     /// Sets the effective quorum of every partition (and of partitions started later).

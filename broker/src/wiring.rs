@@ -145,11 +145,16 @@ impl PeerInbound for PeerDemux {
             Some(Kind::Metadata(m)) => {
                 if let Some(MetadataKind::NodeStatus(ns)) = &m.kind {
                     // Node status is the health actor's business (DESIGN.md §6).
-                    let stopping = ns.status == NodeStatusKind::NodeStatusStopping as i32;
-                    if ns.node_id == from.0
-                        && stopping
-                        && self.health.try_send(NodeStopping { node: from }).is_err()
-                    {
+                    let drained = match NodeStatusKind::try_from(ns.status) {
+                        Ok(NodeStatusKind::NodeStatusStopping) => false,
+                        Ok(NodeStatusKind::NodeStatusDrained) => true,
+                        _ => return,
+                    };
+                    let stopping = NodeStopping {
+                        node: from,
+                        drained,
+                    };
+                    if ns.node_id == from.0 && self.health.try_send(stopping).is_err() {
                         mailbox_full("health");
                     }
                     return;

@@ -364,8 +364,12 @@ pub struct LimitsSettings {
     pub request_timeout_ms: u64,
     /// Capacity of each actor mailbox (messages, at least 1). Default 100 000.
     pub mailbox_capacity: u32,
-    /// Graceful stop (SIGTERM, `bmqctl admin stop`): how long a stopping node waits for its
-    /// primaries to move to other nodes before it exits anyway (ms; 0 = exit at once).
+    /// Graceful stop (SIGTERM, `bmqctl admin stop`): how long a stopping node gives the
+    /// consumers of the partitions it leads to confirm what they hold, while it pushes nothing
+    /// new, before its primaries move (ms; 0 = no drain). Default 5 000.
+    pub graceful_stop_drain_ms: u64,
+    /// Graceful stop: how long, from the stop signal, a stopping node waits in all (drain, then
+    /// its primaries moving to other nodes) before it exits anyway (ms; 0 = exit at once).
     /// Default 10 000.
     pub graceful_stop_timeout_ms: u64,
     /// How long a partition primary remembers a PUT's GUID to drop resent duplicates (ms).
@@ -385,6 +389,7 @@ impl Default for LimitsSettings {
             retransmit_buffer_max: 100_000,
             request_timeout_ms: 10_000,
             mailbox_capacity: 100_000,
+            graceful_stop_drain_ms: 5_000,
             graceful_stop_timeout_ms: 10_000,
             duplicate_guid_window_ms: 300_000,
             duplicate_guid_window_max: 1_000_000,
@@ -396,6 +401,11 @@ impl LimitsSettings {
     /// `request_timeout_ms` as a duration.
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// `graceful_stop_drain_ms` as a duration.
+    pub fn graceful_stop_drain(&self) -> Duration {
+        Duration::from_millis(self.graceful_stop_drain_ms)
     }
 
     /// `graceful_stop_timeout_ms` as a duration.

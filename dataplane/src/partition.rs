@@ -33,9 +33,17 @@
 //!   `LIMIT_REACHED` with the reason (copies already taken stay: at-least-once, never lost); an
 //!   accepted PUT is journaled and replicated, and ACKed once a quorum holds it (strong) or the
 //!   primary does (eventual);
-//! - after every request the queue pushes what it can; a push, a confirm and (with its attempt
-//!   number) a delivery are journal records too, so a new primary knows what was confirmed and
-//!   how often each message was delivered.
+//! - a message is **delivered only once it is safe**: once a quorum holds its record (strong
+//!   consistency) or the primary does (eventual), the same points at which the PUT is ACKed, so
+//!   no consumer reads what a failover can lose (BlazingMQ does the same);
+//! - after every request the queues push what they can; a confirm, a consumer failure (a
+//!   consumer that went away holding a message) and a removal without a confirm (TTL, attempts
+//!   exhausted, purge) are journal records, so a new primary knows what was confirmed, how often
+//!   each message failed, and what is gone. A primary move or a graceful stop is not a failure:
+//!   the message is redelivered with the same attempt number;
+//! - every removal without a confirm is logged (queue, app, GUID, reason) and counted;
+//! - while the node stops gracefully ([`Partition::handle_stop_delivering`]) it pushes nothing
+//!   new, so its consumers can confirm what they hold before the partition moves.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -47,15 +55,15 @@ use bmq_proto::client::{
 };
 use bmq_proto::peer::{
     journal_record::Kind as RecordKind, JournalRecord, PartitionMessage, StoredConfirm,
-    StoredDelivery,
+    StoredFailure, StoredRemoval,
 };
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use bytes::Bytes;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy};
-use crate::queue::{ConsumerOptions, PutOutcome, QueueCore};
-use crate::replication::{Output, PrimaryPhase, ReplicationConfig, ReplicationCore};
+use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
+use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
 
 /// How often a healed primary repeats its ACTIVE announcement until the leader commits it.
 pub const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
@@ -174,6 +182,14 @@ pub struct PartitionCounters {
     pub pushes: u64,
     /// Pushes with `delivery_attempt > 1`.
     pub redeliveries: u64,
+    /// Consumer failures: a consumer went away holding a message (one per message).
+    pub consumer_failures: u64,
+    /// Messages removed without a confirm because of their TTL.
+    pub removed_ttl: u64,
+    /// Messages removed without a confirm because their attempts were exhausted.
+    pub removed_attempts_exhausted: u64,
+    /// Messages removed without a confirm by a purge.
+    pub removed_purged: u64,
     /// Confirms that matched an unconfirmed message.
     pub confirms: u64,
     /// Requests of an unexpected kind.
@@ -229,6 +245,11 @@ pub struct Partition {
     announcing: Option<LeaseId>,
     /// When to repeat the announcement.
     announce_at: Option<Instant>,
+    /// The deliverable marks last applied to the queues: (strong: committed, eventual:
+    /// persisted).
+    deliverable: (u64, u64),
+    /// The node is stopping: no new pushes.
+    stop_delivering: bool,
     counters: PartitionCounters,
     outputs: VecDeque<PartitionOutput>,
 }
@@ -264,6 +285,8 @@ impl Partition {
             queues: HashMap::new(),
             announcing: None,
             announce_at: None,
+            deliverable: (0, 0),
+            stop_delivering: false,
             counters: PartitionCounters::default(),
             outputs: VecDeque::new(),
         }
@@ -415,15 +438,53 @@ impl Partition {
         self.absorb_replication(now);
     }
 
-    /// A session ended: its consumers go, their unconfirmed messages are redelivered.
+    /// A session ended (its client went away): its consumers go, and each message one of them
+    /// held is redelivered with one more consumer failure. (A session lost with its node's link
+    /// is [`Partition::handle_node_gone`], which counts no failure.)
     pub fn handle_session_gone(&mut self, now: Instant, session: SessionAddr) {
         for (_, q) in self.queues.values_mut().flat_map(|e| e.apps.iter_mut()) {
-            q.remove_consumer(session);
+            q.remove_consumer(session, true);
         }
         self.deliver_all(now);
     }
 
-    /// A proxy node went away: every consumer it carried goes.
+    /// The node is stopping gracefully: push nothing new from now on, so the consumers can
+    /// confirm what they hold before the partition moves (DESIGN.md §7, graceful stop).
+    pub fn handle_stop_delivering(&mut self, now: Instant) {
+        if !self.stop_delivering {
+            info!(partition = %self.id, unconfirmed = self.unconfirmed(), "stopping deliveries: draining");
+        }
+        self.stop_delivering = true;
+        self.absorb_replication(now);
+    }
+
+    /// Messages pushed to consumers and not yet confirmed, all queues (active primary only).
+    pub fn unconfirmed(&self) -> u64 {
+        self.queues
+            .values()
+            .flat_map(|e| e.apps.iter())
+            .map(|(_, q)| q.unconfirmed() as u64)
+            .sum()
+    }
+
+    /// Removes every message of queue `uri` (all its apps), logged and counted as purged, with
+    /// a removal record each. Returns how many copies were removed; 0 on a node that is not the
+    /// active primary or for an unknown queue.
+    pub fn handle_purge(&mut self, now: Instant, uri: &str) -> usize {
+        if !self.replication.is_active_primary() {
+            return 0;
+        }
+        let removed = match self.queues.get_mut(uri) {
+            Some(entry) => entry.apps.iter_mut().map(|(_, q)| q.purge()).sum(),
+            None => 0,
+        };
+        self.deliver(now, uri);
+        self.absorb_replication(now);
+        removed
+    }
+
+    /// The link to a proxy node dropped (it crashed, stopped or was cut off): every consumer it
+    /// carried goes, and their messages are redelivered without counting a failure.
     pub fn handle_node_gone(&mut self, now: Instant, node: NodeId) {
         for (_, q) in self.queues.values_mut().flat_map(|e| e.apps.iter_mut()) {
             q.remove_consumers_of_node(node);
@@ -551,6 +612,8 @@ impl Partition {
         }
         // One copy per app id in a fanout domain, else one. A refusal by any copy NACKs the
         // PUT (copies already taken stay: at-least-once, never lost).
+        // The record this PUT becomes, if accepted: the queues deliver it once it is safe.
+        let sequence = self.replication.last_sequence() + 1;
         let entry = self.queues.get_mut(&put.uri).expect("resolved above");
         let mut outcome = PutOutcome::Duplicate;
         for (_, queue) in entry.apps.iter_mut() {
@@ -559,6 +622,7 @@ impl Partition {
                 put.guid.clone(),
                 put.payload.clone(),
                 put.properties.clone(),
+                sequence,
             );
             match taken {
                 PutOutcome::Duplicate => {}
@@ -580,8 +644,14 @@ impl Partition {
                     ..
                 } = put;
                 let wall_ms = self.wall_ms(now);
-                self.replication
+                let appended = self
+                    .replication
                     .handle_put(now, from, uri, guid, payload, properties, strong, wall_ms);
+                assert_eq!(
+                    appended,
+                    PutResult::Appended { sequence },
+                    "an accepted PUT is the next record"
+                );
             }
             PutOutcome::Duplicate => {
                 // Held by the queue but older than the GUID window: already stored.
@@ -653,7 +723,8 @@ impl Partition {
     fn handle_close(&mut self, now: Instant, from: SessionAddr, close: CloseQueue) {
         if let Some(entry) = self.queues.get_mut(&close.uri) {
             for (_, queue) in entry.apps.iter_mut() {
-                queue.remove_consumer(from);
+                // Closing a queue while holding messages is a consumer failure, like leaving.
+                queue.remove_consumer(from, true);
             }
         }
         self.reply(
@@ -669,30 +740,33 @@ impl Partition {
         self.deliver(now, &close.uri);
     }
 
-    /// Pushes whatever `uri`'s queues can deliver now, journaling each delivery.
+    /// Pushes whatever `uri`'s queues can deliver now (nothing while stopping), and journals
+    /// and reports what their queues report (consumer failures, removals).
     fn deliver(&mut self, now: Instant, uri: &str) {
         let Some(entry) = self.queues.get_mut(uri) else {
             return;
         };
         let mut pushes = Vec::new();
+        let mut events = Vec::new();
         for (app, queue) in entry.apps.iter_mut() {
-            while let Some(d) = queue.poll_delivery(now) {
-                pushes.push((app.clone(), d));
+            while !self.stop_delivering {
+                let Some(d) = queue.poll_delivery(now) else {
+                    break;
+                };
+                pushes.push(d);
+            }
+            while let Some(event) = queue.poll_event() {
+                events.push((app.clone(), event));
             }
         }
-        for (app_id, d) in pushes {
+        for (app_id, event) in events {
+            self.record_event(now, uri, app_id, event);
+        }
+        for d in pushes {
             self.counters.pushes += 1;
             if d.delivery_attempt > 1 {
                 self.counters.redeliveries += 1;
             }
-            let record = RecordKind::Delivery(StoredDelivery {
-                uri: uri.to_string(),
-                guid: d.guid.clone(),
-                attempt: d.delivery_attempt,
-                app_id,
-            });
-            self.replication
-                .handle_record(now, record, self.wall_ms(now));
             // A push that cannot be handed over stays unconfirmed and is redelivered when its
             // consumer goes away: at-least-once.
             let push = Push {
@@ -711,6 +785,74 @@ impl Partition {
         }
     }
 
+    /// Journals a queue event, and logs and counts a removal without a confirm.
+    fn record_event(&mut self, now: Instant, uri: &str, app_id: String, event: QueueEvent) {
+        let record = match event {
+            QueueEvent::ConsumerFailed { guid, failures } => {
+                self.counters.consumer_failures += 1;
+                RecordKind::Failure(StoredFailure {
+                    uri: uri.to_string(),
+                    guid,
+                    app_id,
+                    failures,
+                })
+            }
+            QueueEvent::Removed { guid, reason } => {
+                match reason {
+                    RemovalReason::Ttl => self.counters.removed_ttl += 1,
+                    RemovalReason::AttemptsExhausted => {
+                        self.counters.removed_attempts_exhausted += 1
+                    }
+                    RemovalReason::Purged => self.counters.removed_purged += 1,
+                }
+                warn!(
+                    partition = %self.id,
+                    queue = %uri,
+                    app_id = %app_id,
+                    guid = %hex(&guid),
+                    reason = reason.as_str(),
+                    "message removed without a confirm"
+                );
+                RecordKind::Removal(StoredRemoval {
+                    uri: uri.to_string(),
+                    guid,
+                    app_id,
+                    reason: reason.as_str().to_string(),
+                })
+            }
+        };
+        self.replication
+            .handle_record(now, record, self.wall_ms(now));
+    }
+
+    /// Raises each queue's deliverable mark to what is now safe to deliver (a quorum holds it
+    /// for strong consistency, this node for eventual) and pushes what became deliverable.
+    fn refresh_deliverable(&mut self, now: Instant) {
+        if !self.replication.is_active_primary() {
+            return;
+        }
+        let marks = (self.replication.committed(), self.replication.persisted());
+        if marks == self.deliverable {
+            return;
+        }
+        self.deliverable = marks;
+        let mut raised = Vec::new();
+        for (uri, entry) in self.queues.iter_mut() {
+            let mark = if entry.policy.strong {
+                marks.0
+            } else {
+                marks.1
+            };
+            for (_, q) in entry.apps.iter_mut() {
+                q.set_deliverable_through(mark);
+            }
+            raised.push(uri.clone());
+        }
+        for uri in raised {
+            self.deliver(now, &uri);
+        }
+    }
+
     fn deliver_all(&mut self, now: Instant) {
         let uris: Vec<String> = self.queues.keys().cloned().collect();
         for uri in uris {
@@ -722,6 +864,17 @@ impl Partition {
     /// Moves the replication core's outputs into this core's, in order, acting on ACKs and on
     /// the end of healing.
     fn absorb_replication(&mut self, now: Instant) {
+        loop {
+            self.absorb_replication_outputs(now);
+            // Delivering may journal records (failures, removals): absorb those too.
+            self.refresh_deliverable(now);
+            if !self.replication.has_output() {
+                return;
+            }
+        }
+    }
+
+    fn absorb_replication_outputs(&mut self, now: Instant) {
         while let Some(output) = self.replication.poll_output() {
             match output {
                 Output::Persist {
@@ -758,39 +911,42 @@ impl Partition {
         self.announce_at = Some(now + ANNOUNCE_PERIOD);
         self.outputs
             .push_back(PartitionOutput::AnnounceActive { lease });
-        let uris: Vec<String> = self.queues.keys().cloned().collect();
-        for uri in uris {
-            self.deliver(now, &uri);
-        }
+        // Healing ended with the whole journal on a quorum: every rebuilt message is safe.
+        self.deliverable = (0, 0);
     }
 }
 
 /// Rebuilds a partition's queues from its journal (a new primary going active): every message
-/// not confirmed, in journal order, with the deliveries already made (so its next push carries
-/// the next attempt number), one copy per app of its domain's policy (`policy(uri)`).
-/// Messages of a URI without a policy (a domain no longer configured) are skipped.
+/// neither confirmed nor removed, in journal order, with its consumer failures so far (its next
+/// push carries attempt `failures + 1`), one copy per app of its domain's policy
+/// (`policy(uri)`). Messages of a URI without a policy (a domain no longer configured) are
+/// skipped. Every rebuilt message is deliverable: healing put the whole journal on a quorum.
 fn restore_from_journal(
     records: &[JournalRecord],
     now: Instant,
     policy: impl Fn(&str) -> Option<DomainPolicy>,
 ) -> HashMap<String, QueueEntry> {
     // Keyed by (uri, app id, GUID).
-    let mut confirmed: HashSet<(&str, &str, &Bytes)> = HashSet::new();
-    let mut attempts: HashMap<(&str, &str, &Bytes), u32> = HashMap::new();
+    let mut gone: HashSet<(&str, &str, &Bytes)> = HashSet::new();
+    let mut failures: HashMap<(&str, &str, &Bytes), u32> = HashMap::new();
     for r in records {
         match &r.kind {
             Some(RecordKind::Confirm(c)) => {
-                confirmed.insert((&c.uri, &c.app_id, &c.guid));
+                gone.insert((&c.uri, &c.app_id, &c.guid));
             }
-            Some(RecordKind::Delivery(d)) => {
-                let a = attempts.entry((&d.uri, &d.app_id, &d.guid)).or_default();
-                *a = (*a).max(d.attempt);
+            Some(RecordKind::Removal(x)) => {
+                gone.insert((&x.uri, &x.app_id, &x.guid));
+            }
+            Some(RecordKind::Failure(f)) => {
+                let n = failures.entry((&f.uri, &f.app_id, &f.guid)).or_default();
+                *n = (*n).max(f.failures);
             }
             _ => {}
         }
     }
     let mut rebuilt: HashMap<String, QueueEntry> = HashMap::new();
     let mut unknown: HashSet<&str> = HashSet::new();
+    let last = records.last().map_or(0, |r| r.sequence);
     for r in records {
         let Some(RecordKind::Message(m)) = &r.kind else {
             continue;
@@ -801,7 +957,11 @@ fn restore_from_journal(
         if !rebuilt.contains_key(&m.uri) {
             match policy(&m.uri) {
                 Some(p) => {
-                    rebuilt.insert(m.uri.clone(), QueueEntry::new(&m.uri, &p));
+                    let mut entry = QueueEntry::new(&m.uri, &p);
+                    for (_, q) in entry.apps.iter_mut() {
+                        q.set_deliverable_through(last);
+                    }
+                    rebuilt.insert(m.uri.clone(), entry);
                 }
                 None => {
                     unknown.insert(&m.uri);
@@ -812,20 +972,26 @@ fn restore_from_journal(
         let entry = rebuilt.get_mut(&m.uri).expect("inserted above");
         for (app, queue) in entry.apps.iter_mut() {
             let id = (m.uri.as_str(), app.as_str(), &m.guid);
-            if confirmed.contains(&id) {
+            if gone.contains(&id) {
                 continue;
             }
-            let deliveries = attempts.get(&id).copied().unwrap_or(0);
+            let failed = failures.get(&id).copied().unwrap_or(0);
             queue.restore(
                 now,
                 m.guid.clone(),
                 m.payload.clone(),
                 m.properties.clone(),
-                deliveries,
+                failed,
+                r.sequence,
             );
         }
     }
     rebuilt
+}
+
+/// Lower-case hex of a GUID, for logs.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -175,9 +175,9 @@ fn a_replica_answers_not_ready() {
 }
 
 #[test]
-fn put_is_journaled_acked_and_pushed() {
-    // On a single-node primary, a PUT is journaled, ACKed once persisted, and pushed to the
-    // consumer (the delivery is journaled too). The push leaves before the journal write.
+fn put_is_journaled_acked_and_pushed_once_durable() {
+    // On a single-node primary (quorum 1), a PUT is journaled; once the journal is fsynced it
+    // is ACKed and only then pushed to the consumer. No delivery record is written.
     let now = Instant::now();
     let mut p = active_single_node(now);
     let uri = "bmq://d/q";
@@ -185,26 +185,22 @@ fn put_is_journaled_acked_and_pushed() {
     assert_eq!(drain(&mut p), vec![reply(session(1), open_ok(uri))]);
     p.handle_request(now, session(2), put(uri, 1));
     let outputs = drain(&mut p);
-    assert_eq!(outputs.len(), 2, "{outputs:?}");
-    let PartitionOutput::Persist {
+    let [PartitionOutput::Persist {
         truncate_after: None,
         records,
-    } = &outputs[1]
+    }] = &outputs[..]
     else {
-        panic!("expected a journal write after the push: {outputs:?}");
+        panic!("expected only the journal write: {outputs:?}");
     };
-    assert_eq!(records.len(), 2, "the message and its delivery");
+    assert_eq!(records.len(), 1, "the message only");
     assert!(matches!(&records[0].kind, Some(RecordKind::Message(m)) if m.guid == guid(1)));
-    assert!(
-        matches!(&records[1].kind, Some(RecordKind::Delivery(d)) if d.guid == guid(1) && d.attempt == 1)
-    );
     assert_eq!(records[0].timestamp_ms, 1_000);
-    assert!(matches!(&outputs[0], PartitionOutput::Reply { to, message }
-        if *to == session(1) && matches!(&message.kind, Some(Kind::Push(push)) if push.guid == guid(1))));
-    p.on_persisted(now, 2);
+    p.on_persisted(now, 1);
+    let outputs = drain(&mut p);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
     assert_eq!(
-        drain(&mut p),
-        vec![reply(
+        outputs[0],
+        reply(
             session(2),
             Kind::Ack(Ack {
                 uri: uri.into(),
@@ -212,9 +208,169 @@ fn put_is_journaled_acked_and_pushed() {
                 status: AckStatus::Success as i32,
                 message: String::new(),
             })
-        )]
+        )
     );
+    assert!(matches!(&outputs[1], PartitionOutput::Reply { to, message }
+        if *to == session(1) && matches!(&message.kind, Some(Kind::Push(push)) if push.guid == guid(1) && push.delivery_attempt == 1)));
+    let c = p.take_counters();
+    assert_eq!((c.acks, c.pushes), (1, 1));
+}
+
+/// A 3-node primary (node 1, lease 1) that healed with two empty replicas.
+fn active_three_nodes(now: Instant, strong: bool) -> Partition {
+    let domain = DomainPolicy {
+        mode: DeliveryMode::Priority,
+        strong,
+        limits: LIMITS,
+    };
+    let cfg = PartitionConfig {
+        replication: ReplicationConfig {
+            self_id: NodeId(1),
+            partition: PartitionId(0),
+            members: vec![NodeId(1), NodeId(2), NodeId(3)],
+            quorum: 2,
+            batch_records_max: 16,
+            in_flight_records_max: 64,
+            resend_after: Duration::from_millis(500),
+            guid_window_max: 100,
+            guid_window_age: Duration::from_secs(60),
+        },
+        policies: Arc::new(DomainPolicies::new([("d".to_string(), domain)])),
+        consumer_defaults: ConsumerDefaults {
+            max_unconfirmed_messages: 10,
+            max_unconfirmed_bytes: 1 << 20,
+        },
+        wall_clock_anchor: (now, 0),
+    };
+    let mut p = Partition::new(cfg, Vec::new());
+    p.handle_role(now, Some(NodeId(1)), LeaseId(1), false);
+    drain(&mut p);
+    let shape = bmq_proto::peer::ReplicaStateResponse {
+        partition_id: 0,
+        lease: 1,
+        shape: Some(Default::default()),
+    };
+    p.handle_peer(
+        now,
+        NodeId(2),
+        PartitionMessage {
+            kind: Some(bmq_proto::peer::partition_message::Kind::StateResponse(
+                shape,
+            )),
+        },
+    );
+    drain(&mut p);
+    assert_eq!(p.role(), PartitionRole::Active);
+    p
+}
+
+fn receipt(sequence: u64) -> PartitionMessage {
+    PartitionMessage {
+        kind: Some(bmq_proto::peer::partition_message::Kind::Receipt(
+            bmq_proto::peer::Receipt {
+                partition_id: 0,
+                lease: 1,
+                sequence,
+            },
+        )),
+    }
+}
+
+fn pushes(outputs: &[PartitionOutput]) -> usize {
+    outputs
+        .iter()
+        .filter(|o| matches!(o, PartitionOutput::Reply { message, .. } if matches!(message.kind, Some(Kind::Push(_)))))
+        .count()
+}
+
+#[test]
+fn strong_delivery_waits_for_a_quorum() {
+    // Strong consistency: the primary's own fsync is not enough; the message is pushed (and
+    // ACKed) only when a replica's receipt makes a quorum (DESIGN.md §7).
+    let now = Instant::now();
+    let mut p = active_three_nodes(now, true);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open(uri, true, ""));
+    p.handle_request(now, session(2), put(uri, 1));
+    drain(&mut p);
+    p.on_persisted(now, 1);
+    assert_eq!(pushes(&drain(&mut p)), 0, "only the primary holds it");
+    p.handle_peer(now, NodeId(3), receipt(1));
+    let outputs = drain(&mut p);
+    assert_eq!(pushes(&outputs), 1, "{outputs:?}");
     assert_eq!(p.take_counters().acks, 1);
+}
+
+#[test]
+fn eventual_delivery_waits_for_the_primary_only() {
+    // Eventual consistency: the message is pushed once the primary's journal holds it.
+    let now = Instant::now();
+    let mut p = active_three_nodes(now, false);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open(uri, true, ""));
+    p.handle_request(now, session(2), put(uri, 1));
+    assert_eq!(pushes(&drain(&mut p)), 0, "not yet on disk");
+    p.on_persisted(now, 1);
+    assert_eq!(pushes(&drain(&mut p)), 1);
+}
+
+#[test]
+fn a_stopping_node_pushes_nothing_new() {
+    // After handle_stop_delivering, messages stay queued; confirms are still taken.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open(uri, true, ""));
+    p.handle_request(now, session(2), put(uri, 1));
+    p.on_persisted(now, 1);
+    assert_eq!(pushes(&drain(&mut p)), 1);
+    p.handle_stop_delivering(now);
+    p.handle_request(now, session(2), put(uri, 2));
+    p.on_persisted(now, 2);
+    assert_eq!(pushes(&drain(&mut p)), 0);
+    assert_eq!(p.unconfirmed(), 1);
+    let confirm = ClientMessage {
+        kind: Some(Kind::Confirm(Confirm {
+            uri: uri.into(),
+            guid: guid(1),
+        })),
+    };
+    p.handle_request(now, session(1), confirm);
+    assert_eq!(p.unconfirmed(), 0);
+    assert_eq!(p.take_counters().confirms, 1);
+}
+
+#[test]
+fn consumer_failures_are_journaled_and_a_graceful_release_is_not() {
+    // A session that ends (client gone) holding a message journals a failure and the message
+    // comes back with attempt 2; consumers released because their node's link dropped do not
+    // count.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open(uri, true, ""));
+    p.handle_request(now, session(2), put(uri, 1));
+    p.on_persisted(now, 1);
+    drain(&mut p);
+    p.handle_node_gone(now, NodeId(1));
+    assert_eq!(drain(&mut p), vec![], "no failure, no record");
+    p.handle_request(now, session(3), open(uri, true, ""));
+    let outputs = drain(&mut p);
+    assert!(outputs.iter().any(|o| matches!(o, PartitionOutput::Reply { to, message }
+        if *to == session(3) && matches!(&message.kind, Some(Kind::Push(x)) if x.delivery_attempt == 1))), "{outputs:?}");
+    p.handle_session_gone(now, session(3));
+    let outputs = drain(&mut p);
+    let [PartitionOutput::Persist { records, .. }] = &outputs[..] else {
+        panic!("expected a failure record: {outputs:?}");
+    };
+    assert!(
+        matches!(&records[0].kind, Some(RecordKind::Failure(f)) if f.guid == guid(1) && f.failures == 1)
+    );
+    p.handle_request(now, session(4), open(uri, true, ""));
+    let outputs = drain(&mut p);
+    assert!(outputs.iter().any(|o| matches!(o, PartitionOutput::Reply { to, message }
+        if *to == session(4) && matches!(&message.kind, Some(Kind::Push(x)) if x.delivery_attempt == 2))), "{outputs:?}");
+    assert_eq!(p.take_counters().consumer_failures, 1);
 }
 
 #[test]
@@ -269,8 +425,8 @@ fn unknown_domain_is_refused() {
 
 #[test]
 fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
-    // Message 1 was pushed twice and not confirmed: its next push is attempt 3. Message 2
-    // was confirmed: gone. Message 3 was never pushed: attempt 1.
+    // Message 1 failed twice (two consumers left holding it): its next push is attempt 3.
+    // Message 2 was confirmed and message 4 removed: gone. Message 3 never failed: attempt 1.
     let uri = "bmq://d/q";
     let msg = |n: u8| {
         RecordKind::Message(StoredMessage {
@@ -280,29 +436,38 @@ fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
             properties: vec![],
         })
     };
-    let delivery = |n: u8, attempt| {
-        RecordKind::Delivery(StoredDelivery {
+    let failure = |n: u8, failures| {
+        RecordKind::Failure(StoredFailure {
             uri: uri.into(),
             guid: guid(n),
-            attempt,
             app_id: String::new(),
+            failures,
         })
     };
     let records = vec![
         record(1, msg(1)),
         record(2, msg(2)),
-        record(3, delivery(1, 1)),
-        record(4, delivery(2, 1)),
+        record(3, failure(1, 1)),
         record(
-            5,
+            4,
             RecordKind::Confirm(StoredConfirm {
                 uri: uri.into(),
                 guid: guid(2),
                 app_id: String::new(),
             }),
         ),
-        record(6, delivery(1, 2)),
-        record(7, msg(3)),
+        record(5, failure(1, 2)),
+        record(6, msg(3)),
+        record(7, msg(4)),
+        record(
+            8,
+            RecordKind::Removal(StoredRemoval {
+                uri: uri.into(),
+                guid: guid(4),
+                app_id: String::new(),
+                reason: "ttl".into(),
+            }),
+        ),
     ];
     let now = Instant::now();
     let mut queues = restore_from_journal(&records, now, |_| Some(policy(DeliveryMode::Priority)));

@@ -2,8 +2,11 @@
 //!
 //! No I/O, no clock: the caller passes `now`. Inputs are [`QueueCore::put`],
 //! [`QueueCore::add_consumer`], [`QueueCore::remove_consumer`],
-//! [`QueueCore::remove_consumers_of_node`] and [`QueueCore::confirm`]; the pushes to make are
-//! drained with [`QueueCore::poll_delivery`] until it returns `None`.
+//! [`QueueCore::remove_consumers_of_node`], [`QueueCore::confirm`],
+//! [`QueueCore::set_deliverable_through`] and [`QueueCore::purge`]; the pushes to make are
+//! drained with [`QueueCore::poll_delivery`] until it returns `None`, and what the partition must
+//! journal and report (consumer failures, removals without a confirm) with
+//! [`QueueCore::poll_event`].
 //!
 //! Delivery rules (BlazingMQ's priority mode):
 //! - Only the consumers with the **highest** priority receive messages, round-robin among them.
@@ -13,12 +16,21 @@
 //!   `max_unconfirmed_messages`, and its unconfirmed bytes plus the message's payload stay within
 //!   `max_unconfirmed_bytes` — or it has nothing unconfirmed at all, so that a message larger
 //!   than the byte limit still flows, one at a time.
-//! - Messages are delivered in arrival order. When a consumer goes away, its unconfirmed messages
-//!   return to the head of the queue (in their arrival order) and are redelivered with
-//!   `delivery_attempt + 1` (at-least-once).
-//! - A message whose next delivery would exceed `max_delivery_attempts` (0 = unlimited) is
-//!   dropped instead of delivered (a poison message); one older than `message_ttl` when it
-//!   reaches the head is dropped too. Both are counted in [`QueueCounters`].
+//! - Messages are delivered in arrival order, and only once they are *deliverable*: each message
+//!   carries the journal sequence of its record, and the partition raises the deliverable mark
+//!   when a quorum holds the records (strong consistency) or the primary does (eventual), so a
+//!   consumer never reads what a failover could lose (DESIGN.md §7).
+//! - When a consumer goes away, its unconfirmed messages return to the head of the queue (in
+//!   their arrival order) and are redelivered (at-least-once). `delivery_attempt` is one plus
+//!   the number of *consumer failures* of the message: a consumer that went away (or closed the
+//!   queue) holding it. A consumer released for another reason — its proxy node's link dropped,
+//!   its node is stopping, the primary moved — does not count (BlazingMQ's redelivery-attempt
+//!   counter, with the failure rule of DESIGN.md §7).
+//! - A message whose consumer failures reach `max_delivery_attempts` (0 = unlimited) is removed
+//!   (a poison message); one older than `message_ttl` when it reaches the head is removed too;
+//!   [`QueueCore::purge`] removes everything. Each removal without a confirm is an event
+//!   ([`QueueEvent::Removed`]) the partition journals, logs and counts: nothing is dropped
+//!   silently.
 //!
 //! Costs: `put`, `confirm` and each `poll_delivery` step are O(1) in the queue depth (a
 //! `VecDeque` of GUIDs in delivery order plus a `HashMap` by GUID) and O(k) in the number k of
@@ -69,8 +81,50 @@ pub struct Delivery {
     pub payload: Bytes,
     /// The message's properties.
     pub properties: Vec<Property>,
-    /// 1 for the first delivery, incremented on each redelivery.
+    /// 1 plus the number of consumer failures of this message (see the module doc).
     pub delivery_attempt: u32,
+}
+
+/// Why a message left the queue without a confirm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RemovalReason {
+    /// Older than the domain's `message_ttl` when it reached the head of the queue.
+    Ttl,
+    /// Its consumer failures reached the domain's `max_delivery_attempts` (a poison message).
+    AttemptsExhausted,
+    /// Removed by an operator's purge of the queue.
+    Purged,
+}
+
+impl RemovalReason {
+    /// `ttl`, `attempts_exhausted` or `purged` (metric label, log field, journal value).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RemovalReason::Ttl => "ttl",
+            RemovalReason::AttemptsExhausted => "attempts_exhausted",
+            RemovalReason::Purged => "purged",
+        }
+    }
+}
+
+/// What the partition must journal and report, drained with [`QueueCore::poll_event`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueEvent {
+    /// A consumer holding `guid` went away without confirming it: a consumer failure. The
+    /// message goes back to the head of the queue with `failures` failures so far.
+    ConsumerFailed {
+        /// The message.
+        guid: Bytes,
+        /// Consumer failures of this message so far (at least 1).
+        failures: u32,
+    },
+    /// `guid` left the queue without a confirm.
+    Removed {
+        /// The message.
+        guid: Bytes,
+        /// Why.
+        reason: RemovalReason,
+    },
 }
 
 /// What [`QueueCore::put`] did with a message.
@@ -109,6 +163,10 @@ pub struct QueueCounters {
     pub ttl_expired: u64,
     /// Messages dropped because they reached `max_delivery_attempts`.
     pub attempts_exhausted: u64,
+    /// Messages removed by a purge.
+    pub purged: u64,
+    /// Consumer failures (a consumer went away holding a message), one per message released.
+    pub consumer_failures: u64,
 }
 
 /// A message held by the queue.
@@ -116,11 +174,13 @@ pub struct QueueCounters {
 struct Held {
     /// Arrival order, to put redelivered messages back in order.
     sequence: u64,
+    /// Journal sequence of the message's record: deliverable once at or below the mark.
+    journal_sequence: u64,
     arrival: Instant,
     payload: Bytes,
     properties: Vec<Property>,
-    /// Deliveries made so far.
-    deliveries: u32,
+    /// Consumer failures so far (see the module doc).
+    failures: u32,
     /// The consumer it is pushed to and not yet confirmed by; `None` while pending.
     consumer: Option<SessionAddr>,
 }
@@ -156,6 +216,9 @@ pub struct QueueCore {
     unconfirmed: usize,
     next_sequence: u64,
     consumers: BTreeMap<SessionAddr, Consumer>,
+    /// Messages whose journal sequence is at or below this may be delivered.
+    deliverable_through: u64,
+    events: VecDeque<QueueEvent>,
     /// The consumers with the highest priority, sorted by key; the round-robin ring.
     active: Vec<SessionAddr>,
     /// Index in `active` of the next consumer to try.
@@ -175,6 +238,8 @@ impl QueueCore {
             unconfirmed: 0,
             next_sequence: 0,
             consumers: BTreeMap::new(),
+            deliverable_through: 0,
+            events: VecDeque::new(),
             active: Vec::new(),
             round_robin_next: 0,
             counters: QueueCounters::default(),
@@ -191,8 +256,9 @@ impl QueueCore {
         &self.limits
     }
 
-    /// Stores a message at the tail. A GUID already held is a [`PutOutcome::Duplicate`] and is
-    /// not stored again; a full queue (`max_messages` or `max_bytes`) refuses it with
+    /// Stores a message at the tail; its record has journal sequence `journal_sequence` (it is
+    /// delivered once that is deliverable). A GUID already held is a [`PutOutcome::Duplicate`]
+    /// and is not stored again; a full queue (`max_messages` or `max_bytes`) refuses it with
     /// `LIMIT_REACHED`.
     pub fn put(
         &mut self,
@@ -200,6 +266,7 @@ impl QueueCore {
         guid: Bytes,
         payload: Bytes,
         properties: Vec<Property>,
+        journal_sequence: u64,
     ) -> PutOutcome {
         if self.messages.contains_key(&guid) {
             self.counters.duplicates += 1;
@@ -237,10 +304,11 @@ impl QueueCore {
             guid.clone(),
             Held {
                 sequence,
+                journal_sequence,
                 arrival: now,
                 payload,
                 properties,
-                deliveries: 0,
+                failures: 0,
                 consumer: None,
             },
         );
@@ -250,15 +318,16 @@ impl QueueCore {
     }
 
     /// Stores a message rebuilt from the journal by a new primary: no limit check (it was
-    /// accepted once), `deliveries` pushes already made (its next push carries attempt
-    /// `deliveries + 1`). A GUID already held is ignored.
+    /// accepted once), `failures` consumer failures so far (its next push carries attempt
+    /// `failures + 1`), record at `journal_sequence`. A GUID already held is ignored.
     pub fn restore(
         &mut self,
         now: Instant,
         guid: Bytes,
         payload: Bytes,
         properties: Vec<Property>,
-        deliveries: u32,
+        failures: u32,
+        journal_sequence: u64,
     ) {
         if self.messages.contains_key(&guid) {
             return;
@@ -270,14 +339,26 @@ impl QueueCore {
             guid.clone(),
             Held {
                 sequence,
+                journal_sequence,
                 arrival: now,
                 payload,
                 properties,
-                deliveries,
+                failures,
                 consumer: None,
             },
         );
         self.pending.push_back(guid);
+    }
+
+    /// Messages whose record's journal sequence is at or below `sequence` may be delivered
+    /// (the mark only rises).
+    pub fn set_deliverable_through(&mut self, sequence: u64) {
+        self.deliverable_through = self.deliverable_through.max(sequence);
+    }
+
+    /// The next event to journal and report, in order.
+    pub fn poll_event(&mut self) -> Option<QueueEvent> {
+        self.events.pop_front()
     }
 
     /// Attaches a consumer, or updates the options of one already attached (its unconfirmed
@@ -295,16 +376,26 @@ impl QueueCore {
     }
 
     /// Detaches a consumer. Its unconfirmed messages go back to the head of the queue, in
-    /// arrival order, for redelivery. Unknown keys are ignored.
-    pub fn remove_consumer(&mut self, key: SessionAddr) {
+    /// arrival order, for redelivery; with `failure` (the consumer went away or closed the
+    /// queue holding them) each counts one consumer failure ([`QueueEvent::ConsumerFailed`]),
+    /// and one whose failures reach `max_delivery_attempts` is removed
+    /// ([`QueueEvent::Removed`]). Unknown keys are ignored.
+    pub fn remove_consumer(&mut self, key: SessionAddr, failure: bool) {
         if let Some(consumer) = self.consumers.remove(&key) {
-            self.release(consumer);
+            let guids: Vec<Bytes> = consumer.unconfirmed.into_iter().collect();
+            let kept = if failure {
+                self.count_failures(guids)
+            } else {
+                guids
+            };
+            self.requeue_front(kept);
             self.recompute_active();
         }
     }
 
-    /// Detaches every consumer carried by `node` (a proxy node went away), as
-    /// [`QueueCore::remove_consumer`] does for each.
+    /// Detaches every consumer carried by `node` (the link to that proxy node dropped), as
+    /// [`QueueCore::remove_consumer`] does for each, without counting failures: the consumers
+    /// did not fail, their node's link did.
     pub fn remove_consumers_of_node(&mut self, node: NodeId) {
         let from = SessionAddr {
             origin_node: node,
@@ -347,27 +438,29 @@ impl QueueCore {
         true
     }
 
-    /// The next push to make, or `None` when nothing can be delivered now (empty queue, no
-    /// consumer, or every highest-priority consumer at capacity for the head message). Drops
-    /// expired and exhausted messages it meets at the head. Call until `None`.
+    /// The next push to make, or `None` when nothing can be delivered now (empty queue, head
+    /// not yet deliverable, no consumer, or every highest-priority consumer at capacity for the
+    /// head message). Removes expired and exhausted messages it meets at the head (as events).
+    /// Call until `None`.
     pub fn poll_delivery(&mut self, now: Instant) -> Option<Delivery> {
         loop {
             self.expire(now);
             let guid = self.pending.front()?.clone();
             let held = self.messages.get(&guid).expect("pending guid is held");
-            let attempt = held.deliveries + 1;
-            if self.limits.max_delivery_attempts > 0 && attempt > self.limits.max_delivery_attempts
-            {
+            if held.journal_sequence > self.deliverable_through {
+                return None;
+            }
+            if self.exhausted(held.failures) {
+                // The limit was lowered since the last failure (a configuration change).
                 self.pending.pop_front();
-                self.drop_held(&guid);
-                self.counters.attempts_exhausted += 1;
+                self.remove(guid, RemovalReason::AttemptsExhausted);
                 continue;
             }
+            let attempt = held.failures + 1;
             let size = held.payload.len() as u64;
             let consumer_key = self.pick_consumer(size)?;
             self.pending.pop_front();
             let held = self.messages.get_mut(&guid).expect("pending guid is held");
-            held.deliveries = attempt;
             held.consumer = Some(consumer_key);
             let delivery = Delivery {
                 consumer: consumer_key,
@@ -406,11 +499,33 @@ impl QueueCore {
                 break;
             }
             let guid = self.pending.pop_front().expect("front exists");
-            self.drop_held(&guid);
-            self.counters.ttl_expired += 1;
+            self.remove(guid, RemovalReason::Ttl);
             dropped += 1;
         }
         dropped
+    }
+
+    /// Removes every message, pending or unconfirmed (an operator's purge); each is a
+    /// [`QueueEvent::Removed`] with [`RemovalReason::Purged`]. Consumers stay attached; a later
+    /// confirm of a purged message is ignored. Returns how many were removed.
+    pub fn purge(&mut self) -> usize {
+        let mut held: Vec<(u64, Bytes)> = self
+            .messages
+            .iter()
+            .map(|(g, h)| (h.sequence, g.clone()))
+            .collect();
+        held.sort_unstable();
+        for consumer in self.consumers.values_mut() {
+            consumer.unconfirmed.clear();
+            consumer.unconfirmed_bytes = 0;
+        }
+        self.pending.clear();
+        self.unconfirmed = 0;
+        let removed = held.len();
+        for (_, guid) in held {
+            self.remove(guid, RemovalReason::Purged);
+        }
+        removed
     }
 
     /// Messages held: pending plus unconfirmed.
@@ -478,8 +593,47 @@ impl QueueCore {
         self.round_robin_next %= self.active.len();
     }
 
-    fn release(&mut self, consumer: Consumer) {
-        self.requeue_front(consumer.unconfirmed.into_iter().collect());
+    fn exhausted(&self, failures: u32) -> bool {
+        self.limits.max_delivery_attempts > 0 && failures >= self.limits.max_delivery_attempts
+    }
+
+    /// Counts one consumer failure for each of `guids` (unconfirmed by a consumer that went
+    /// away); removes those that reach the limit and returns the others, still unconfirmed.
+    fn count_failures(&mut self, guids: Vec<Bytes>) -> Vec<Bytes> {
+        let mut kept = Vec::with_capacity(guids.len());
+        for guid in guids {
+            let held = self
+                .messages
+                .get_mut(&guid)
+                .expect("unconfirmed guid is held");
+            held.failures += 1;
+            let failures = held.failures;
+            self.counters.consumer_failures += 1;
+            self.events.push_back(QueueEvent::ConsumerFailed {
+                guid: guid.clone(),
+                failures,
+            });
+            if self.exhausted(failures) {
+                self.messages.get_mut(&guid).expect("held").consumer = None;
+                self.unconfirmed -= 1;
+                self.remove(guid, RemovalReason::AttemptsExhausted);
+            } else {
+                kept.push(guid);
+            }
+        }
+        kept
+    }
+
+    /// Removes a held message that is neither pending nor unconfirmed any more, as an event.
+    fn remove(&mut self, guid: Bytes, reason: RemovalReason) {
+        let held = self.messages.remove(&guid).expect("removed guid is held");
+        self.bytes -= held.payload.len() as u64;
+        match reason {
+            RemovalReason::Ttl => self.counters.ttl_expired += 1,
+            RemovalReason::AttemptsExhausted => self.counters.attempts_exhausted += 1,
+            RemovalReason::Purged => self.counters.purged += 1,
+        }
+        self.events.push_back(QueueEvent::Removed { guid, reason });
     }
 
     /// Puts unconfirmed messages back at the head of the queue, oldest first.
@@ -495,11 +649,6 @@ impl QueueCore {
             self.unconfirmed -= 1;
             self.pending.push_front(guid);
         }
-    }
-
-    fn drop_held(&mut self, guid: &Bytes) {
-        let held = self.messages.remove(guid).expect("dropped guid is held");
-        self.bytes -= held.payload.len() as u64;
     }
 }
 
@@ -533,13 +682,31 @@ mod tests {
         Bytes::from(vec![n; 16])
     }
 
+    /// A queue whose every message is deliverable (the partition's mark is tested apart).
+    fn open(limits: QueueLimits) -> QueueCore {
+        let mut q = QueueCore::new("bmq://d/q".into(), limits);
+        q.set_deliverable_through(u64::MAX);
+        q
+    }
+
+    /// Puts messages `ns`, each with journal sequence `n`.
     fn put_n(q: &mut QueueCore, now: Instant, ns: impl IntoIterator<Item = u8>, size: usize) {
         for n in ns {
             assert_eq!(
-                q.put(now, guid(n), Bytes::from(vec![n; size]), vec![]),
+                q.put(
+                    now,
+                    guid(n),
+                    Bytes::from(vec![n; size]),
+                    vec![],
+                    u64::from(n)
+                ),
                 PutOutcome::Accepted
             );
         }
+    }
+
+    fn events(q: &mut QueueCore) -> Vec<QueueEvent> {
+        std::iter::from_fn(|| q.poll_event()).collect()
     }
 
     /// Drains every delivery as (consumer session, guid byte, attempt).
@@ -555,7 +722,7 @@ mod tests {
     fn round_robin_among_equal_priority() {
         // Three consumers of one priority receive messages in turn, in arrival order.
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         for s in 1..=3 {
             q.add_consumer(key(1, s), opts(0, 100, 1 << 20));
         }
@@ -583,13 +750,13 @@ mod tests {
         // A lower-priority consumer is a standby: it gets nothing while the higher one is
         // attached, even at capacity, and takes over (with redeliveries) once it leaves.
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
         q.add_consumer(key(1, 2), opts(5, 2, 1 << 20));
         put_n(&mut q, now, 1..=4, 10);
         assert_eq!(drain(&mut q, now), vec![(2, 1, 1), (2, 2, 1)]);
         assert_eq!(q.pending(), 2);
-        q.remove_consumer(key(1, 2));
+        q.remove_consumer(key(1, 2), true);
         assert_eq!(
             drain(&mut q, now),
             vec![(1, 1, 2), (1, 2, 2), (1, 3, 1), (1, 4, 1)]
@@ -601,7 +768,7 @@ mod tests {
     fn priority_update_by_re_adding() {
         // Re-adding a consumer with a higher priority makes it the only receiver.
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
         q.add_consumer(key(1, 2), opts(0, 100, 1 << 20));
         q.add_consumer(key(1, 2), opts(1, 100, 1 << 20));
@@ -615,7 +782,7 @@ mod tests {
         // A consumer at max_unconfirmed_messages gets nothing more until it confirms; a confirm
         // frees one slot and removes the message.
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         q.add_consumer(key(1, 1), opts(0, 2, 1 << 20));
         put_n(&mut q, now, 1..=4, 10);
         assert_eq!(drain(&mut q, now), vec![(1, 1, 1), (1, 2, 1)]);
@@ -643,7 +810,7 @@ mod tests {
         // unconfirmed still takes a message larger than its limit. Round-robin skips a consumer
         // without room.
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         q.add_consumer(key(1, 1), opts(0, 100, 25));
         put_n(&mut q, now, 1..=3, 10);
         assert_eq!(drain(&mut q, now), vec![(1, 1, 1), (1, 2, 1)]);
@@ -671,7 +838,7 @@ mod tests {
         // A removed consumer's unconfirmed messages go back to the head, in order, ahead of
         // newer ones, and are redelivered with attempt 2.
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
         q.add_consumer(key(1, 2), opts(0, 100, 1 << 20));
         put_n(&mut q, now, 1..=4, 10);
@@ -680,7 +847,7 @@ mod tests {
             vec![(1, 1, 1), (2, 2, 1), (1, 3, 1), (2, 4, 1)]
         );
         put_n(&mut q, now, 5..=5, 10);
-        q.remove_consumer(key(1, 1));
+        q.remove_consumer(key(1, 1), true);
         assert_eq!(q.unconfirmed(), 2);
         assert_eq!(q.consumer_count(), 1);
         assert_eq!(drain(&mut q, now), vec![(2, 1, 2), (2, 3, 2), (2, 5, 1)]);
@@ -689,16 +856,17 @@ mod tests {
         assert!(q.confirm(key(1, 2), &guid(1)));
         assert_eq!(q.counters().redeliveries, 2);
         // With no consumer left, nothing is delivered and everything is pending.
-        q.remove_consumer(key(1, 2));
+        q.remove_consumer(key(1, 2), true);
         assert_eq!(q.poll_delivery(now), None);
         assert_eq!((q.pending(), q.unconfirmed(), q.depth()), (4, 0, 4));
     }
 
     #[test]
     fn remove_consumers_of_node() {
-        // A proxy node going away releases exactly its consumers' messages.
+        // A proxy node's link dropping releases exactly its consumers' messages, redelivered
+        // with the same attempt: the consumers did not fail.
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         q.add_consumer(key(1, 7), opts(0, 100, 1 << 20));
         q.add_consumer(key(2, 1), opts(0, 100, 1 << 20));
         q.add_consumer(key(2, 2), opts(0, 100, 1 << 20));
@@ -721,7 +889,8 @@ mod tests {
         let again: Vec<_> = std::iter::from_fn(|| q.poll_delivery(now))
             .map(|d| (d.consumer, d.guid[0], d.delivery_attempt))
             .collect();
-        assert_eq!(again, vec![(key(1, 7), 2, 2), (key(3, 1), 3, 2)]);
+        assert_eq!(again, vec![(key(1, 7), 2, 1), (key(3, 1), 3, 1)]);
+        assert_eq!(q.counters().consumer_failures, 0);
         q.remove_consumers_of_node(NodeId(9));
         assert_eq!(q.consumer_count(), 2);
     }
@@ -735,14 +904,14 @@ mod tests {
             max_delivery_attempts: 2,
             ..UNLIMITED
         };
-        let mut q = QueueCore::new("bmq://d/q".into(), limits);
+        let mut q = open(limits);
         put_n(&mut q, now, 1..=2, 10);
         q.add_consumer(key(1, 1), opts(0, 1, 1 << 20));
         assert_eq!(drain(&mut q, now), vec![(1, 1, 1)]);
-        q.remove_consumer(key(1, 1));
+        q.remove_consumer(key(1, 1), true);
         q.add_consumer(key(1, 2), opts(0, 1, 1 << 20));
         assert_eq!(drain(&mut q, now), vec![(2, 1, 2)]);
-        q.remove_consumer(key(1, 2));
+        q.remove_consumer(key(1, 2), true);
         q.add_consumer(key(1, 3), opts(0, 1, 1 << 20));
         assert_eq!(drain(&mut q, now), vec![(3, 2, 1)]);
         assert_eq!(q.counters().attempts_exhausted, 1);
@@ -757,7 +926,7 @@ mod tests {
             message_ttl: Some(Duration::from_secs(10)),
             ..UNLIMITED
         };
-        let mut q = QueueCore::new("bmq://d/q".into(), limits);
+        let mut q = open(limits);
         put_n(&mut q, t0, 1..=2, 10);
         put_n(&mut q, t0 + Duration::from_secs(5), 3..=3, 10);
         let t = t0 + Duration::from_secs(10);
@@ -768,7 +937,7 @@ mod tests {
         // An unconfirmed message does not expire while held; it expires once released.
         let later = t0 + Duration::from_secs(100);
         assert_eq!(q.expire(later), 0);
-        q.remove_consumer(key(1, 1));
+        q.remove_consumer(key(1, 1), true);
         q.add_consumer(key(1, 2), opts(0, 100, 1 << 20));
         assert_eq!(drain(&mut q, later), vec![]);
         assert_eq!(q.counters().ttl_expired, 3);
@@ -780,17 +949,17 @@ mod tests {
         // A GUID already held (pending or unconfirmed) is a duplicate; after its confirm the
         // GUID may be stored again (the primary's GUID window handles that case).
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         put_n(&mut q, now, 1..=1, 10);
         assert_eq!(
-            q.put(now, guid(1), Bytes::from_static(b"x"), vec![]),
+            q.put(now, guid(1), Bytes::from_static(b"x"), vec![], 1),
             PutOutcome::Duplicate
         );
         assert_eq!((q.depth(), q.bytes()), (1, 10));
         q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
         assert_eq!(drain(&mut q, now), vec![(1, 1, 1)]);
         assert_eq!(
-            q.put(now, guid(1), Bytes::from_static(b"x"), vec![]),
+            q.put(now, guid(1), Bytes::from_static(b"x"), vec![], 1),
             PutOutcome::Duplicate
         );
         assert_eq!(drain(&mut q, now), vec![]);
@@ -808,9 +977,9 @@ mod tests {
             max_bytes: 25,
             ..UNLIMITED
         };
-        let mut q = QueueCore::new("bmq://d/q".into(), limits);
+        let mut q = open(limits);
         put_n(&mut q, now, 1..=2, 10);
-        let refused = q.put(now, guid(3), Bytes::from(vec![0; 1]), vec![]);
+        let refused = q.put(now, guid(3), Bytes::from(vec![0; 1]), vec![], 3);
         assert!(
             matches!(&refused, PutOutcome::Refused { status: AckStatus::LimitReached, reason } if reason.contains("2 messages")),
             "{refused:?}"
@@ -819,13 +988,13 @@ mod tests {
         drain(&mut q, now);
         assert!(q.confirm(key(1, 1), &guid(1)));
         // One slot free, but 10 + 16 bytes exceed 25.
-        let refused = q.put(now, guid(3), Bytes::from(vec![0; 16]), vec![]);
+        let refused = q.put(now, guid(3), Bytes::from(vec![0; 16]), vec![], 3);
         assert!(
             matches!(&refused, PutOutcome::Refused { status: AckStatus::LimitReached, reason } if reason.contains("25 bytes")),
             "{refused:?}"
         );
         assert_eq!(
-            q.put(now, guid(3), Bytes::from(vec![0; 15]), vec![]),
+            q.put(now, guid(3), Bytes::from(vec![0; 15]), vec![], 3),
             PutOutcome::Accepted
         );
         assert_eq!(q.counters().refused, 2);
@@ -836,12 +1005,12 @@ mod tests {
     fn properties_travel_with_the_message() {
         // A delivery carries the put's payload and properties.
         let now = Instant::now();
-        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        let mut q = open(UNLIMITED);
         let props = vec![Property {
             key: "k".into(),
             value: "v".into(),
         }];
-        q.put(now, guid(1), Bytes::from_static(b"body"), props.clone());
+        q.put(now, guid(1), Bytes::from_static(b"body"), props.clone(), 1);
         q.add_consumer(key(4, 2), opts(0, 1, 1));
         let d = q.poll_delivery(now).unwrap();
         assert_eq!(
@@ -854,5 +1023,113 @@ mod tests {
                 delivery_attempt: 1,
             }
         );
+    }
+
+    #[test]
+    fn nothing_is_delivered_beyond_the_deliverable_mark() {
+        // Messages wait until their journal sequence is deliverable (a quorum holds them), then
+        // go out in order.
+        let now = Instant::now();
+        let mut q = QueueCore::new("bmq://d/q".into(), UNLIMITED);
+        q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
+        put_n(&mut q, now, 1..=3, 10);
+        assert_eq!(drain(&mut q, now), vec![]);
+        q.set_deliverable_through(2);
+        assert_eq!(drain(&mut q, now), vec![(1, 1, 1), (1, 2, 1)]);
+        q.set_deliverable_through(1);
+        assert_eq!(drain(&mut q, now), vec![], "the mark never goes down");
+        q.set_deliverable_through(3);
+        assert_eq!(drain(&mut q, now), vec![(1, 3, 1)]);
+    }
+
+    #[test]
+    fn only_consumer_failures_raise_the_attempt() {
+        // A consumer that goes away holding a message is a failure (attempt 2, an event); a
+        // consumer released because its node's link dropped or its node stops is not.
+        let now = Instant::now();
+        let mut q = open(UNLIMITED);
+        put_n(&mut q, now, 1..=1, 10);
+        q.add_consumer(key(1, 1), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(1, 1, 1)]);
+        q.remove_consumer(key(1, 1), false);
+        q.add_consumer(key(2, 1), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(1, 1, 1)]);
+        q.remove_consumers_of_node(NodeId(2));
+        q.add_consumer(key(1, 2), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(2, 1, 1)]);
+        assert_eq!(events(&mut q), vec![]);
+        q.remove_consumer(key(1, 2), true);
+        assert_eq!(
+            events(&mut q),
+            vec![QueueEvent::ConsumerFailed {
+                guid: guid(1),
+                failures: 1
+            }]
+        );
+        q.add_consumer(key(1, 3), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(3, 1, 2)]);
+        assert_eq!(q.counters().consumer_failures, 1);
+    }
+
+    #[test]
+    fn removals_without_confirm_are_events() {
+        // Exhausted attempts, an expired TTL and a purge each report the message removed.
+        let now = Instant::now();
+        let limits = QueueLimits {
+            max_delivery_attempts: 1,
+            message_ttl: Some(Duration::from_secs(10)),
+            ..UNLIMITED
+        };
+        let mut q = open(limits);
+        put_n(&mut q, now, 1..=1, 10);
+        q.add_consumer(key(1, 1), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(1, 1, 1)]);
+        q.remove_consumer(key(1, 1), true);
+        assert_eq!(
+            events(&mut q),
+            vec![
+                QueueEvent::ConsumerFailed {
+                    guid: guid(1),
+                    failures: 1
+                },
+                QueueEvent::Removed {
+                    guid: guid(1),
+                    reason: RemovalReason::AttemptsExhausted
+                },
+            ]
+        );
+        assert_eq!((q.depth(), q.unconfirmed(), q.bytes()), (0, 0, 0));
+        put_n(&mut q, now, 2..=2, 10);
+        assert_eq!(q.expire(now + Duration::from_secs(10)), 1);
+        assert_eq!(
+            events(&mut q),
+            vec![QueueEvent::Removed {
+                guid: guid(2),
+                reason: RemovalReason::Ttl
+            }]
+        );
+        put_n(&mut q, now, 3..=4, 10);
+        q.add_consumer(key(1, 2), opts(0, 1, 1 << 20));
+        assert_eq!(drain(&mut q, now), vec![(2, 3, 1)]);
+        assert_eq!(q.purge(), 2);
+        let removed: Vec<QueueEvent> = events(&mut q);
+        assert_eq!(
+            removed,
+            vec![
+                QueueEvent::Removed {
+                    guid: guid(3),
+                    reason: RemovalReason::Purged
+                },
+                QueueEvent::Removed {
+                    guid: guid(4),
+                    reason: RemovalReason::Purged
+                },
+            ]
+        );
+        assert!(
+            !q.confirm(key(1, 2), &guid(3)),
+            "a purged message cannot be confirmed"
+        );
+        assert_eq!((q.depth(), q.unconfirmed(), q.bytes()), (0, 0, 0));
     }
 }

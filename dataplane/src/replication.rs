@@ -282,6 +282,11 @@ impl ReplicationCore {
         self.committed
     }
 
+    /// Highest sequence durable on this node (fsynced).
+    pub fn persisted(&self) -> u64 {
+        self.persisted
+    }
+
     /// Per replica: the highest sequence it has receipted (primary only).
     pub fn replica_receipts(&self) -> Vec<(NodeId, u64)> {
         self.replicas.iter().map(|(n, p)| (*n, p.receipt)).collect()
@@ -302,6 +307,11 @@ impl ReplicationCore {
             runs,
             last_sequence: self.last_sequence(),
         }
+    }
+
+    /// Whether outputs are waiting for [`ReplicationCore::poll_output`].
+    pub fn has_output(&self) -> bool {
+        !self.outputs.is_empty()
     }
 
     /// The next output to execute, in order.

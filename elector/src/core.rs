@@ -106,6 +106,9 @@ struct Scouting {
 /// `Clone` so that a model checker can branch on it; a clone continues with the same RNG stream.
 #[derive(Debug, Clone)]
 pub struct Elector {
+    /// The node is stopping gracefully: it never stands for election again (it still answers
+    /// and supports others), see [`Elector::retire`].
+    retired: bool,
     self_id: NodeId,
     peers: BTreeSet<NodeId>,
     /// Peers whose connection is down; every peer starts available.
@@ -171,6 +174,7 @@ impl Elector {
         }
         let peers: BTreeSet<NodeId> = peers.iter().copied().filter(|p| *p != self_id).collect();
         Elector {
+            retired: false,
             self_id,
             peers,
             unavailable: BTreeSet::new(),
@@ -229,6 +233,7 @@ impl Elector {
                 }
             })
         };
+        self.retired.hash(state);
         self.self_id.hash(state);
         self.peers.hash(state);
         self.unavailable.hash(state);
@@ -415,7 +420,8 @@ impl Elector {
                 let still_relevant = term == self.term
                     && self.state == ElectorState::Follower
                     && self.leader.is_none()
-                    && self.tentative_leader.is_none();
+                    && self.tentative_leader.is_none()
+                    && !self.retired;
                 if still_relevant {
                     self.become_candidate(now);
                 } else if self.state == ElectorState::Follower
@@ -458,6 +464,36 @@ impl Elector {
         self.broadcast(Kind::Cession(LeadershipCession { term: self.term.0 }));
         self.become_leaderless_follower(now, TransitionReason::LeadershipCeded, wait);
         self.publish_status();
+    }
+
+    /// Graceful stop (DESIGN.md §7): the node never stands for election again — no scouting,
+    /// no candidacy — and a leader cedes at once ([`Elector::cede_leadership`]); a candidate
+    /// gives up its candidacy. It keeps answering and supporting the other nodes, so the rest of
+    /// the cluster elects a leader that is not stopping. Irreversible: the process exits.
+    pub fn retire(&mut self, now: Instant) {
+        if self.retired {
+            return;
+        }
+        self.retired = true;
+        match self.state {
+            ElectorState::Leader => self.cede_leadership(now),
+            ElectorState::Candidate => {
+                let wait = self.random_wait();
+                self.become_leaderless_follower(now, TransitionReason::LeadershipCeded, wait);
+            }
+            _ => {}
+        }
+        self.scout_at = None;
+        self.scouting = None;
+        if matches!(self.pending, Some(Pending::Candidacy { .. })) {
+            self.pending = None;
+        }
+        self.publish_status();
+    }
+
+    /// Whether [`Elector::retire`] was called.
+    pub fn is_retired(&self) -> bool {
+        self.retired
     }
 
     /// The next output to execute, in order.
@@ -699,6 +735,9 @@ impl Elector {
     // ------------------------------------------------------------------ transitions
 
     fn start_scouting(&mut self, now: Instant) {
+        if self.retired {
+            return;
+        }
         // A supported candidate that has not become leader by now (its election would have
         // ended) is given up: otherwise a successful scouting would raise the term but never
         // lead to a candidacy, round after round (found by the simulator, seed 22).

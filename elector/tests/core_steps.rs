@@ -722,6 +722,43 @@ fn cede_leadership() {
     assert_eq!(drain(&mut l), vec![]);
 }
 
+/// retire (graceful stop): a leader cedes at once; afterwards the node never scouts or stands
+/// again, even when it loses its leader, but it still answers other nodes' scouting.
+#[test]
+fn retired_node_cedes_and_never_stands_again() {
+    let t = Instant::now();
+    let mut l = leader_of(3, t);
+    l.retire(at(t, 600));
+    let outputs = drain(&mut l);
+    assert_eq!(outputs[0], broadcast(cession(1)));
+    assert_eq!(l.status().state, Follower);
+    assert!(l.is_retired());
+    // No scouting, however long we wait.
+    for ms in (1_000..10_000).step_by(50) {
+        l.handle_timeout(at(t, ms));
+    }
+    assert!(!drain(&mut l).iter().any(is_scouting));
+    // Another node's scouting still gets our vote.
+    l.handle_message(at(t, 5_010), n(2), scouting_request(2));
+    assert_eq!(drain(&mut l), vec![send(2, scouting_response(2, true))]);
+
+    // A retired follower whose leader goes silent does not scout either.
+    let mut f = follower_of_2(t);
+    f.retire(at(t, 150));
+    assert_eq!(drain(&mut f), vec![]);
+    for ms in (200..10_000).step_by(50) {
+        f.handle_timeout(at(t, ms));
+    }
+    let outputs = drain(&mut f);
+    assert_eq!(f.status().leader, None, "the silent leader was dropped");
+    assert!(!outputs.iter().any(is_scouting), "{outputs:?}");
+}
+
+fn is_scouting(o: &ElectorOutput) -> bool {
+    matches!(o, ElectorOutput::Broadcast { message }
+        if matches!(message.kind, Some(Kind::ScoutingRequest(_))))
+}
+
 /// Unknown senders, empty messages and a dormant elector are ignored.
 #[test]
 fn unknown_sender_and_dormant_are_ignored() {

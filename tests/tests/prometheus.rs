@@ -574,6 +574,7 @@ async fn check_rules(prom: &PrometheusServer) -> anyhow::Result<Vec<String>> {
     names.sort();
     let expected = [
         "BmqLeaderFlapping",
+        "BmqMessagesRemovedWithoutConfirm",
         "BmqMetadataReplicationLag",
         "BmqNoLeader",
         "BmqNodeDown",

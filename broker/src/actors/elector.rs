@@ -8,7 +8,8 @@
 //! - [`PeerAvailability`]: a peer's control connection went up or down;
 //! - [`SubscribeLeadership`]: register for [`LeadershipChanged`] (the current status is sent at
 //!   once);
-//! - [`SetQuorum`], [`CedeLeadership`]: admin actions (runtime quorum, graceful stop/transfer);
+//! - [`SetQuorum`], [`CedeLeadership`]: admin actions (runtime quorum, transfer);
+//! - [`Retire`]: graceful stop (cede, and never stand again);
 //! - [`GetElectorStatus`]: answers an [`ElectorSnapshot`] (for `/status` and metrics).
 //!
 //! Sends:
@@ -86,6 +87,12 @@ pub struct SetQuorum {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct CedeLeadership;
+
+/// Graceful stop: cede leadership if held, and never stand for election again
+/// ([`Elector::retire`]).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Retire;
 
 /// Ask for the elector's current status and effective quorum.
 #[derive(Message, Debug, Clone)]
@@ -331,6 +338,16 @@ impl Handler<CedeLeadership> for ElectorActor {
 
     fn handle(&mut self, _msg: CedeLeadership, ctx: &mut Self::Context) {
         self.core.cede_leadership(Instant::now());
+        self.drive(ctx);
+    }
+}
+
+impl Handler<Retire> for ElectorActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: Retire, ctx: &mut Self::Context) {
+        info!("elector retired: this node will not lead again");
+        self.core.retire(Instant::now());
         self.drive(ctx);
     }
 }

@@ -8,9 +8,11 @@
 //! considered settled at the next commit, or retried after `PROPOSAL_TIMEOUT`.
 //!
 //! A node that announces it is stopping (`NodeStopping`, from its `NodeStatusAdvisory
-//! { STOPPING }` or from this node's own graceful stop) counts as unavailable for primaries
-//! until its links drop, so the leader moves its partitions away while it still runs and
-//! serves as a replica during the new primaries' healing (graceful stop, DESIGN.md §7).
+//! { STOPPING }` or from this node's own graceful stop) is never chosen as a new primary. It
+//! keeps the primaries it has while it drains (its consumers confirm what they hold, its
+//! journals reach a quorum); once it announces `DRAINED` (or its links drop) the leader moves
+//! them to nodes that are up and not stopping, while it still runs and serves as a replica
+//! during the new primaries' healing (graceful stop, DESIGN.md §7).
 //!
 //! When every partition has a live, healed (ACTIVE) primary, primaries are rebalanced
 //! gradually ([`bmq_metadata::plan_rebalance`]): one partition at a time moves from the node with the most
@@ -51,13 +53,21 @@ pub struct PrimaryActive {
     pub lease: LeaseId,
 }
 
-/// `node` announced a graceful stop: move its primaries away.
+/// `node` announced a graceful stop: never give it a primary; once `drained`, move its
+/// primaries away.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct NodeStopping {
     /// The stopping node.
     pub node: NodeId,
+    /// It has drained: move its primaries now.
+    pub drained: bool,
 }
+
+/// Asks which peers announced a graceful stop and are still connected (this node excluded).
+#[derive(Message)]
+#[rtype(result = "BTreeSet<NodeId>")]
+pub struct GetStoppingPeers;
 
 /// See the module doc.
 pub struct HealthActor {
@@ -67,8 +77,8 @@ pub struct HealthActor {
     active_leader: bool,
     state: Arc<ClusterState>,
     in_flight_since: Option<Instant>,
-    /// Nodes that announced a graceful stop and are still connected.
-    stopping: BTreeSet<NodeId>,
+    /// Nodes that announced a graceful stop and are still connected, and whether each drained.
+    stopping: std::collections::BTreeMap<NodeId, bool>,
     mailbox_capacity: usize,
 }
 
@@ -88,23 +98,29 @@ impl HealthActor {
             active_leader: false,
             state: Arc::new(ClusterState::new(0)),
             in_flight_since: None,
-            stopping: BTreeSet::new(),
+            stopping: std::collections::BTreeMap::new(),
         }
     }
 
-    fn available(&mut self) -> BTreeSet<NodeId> {
-        let mut available: BTreeSet<NodeId> = self
+    /// The nodes that are up (this one included). A stopping node that has gone is forgotten
+    /// here: when it comes back it is an ordinary node.
+    fn up(&mut self) -> BTreeSet<NodeId> {
+        let mut up: BTreeSet<NodeId> = self
             .peers
             .peer_availability()
             .into_iter()
             .filter_map(|(id, up)| up.then_some(id))
             .collect();
-        available.insert(self.self_id);
-        // A stopping peer that has gone is forgotten: when it comes back it is available.
+        up.insert(self.self_id);
         let self_id = self.self_id;
-        self.stopping
-            .retain(|n| *n == self_id || available.contains(n));
-        for n in &self.stopping {
+        self.stopping.retain(|n, _| *n == self_id || up.contains(n));
+        up
+    }
+
+    /// The nodes that may be given a primary: up and not stopping.
+    fn available(&mut self) -> BTreeSet<NodeId> {
+        let mut available = self.up();
+        for n in self.stopping.keys() {
             available.remove(n);
         }
         available
@@ -121,6 +137,13 @@ impl HealthActor {
             return;
         }
         let available = self.available();
+        // Stopping nodes that have not drained yet keep their primaries for now.
+        let draining: BTreeSet<NodeId> = self
+            .stopping
+            .iter()
+            .filter(|(_, drained)| !**drained)
+            .map(|(n, _)| *n)
+            .collect();
         let plan: Vec<_> = plan_primary_assignment(&self.state, &available)
             .into_iter()
             .map(|mut p| {
@@ -129,11 +152,15 @@ impl HealthActor {
                 p
             })
             .filter(|p| {
-                // Only partitions without a live primary (see the module doc).
+                // Only partitions without a live primary, and not those of a node still
+                // draining (see the module doc).
                 self.state
                     .partitions
                     .get(&bmq_proto::PartitionId(p.partition_id))
-                    .is_none_or(|cur| cur.primary.is_none_or(|n| !available.contains(&n)))
+                    .is_none_or(|cur| {
+                        cur.primary
+                            .is_none_or(|n| !available.contains(&n) && !draining.contains(&n))
+                    })
             })
             .collect();
         let plan = if plan.is_empty() {
@@ -227,11 +254,38 @@ impl Handler<NodeStopping> for HealthActor {
     type Result = ();
 
     fn handle(&mut self, msg: NodeStopping, ctx: &mut Self::Context) {
-        if self.stopping.insert(msg.node) {
-            info!(node = %msg.node, "node stopping: its primaries will move");
-            self.in_flight_since = None;
-            self.check(ctx);
+        let was = self.stopping.get(&msg.node).copied();
+        let drained = msg.drained || was == Some(true);
+        self.stopping.insert(msg.node, drained);
+        match was {
+            None if !drained => {
+                info!(node = %msg.node, "node stopping: never a new primary; it keeps its primaries while it drains")
+            }
+            None | Some(false) if drained => {
+                info!(node = %msg.node, "stopping node drained: its primaries move")
+            }
+            // A repeated announcement.
+            _ => return,
         }
+        self.in_flight_since = None;
+        self.check(ctx);
+    }
+}
+
+impl Handler<GetStoppingPeers> for HealthActor {
+    type Result = actix::MessageResult<GetStoppingPeers>;
+
+    fn handle(&mut self, _msg: GetStoppingPeers, _ctx: &mut Self::Context) -> Self::Result {
+        // `up` forgets stopping peers that have gone.
+        self.up();
+        let self_id = self.self_id;
+        actix::MessageResult(
+            self.stopping
+                .keys()
+                .copied()
+                .filter(|n| *n != self_id)
+                .collect(),
+        )
     }
 }
 

@@ -9,6 +9,7 @@
 //! - [`PartitionRequest`]: OpenQueue, PUT, CONFIRM, CloseQueue from a session (local or
 //!   proxied through a peer);
 //! - [`PartitionSessionGone`], [`PartitionNodeGone`]: consumers went away;
+//! - [`StopDelivering`]: the node is stopping gracefully, push nothing new;
 //! - [`PartitionPeerMessage`]: replication traffic from a peer;
 //! - [`PartitionRoleChanged`]: the committed primary, lease and status (on every commit);
 //! - [`SetPartitionQuorum`]: the effective quorum changed (`POST /admin/quorum/{n}`);
@@ -64,13 +65,19 @@ pub struct PartitionRequest {
     pub message: ClientMessage,
 }
 
-/// A session ended: release its consumers.
+/// A session ended (its client went away): release its consumers, counting a consumer failure
+/// for every message they held.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct PartitionSessionGone {
     /// The session.
     pub session: SessionAddr,
 }
+
+/// The node is stopping gracefully: push nothing new (see `node::graceful_stop`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopDelivering;
 
 /// A proxy node became unavailable: release every consumer it carried.
 #[derive(Message)]
@@ -238,6 +245,7 @@ impl PartitionActor {
             ("bmq_queue_push_total", c.pushes),
             ("bmq_queue_redeliveries_total", c.redeliveries),
             ("bmq_queue_confirm_total", c.confirms),
+            ("bmq_queue_consumer_failures_total", c.consumer_failures),
             ("bmq_partition_invalid_requests_total", c.invalid_requests),
         ];
         for (name, n) in counters {
@@ -251,6 +259,15 @@ impl PartitionActor {
         ] {
             if n > 0 {
                 metrics::counter!("bmq_queue_nack_total", "reason" => reason).increment(n);
+            }
+        }
+        for (reason, n) in [
+            ("ttl", c.removed_ttl),
+            ("attempts_exhausted", c.removed_attempts_exhausted),
+            ("purged", c.removed_purged),
+        ] {
+            if n > 0 {
+                metrics::counter!("bmq_queue_removed_total", "reason" => reason).increment(n);
             }
         }
     }
@@ -330,6 +347,15 @@ impl Handler<PartitionSessionGone> for PartitionActor {
 
     fn handle(&mut self, msg: PartitionSessionGone, ctx: &mut Self::Context) {
         self.core.handle_session_gone(Instant::now(), msg.session);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<StopDelivering> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: StopDelivering, ctx: &mut Self::Context) {
+        self.core.handle_stop_delivering(Instant::now());
         self.drive(ctx);
     }
 }
