@@ -481,6 +481,7 @@ impl Connection {
                     payload: push.payload,
                     properties: push.properties,
                     delivery_attempt: push.delivery_attempt,
+                    out_of_order: push.out_of_order,
                 });
             }
             Some(Kind::OpenQueueResponse(response)) => {

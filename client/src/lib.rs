@@ -190,8 +190,13 @@ pub struct Message {
     pub payload: Bytes,
     /// The producer's properties.
     pub properties: Vec<Property>,
-    /// 1 on the first delivery; higher on redeliveries.
+    /// 1 plus the number of consumer failures of this message (a consumer that went away or
+    /// closed the queue holding it); a failover alone does not raise it.
     pub delivery_attempt: u32,
+    /// The message may have been delivered before and may arrive after later messages of its
+    /// producer (a redelivery, or recovered by a new primary). Without it, each producer's
+    /// messages arrive in the order they were sent.
+    pub out_of_order: bool,
 }
 
 /// The broker's answer to one PUT: resolves to its [`Ack`] (whose status may be a NACK), or to

@@ -140,6 +140,7 @@ impl FakeBroker {
                             payload: payload.clone(),
                             properties: vec![],
                             delivery_attempt: 1,
+                            out_of_order: false,
                         }));
                     }
                 }

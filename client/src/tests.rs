@@ -70,6 +70,7 @@ async fn round_trip() {
         payload: Bytes::from_static(b"pushed"),
         properties: vec![],
         delivery_attempt: 1,
+        out_of_order: true,
     })));
     let message = tokio::time::timeout(WAIT, client.next_message())
         .await
@@ -77,6 +78,7 @@ async fn round_trip() {
         .unwrap();
     assert_eq!(message.payload, "pushed");
     assert_eq!(message.delivery_attempt, 1);
+    assert!(message.out_of_order);
     client.confirm(&message.uri, message.guid).await.unwrap();
     assert!(
         matches!(broker.next().await, Kind::Confirm(c) if c.uri == URI && c.guid == [9u8; 16][..])

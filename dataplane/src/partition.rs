@@ -685,6 +685,7 @@ impl Partition {
                 payload: put.payload.clone(),
                 properties: put.properties.clone(),
                 delivery_attempt: 1,
+                out_of_order: false,
             };
             self.reply(
                 consumer,
@@ -775,6 +776,7 @@ impl Partition {
                 payload: d.payload,
                 properties: d.properties,
                 delivery_attempt: d.delivery_attempt,
+                out_of_order: d.out_of_order,
             };
             self.reply(
                 d.consumer,

@@ -83,6 +83,9 @@ pub struct Delivery {
     pub properties: Vec<Property>,
     /// 1 plus the number of consumer failures of this message (see the module doc).
     pub delivery_attempt: u32,
+    /// The message may have been delivered before: it was released by a consumer (for any
+    /// reason) or restored by a new primary, so it may overtake later messages.
+    pub out_of_order: bool,
 }
 
 /// Why a message left the queue without a confirm.
@@ -181,6 +184,8 @@ struct Held {
     properties: Vec<Property>,
     /// Consumer failures so far (see the module doc).
     failures: u32,
+    /// Released by a consumer or restored from the journal: it may have been delivered before.
+    out_of_order: bool,
     /// The consumer it is pushed to and not yet confirmed by; `None` while pending.
     consumer: Option<SessionAddr>,
 }
@@ -309,6 +314,7 @@ impl QueueCore {
                 payload,
                 properties,
                 failures: 0,
+                out_of_order: false,
                 consumer: None,
             },
         );
@@ -344,6 +350,7 @@ impl QueueCore {
                 payload,
                 properties,
                 failures,
+                out_of_order: true,
                 consumer: None,
             },
         );
@@ -468,6 +475,7 @@ impl QueueCore {
                 payload: held.payload.clone(),
                 properties: held.properties.clone(),
                 delivery_attempt: attempt,
+                out_of_order: held.out_of_order,
             };
             let consumer = self
                 .consumers
@@ -646,6 +654,7 @@ impl QueueCore {
                 .expect("unconfirmed guid is held");
             debug_assert!(held.consumer.is_some());
             held.consumer = None;
+            held.out_of_order = true;
             self.unconfirmed -= 1;
             self.pending.push_front(guid);
         }
@@ -1021,6 +1030,7 @@ mod tests {
                 payload: Bytes::from_static(b"body"),
                 properties: props,
                 delivery_attempt: 1,
+                out_of_order: false,
             }
         );
     }
@@ -1131,5 +1141,24 @@ mod tests {
             "a purged message cannot be confirmed"
         );
         assert_eq!((q.depth(), q.unconfirmed(), q.bytes()), (0, 0, 0));
+    }
+
+    #[test]
+    fn released_and_restored_messages_are_out_of_order() {
+        // A message released by a consumer (for any reason) or restored by a new primary may
+        // have been delivered before: its push says so; a first delivery does not.
+        let now = Instant::now();
+        let mut q = open(UNLIMITED);
+        put_n(&mut q, now, 1..=2, 10);
+        q.restore(now, guid(3), Bytes::from_static(b"x"), vec![], 0, 3);
+        q.add_consumer(key(1, 1), opts(0, 1, 1 << 20));
+        let first = q.poll_delivery(now).unwrap();
+        assert!(!first.out_of_order);
+        q.remove_consumers_of_node(NodeId(1));
+        q.add_consumer(key(2, 1), opts(0, 3, 1 << 20));
+        let flags: Vec<(u8, bool)> = std::iter::from_fn(|| q.poll_delivery(now))
+            .map(|d| (d.guid[0], d.out_of_order))
+            .collect();
+        assert_eq!(flags, vec![(1, true), (2, false), (3, true)]);
     }
 }

@@ -11,10 +11,20 @@
 //! - **no ACKed message lost**: every PUT acknowledged with `SUCCESS` was pushed to a consumer;
 //! - **nothing delivered that was never sent**: every PUSH carries a verified self-checking
 //!   payload whose `(producer, sequence)` was PUT with the same GUID;
-//! - **per-producer order**: for each consumer and producer, the first deliveries
-//!   (`delivery_attempt == 1`, not seen before by that consumer) arrive in increasing
-//!   sequence. Redeliveries are exempt, as in BlazingMQ: a message redelivered after its
-//!   consumer went away may overtake;
+//! - **per-producer order**: for each consumer and producer, the first deliveries (not seen
+//!   before by that consumer, and not flagged `out_of_order` by the broker) arrive in increasing
+//!   sequence. Redeliveries are flagged and exempt, as in BlazingMQ (PUSH flag `OUT_OF_ORDER`):
+//!   a message redelivered after its consumer, a proxy node or the primary went away may
+//!   overtake;
+//! - **no dirty read**: every message a consumer received was eventually ACKed `SUCCESS` to its
+//!   producer. Under strong consistency a message is delivered only once a quorum holds it, and a
+//!   message a quorum holds is ACKed to a producer that keeps resending (the client library
+//!   does, the primary ACKs duplicates); so a delivered message that is never ACKed was read
+//!   while no quorum held it, and a failover could lose it;
+//! - **no silent drop**: every message ACKed `SUCCESS` and delivered was confirmed by some
+//!   consumer by the end (the workload's consumers confirm everything before they stop): an
+//!   ACKed message that disappears without a confirm — dropped after too many delivery
+//!   attempts, say — is a violation;
 //! - **at most one leader per term**: no two nodes ever reported `state == leader` with the
 //!   same term (from `/status` and from the logs).
 //!
@@ -77,8 +87,10 @@ pub enum Event {
         seq: u64,
         /// The message GUID.
         guid: Vec<u8>,
-        /// The broker's delivery attempt (1 = first delivery).
+        /// The broker's delivery attempt (1 + consumer failures).
         attempt: u32,
+        /// The broker flagged it as possibly delivered before (a redelivery).
+        out_of_order: bool,
     },
     /// A consumer received a payload that did not verify.
     CorruptPush {
@@ -226,6 +238,22 @@ pub enum Violation {
         /// The verification error.
         error: String,
     },
+    /// A consumer received a message that was never ACKed `SUCCESS` to its producer.
+    DirtyRead {
+        /// Consumer id.
+        consumer: u32,
+        /// Producer id.
+        producer: u64,
+        /// Sequence.
+        seq: u64,
+    },
+    /// A message ACKed `SUCCESS` and delivered was never confirmed.
+    SilentDrop {
+        /// Producer id.
+        producer: u64,
+        /// Sequence.
+        seq: u64,
+    },
     /// A first delivery arrived after a later sequence of the same producer.
     Reordered {
         /// Consumer id.
@@ -267,6 +295,8 @@ impl Violation {
             Violation::GuidMismatch { .. } => "guid_mismatch",
             Violation::Corrupt { .. } => "corrupt",
             Violation::Reordered { .. } => "reordered",
+            Violation::DirtyRead { .. } => "dirty_read",
+            Violation::SilentDrop { .. } => "silent_drop",
             Violation::TwoLeaders { .. } => "two_leaders",
             Violation::Panic { .. } => "panic",
             Violation::NotConverged { .. } => "not_converged",
@@ -291,6 +321,14 @@ impl fmt::Display for Violation {
             Violation::Corrupt { consumer, error } => {
                 write!(f, "corrupt payload at consumer {consumer}: {error}")
             }
+            Violation::DirtyRead { consumer, producer, seq } => write!(
+                f,
+                "dirty read: consumer {consumer} got producer {producer} seq {seq}, never ACKed SUCCESS"
+            ),
+            Violation::SilentDrop { producer, seq } => write!(
+                f,
+                "silent drop: producer {producer} seq {seq} was ACKed and delivered, never confirmed"
+            ),
             Violation::Reordered { consumer, producer, previous, seq } => write!(
                 f,
                 "reordered: consumer {consumer} got producer {producer} seq {seq} after seq {previous}"
@@ -310,6 +348,9 @@ pub fn check(history: &[Entry]) -> Vec<Violation> {
     let mut puts: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
     let mut acked: BTreeSet<(u64, u64)> = BTreeSet::new();
     let mut delivered: BTreeSet<(u64, u64)> = BTreeSet::new();
+    // Who received what: (consumer, producer, seq).
+    let mut receipts: BTreeSet<(u32, u64, u64)> = BTreeSet::new();
+    let mut confirmed_guids: BTreeSet<Vec<u8>> = BTreeSet::new();
     // (consumer, producer) -> (sequences seen, highest first-delivery sequence)
     let mut order: HashMap<(u32, u64), (BTreeSet<u64>, Option<u64>)> = HashMap::new();
     let mut leaders: BTreeMap<u64, BTreeSet<u32>> = BTreeMap::new();
@@ -329,16 +370,21 @@ pub fn check(history: &[Entry]) -> Vec<Violation> {
             } => {
                 acked.insert((*producer, *seq));
             }
-            Event::Ack { .. } | Event::Confirm { .. } | Event::Fault { .. } => {}
+            Event::Confirm { guid, .. } => {
+                confirmed_guids.insert(guid.clone());
+            }
+            Event::Ack { .. } | Event::Fault { .. } => {}
             Event::Push {
                 consumer,
                 producer,
                 seq,
                 guid,
-                attempt,
+                out_of_order,
+                ..
             } => {
                 let key = (*producer, *seq);
                 delivered.insert(key);
+                receipts.insert((*consumer, *producer, *seq));
                 match puts.get(&key) {
                     None => {
                         violations.insert(Violation::Phantom {
@@ -357,7 +403,7 @@ pub fn check(history: &[Entry]) -> Vec<Violation> {
                     Some(_) => {}
                 }
                 let (seen, highest) = order.entry((*consumer, *producer)).or_default();
-                if seen.insert(*seq) && *attempt == 1 {
+                if seen.insert(*seq) && !*out_of_order {
                     if let Some(previous) = *highest {
                         if *seq < previous {
                             violations.insert(Violation::Reordered {
@@ -391,6 +437,28 @@ pub fn check(history: &[Entry]) -> Vec<Violation> {
             producer: *producer,
             seq: *seq,
         });
+    }
+    for (consumer, producer, seq) in &receipts {
+        // A message never PUT is a phantom, reported above.
+        let key = (*producer, *seq);
+        if puts.contains_key(&key) && !acked.contains(&key) {
+            violations.insert(Violation::DirtyRead {
+                consumer: *consumer,
+                producer: *producer,
+                seq: *seq,
+            });
+        }
+    }
+    for key in acked.intersection(&delivered) {
+        let confirmed = puts
+            .get(key)
+            .is_some_and(|guid| confirmed_guids.contains(guid));
+        if !confirmed {
+            violations.insert(Violation::SilentDrop {
+                producer: key.0,
+                seq: key.1,
+            });
+        }
     }
     for (term, nodes) in leaders {
         if nodes.len() > 1 {
@@ -514,6 +582,9 @@ pub struct WorkloadConfig {
     pub put_interval: Duration,
     /// Payload size, bytes (at least the 32-byte header).
     pub payload_size: usize,
+    /// Each consumer keeps the first this many messages it receives unconfirmed until it is
+    /// told to stop (then confirms them); every other message is confirmed at once.
+    pub hold_first: usize,
 }
 
 /// Counts of a finished workload.
@@ -636,6 +707,7 @@ impl Workload {
             workload.consumers.push(tokio::spawn(consume(
                 client,
                 consumer_id,
+                config.hold_first,
                 recorder.clone(),
                 consuming.clone(),
             )));
@@ -782,9 +854,25 @@ async fn produce(
 async fn consume(
     client: Client,
     consumer: u32,
+    hold_first: usize,
     recorder: Recorder,
     mut stop: watch::Receiver<bool>,
 ) {
+    // The first `hold_first` distinct messages, kept unconfirmed until the stop.
+    let mut held: Vec<(String, bytes::Bytes)> = Vec::new();
+    let mut seen: BTreeSet<Vec<u8>> = BTreeSet::new();
+    let confirm = |uri: String, guid: bytes::Bytes| {
+        let client = client.clone();
+        let recorder = recorder.clone();
+        async move {
+            if client.confirm(&uri, guid.clone()).await.is_ok() {
+                recorder.record(Event::Confirm {
+                    consumer,
+                    guid: guid.to_vec(),
+                });
+            }
+        }
+    };
     loop {
         let message = tokio::select! {
             _ = stop.changed() => break,
@@ -798,22 +886,26 @@ async fn consume(
                 seq,
                 guid: message.guid.to_vec(),
                 attempt: message.delivery_attempt,
+                out_of_order: message.out_of_order,
             }),
             Err(e) => recorder.record(Event::CorruptPush {
                 consumer,
                 error: e.to_string(),
             }),
         }
-        if client
-            .confirm(&message.uri, message.guid.clone())
-            .await
-            .is_ok()
-        {
-            recorder.record(Event::Confirm {
-                consumer,
-                guid: message.guid.to_vec(),
-            });
+        let first_time = seen.insert(message.guid.to_vec());
+        if held.len() < hold_first && first_time {
+            held.push((message.uri, message.guid));
+            continue;
         }
+        if held.iter().any(|(_, g)| *g == message.guid) {
+            // A held message redelivered (its primary moved): keep holding it.
+            continue;
+        }
+        confirm(message.uri, message.guid).await;
+    }
+    for (uri, guid) in held {
+        confirm(uri, guid).await;
     }
 }
 
@@ -954,6 +1046,7 @@ mod tests {
         }
     }
 
+    /// A push; `attempt > 1` also marks it out of order (a redelivery).
     fn push(consumer: u32, producer: u64, seq: u64, attempt: u32) -> Event {
         Event::Push {
             consumer,
@@ -961,6 +1054,14 @@ mod tests {
             seq,
             guid: vec![producer as u8, seq as u8],
             attempt,
+            out_of_order: attempt > 1,
+        }
+    }
+
+    fn confirm(consumer: u32, producer: u64, seq: u64) -> Event {
+        Event::Confirm {
+            consumer,
+            guid: vec![producer as u8, seq as u8],
         }
     }
 
@@ -985,7 +1086,9 @@ mod tests {
             ack(1, 1),
             push(1, 1, 0, 1),
             push(1, 1, 1, 1),
+            confirm(1, 1, 1),
             push(1, 1, 0, 2),
+            confirm(1, 1, 0),
             leader(2, 4),
         ]);
         assert_eq!(check(&h), vec![]);
@@ -1006,6 +1109,7 @@ mod tests {
                 outcome: AckOutcome::Nack(AckStatus::Timeout as i32),
             },
             push(1, 1, 0, 1),
+            confirm(1, 1, 0),
         ]);
         assert_eq!(
             check(&h),
@@ -1021,6 +1125,7 @@ mod tests {
         // Producer 2 never put seq 5; producer 1 seq 0 arrives under a GUID nobody sent.
         let h = at(vec![
             put(1, 0),
+            ack(1, 0),
             push(1, 2, 5, 1),
             Event::Push {
                 consumer: 1,
@@ -1028,6 +1133,7 @@ mod tests {
                 seq: 0,
                 guid: vec![9, 9],
                 attempt: 1,
+                out_of_order: false,
             },
         ]);
         assert_eq!(
@@ -1043,6 +1149,10 @@ mod tests {
                     producer: 1,
                     seq: 0
                 },
+                Violation::SilentDrop {
+                    producer: 1,
+                    seq: 0
+                },
             ]
         );
     }
@@ -1050,25 +1160,67 @@ mod tests {
     #[test]
     fn reordering_is_detected_but_redeliveries_are_exempt() {
         // Consumer 1 gets seq 2 before seq 1 on first delivery: reordered. Consumer 2 gets seq 1
-        // as a redelivery (attempt 2) after seq 2: allowed.
-        let h = at(vec![
-            put(1, 0),
-            put(1, 1),
-            put(1, 2),
+        // as a redelivery (flagged out of order) after seq 2: allowed.
+        let mut events = Vec::new();
+        for seq in 0..3 {
+            events.extend([put(1, seq), ack(1, seq)]);
+        }
+        events.extend([
             push(1, 1, 0, 1),
             push(1, 1, 2, 1),
             push(1, 1, 1, 1),
             push(2, 1, 2, 1),
             push(2, 1, 1, 2),
         ]);
+        events.extend((0..3).map(|seq| confirm(1, 1, seq)));
         assert_eq!(
-            check(&h),
+            check(&at(events)),
             vec![Violation::Reordered {
                 consumer: 1,
                 producer: 1,
                 previous: 2,
                 seq: 1
             }]
+        );
+    }
+
+    #[test]
+    fn dirty_read_and_silent_drop_are_detected() {
+        // Seq 0 was delivered although its PUT was never ACKed SUCCESS (the producer gave up):
+        // a dirty read. Seq 1 was ACKed and delivered but nobody ever confirmed it: dropped.
+        // Seq 2 was NACKed and never delivered: fine.
+        let h = at(vec![
+            put(1, 0),
+            put(1, 1),
+            put(1, 2),
+            Event::Ack {
+                producer: 1,
+                seq: 0,
+                outcome: AckOutcome::NoAck("gave up".into()),
+            },
+            ack(1, 1),
+            Event::Ack {
+                producer: 1,
+                seq: 2,
+                outcome: AckOutcome::Nack(AckStatus::LimitReached as i32),
+            },
+            push(3, 1, 0, 1),
+            confirm(3, 1, 0),
+            push(3, 1, 1, 1),
+        ]);
+        assert_eq!(
+            check(&h),
+            vec![
+                Violation::DirtyRead {
+                    consumer: 3,
+                    producer: 1,
+                    seq: 0
+                },
+                Violation::SilentDrop {
+                    producer: 1,
+                    seq: 1
+                },
+            ]
         );
     }
 

@@ -429,16 +429,46 @@ impl Drop for Cluster {
 /// The sum of every sample of the metric family `name` (all label sets) on the node whose admin
 /// address is `admin`, read from a real `GET /metrics`; 0 when the family is absent.
 pub async fn metric(admin: &str, name: &str) -> anyhow::Result<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(admin).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    Ok(body
+    let body = bmqctl::http::get(admin, "/metrics").await?;
+    Ok(String::from_utf8_lossy(&body)
         .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']))
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
+}
+
+/// The partition of queue `uri` and its committed primary, once the queue is assigned and the
+/// partition has a primary (waits up to `timeout`, reading every node's `/status`).
+pub async fn primary_of_queue(
+    cluster: &Cluster,
+    uri: &str,
+    timeout: Duration,
+) -> anyhow::Result<(u32, u32)> {
+    let docs = cluster
+        .wait_for_all(timeout, "queue assigned with a primary", |s| {
+            s.queues.iter().any(|q| {
+                q.uri == uri
+                    && s.partitions
+                        .iter()
+                        .any(|p| p.partition_id == q.partition_id && p.primary.is_some())
+            })
+        })
+        .await?;
+    let doc = &docs[0];
+    let partition = doc
+        .queues
+        .iter()
+        .find(|q| q.uri == uri)
+        .context("queue listed")?
+        .partition_id;
+    let primary = doc
+        .partitions
+        .iter()
+        .find(|p| p.partition_id == partition)
+        .and_then(|p| p.primary)
+        .context("partition has a primary")?;
+    Ok((partition, primary))
 }

@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure};
+use anyhow::{bail, ensure, Context};
 use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_tests::history::{
     scan_logs, Event, LeaderPoller, Recorder, Report, Violation, Workload, WorkloadConfig,
@@ -126,6 +126,17 @@ impl Ctx {
     /// Starts the recorded workload on `queues` (two producers and one consumer per queue),
     /// its clients attached to every node except `avoid`.
     async fn start_workload(&mut self, queues: Vec<String>, avoid: &[u32]) -> anyhow::Result<()> {
+        self.start_workload_holding(queues, avoid, 0).await
+    }
+
+    /// [`Ctx::start_workload`], each consumer holding its first `hold_first` messages
+    /// unconfirmed until the workload stops.
+    async fn start_workload_holding(
+        &mut self,
+        queues: Vec<String>,
+        avoid: &[u32],
+        hold_first: usize,
+    ) -> anyhow::Result<()> {
         let brokers = self
             .nc
             .ids()
@@ -141,6 +152,7 @@ impl Ctx {
             producers_per_queue: 2,
             put_interval: Duration::from_millis(10),
             payload_size: 256,
+            hold_first,
         };
         self.workload = Some(Workload::start(config, self.recorder.clone()).await?);
         Ok(())
@@ -562,6 +574,126 @@ async fn rolling_restart_under_load() {
             ctx.nc.cluster.start_node(id)?;
             ctx.recorder.fault(format!("restart n{id}"));
             ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        }
+        ctx.wait_progress(100, Duration::from_secs(20)).await
+    });
+}
+
+/// A queue's primary is cut off from both replicas by the kernel (iptables) while its producer
+/// and consumer stay connected to it: one PUT is neither ACKed nor delivered (no quorum holds
+/// it). The primary is then killed and the network healed: the survivors heal without that
+/// record, the producer's client resends it, and it is ACKed and delivered once — never read
+/// while only the isolated primary held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_primary_no_dirty_read() {
+    scenario!("isolated_primary", 3, |ctx| {
+        let leader = ctx.leader;
+        let queue = ctx
+            .pick_queues(&[leader], None, 1)
+            .await?
+            .pop()
+            .context("a queue")?;
+        let statuses = ctx.nc.statuses_of(&[leader]).await;
+        let status = statuses[0]
+            .1
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let partition = status
+            .queues
+            .iter()
+            .find(|q| q.uri == queue)
+            .context("queue assigned")?
+            .partition_id;
+        let primary = status
+            .partitions
+            .iter()
+            .find(|p| p.partition_id == partition)
+            .and_then(|p| p.primary)
+            .context("primary")?;
+        // Both clients start on the primary and may fail over to the others.
+        let mut brokers = ctx.nc.client_addrs();
+        brokers.rotate_left((primary - 1) as usize);
+        let mut config = ClientConfig::new(brokers.clone());
+        config.request_timeout = Duration::from_secs(20);
+        let producer = Client::connect(config.clone()).await?;
+        producer.open_queue(&queue, OpenOptions::write()).await?;
+        let consumer = Client::connect(config).await?;
+        consumer
+            .open_queue(&queue, OpenOptions::read(Default::default()))
+            .await?;
+        producer
+            .put(&queue, bytes::Bytes::from_static(b"before"), vec![])
+            .await?
+            .await?;
+        let before = tokio::time::timeout(Duration::from_secs(10), consumer.next_message())
+            .await?
+            .context("first message")?;
+        consumer.confirm(&before.uri, before.guid).await?;
+
+        for other in ctx.nc.ids().into_iter().filter(|&i| i != primary) {
+            ctx.nc.net.cut(primary, other)?;
+            ctx.recorder.fault(format!("cut n{primary} - n{other}"));
+        }
+        let pending = producer
+            .put(&queue, bytes::Bytes::from_static(b"isolated"), vec![])
+            .await?;
+        let early =
+            tokio::time::timeout(Duration::from_millis(1500), consumer.next_message()).await;
+        ensure!(
+            early.is_err(),
+            "dirty read: the consumer got {:?} while only the isolated primary held it",
+            early.ok().flatten().map(|m| m.payload)
+        );
+        ctx.nc.cluster.kill_node(primary)?;
+        ctx.recorder.fault(format!("SIGKILL n{primary}"));
+        ctx.nc.net.heal()?;
+        ctx.recorder.fault("heal");
+        let ack = tokio::time::timeout(Duration::from_secs(30), pending).await??;
+        ensure!(
+            ack.status == bmq_proto::client::AckStatus::Success as i32,
+            "the resent PUT was not ACKed: {ack:?}"
+        );
+        let message = tokio::time::timeout(Duration::from_secs(30), consumer.next_message())
+            .await?
+            .context("the resent message")?;
+        ensure!(message.payload == "isolated", "got {:?}", message.payload);
+        consumer.confirm(&message.uri, message.guid).await?;
+        if let Ok(Some(again)) =
+            tokio::time::timeout(Duration::from_millis(500), consumer.next_message()).await
+        {
+            bail!("delivered twice: {:?}", again.payload);
+        }
+        ctx.nc.cluster.start_node(primary)?;
+        ctx.recorder.fault(format!("restart n{primary}"));
+        ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        let _ = producer.disconnect().await;
+        let _ = consumer.disconnect().await;
+        Ok(())
+    });
+}
+
+/// Two rounds of rolling graceful restarts (six primary moves, more than the domain's
+/// `max_delivery_attempts` of 5) while every consumer holds its first 20 messages unconfirmed:
+/// a move or a stop must not count as a delivery attempt, so the held messages are never
+/// dropped (the checker's "silent drop") and are confirmed at the end; nothing is read before
+/// a quorum holds it ("dirty read").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_holding_unconfirmed() {
+    scenario!("rolling_restart_holding", 3, |ctx| {
+        let queues = ctx.pick_queues(&[], None, 2).await?;
+        ctx.start_workload_holding(queues, &[], 20).await?;
+        ctx.wait_progress(100, Duration::from_secs(20)).await?;
+        for round in 0..2 {
+            for id in ctx.nc.ids() {
+                ctx.nc.cluster.stop_node(id)?;
+                ctx.recorder.fault(format!("round {round}: SIGTERM n{id}"));
+                let others: Vec<u32> = ctx.nc.ids().into_iter().filter(|&i| i != id).collect();
+                ctx.nc.wait_for_leader_among(&others, LEADER_BOUND).await?;
+                ctx.wait_progress(50, Duration::from_secs(20)).await?;
+                ctx.nc.cluster.start_node(id)?;
+                ctx.recorder.fault(format!("round {round}: restart n{id}"));
+                ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+            }
         }
         ctx.wait_progress(100, Duration::from_secs(20)).await
     });

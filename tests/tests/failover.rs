@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_proto::client::{AckStatus, ConsumerOptions};
-use bmq_tests::Cluster;
+use bmq_tests::{primary_of_queue, Cluster};
 use bmqctl::payload;
 
 const QUEUE: &str = "bmq://bmq.test/failover";
@@ -109,38 +109,6 @@ async fn consume(client: Client, seen: Seen, stop: Arc<AtomicU64>) -> anyhow::Re
     Ok(())
 }
 
-/// Finds the queue's partition and its primary from `/status`.
-async fn primary_of_queue(cluster: &Cluster) -> anyhow::Result<(u32, u32)> {
-    let docs = cluster
-        .wait_for_all(
-            Duration::from_secs(20),
-            "queue assigned with a primary",
-            |s| {
-                s.queues.iter().any(|q| {
-                    q.uri == QUEUE
-                        && s.partitions
-                            .iter()
-                            .any(|p| p.partition_id == q.partition_id && p.primary.is_some())
-                })
-            },
-        )
-        .await?;
-    let doc = &docs[0];
-    let partition = doc
-        .queues
-        .iter()
-        .find(|q| q.uri == QUEUE)
-        .expect("checked")
-        .partition_id;
-    let primary = doc
-        .partitions
-        .iter()
-        .find(|p| p.partition_id == partition)
-        .and_then(|p| p.primary)
-        .expect("checked");
-    Ok((partition, primary))
-}
-
 /// Runs the scenario: the primary of the queue's partition gets `signal` mid-production.
 /// Producer 1 and the consumer are attached to the two other nodes (the proxy path);
 /// producer 2 is attached to the primary itself (the client library must reconnect).
@@ -150,7 +118,7 @@ async fn scenario(cluster: &mut Cluster, signal: i32) -> anyhow::Result<()> {
     // Assign the queue and learn its primary.
     let opener = Client::connect(client_config(addrs.clone(), "opener")).await?;
     opener.open_queue(QUEUE, OpenOptions::write()).await?;
-    let (partition, primary) = primary_of_queue(cluster).await?;
+    let (partition, primary) = primary_of_queue(cluster, QUEUE, Duration::from_secs(20)).await?;
     opener.disconnect().await.ok();
     let others: Vec<u32> = (1..=3).filter(|n| *n != primary).collect();
     let addr = |n: u32| addrs[(n - 1) as usize].clone();
