@@ -134,8 +134,15 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
 
     check_ports_free(&configs)?;
 
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
+    // Both listeners exist before the first node starts: a signal that arrives between two
+    // polls of the supervisor is kept by the listener, never lost (a `ctrl_c()` future made
+    // after the signal would miss it).
+    let mut signals = StopSignals {
+        interrupt: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .context("cannot listen for SIGINT")?,
+        terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot listen for SIGTERM")?,
+    };
     let targets: Vec<ScrapeTarget> = configs
         .iter()
         .map(|c| ScrapeTarget {
@@ -152,7 +159,7 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
         if !args.no_prometheus {
             prometheus_child = start_prometheus(&dir, &targets, &args.prometheus_listen);
         }
-        supervise(&mut nodes, &mut sigterm).await
+        supervise(&mut nodes, &mut signals).await
     }
     .await;
     stop_all(&mut nodes).await;
@@ -421,11 +428,14 @@ fn start_node(broker_bin: &Path, config: BrokerConfig) -> anyhow::Result<Node> {
     })
 }
 
+/// The signals that stop `cluster up`: SIGINT (Ctrl-C) and SIGTERM.
+struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
 /// Waits for the leader, prints the summary, then watches the nodes until Ctrl-C or SIGTERM.
-async fn supervise(
-    nodes: &mut [Node],
-    sigterm: &mut tokio::signal::unix::Signal,
-) -> anyhow::Result<()> {
+async fn supervise(nodes: &mut [Node], signals: &mut StopSignals) -> anyhow::Result<()> {
     let admins: Vec<String> = nodes
         .iter()
         .map(|n| n.config.self_member().admin_addr())
@@ -457,11 +467,11 @@ async fn supervise(
                     log_tail(&node.log_path)
                 );
             }
-            _ = tokio::signal::ctrl_c() => {
+            _ = signals.interrupt.recv() => {
                 println!("interrupted; stopping the cluster");
                 return Ok(());
             }
-            _ = sigterm.recv() => {
+            _ = signals.terminate.recv() => {
                 println!("terminated; stopping the cluster");
                 return Ok(());
             }
@@ -498,11 +508,11 @@ async fn supervise(
                     bail!("every node has exited");
                 }
             }
-            _ = tokio::signal::ctrl_c() => {
+            _ = signals.interrupt.recv() => {
                 println!("interrupted; stopping the cluster");
                 return Ok(());
             }
-            _ = sigterm.recv() => {
+            _ = signals.terminate.recv() => {
                 println!("terminated; stopping the cluster");
                 return Ok(());
             }
