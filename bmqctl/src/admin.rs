@@ -4,6 +4,10 @@
 //!   leadership and its primaries, then exits within its `limits.graceful_stop_timeout_ms`.
 //! - `bmqctl admin cede-leadership --admin HOST:PORT`: the node gives up leadership if it holds
 //!   it (`POST /admin/cede-leadership`).
+//! - `bmqctl admin purge --queue URI --admin HOST:PORT`: removes every outstanding message of
+//!   the queue (`POST /admin/purge?queue=URI`, BlazingMQ's PURGE); any node takes it and
+//!   redirects to the queue's primary. Each message removed is logged and counted
+//!   (`bmq_queue_removed_total{reason="purged"}`) and journaled.
 //!
 //! When the node has an admin token configured, pass it with `--token` or the
 //! `BMQ_ADMIN_TOKEN` environment variable; without either, the local cluster's
@@ -22,6 +26,19 @@ pub enum AdminCommand {
     Stop(AdminTarget),
     /// Make a node give up leadership (if it leads).
     CedeLeadership(AdminTarget),
+    /// Remove every outstanding message of a queue (all its app ids), logged and counted.
+    Purge(PurgeArgs),
+}
+
+/// `bmqctl admin purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// The queue, `bmq://domain/name`.
+    #[arg(long, value_name = "URI")]
+    pub queue: String,
+    /// Any node; it redirects to the queue's primary.
+    #[command(flatten)]
+    pub target: AdminTarget,
 }
 
 /// Which node to act on.
@@ -48,8 +65,12 @@ pub struct AdminTarget {
 /// Runs an admin action and prints the node's answer.
 pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     let (target, path) = match &command {
-        AdminCommand::Stop(t) => (t, "/admin/stop"),
-        AdminCommand::CedeLeadership(t) => (t, "/admin/cede-leadership"),
+        AdminCommand::Stop(t) => (t, "/admin/stop".to_string()),
+        AdminCommand::CedeLeadership(t) => (t, "/admin/cede-leadership".to_string()),
+        AdminCommand::Purge(p) => (
+            &p.target,
+            format!("/admin/purge?queue={}", percent_encode(&p.queue)),
+        ),
     };
     let timeout = Duration::from_millis(target.timeout_ms);
     let token = match &target.token {
@@ -66,7 +87,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     };
     let body = tokio::time::timeout(
         timeout,
-        crate::http::post(&target.admin, path, token.as_deref()),
+        crate::http::post(&target.admin, &path, token.as_deref()),
     )
     .await
     .map_err(|_| {
@@ -78,4 +99,28 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     })??;
     print!("{body}");
     Ok(())
+}
+
+/// `s` with every byte outside RFC 3986's unreserved set percent-encoded (for a query value).
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn queue_uris_are_percent_encoded() {
+        assert_eq!(
+            super::percent_encode("bmq://d.x/q-1"),
+            "bmq%3A%2F%2Fd.x%2Fq-1"
+        );
+    }
 }

@@ -26,7 +26,44 @@ pub async fn post(addr: &str, path: &str, token: Option<&str>) -> anyhow::Result
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
+/// A `307 Temporary Redirect` to `Location` (e.g. a purge sent to a node that is not the
+/// queue's primary): followed once by [`exchange`].
+#[derive(Debug)]
+struct Redirect(String);
+
+impl std::fmt::Display for Redirect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "redirected to {}", self.0)
+    }
+}
+
+impl std::error::Error for Redirect {}
+
 async fn exchange(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<Vec<u8>> {
+    match exchange_once(addr, method, path, token).await {
+        Err(e) => match e.downcast_ref::<Redirect>() {
+            Some(Redirect(location)) => {
+                let rest = location
+                    .strip_prefix("http://")
+                    .ok_or_else(|| anyhow!("unsupported redirect to {location:?}"))?;
+                let (to, path) = match rest.find('/') {
+                    Some(i) => (&rest[..i], &rest[i..]),
+                    None => (rest, "/"),
+                };
+                exchange_once(to, method, path, token).await
+            }
+            None => Err(e),
+        },
+        ok => ok,
+    }
+}
+
+async fn exchange_once(
     addr: &str,
     method: &str,
     path: &str,
@@ -84,6 +121,7 @@ fn parse_http_response(response: &[u8]) -> anyhow::Result<Vec<u8>> {
     }
     let mut content_length = None;
     let mut chunked = false;
+    let mut location = None;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             bail!("malformed HTTP header {line:?}");
@@ -97,6 +135,13 @@ fn parse_http_response(response: &[u8]) -> anyhow::Result<Vec<u8>> {
             );
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             chunked = value.to_ascii_lowercase().contains("chunked");
+        } else if name.eq_ignore_ascii_case("location") {
+            location = Some(value.to_string());
+        }
+    }
+    if code == "307" {
+        if let Some(location) = location {
+            return Err(Redirect(location).into());
         }
     }
     let body = if chunked {

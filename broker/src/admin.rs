@@ -16,6 +16,8 @@
 //!   changes this node only: set it on every node for a cluster-wide change.
 //! - `POST /admin/cede-leadership`: the leader cedes at once (graceful transfer).
 //! - `POST /admin/stop`: graceful stop, as on SIGTERM.
+//! - `POST /admin/purge?queue=URI`: removes every outstanding message of the queue (BlazingMQ's
+//!   PURGE) on its primary; another node answers `307` to the primary's admin address.
 //!
 //! The three `POST` actions change the cluster: when `admin.token` is configured (or a client
 //! token has the `admin` permission) they require `Authorization: Bearer <token>` and answer
@@ -39,7 +41,7 @@ use tracing::{info, warn};
 
 use crate::actors::elector::{CedeLeadership, ElectorActor, GetElectorStatus, SetQuorum};
 use crate::actors::metadata::{GetMetadataStatus, MetadataActor, SetMetadataQuorum};
-use crate::actors::partition::GetPartitionStats;
+use crate::actors::partition::{GetPartitionStats, PurgeQueue};
 use crate::net::peers::PeerHub;
 use crate::router::Router;
 
@@ -116,6 +118,11 @@ fn register_counters_at_zero() {
         "bmq_client_auth_failures_total",
         "bmq_client_unauthorized_total",
         "bmq_client_tls_failures_total",
+        "bmq_journal_written_bytes_total",
+        "bmq_journal_rollovers_total",
+        "bmq_journal_segments_deleted_total",
+        "bmq_journal_compactions_total",
+        "bmq_journal_torn_tail_truncations_total",
     ];
     for name in COUNTERS {
         metrics::counter!(*name).increment(0);
@@ -125,9 +132,13 @@ fn register_counters_at_zero() {
         "retransmit_buffer_full",
         "unknown_queue",
         "limit_reached",
+        "quota",
+        "storage_failure",
+        "invalid",
     ] {
         metrics::counter!("bmq_queue_nack_total", "reason" => reason).increment(0);
     }
+    metrics::counter!("bmq_journal_write_failures_total", "reason" => "no_space").increment(0);
     for reason in ["ttl", "attempts_exhausted", "purged"] {
         metrics::counter!("bmq_queue_removed_total", "reason" => reason).increment(0);
     }
@@ -247,7 +258,7 @@ pub async fn refresh_scrape_gauges(ctx: &AdminContext) {
         let started = std::time::Instant::now();
         let answer = tokio::time::timeout(SCRAPE_ACTOR_TIMEOUT, addr.send(GetPartitionStats)).await;
         let took = match answer {
-            Ok(Ok(stats)) => {
+            Ok(Ok(Some(stats))) => {
                 local.insert(id, stats);
                 started.elapsed()
             }
@@ -370,7 +381,9 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
     let metadata = tokio::time::timeout(timeout, ctx.metadata.send(GetMetadataStatus)).await??;
     let mut local = std::collections::HashMap::new();
     for (id, addr) in ctx.router.local_partitions() {
-        if let Ok(Ok(stats)) = tokio::time::timeout(timeout, addr.send(GetPartitionStats)).await {
+        if let Ok(Ok(Some(stats))) =
+            tokio::time::timeout(timeout, addr.send(GetPartitionStats)).await
+        {
             local.insert(id, stats);
         }
     }
@@ -495,6 +508,82 @@ async fn stop(ctx: web::Data<AdminContext>, req: HttpRequest) -> HttpResponse {
     HttpResponse::Ok().body("graceful stop started: ceding leadership and primaries\n")
 }
 
+/// The query of `POST /admin/purge`.
+#[derive(serde::Deserialize)]
+struct PurgeQuery {
+    queue: String,
+}
+
+async fn purge(
+    ctx: web::Data<AdminContext>,
+    req: HttpRequest,
+    query: web::Query<PurgeQuery>,
+) -> HttpResponse {
+    if let Some(refused) = refuse_unauthorized(&ctx, &req) {
+        return refused;
+    }
+    let uri = query.into_inner().queue;
+    let state = ctx.router.cluster().borrow().clone();
+    let Some(assignment) = state.queues.get(&uri) else {
+        return HttpResponse::NotFound().body(format!(
+            "queue {uri} is not assigned to a partition (never opened)\n"
+        ));
+    };
+    let partition = assignment.partition;
+    let primary = state.partitions.get(&partition).and_then(|p| p.primary);
+    let me = ctx.config.node_id;
+    match primary {
+        Some(node) if node.0 == me => {
+            let addr = ctx
+                .router
+                .local_partitions()
+                .into_iter()
+                .find(|(id, _)| *id == partition)
+                .map(|(_, addr)| addr);
+            let answer = match addr {
+                Some(addr) => addr
+                    .send(PurgeQueue { uri: uri.clone() })
+                    .await
+                    .ok()
+                    .flatten(),
+                None => None,
+            };
+            match answer {
+                Some(removed) => {
+                    info!(queue = %uri, %partition, removed, "queue purged by an operator");
+                    HttpResponse::Ok().body(format!(
+                        "purged {removed} messages of {uri} (partition {partition}, primary node {me})\n"
+                    ))
+                }
+                None => HttpResponse::ServiceUnavailable().body(format!(
+                    "partition {partition} is not active on this node yet; retry\n"
+                )),
+            }
+        }
+        Some(node) => match ctx.config.members.iter().find(|m| m.id == node.0) {
+            Some(member) => HttpResponse::TemporaryRedirect()
+                .insert_header((
+                    "Location",
+                    format!(
+                        "http://{}{}",
+                        member.admin_addr(),
+                        req.uri()
+                            .path_and_query()
+                            .map_or("/admin/purge", |p| p.as_str())
+                    ),
+                ))
+                .body(format!(
+                    "node {} is the primary of partition {partition}\n",
+                    node.0
+                )),
+            None => HttpResponse::ServiceUnavailable()
+                .body(format!("node {} is not a configured member\n", node.0)),
+        },
+        None => HttpResponse::ServiceUnavailable()
+            .body(format!("partition {partition} has no primary; retry\n")),
+    }
+}
+
 async fn cede(ctx: web::Data<AdminContext>, req: HttpRequest) -> HttpResponse {
     if let Some(refused) = refuse_unauthorized(&ctx, &req) {
         return refused;
@@ -521,6 +610,7 @@ pub fn start_admin_server(
             .route("/admin/quorum/{n}", web::post().to(set_quorum))
             .route("/admin/cede-leadership", web::post().to(cede))
             .route("/admin/stop", web::post().to(stop))
+            .route("/admin/purge", web::post().to(purge))
     })
     .workers(1)
     .disable_signals()

@@ -26,7 +26,7 @@ use std::time::Instant;
 use actix::{Actor, Addr, Recipient};
 use bmq_config::BrokerConfig;
 use bmq_dataplane::{
-    refusal, ConsumerDefaults, DomainPolicies, Partition, PartitionConfig, ReplicationConfig,
+    refusal, ConsumerDefaults, DomainPolicies, PartitionConfig, ReplicationConfig, StoreConfig,
 };
 use bmq_metadata::{ClusterState, PrimaryStatus};
 use bmq_proto::client::{client_message::Kind as ClientKind, ClientMessage, Status, StatusCode};
@@ -36,7 +36,7 @@ use bmq_proto::peer::{
 };
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use tokio::sync::{broadcast, mpsc, watch};
-use tracing::{debug, error};
+use tracing::debug;
 
 use crate::actors::health::PrimaryActive;
 use crate::actors::metadata::RequestQueueAssignment;
@@ -444,7 +444,8 @@ impl Router {
     pub async fn drain_status(&self, timeout: std::time::Duration) -> DrainStatus {
         let mut status = DrainStatus::default();
         for (_, addr) in self.local_partitions() {
-            if let Ok(Ok(stats)) = tokio::time::timeout(timeout, addr.send(GetPartitionStats)).await
+            if let Ok(Ok(Some(stats))) =
+                tokio::time::timeout(timeout, addr.send(GetPartitionStats)).await
             {
                 if stats.role == bmq_dataplane::PartitionRole::Active {
                     status.unconfirmed += stats.unconfirmed;
@@ -481,6 +482,7 @@ impl Router {
                 guid_window_max: usize::try_from(c.limits.duplicate_guid_window_max)
                     .unwrap_or(usize::MAX),
                 guid_window_age: c.limits.duplicate_guid_window(),
+                in_sync_timeout: c.storage.in_sync_timeout(),
             },
             policies: self.policies.clone(),
             consumer_defaults: ConsumerDefaults {
@@ -489,6 +491,17 @@ impl Router {
                 max_unconfirmed_bytes: c.limits.max_unconfirmed_bytes_default,
             },
             wall_clock_anchor: (Instant::now(), wall_clock_ms()),
+        }
+    }
+
+    /// The journal settings of every partition on this node (`[storage]`).
+    fn store_config(&self) -> StoreConfig {
+        let s = &self.config.storage;
+        StoreConfig {
+            segment_size_max: s.segment_size_bytes(),
+            cache_bytes_max: s.cache_bytes(),
+            quota_bytes: s.partition_quota_bytes(),
+            fsync: true,
         }
     }
 
@@ -510,28 +523,20 @@ impl Router {
             if !partitions.contains_key(id) {
                 let cfg = self.partition_config(*id);
                 let outbox: Arc<dyn PartitionOutbox> = self.clone();
-                let opened = PartitionActor::open(
+                let actor = PartitionActor::new(
                     *id,
-                    &self.journal_dir(*id),
-                    |records| Partition::new(cfg, records),
+                    self.journal_dir(*id),
+                    self.store_config(),
+                    cfg,
                     outbox,
                     self.config.limits.mailbox_capacity(),
                 );
-                match opened {
-                    Ok(actor) => {
-                        // Each partition runs on its own thread, so journal fsyncs never
-                        // delay the peer links, the sessions or another partition.
-                        let arbiter = actix::Arbiter::new();
-                        let addr =
-                            PartitionActor::start_in_arbiter(&arbiter.handle(), move |_| actor);
-                        partitions.insert(*id, addr);
-                    }
-                    Err(e) => {
-                        error!(partition = %id, error = %e, "cannot open the partition journal: stopping the node");
-                        actix::System::current().stop_with_code(1);
-                        return;
-                    }
-                }
+                // Each partition runs on its own thread (its journal is opened there, so the
+                // partitions of a restarting node are read in parallel), so journal fsyncs
+                // never delay the peer links, the sessions or another partition.
+                let arbiter = actix::Arbiter::new();
+                let addr = PartitionActor::start_in_arbiter(&arbiter.handle(), move |_| actor);
+                partitions.insert(*id, addr);
             }
             let addr = partitions.get(id).expect("inserted above");
             // Bounded by the commit rate; a full mailbox is caught up at the next commit.

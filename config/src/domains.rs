@@ -147,6 +147,16 @@ pub fn validate_domains(domains: &[DomainConfig]) -> Result<(), ConfigError> {
                 "a fanout domain needs at least one app id",
             ));
         }
+        // The journal's index tracks a message's apps in a 64-bit mask.
+        if d.app_ids.len() > 64 {
+            return Err(ConfigError::invalid(
+                field("app_ids"),
+                format!(
+                    "{} app ids; a fanout domain has at most 64",
+                    d.app_ids.len()
+                ),
+            ));
+        }
         for (j, app) in d.app_ids.iter().enumerate() {
             let valid = !app.is_empty()
                 && app.len() <= APP_ID_LEN_MAX

@@ -34,7 +34,7 @@ pub use error::ConfigError;
 pub use local::{local_cluster, LOCAL_CLUSTER_BASE_PORT, LOCAL_CLUSTER_TOML};
 pub use sections::{
     is_valid_host, ElectorSettings, FsyncSetting, LimitsSettings, LinkSettings, LogSettings,
-    MemberConfig, MetadataSettings, ReplicationSettings, FRAME_SIZE_MAX_BYTES,
+    MemberConfig, MetadataSettings, ReplicationSettings, StorageSettings, FRAME_SIZE_MAX_BYTES,
     FRAME_SIZE_MIN_BYTES, LEDGER_FILE_SIZE_MIN_BYTES,
 };
 pub use security::{
@@ -97,6 +97,9 @@ pub struct BrokerConfig {
     /// Partition replication: batch size, in-flight window, resend interval (DESIGN.md §7).
     #[serde(default)]
     pub replication: ReplicationSettings,
+    /// Partition journals on disk: segment size, cache, quota (DESIGN.md §7).
+    #[serde(default)]
+    pub storage: StorageSettings,
     /// The domains queues can be opened in (`bmq://<domain>/<queue>`).
     #[serde(default)]
     pub domains: Vec<DomainConfig>,
@@ -193,6 +196,7 @@ impl BrokerConfig {
         self.metadata.validate()?;
         self.limits.validate()?;
         self.replication.validate()?;
+        self.storage.validate()?;
         validate_domains(&self.domains)?;
         self.log.validate()?;
         self.admin.validate()?;

@@ -1,5 +1,5 @@
 //! The node-wide sections of the configuration: `[[members]]`, `[elector]`, `[link]`,
-//! `[metadata]`, `[limits]`, `[replication]`, `[log]`. Each section validates itself and names
+//! `[metadata]`, `[limits]`, `[replication]`, `[storage]`, `[log]`. Each section validates itself and names
 //! the offending field in its error.
 
 use std::path::PathBuf;
@@ -557,6 +557,95 @@ impl ReplicationSettings {
                     "{} must not be below replication.batch_records_max ({})",
                     self.in_flight_records_max, self.batch_records_max
                 ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Partition journals on disk (DESIGN.md §7, "Storage for months"): segment size, the
+/// in-memory cache of recent records, a disk quota, and when a silent replica stops holding
+/// back space reclamation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageSettings {
+    /// Size at which a partition's journal segment is closed and a new one started (MiB, 1 to
+    /// 1024). Disk use stays within about two segments of the outstanding data. Default 32.
+    pub segment_size_mb: u64,
+    /// Payload bytes of recent records each partition keeps in memory, so deliveries and
+    /// replication of fresh messages need no disk read (MiB, 0 to 4096). Default 8.
+    pub cache_mb: u64,
+    /// Most disk space one partition's journal may take (MiB; 0 = no quota). A PUT that would
+    /// pass it is refused with `LIMIT_REACHED`. Default 0.
+    pub partition_quota_mb: u64,
+    /// A replica that is behind and has receipted no progress for this long no longer holds
+    /// back the removal of confirmed messages from disk; if it falls below what was removed
+    /// it receives the live state when it returns (ms, at least 1). Default 10000.
+    pub in_sync_timeout_ms: u64,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        StorageSettings {
+            segment_size_mb: 32,
+            cache_mb: 8,
+            partition_quota_mb: 0,
+            in_sync_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl StorageSettings {
+    /// `segment_size_mb` in bytes.
+    pub fn segment_size_bytes(&self) -> u64 {
+        self.segment_size_mb * 1024 * 1024
+    }
+
+    /// `cache_mb` in bytes.
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache_mb * 1024 * 1024
+    }
+
+    /// `partition_quota_mb` in bytes (0 = no quota).
+    pub fn partition_quota_bytes(&self) -> u64 {
+        self.partition_quota_mb * 1024 * 1024
+    }
+
+    /// `in_sync_timeout_ms` as a duration.
+    pub fn in_sync_timeout(&self) -> Duration {
+        Duration::from_millis(self.in_sync_timeout_ms)
+    }
+
+    /// Checks the ranges, and that a quota leaves room for at least two segments.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `storage.<field>`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=1024).contains(&self.segment_size_mb) {
+            return Err(ConfigError::invalid(
+                "storage.segment_size_mb",
+                format!("{} is not between 1 and 1024", self.segment_size_mb),
+            ));
+        }
+        if self.cache_mb > 4096 {
+            return Err(ConfigError::invalid(
+                "storage.cache_mb",
+                format!("{} is over 4096", self.cache_mb),
+            ));
+        }
+        if self.partition_quota_mb != 0 && self.partition_quota_mb < 2 * self.segment_size_mb {
+            return Err(ConfigError::invalid(
+                "storage.partition_quota_mb",
+                format!(
+                    "{} is below two segments (2 x storage.segment_size_mb = {})",
+                    self.partition_quota_mb,
+                    2 * self.segment_size_mb
+                ),
+            ));
+        }
+        if self.in_sync_timeout_ms == 0 {
+            return Err(ConfigError::invalid(
+                "storage.in_sync_timeout_ms",
+                "must be at least 1",
             ));
         }
         Ok(())

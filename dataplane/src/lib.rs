@@ -13,21 +13,24 @@
 //!   where each queue is served from, the retransmission buffer of unacknowledged PUTs, and
 //!   what to resend when a primary moves.
 //! - [`policy`]: [`DomainPolicy`], a domain's settings as the cores use them.
-//! - [`journal`]: the partition journal's file format (segments, CRC32C records, torn tails).
+//! - [`store`]: [`Store`], a partition's journal on disk (segments, CRC32C records, torn
+//!   tails) with the index of outstanding messages, space reclamation and installs: memory
+//!   and disk bounded by what is outstanding, not by the history.
 //!
 //! Every core takes `now` as an argument and returns what to do as a closed output enum,
-//! drained with `poll_output`; durability is an output (the shell writes and fsyncs, then
-//! calls `on_persisted`). The node's actors in `bmq-broker` only execute those outputs.
+//! drained with `poll_output`. The partition core writes its journal itself (the store is
+//! its one file I/O, on the partition's own thread); durability is the shell's call
+//! (`Partition::sync`: fsync, then receipts and ACKs are released). The node's actors in
+//! `bmq-broker` only execute those outputs.
 #![warn(missing_docs)]
 
-pub mod journal;
 pub mod partition;
 pub mod policy;
 pub mod proxy;
 pub mod queue;
 pub mod replication;
+pub mod store;
 
-pub use journal::{Journal, JournalError};
 pub use partition::{
     Partition, PartitionConfig, PartitionCounters, PartitionOutput, PartitionRole, PartitionStats,
 };
@@ -35,3 +38,4 @@ pub use policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, Domain
 pub use proxy::{PrimaryRoute, Proxy, ProxyConfig, ProxyCounters, ProxyOutput};
 pub use queue::{ConsumerOptions, Delivery, PutOutcome, QueueCore, QueueCounters, QueueLimits};
 pub use replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
+pub use store::{AppsOf, Store, StoreConfig, StoreError, StoreStats};

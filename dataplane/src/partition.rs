@@ -1,9 +1,12 @@
-//! `Partition`: one partition on one node, primary or replica (DESIGN.md §7), as a pure core.
+//! `Partition`: one partition on one node, primary or replica (DESIGN.md §7), as a core the
+//! shell drives (no sockets, no clock; its journal is the one file I/O it does).
 //!
-//! It owns the partition's [`ReplicationCore`] and, while this node is the partition's
-//! *active* primary, its queues: one [`QueueCore`] per queue (per app id in a fanout domain,
-//! each app holding its own copy of every message), rebuilt from the journal when the node
-//! becomes active ([`restore_from_journal`]).
+//! It owns the partition's [`ReplicationCore`] (and through it the journal, a [`Store`]) and,
+//! while this node is the partition's *active* primary, its queues: one [`QueueCore`] per
+//! queue (per app id in a fanout domain, each app holding its own copy of every message),
+//! rebuilt from the journal's outstanding messages when the node becomes active
+//! ([`restore_queues`]). Queues hold no payloads: a push reads its message back from the
+//! journal (recent records come from the store's cache).
 //!
 //! Inputs, each `handle_*(now, ..)`:
 //! - [`Partition::handle_request`]: OpenQueue, PUT, CONFIRM, CloseQueue from a session (local or
@@ -13,13 +16,14 @@
 //!   their unconfirmed messages are redelivered (with the next delivery attempt).
 //! - [`Partition::handle_peer`]: replication traffic; [`Partition::handle_role`]: the committed
 //!   primary, lease and status (a node no longer primary steps down to replica).
-//! - [`Partition::on_persisted`]: the shell fsynced the journal; [`Partition::handle_timeout`]
+//! - [`Partition::sync`]: the shell asks for the fsync of what was written, once per batch of
+//!   inputs when [`Partition::needs_sync`]; [`Partition::handle_timeout`]
 //!   at [`Partition::poll_timeout`].
 //!
-//! Outputs, drained in order with [`Partition::poll_output`]: [`PartitionOutput`] — journal
-//! writes, messages to peers, answers and pushes to sessions, and the announcement that this
-//! node healed the partition and is its active primary (repeated every [`ANNOUNCE_PERIOD`]
-//! until the leader has committed it). Counts for the node's metrics accumulate in
+//! Outputs, drained in order with [`Partition::poll_output`]: [`PartitionOutput`] — messages
+//! to peers, answers and pushes to sessions, the announcement that this node healed the
+//! partition and is its active primary (repeated every [`ANNOUNCE_PERIOD`] until the leader
+//! has committed it), and a journal failure that must stop the node. Counts for the node's metrics accumulate in
 //! [`PartitionCounters`] ([`Partition::take_counters`]).
 //!
 //! Request rules:
@@ -27,12 +31,15 @@
 //!   malformed URI is answered `UNKNOWN_DOMAIN` (open) or `UNKNOWN_QUEUE` (PUT);
 //! - **broadcast**: a PUT is pushed to the consumers attached now and ACKed at once; nothing is
 //!   stored (at-most-once);
-//! - a PUT whose GUID is in the replication core's recent-GUID window is a resend: it is not
-//!   stored again and is ACKed with the first copy;
-//! - otherwise each app copy takes the message; a depth limit refusing any copy NACKs the PUT
-//!   `LIMIT_REACHED` with the reason (copies already taken stay: at-least-once, never lost); an
+//! - a PUT whose GUID is outstanding in the journal, or in the replication core's recent-GUID
+//!   window, is a resend: it is not stored again and is ACKed with the first copy;
+//! - otherwise every app copy must have room: a depth limit refusing any copy NACKs the PUT
+//!   `LIMIT_REACHED` with the reason and nothing is stored; an
 //!   accepted PUT is journaled and replicated, and ACKed once a quorum holds it (strong) or the
-//!   primary does (eventual);
+//!   primary does (eventual); a PUT the partition's journal quota cannot take is NACKed
+//!   `LIMIT_REACHED`, one its full disk cannot take `STORAGE_FAILURE` (nothing stored, the
+//!   partition takes PUTs again once a write succeeds); a GUID that is not 16 bytes is
+//!   NACKed `INVALID`;
 //! - a message is **delivered only once it is safe**: once a quorum holds its record (strong
 //!   consistency) or the primary does (eventual), the same points at which the PUT is ACKed, so
 //!   no consumer reads what a failover can lose (BlazingMQ does the same);
@@ -54,8 +61,8 @@ use bmq_proto::client::{
     OpenQueue, OpenQueueResponse, Push, Put, Status, StatusCode,
 };
 use bmq_proto::peer::{
-    journal_record::Kind as RecordKind, JournalRecord, PartitionMessage, StoredConfirm,
-    StoredFailure, StoredRemoval,
+    journal_record::Kind as RecordKind, PartitionMessage, StoredConfirm, StoredFailure,
+    StoredRemoval,
 };
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use bytes::Bytes;
@@ -64,6 +71,7 @@ use tracing::{info, warn};
 use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy};
 use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
 use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
+use crate::store::{guid_key, Outstanding, Store, StoreError, StoreStats};
 
 /// How often a healed primary repeats its ACTIVE announcement until the leader commits it.
 pub const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
@@ -85,14 +93,6 @@ pub struct PartitionConfig {
 /// What the shell must do, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PartitionOutput {
-    /// Drop every journal record after `truncate_after` (when set), append `records`, fsync,
-    /// then call [`Partition::on_persisted`].
-    Persist {
-        /// Keep records up to this sequence only.
-        truncate_after: Option<u64>,
-        /// Records to append, consecutive.
-        records: Vec<JournalRecord>,
-    },
     /// Send a replication message to a peer over the DATA channel.
     SendPeer {
         /// The peer.
@@ -113,6 +113,11 @@ pub enum PartitionOutput {
     AnnounceActive {
         /// The lease served.
         lease: LeaseId,
+    },
+    /// The journal failed (an I/O error or corruption, not a full disk): stop the node.
+    Fatal {
+        /// What failed.
+        error: String,
     },
 }
 
@@ -163,6 +168,10 @@ pub struct PartitionStats {
     pub committed: u64,
     /// Records the slowest replica lacks (primary only).
     pub replication_lag: u64,
+    /// The journal's figures (bytes, segments, outstanding messages, base, floor).
+    pub store: StoreStats,
+    /// The last journal write failed for a full disk.
+    pub disk_full: bool,
 }
 
 /// Counts since the last [`Partition::take_counters`], for the node's metrics.
@@ -178,6 +187,12 @@ pub struct PartitionCounters {
     pub nacks_limit_reached: u64,
     /// PUTs of an unknown domain or malformed URI (`UNKNOWN_QUEUE`).
     pub nacks_unknown_queue: u64,
+    /// PUTs refused by the partition's journal quota (`LIMIT_REACHED`).
+    pub nacks_quota: u64,
+    /// PUTs refused because the journal's disk is full (`STORAGE_FAILURE`).
+    pub nacks_storage_failure: u64,
+    /// PUTs with a GUID that is not 16 bytes (`INVALID`).
+    pub nacks_invalid: u64,
     /// Pushes sent (first deliveries and redeliveries).
     pub pushes: u64,
     /// Pushes with `delivery_attempt > 1`.
@@ -273,12 +288,12 @@ fn ack(uri: String, guid: Bytes, status: AckStatus, message: String) -> ClientMe
 }
 
 impl Partition {
-    /// A partition holding `recovered`, its journal as read from disk (all durable).
-    pub fn new(cfg: PartitionConfig, recovered: Vec<JournalRecord>) -> Self {
+    /// A partition over `store`, its journal as recovered from disk (all durable).
+    pub fn new(cfg: PartitionConfig, store: Store) -> Self {
         Partition {
             id: cfg.replication.partition,
             self_id: cfg.replication.self_id,
-            replication: ReplicationCore::new(cfg.replication, recovered),
+            replication: ReplicationCore::new(cfg.replication, store),
             policies: cfg.policies,
             consumer_defaults: cfg.consumer_defaults,
             wall_clock_anchor: cfg.wall_clock_anchor,
@@ -340,6 +355,8 @@ impl Partition {
             } else {
                 0
             },
+            store: self.replication.store().stats(),
+            disk_full: self.replication.disk_full(),
         }
     }
 
@@ -390,10 +407,19 @@ impl Partition {
         self.absorb_replication(now);
     }
 
-    /// The shell fsynced the journal up to `sequence`.
-    pub fn on_persisted(&mut self, now: Instant, sequence: u64) {
-        self.replication.on_persisted(now, sequence);
+    /// Whether journal writes wait for [`Partition::sync`].
+    pub fn needs_sync(&self) -> bool {
+        self.replication.needs_sync()
+    }
+
+    /// Makes the journal writes durable (fsync), then releases what waited for that
+    /// (receipts, ACKs, deliveries) and reclaims settled dead records. Call it once per batch
+    /// of inputs when [`Partition::needs_sync`] (group commit). An error is fatal for the node
+    /// (also reported as [`PartitionOutput::Fatal`]).
+    pub fn sync(&mut self, now: Instant) -> Result<(), StoreError> {
+        let result = self.replication.sync(now);
         self.absorb_replication(now);
+        result
     }
 
     /// Replication traffic from `from`.
@@ -511,6 +537,13 @@ impl Partition {
         self.absorb_replication(now);
     }
 
+    /// The journal cannot serve a held message: the node must stop (another node with a good
+    /// copy takes the partition over).
+    fn fatal(&mut self, error: String) {
+        tracing::error!(partition = %self.id, %error, "journal read failed");
+        self.outputs.push_back(PartitionOutput::Fatal { error });
+    }
+
     fn reply(&mut self, to: SessionAddr, message: ClientMessage) {
         self.outputs
             .push_back(PartitionOutput::Reply { to, message });
@@ -585,6 +618,12 @@ impl Partition {
 
     fn handle_put(&mut self, now: Instant, from: SessionAddr, put: Put) {
         self.counters.puts += 1;
+        if put.guid.len() != 16 {
+            self.counters.nacks_invalid += 1;
+            let why = format!("a message GUID is 16 bytes, not {}", put.guid.len());
+            self.reply(from, ack(put.uri, put.guid, AckStatus::Invalid, why));
+            return;
+        }
         let Some(entry) = self.queue(&put.uri) else {
             self.counters.nacks_unknown_queue += 1;
             let why = "unknown domain or invalid uri".to_string();
@@ -596,77 +635,79 @@ impl Partition {
             return;
         }
         let strong = entry.policy.strong;
-        if self.replication.is_duplicate(now, &put.guid) {
+        if let Some(sequence) = self.replication.duplicate_of(now, &put.guid) {
             // Resent by a proxy: ACKed with the stored copy, not stored again.
             self.counters.put_duplicates += 1;
-            let Put {
-                uri,
-                guid,
-                payload,
-                properties,
-                ..
-            } = put;
             self.replication
-                .handle_put(now, from, uri, guid, payload, properties, strong, 0);
+                .wait_for_stored(from, put.uri, put.guid, strong, sequence);
             return;
         }
-        // One copy per app id in a fanout domain, else one. A refusal by any copy NACKs the
-        // PUT (copies already taken stay: at-least-once, never lost).
-        // The record this PUT becomes, if accepted: the queues deliver it once it is safe.
-        let sequence = self.replication.last_sequence() + 1;
+        // Every copy (one per app id in a fanout domain) must have room, or nothing is stored.
+        let size = put.payload.len() as u64;
         let entry = self.queues.get_mut(&put.uri).expect("resolved above");
-        let mut outcome = PutOutcome::Duplicate;
-        for (_, queue) in entry.apps.iter_mut() {
-            let taken = queue.put(
-                now,
-                put.guid.clone(),
-                put.payload.clone(),
-                put.properties.clone(),
-                sequence,
+        let refused = entry
+            .apps
+            .iter_mut()
+            .find_map(|(_, queue)| queue.refusal(now, size));
+        if let Some(reason) = refused {
+            self.counters.nacks_limit_reached += 1;
+            self.reply(
+                from,
+                ack(put.uri, put.guid, AckStatus::LimitReached, reason),
             );
-            match taken {
-                PutOutcome::Duplicate => {}
-                PutOutcome::Accepted => outcome = PutOutcome::Accepted,
-                refused @ PutOutcome::Refused { .. } => {
-                    outcome = refused;
-                    break;
+            return;
+        }
+        let store = self.replication.store();
+        // The record's size on disk is about the payload plus its URI and properties.
+        let estimate = size + put.uri.len() as u64 + 64;
+        if store.would_exceed_quota(estimate) {
+            self.counters.nacks_quota += 1;
+            let why = format!(
+                "partition {} journal holds {} bytes; its quota is {} bytes",
+                self.id,
+                store.stats().bytes,
+                store.config().quota_bytes
+            );
+            self.reply(from, ack(put.uri, put.guid, AckStatus::LimitReached, why));
+            return;
+        }
+        let Put {
+            uri,
+            guid,
+            payload,
+            properties,
+            ..
+        } = put;
+        let key = guid_key(&guid);
+        let wall_ms = self.wall_ms(now);
+        let result = self.replication.handle_put(
+            now,
+            from,
+            uri.clone(),
+            guid.clone(),
+            payload,
+            properties,
+            strong,
+            wall_ms,
+        );
+        match result {
+            PutResult::Appended { sequence } => {
+                let entry = self.queues.get_mut(&uri).expect("resolved above");
+                for (_, queue) in entry.apps.iter_mut() {
+                    let taken = queue.put(now, key, size as u32, sequence);
+                    debug_assert_eq!(taken, PutOutcome::Accepted, "checked with refusal()");
                 }
+                self.deliver(now, &uri);
+            }
+            PutResult::StorageFailure { reason } => {
+                self.counters.nacks_storage_failure += 1;
+                self.reply(from, ack(uri, guid, AckStatus::StorageFailure, reason));
+            }
+            PutResult::NotReady => {
+                let why = "this node is not the partition's active primary".to_string();
+                self.reply(from, ack(uri, guid, AckStatus::NotReady, why));
             }
         }
-        let uri = put.uri.clone();
-        match outcome {
-            PutOutcome::Accepted => {
-                let Put {
-                    uri,
-                    guid,
-                    payload,
-                    properties,
-                    ..
-                } = put;
-                let wall_ms = self.wall_ms(now);
-                let appended = self
-                    .replication
-                    .handle_put(now, from, uri, guid, payload, properties, strong, wall_ms);
-                assert_eq!(
-                    appended,
-                    PutResult::Appended { sequence },
-                    "an accepted PUT is the next record"
-                );
-            }
-            PutOutcome::Duplicate => {
-                // Held by the queue but older than the GUID window: already stored.
-                self.counters.put_duplicates += 1;
-                self.reply(
-                    from,
-                    ack(put.uri, put.guid, AckStatus::Success, String::new()),
-                );
-            }
-            PutOutcome::Refused { status, reason } => {
-                self.counters.nacks_limit_reached += 1;
-                self.reply(from, ack(put.uri, put.guid, status, reason));
-            }
-        }
-        self.deliver(now, &uri);
     }
 
     /// Broadcast mode: pushes `put` to every consumer attached now and ACKs it; nothing is
@@ -702,11 +743,12 @@ impl Partition {
     }
 
     fn handle_confirm(&mut self, now: Instant, from: SessionAddr, c: Confirm) {
+        let key = guid_key(&c.guid);
         let confirmed_app = self.queues.get_mut(&c.uri).and_then(|entry| {
             entry
                 .apps
                 .iter_mut()
-                .find_map(|(app, q)| q.confirm(from, &c.guid).then(|| app.clone()))
+                .find_map(|(app, q)| q.confirm(from, key).then(|| app.clone()))
         });
         if let Some(app_id) = confirmed_app {
             self.counters.confirms += 1;
@@ -764,6 +806,30 @@ impl Partition {
             self.record_event(now, uri, app_id, event);
         }
         for d in pushes {
+            // The payload is read back from the journal (the cache holds recent records).
+            let message = match self.replication.store().read(d.journal_sequence) {
+                Ok(Some(record)) => match record.kind {
+                    Some(RecordKind::Message(m)) => m,
+                    _ => {
+                        self.fatal(format!(
+                            "journal record {} of a held message is not a message",
+                            d.journal_sequence
+                        ));
+                        return;
+                    }
+                },
+                Ok(None) => {
+                    self.fatal(format!(
+                        "journal record {} of a held message is missing",
+                        d.journal_sequence
+                    ));
+                    return;
+                }
+                Err(e) => {
+                    self.fatal(e.to_string());
+                    return;
+                }
+            };
             self.counters.pushes += 1;
             if d.delivery_attempt > 1 {
                 self.counters.redeliveries += 1;
@@ -772,9 +838,9 @@ impl Partition {
             // consumer goes away: at-least-once.
             let push = Push {
                 uri: uri.to_string(),
-                guid: d.guid,
-                payload: d.payload,
-                properties: d.properties,
+                guid: message.guid,
+                payload: message.payload,
+                properties: message.properties,
                 delivery_attempt: d.delivery_attempt,
                 out_of_order: d.out_of_order,
             };
@@ -794,7 +860,7 @@ impl Partition {
                 self.counters.consumer_failures += 1;
                 RecordKind::Failure(StoredFailure {
                     uri: uri.to_string(),
-                    guid,
+                    guid: guid_bytes(guid),
                     app_id,
                     failures,
                 })
@@ -811,13 +877,13 @@ impl Partition {
                     partition = %self.id,
                     queue = %uri,
                     app_id = %app_id,
-                    guid = %hex(&guid),
+                    guid = %format!("{guid:032x}"),
                     reason = reason.as_str(),
                     "message removed without a confirm"
                 );
                 RecordKind::Removal(StoredRemoval {
                     uri: uri.to_string(),
-                    guid,
+                    guid: guid_bytes(guid),
                     app_id,
                     reason: reason.as_str().to_string(),
                 })
@@ -879,13 +945,7 @@ impl Partition {
     fn absorb_replication_outputs(&mut self, now: Instant) {
         while let Some(output) = self.replication.poll_output() {
             match output {
-                Output::Persist {
-                    truncate_after,
-                    records,
-                } => self.outputs.push_back(PartitionOutput::Persist {
-                    truncate_after,
-                    records,
-                }),
+                Output::Fatal { error } => self.outputs.push_back(PartitionOutput::Fatal { error }),
                 Output::Send { to, message } => self
                     .outputs
                     .push_back(PartitionOutput::SendPeer { to, message }),
@@ -905,9 +965,8 @@ impl Partition {
     /// Healing finished: rebuild the queues from the journal, push what they hold, announce.
     fn become_active(&mut self, now: Instant, lease: LeaseId) {
         let policies = self.policies.clone();
-        self.queues = restore_from_journal(self.replication.records(), now, |uri| {
-            policies.resolve(uri).cloned()
-        });
+        let outstanding = self.replication.store().outstanding();
+        self.queues = restore_queues(&outstanding, now, |uri| policies.resolve(uri).cloned());
         info!(partition = %self.id, %lease, last_sequence = self.replication.last_sequence(), queues = self.queues.len(), "partition primary healed: active");
         self.announcing = Some(lease);
         self.announce_at = Some(now + ANNOUNCE_PERIOD);
@@ -918,82 +977,51 @@ impl Partition {
     }
 }
 
-/// Rebuilds a partition's queues from its journal (a new primary going active): every message
-/// neither confirmed nor removed, in journal order, with its consumer failures so far (its next
-/// push carries attempt `failures + 1`), one copy per app of its domain's policy
-/// (`policy(uri)`). Messages of a URI without a policy (a domain no longer configured) are
-/// skipped. Every rebuilt message is deliverable: healing put the whole journal on a quorum.
-fn restore_from_journal(
-    records: &[JournalRecord],
+/// Rebuilds a partition's queues from the journal's outstanding messages (a new primary
+/// going active): every message some app has neither confirmed nor had removed, in journal
+/// order, with its consumer failures so far (its next push carries attempt `failures + 1`),
+/// one copy per app still waiting for it (`policy(uri)` gives the apps). Messages of a URI
+/// without a policy (a domain no longer configured) stay in the journal but are not served.
+/// Every rebuilt message is deliverable: healing put the whole journal on a quorum.
+fn restore_queues(
+    outstanding: &[Outstanding],
     now: Instant,
     policy: impl Fn(&str) -> Option<DomainPolicy>,
 ) -> HashMap<String, QueueEntry> {
-    // Keyed by (uri, app id, GUID).
-    let mut gone: HashSet<(&str, &str, &Bytes)> = HashSet::new();
-    let mut failures: HashMap<(&str, &str, &Bytes), u32> = HashMap::new();
-    for r in records {
-        match &r.kind {
-            Some(RecordKind::Confirm(c)) => {
-                gone.insert((&c.uri, &c.app_id, &c.guid));
-            }
-            Some(RecordKind::Removal(x)) => {
-                gone.insert((&x.uri, &x.app_id, &x.guid));
-            }
-            Some(RecordKind::Failure(f)) => {
-                let n = failures.entry((&f.uri, &f.app_id, &f.guid)).or_default();
-                *n = (*n).max(f.failures);
-            }
-            _ => {}
-        }
-    }
     let mut rebuilt: HashMap<String, QueueEntry> = HashMap::new();
     let mut unknown: HashSet<&str> = HashSet::new();
-    let last = records.last().map_or(0, |r| r.sequence);
-    for r in records {
-        let Some(RecordKind::Message(m)) = &r.kind else {
-            continue;
-        };
-        if unknown.contains(m.uri.as_str()) {
+    for o in outstanding {
+        if unknown.contains(o.uri.as_str()) {
             continue;
         }
-        if !rebuilt.contains_key(&m.uri) {
-            match policy(&m.uri) {
+        if !rebuilt.contains_key(&o.uri) {
+            match policy(&o.uri) {
                 Some(p) => {
-                    let mut entry = QueueEntry::new(&m.uri, &p);
+                    let mut entry = QueueEntry::new(&o.uri, &p);
                     for (_, q) in entry.apps.iter_mut() {
-                        q.set_deliverable_through(last);
+                        q.set_deliverable_through(u64::MAX);
                     }
-                    rebuilt.insert(m.uri.clone(), entry);
+                    rebuilt.insert(o.uri.clone(), entry);
                 }
                 None => {
-                    unknown.insert(&m.uri);
+                    unknown.insert(&o.uri);
                     continue;
                 }
             }
         }
-        let entry = rebuilt.get_mut(&m.uri).expect("inserted above");
-        for (app, queue) in entry.apps.iter_mut() {
-            let id = (m.uri.as_str(), app.as_str(), &m.guid);
-            if gone.contains(&id) {
-                continue;
+        let entry = rebuilt.get_mut(&o.uri).expect("inserted above");
+        for (app, failures) in &o.apps {
+            if let Some((_, queue)) = entry.apps.iter_mut().find(|(a, _)| a == app) {
+                queue.restore(now, o.guid, o.size, *failures, o.sequence);
             }
-            let failed = failures.get(&id).copied().unwrap_or(0);
-            queue.restore(
-                now,
-                m.guid.clone(),
-                m.payload.clone(),
-                m.properties.clone(),
-                failed,
-                r.sequence,
-            );
         }
     }
     rebuilt
 }
 
-/// Lower-case hex of a GUID, for logs.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A GUID key back as the 16 bytes the producer chose (PUTs carry 16-byte GUIDs).
+fn guid_bytes(guid: u128) -> Bytes {
+    Bytes::copy_from_slice(&guid.to_be_bytes())
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::queue::QueueLimits;
+use crate::store::StoreConfig;
 use bmq_proto::client::ConsumerOptions as ProtoConsumerOptions;
-use bmq_proto::peer::StoredMessage;
+use bmq_proto::peer::{JournalRecord, StoredMessage};
 
 const LIMITS: QueueLimits = QueueLimits {
     max_messages: 100,
@@ -47,20 +48,97 @@ fn policies() -> Arc<DomainPolicies> {
     ]))
 }
 
+/// A partition with its journal in a temporary directory (removed on drop).
+struct Node {
+    p: Partition,
+    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Node {
+    type Target = Partition;
+    fn deref(&self) -> &Partition {
+        &self.p
+    }
+}
+
+impl std::ops::DerefMut for Node {
+    fn deref_mut(&mut self) -> &mut Partition {
+        &mut self.p
+    }
+}
+
+fn store_cfg() -> StoreConfig {
+    StoreConfig {
+        segment_size_max: 1 << 20,
+        cache_bytes_max: 1 << 20,
+        quota_bytes: 0,
+        fsync: false,
+    }
+}
+
+/// A journal in `dir` holding `records` (durable).
+fn store_with(
+    dir: &std::path::Path,
+    records: &[JournalRecord],
+    policies: &Arc<DomainPolicies>,
+) -> Store {
+    let mut store = Store::open(dir, store_cfg(), policies.apps_of()).unwrap();
+    store.append(records, 0, 0, None).unwrap();
+    store.sync().unwrap();
+    store
+}
+
+fn new_node(cfg: PartitionConfig) -> Node {
+    new_node_with(cfg, store_cfg())
+}
+
+fn new_node_with(cfg: PartitionConfig, store: StoreConfig) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), store, cfg.policies.apps_of()).unwrap();
+    Node {
+        p: Partition::new(cfg, store),
+        _dir: dir,
+    }
+}
+
+/// Syncs the journal as the shell does after a batch of inputs.
+fn sync(p: &mut Partition, now: Instant) {
+    assert!(p.needs_sync(), "nothing was written");
+    p.sync(now).unwrap();
+}
+
+/// Every record of the partition's journal.
+fn journal(p: &Partition) -> Vec<JournalRecord> {
+    p.replication()
+        .store()
+        .read_from(0, usize::MAX, u64::MAX, false)
+        .unwrap()
+        .0
+}
+
+fn replication_cfg(me: u32, partition: u32, members: &[u32], quorum: usize) -> ReplicationConfig {
+    ReplicationConfig {
+        self_id: NodeId(me),
+        partition: PartitionId(partition),
+        members: members.iter().map(|n| NodeId(*n)).collect(),
+        quorum,
+        batch_records_max: 16,
+        in_flight_records_max: 64,
+        resend_after: Duration::from_millis(500),
+        guid_window_max: 100,
+        guid_window_age: Duration::from_secs(60),
+        in_sync_timeout: Duration::from_secs(10),
+    }
+}
+
 /// A single-node partition (quorum 1) that is its own active primary at lease 1.
-fn active_single_node(now: Instant) -> Partition {
+fn active_single_node(now: Instant) -> Node {
+    active_single_node_with(now, store_cfg())
+}
+
+fn active_single_node_with(now: Instant, store: StoreConfig) -> Node {
     let cfg = PartitionConfig {
-        replication: ReplicationConfig {
-            self_id: NodeId(1),
-            partition: PartitionId(0),
-            members: vec![NodeId(1)],
-            quorum: 1,
-            batch_records_max: 16,
-            in_flight_records_max: 64,
-            resend_after: Duration::from_millis(500),
-            guid_window_max: 100,
-            guid_window_age: Duration::from_secs(60),
-        },
+        replication: replication_cfg(1, 0, &[1], 1),
         policies: policies(),
         consumer_defaults: ConsumerDefaults {
             max_unconfirmed_messages: 10,
@@ -68,7 +146,7 @@ fn active_single_node(now: Instant) -> Partition {
         },
         wall_clock_anchor: (now, 1_000),
     };
-    let mut p = Partition::new(cfg, Vec::new());
+    let mut p = new_node_with(cfg, store);
     p.handle_role(now, Some(NodeId(1)), LeaseId(1), false);
     let outputs = drain(&mut p);
     assert_eq!(
@@ -138,17 +216,7 @@ fn a_replica_answers_not_ready() {
     // NOT_READY, so the proxy keeps the PUT and reopens later.
     let now = Instant::now();
     let cfg = PartitionConfig {
-        replication: ReplicationConfig {
-            self_id: NodeId(2),
-            partition: PartitionId(3),
-            members: vec![NodeId(1), NodeId(2), NodeId(3)],
-            quorum: 2,
-            batch_records_max: 16,
-            in_flight_records_max: 64,
-            resend_after: Duration::from_millis(500),
-            guid_window_max: 100,
-            guid_window_age: Duration::from_secs(60),
-        },
+        replication: replication_cfg(2, 3, &[1, 2, 3], 2),
         policies: policies(),
         consumer_defaults: ConsumerDefaults {
             max_unconfirmed_messages: 10,
@@ -156,7 +224,7 @@ fn a_replica_answers_not_ready() {
         },
         wall_clock_anchor: (now, 0),
     };
-    let mut p = Partition::new(cfg, Vec::new());
+    let mut p = new_node(cfg);
     p.handle_request(now, session(1), put("bmq://d/q", 1));
     let why = "this node is not the partition's active primary";
     assert_eq!(
@@ -184,18 +252,12 @@ fn put_is_journaled_acked_and_pushed_once_durable() {
     p.handle_request(now, session(1), open(uri, true, ""));
     assert_eq!(drain(&mut p), vec![reply(session(1), open_ok(uri))]);
     p.handle_request(now, session(2), put(uri, 1));
-    let outputs = drain(&mut p);
-    let [PartitionOutput::Persist {
-        truncate_after: None,
-        records,
-    }] = &outputs[..]
-    else {
-        panic!("expected only the journal write: {outputs:?}");
-    };
+    assert_eq!(drain(&mut p), vec![], "nothing before the fsync");
+    let records = journal(&p);
     assert_eq!(records.len(), 1, "the message only");
     assert!(matches!(&records[0].kind, Some(RecordKind::Message(m)) if m.guid == guid(1)));
     assert_eq!(records[0].timestamp_ms, 1_000);
-    p.on_persisted(now, 1);
+    sync(&mut p, now);
     let outputs = drain(&mut p);
     assert_eq!(outputs.len(), 2, "{outputs:?}");
     assert_eq!(
@@ -217,24 +279,14 @@ fn put_is_journaled_acked_and_pushed_once_durable() {
 }
 
 /// A 3-node primary (node 1, lease 1) that healed with two empty replicas.
-fn active_three_nodes(now: Instant, strong: bool) -> Partition {
+fn active_three_nodes(now: Instant, strong: bool) -> Node {
     let domain = DomainPolicy {
         mode: DeliveryMode::Priority,
         strong,
         limits: LIMITS,
     };
     let cfg = PartitionConfig {
-        replication: ReplicationConfig {
-            self_id: NodeId(1),
-            partition: PartitionId(0),
-            members: vec![NodeId(1), NodeId(2), NodeId(3)],
-            quorum: 2,
-            batch_records_max: 16,
-            in_flight_records_max: 64,
-            resend_after: Duration::from_millis(500),
-            guid_window_max: 100,
-            guid_window_age: Duration::from_secs(60),
-        },
+        replication: replication_cfg(1, 0, &[1, 2, 3], 2),
         policies: Arc::new(DomainPolicies::new([("d".to_string(), domain)])),
         consumer_defaults: ConsumerDefaults {
             max_unconfirmed_messages: 10,
@@ -242,7 +294,7 @@ fn active_three_nodes(now: Instant, strong: bool) -> Partition {
         },
         wall_clock_anchor: (now, 0),
     };
-    let mut p = Partition::new(cfg, Vec::new());
+    let mut p = new_node(cfg);
     p.handle_role(now, Some(NodeId(1)), LeaseId(1), false);
     drain(&mut p);
     let shape = bmq_proto::peer::ReplicaStateResponse {
@@ -293,7 +345,7 @@ fn strong_delivery_waits_for_a_quorum() {
     p.handle_request(now, session(1), open(uri, true, ""));
     p.handle_request(now, session(2), put(uri, 1));
     drain(&mut p);
-    p.on_persisted(now, 1);
+    sync(&mut p, now);
     assert_eq!(pushes(&drain(&mut p)), 0, "only the primary holds it");
     p.handle_peer(now, NodeId(3), receipt(1));
     let outputs = drain(&mut p);
@@ -310,7 +362,7 @@ fn eventual_delivery_waits_for_the_primary_only() {
     p.handle_request(now, session(1), open(uri, true, ""));
     p.handle_request(now, session(2), put(uri, 1));
     assert_eq!(pushes(&drain(&mut p)), 0, "not yet on disk");
-    p.on_persisted(now, 1);
+    sync(&mut p, now);
     assert_eq!(pushes(&drain(&mut p)), 1);
 }
 
@@ -322,11 +374,11 @@ fn a_stopping_node_pushes_nothing_new() {
     let uri = "bmq://d/q";
     p.handle_request(now, session(1), open(uri, true, ""));
     p.handle_request(now, session(2), put(uri, 1));
-    p.on_persisted(now, 1);
+    sync(&mut p, now);
     assert_eq!(pushes(&drain(&mut p)), 1);
     p.handle_stop_delivering(now);
     p.handle_request(now, session(2), put(uri, 2));
-    p.on_persisted(now, 2);
+    sync(&mut p, now);
     assert_eq!(pushes(&drain(&mut p)), 0);
     assert_eq!(p.unconfirmed(), 1);
     let confirm = ClientMessage {
@@ -350,7 +402,7 @@ fn consumer_failures_are_journaled_and_a_graceful_release_is_not() {
     let uri = "bmq://d/q";
     p.handle_request(now, session(1), open(uri, true, ""));
     p.handle_request(now, session(2), put(uri, 1));
-    p.on_persisted(now, 1);
+    sync(&mut p, now);
     drain(&mut p);
     p.handle_node_gone(now, NodeId(1));
     assert_eq!(drain(&mut p), vec![], "no failure, no record");
@@ -359,12 +411,11 @@ fn consumer_failures_are_journaled_and_a_graceful_release_is_not() {
     assert!(outputs.iter().any(|o| matches!(o, PartitionOutput::Reply { to, message }
         if *to == session(3) && matches!(&message.kind, Some(Kind::Push(x)) if x.delivery_attempt == 1))), "{outputs:?}");
     p.handle_session_gone(now, session(3));
-    let outputs = drain(&mut p);
-    let [PartitionOutput::Persist { records, .. }] = &outputs[..] else {
-        panic!("expected a failure record: {outputs:?}");
-    };
+    assert_eq!(drain(&mut p), vec![]);
+    let records = journal(&p);
+    assert_eq!(records.len(), 2, "{records:?}");
     assert!(
-        matches!(&records[0].kind, Some(RecordKind::Failure(f)) if f.guid == guid(1) && f.failures == 1)
+        matches!(&records[1].kind, Some(RecordKind::Failure(f)) if f.guid == guid(1) && f.failures == 1)
     );
     p.handle_request(now, session(4), open(uri, true, ""));
     let outputs = drain(&mut p);
@@ -470,7 +521,11 @@ fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
         ),
     ];
     let now = Instant::now();
-    let mut queues = restore_from_journal(&records, now, |_| Some(policy(DeliveryMode::Priority)));
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), &records, &policies());
+    let mut queues = restore_queues(&store.outstanding(), now, |_| {
+        Some(policy(DeliveryMode::Priority))
+    });
     let q = &mut queues.get_mut(uri).expect("queue rebuilt").apps[0].1;
     assert_eq!(q.depth(), 2);
     q.add_consumer(
@@ -481,10 +536,13 @@ fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
             max_unconfirmed_bytes: 1 << 20,
         },
     );
-    let pushes: Vec<(Bytes, u32)> = std::iter::from_fn(|| q.poll_delivery(now))
+    let pushes: Vec<(u128, u32)> = std::iter::from_fn(|| q.poll_delivery(now))
         .map(|d| (d.guid, d.delivery_attempt))
         .collect();
-    assert_eq!(pushes, vec![(guid(1), 3), (guid(3), 1)]);
+    assert_eq!(
+        pushes,
+        vec![(guid_key(&guid(1)), 3), (guid_key(&guid(3)), 1)]
+    );
 }
 
 #[test]
@@ -510,7 +568,9 @@ fn fanout_copies_are_rebuilt_per_app() {
             }),
         ),
     ];
-    let queues = restore_from_journal(&records, Instant::now(), |_| {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), &records, &policies());
+    let queues = restore_queues(&store.outstanding(), Instant::now(), |_| {
         Some(policy(DeliveryMode::Fanout {
             app_ids: vec!["a".into(), "b".into()],
         }))
@@ -522,4 +582,130 @@ fn fanout_copies_are_rebuilt_per_app() {
         .map(|(app, q)| (app.as_str(), q.depth()))
         .collect();
     assert_eq!(depths, vec![("a", 0), ("b", 1)]);
+}
+
+fn ack_status(outputs: &[PartitionOutput]) -> Vec<(i32, String)> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            PartitionOutput::Reply { message, .. } => match &message.kind {
+                Some(Kind::Ack(a)) => Some((a.status, a.message.clone())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_put_over_the_journal_quota_is_refused_and_nothing_is_stored() {
+    // DESIGN.md §7: a partition's journal has a quota; a PUT that would pass it gets
+    // LIMIT_REACHED naming the quota, and the journal does not grow.
+    let now = Instant::now();
+    let mut p = active_single_node_with(
+        now,
+        StoreConfig {
+            quota_bytes: 600,
+            ..store_cfg()
+        },
+    );
+    let uri = "bmq://d/q";
+    let big = |n: u8| ClientMessage {
+        kind: Some(Kind::Put(Put {
+            uri: uri.into(),
+            guid: guid(n),
+            payload: Bytes::from(vec![n; 200]),
+            properties: vec![],
+        })),
+    };
+    p.handle_request(now, session(2), big(1));
+    sync(&mut p, now);
+    assert_eq!(
+        ack_status(&drain(&mut p)),
+        vec![(AckStatus::Success as i32, String::new())]
+    );
+    p.handle_request(now, session(2), big(2));
+    sync(&mut p, now);
+    drain(&mut p);
+    let last = p.replication().last_sequence();
+    p.handle_request(now, session(2), big(3));
+    let statuses = ack_status(&drain(&mut p));
+    assert_eq!(statuses.len(), 1);
+    assert_eq!(statuses[0].0, AckStatus::LimitReached as i32);
+    assert!(statuses[0].1.contains("quota is 600 bytes"), "{statuses:?}");
+    assert_eq!(p.replication().last_sequence(), last);
+    assert_eq!(p.take_counters().nacks_quota, 1);
+}
+
+#[test]
+fn a_guid_that_is_not_16_bytes_is_refused() {
+    // Bad input gets a clear error: the GUID of a message is 16 bytes (DESIGN.md §8).
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    p.handle_request(
+        now,
+        session(2),
+        ClientMessage {
+            kind: Some(Kind::Put(Put {
+                uri: "bmq://d/q".into(),
+                guid: Bytes::from_static(b"short"),
+                payload: Bytes::from_static(b"x"),
+                properties: vec![],
+            })),
+        },
+    );
+    let statuses = ack_status(&drain(&mut p));
+    assert_eq!(statuses[0].0, AckStatus::Invalid as i32);
+    assert_eq!(p.replication().last_sequence(), 0);
+}
+
+#[test]
+fn pushes_read_payloads_back_from_the_journal() {
+    // The queues hold no payloads: with a cache too small for any record, a push reads the
+    // message (payload and properties) back from disk, and a new primary's rebuilt queues
+    // deliver from the journal too.
+    let now = Instant::now();
+    let mut p = active_single_node_with(
+        now,
+        StoreConfig {
+            cache_bytes_max: 0,
+            ..store_cfg()
+        },
+    );
+    let uri = "bmq://d/q";
+    let props = vec![bmq_proto::client::Property {
+        key: "k".into(),
+        value: "v".into(),
+        ..Default::default()
+    }];
+    p.handle_request(
+        now,
+        session(2),
+        ClientMessage {
+            kind: Some(Kind::Put(Put {
+                uri: uri.into(),
+                guid: guid(5),
+                payload: Bytes::from_static(b"payload five"),
+                properties: props.clone(),
+            })),
+        },
+    );
+    sync(&mut p, now);
+    drain(&mut p);
+    assert_eq!(p.replication().store().stats().cache_bytes, 0);
+    p.handle_request(now, session(1), open(uri, true, ""));
+    let outputs = drain(&mut p);
+    let push = outputs
+        .iter()
+        .find_map(|o| match o {
+            PartitionOutput::Reply { message, .. } => match &message.kind {
+                Some(Kind::Push(x)) => Some(x.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("a push");
+    assert_eq!(push.payload, Bytes::from_static(b"payload five"));
+    assert_eq!(push.properties, props);
+    assert_eq!(push.guid, guid(5));
 }

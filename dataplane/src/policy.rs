@@ -80,6 +80,18 @@ impl DomainPolicies {
         let parsed = QueueUri::parse(uri).ok()?;
         self.domains.get(&parsed.domain)
     }
+
+    /// For the journal's index ([`crate::store::AppsOf`]): the app ids a queue's messages are
+    /// stored for — its domain's fanout app ids, else `[""]` (also for a domain that is not
+    /// configured, whose messages are kept, not dropped).
+    pub fn apps_of(self: &std::sync::Arc<Self>) -> crate::store::AppsOf {
+        let policies = self.clone();
+        std::sync::Arc::new(move |uri: &str| {
+            policies
+                .resolve(uri)
+                .map_or_else(|| vec![String::new()], DomainPolicy::apps)
+        })
+    }
 }
 
 /// Flow control given to a consumer that sets none (0 in its `ConsumerOptions`).

@@ -32,6 +32,10 @@
 //!   ([`QueueEvent::Removed`]) the partition journals, logs and counts: nothing is dropped
 //!   silently.
 //!
+//! Memory: the queue holds no payloads — each message is its GUID, the journal position of its
+//! record (the partition reads the payload back from the journal to push it), its size and
+//! attempt count: about 100 bytes per message held (DESIGN.md §7, "Storage for months").
+//!
 //! Costs: `put`, `confirm` and each `poll_delivery` step are O(1) in the queue depth (a
 //! `VecDeque` of GUIDs in delivery order plus a `HashMap` by GUID) and O(k) in the number k of
 //! highest-priority consumers. `remove_consumer` is O(u log u) in that consumer's unconfirmed
@@ -40,9 +44,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use bmq_proto::client::{AckStatus, Property};
+use bmq_proto::client::AckStatus;
 use bmq_proto::{NodeId, SessionAddr};
-use bytes::Bytes;
 
 /// A consumer's priority and flow control, as resolved by the primary (no "0 = default" here:
 /// the caller replaces zeros by the broker's defaults before calling the core).
@@ -70,17 +73,16 @@ pub struct QueueLimits {
     pub message_ttl: Option<Duration>,
 }
 
-/// One push to make: send `payload` to `consumer`.
-#[derive(Debug, Clone, PartialEq)]
+/// One push to make: send the message of journal record `journal_sequence` to `consumer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
     /// Who receives it.
     pub consumer: SessionAddr,
-    /// The message's 16-byte GUID (as the producer chose it).
-    pub guid: Bytes,
-    /// The message body.
-    pub payload: Bytes,
-    /// The message's properties.
-    pub properties: Vec<Property>,
+    /// The message's GUID as a key (`store::guid_key`).
+    pub guid: u128,
+    /// The journal position of the message's record (payload and properties are read from
+    /// there).
+    pub journal_sequence: u64,
     /// 1 plus the number of consumer failures of this message (see the module doc).
     pub delivery_attempt: u32,
     /// The message may have been delivered before: it was released by a consumer (for any
@@ -116,15 +118,15 @@ pub enum QueueEvent {
     /// A consumer holding `guid` went away without confirming it: a consumer failure. The
     /// message goes back to the head of the queue with `failures` failures so far.
     ConsumerFailed {
-        /// The message.
-        guid: Bytes,
+        /// The message (`store::guid_key`).
+        guid: u128,
         /// Consumer failures of this message so far (at least 1).
         failures: u32,
     },
     /// `guid` left the queue without a confirm.
     Removed {
-        /// The message.
-        guid: Bytes,
+        /// The message (`store::guid_key`).
+        guid: u128,
         /// Why.
         reason: RemovalReason,
     },
@@ -175,13 +177,12 @@ pub struct QueueCounters {
 /// A message held by the queue.
 #[derive(Debug)]
 struct Held {
-    /// Arrival order, to put redelivered messages back in order.
-    sequence: u64,
-    /// Journal sequence of the message's record: deliverable once at or below the mark.
+    /// Journal sequence of the message's record: deliverable once at or below the mark, and
+    /// the arrival order (redelivered messages go back in this order).
     journal_sequence: u64,
     arrival: Instant,
-    payload: Bytes,
-    properties: Vec<Property>,
+    /// Payload bytes.
+    size: u32,
     /// Consumer failures so far (see the module doc).
     failures: u32,
     /// Released by a consumer or restored from the journal: it may have been delivered before.
@@ -194,7 +195,7 @@ struct Held {
 struct Consumer {
     options: ConsumerOptions,
     unconfirmed_bytes: u64,
-    unconfirmed: HashSet<Bytes>,
+    unconfirmed: HashSet<u128>,
 }
 
 impl Consumer {
@@ -213,13 +214,12 @@ impl Consumer {
 pub struct QueueCore {
     uri: String,
     limits: QueueLimits,
-    messages: HashMap<Bytes, Held>,
+    messages: HashMap<u128, Held>,
     /// GUIDs of pending (not pushed) messages, in delivery order. Every entry is in `messages`
     /// with `consumer == None`, and every such message is here exactly once.
-    pending: VecDeque<Bytes>,
+    pending: VecDeque<u128>,
     bytes: u64,
     unconfirmed: usize,
-    next_sequence: u64,
     consumers: BTreeMap<SessionAddr, Consumer>,
     /// Messages whose journal sequence is at or below this may be delivered.
     deliverable_through: u64,
@@ -241,7 +241,6 @@ impl QueueCore {
             pending: VecDeque::new(),
             bytes: 0,
             unconfirmed: 0,
-            next_sequence: 0,
             consumers: BTreeMap::new(),
             deliverable_through: 0,
             events: VecDeque::new(),
@@ -261,28 +260,12 @@ impl QueueCore {
         &self.limits
     }
 
-    /// Stores a message at the tail; its record has journal sequence `journal_sequence` (it is
-    /// delivered once that is deliverable). A GUID already held is a [`PutOutcome::Duplicate`]
-    /// and is not stored again; a full queue (`max_messages` or `max_bytes`) refuses it with
-    /// `LIMIT_REACHED`.
-    pub fn put(
-        &mut self,
-        now: Instant,
-        guid: Bytes,
-        payload: Bytes,
-        properties: Vec<Property>,
-        journal_sequence: u64,
-    ) -> PutOutcome {
-        if self.messages.contains_key(&guid) {
-            self.counters.duplicates += 1;
-            return PutOutcome::Duplicate;
-        }
-        // Dropping expired messages first frees room for new ones.
+    /// Why a message of `size` bytes would be refused now (`max_messages` or `max_bytes`
+    /// reached), after dropping expired messages; `None` when it would be taken.
+    pub fn refusal(&mut self, now: Instant, size: u64) -> Option<String> {
         self.expire(now);
-        let size = payload.len() as u64;
         let limits = self.limits;
-        let reason = if limits.max_messages > 0 && self.messages.len() as u64 >= limits.max_messages
-        {
+        if limits.max_messages > 0 && self.messages.len() as u64 >= limits.max_messages {
             Some(format!(
                 "queue {} holds {} messages, its limit",
                 self.uri, limits.max_messages
@@ -294,25 +277,38 @@ impl QueueCore {
             ))
         } else {
             None
-        };
-        if let Some(reason) = reason {
+        }
+    }
+
+    /// Stores a message of `size` payload bytes at the tail; its record has journal sequence
+    /// `journal_sequence` (it is delivered once that is deliverable). A GUID already held is a
+    /// [`PutOutcome::Duplicate`] and is not stored again; a full queue (`max_messages` or
+    /// `max_bytes`, see [`QueueCore::refusal`]) refuses it with `LIMIT_REACHED`.
+    pub fn put(
+        &mut self,
+        now: Instant,
+        guid: u128,
+        size: u32,
+        journal_sequence: u64,
+    ) -> PutOutcome {
+        if self.messages.contains_key(&guid) {
+            self.counters.duplicates += 1;
+            return PutOutcome::Duplicate;
+        }
+        if let Some(reason) = self.refusal(now, u64::from(size)) {
             self.counters.refused += 1;
             return PutOutcome::Refused {
                 status: AckStatus::LimitReached,
                 reason,
             };
         }
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        self.bytes += size;
+        self.bytes += u64::from(size);
         self.messages.insert(
-            guid.clone(),
+            guid,
             Held {
-                sequence,
                 journal_sequence,
                 arrival: now,
-                payload,
-                properties,
+                size,
                 failures: 0,
                 out_of_order: false,
                 consumer: None,
@@ -329,26 +325,21 @@ impl QueueCore {
     pub fn restore(
         &mut self,
         now: Instant,
-        guid: Bytes,
-        payload: Bytes,
-        properties: Vec<Property>,
+        guid: u128,
+        size: u32,
         failures: u32,
         journal_sequence: u64,
     ) {
         if self.messages.contains_key(&guid) {
             return;
         }
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        self.bytes += payload.len() as u64;
+        self.bytes += u64::from(size);
         self.messages.insert(
-            guid.clone(),
+            guid,
             Held {
-                sequence,
                 journal_sequence,
                 arrival: now,
-                payload,
-                properties,
+                size,
                 failures,
                 out_of_order: true,
                 consumer: None,
@@ -389,7 +380,7 @@ impl QueueCore {
     /// ([`QueueEvent::Removed`]). Unknown keys are ignored.
     pub fn remove_consumer(&mut self, key: SessionAddr, failure: bool) {
         if let Some(consumer) = self.consumers.remove(&key) {
-            let guids: Vec<Bytes> = consumer.unconfirmed.into_iter().collect();
+            let guids: Vec<u128> = consumer.unconfirmed.into_iter().collect();
             let kept = if failure {
                 self.count_failures(guids)
             } else {
@@ -417,7 +408,7 @@ impl QueueCore {
         if keys.is_empty() {
             return;
         }
-        let mut released: Vec<Bytes> = Vec::new();
+        let mut released: Vec<u128> = Vec::new();
         for key in keys {
             let consumer = self.consumers.remove(&key).expect("key was just listed");
             released.extend(consumer.unconfirmed);
@@ -428,13 +419,13 @@ impl QueueCore {
 
     /// Confirms (removes) a message pushed to `key`. Returns false, and changes nothing, when
     /// the GUID is unknown or the message is not unconfirmed by that consumer.
-    pub fn confirm(&mut self, key: SessionAddr, guid: &[u8]) -> bool {
-        match self.messages.get(guid) {
+    pub fn confirm(&mut self, key: SessionAddr, guid: u128) -> bool {
+        match self.messages.get(&guid) {
             Some(held) if held.consumer == Some(key) => {}
             _ => return false,
         }
-        let (guid, held) = self.messages.remove_entry(guid).expect("checked above");
-        let size = held.payload.len() as u64;
+        let held = self.messages.remove(&guid).expect("checked above");
+        let size = u64::from(held.size);
         self.bytes -= size;
         self.unconfirmed -= 1;
         if let Some(consumer) = self.consumers.get_mut(&key) {
@@ -452,7 +443,7 @@ impl QueueCore {
     pub fn poll_delivery(&mut self, now: Instant) -> Option<Delivery> {
         loop {
             self.expire(now);
-            let guid = self.pending.front()?.clone();
+            let guid = *self.pending.front()?;
             let held = self.messages.get(&guid).expect("pending guid is held");
             if held.journal_sequence > self.deliverable_through {
                 return None;
@@ -464,16 +455,15 @@ impl QueueCore {
                 continue;
             }
             let attempt = held.failures + 1;
-            let size = held.payload.len() as u64;
+            let size = u64::from(held.size);
             let consumer_key = self.pick_consumer(size)?;
             self.pending.pop_front();
             let held = self.messages.get_mut(&guid).expect("pending guid is held");
             held.consumer = Some(consumer_key);
             let delivery = Delivery {
                 consumer: consumer_key,
-                guid: guid.clone(),
-                payload: held.payload.clone(),
-                properties: held.properties.clone(),
+                guid,
+                journal_sequence: held.journal_sequence,
                 delivery_attempt: attempt,
                 out_of_order: held.out_of_order,
             };
@@ -517,10 +507,10 @@ impl QueueCore {
     /// [`QueueEvent::Removed`] with [`RemovalReason::Purged`]. Consumers stay attached; a later
     /// confirm of a purged message is ignored. Returns how many were removed.
     pub fn purge(&mut self) -> usize {
-        let mut held: Vec<(u64, Bytes)> = self
+        let mut held: Vec<(u64, u128)> = self
             .messages
             .iter()
-            .map(|(g, h)| (h.sequence, g.clone()))
+            .map(|(g, h)| (h.journal_sequence, *g))
             .collect();
         held.sort_unstable();
         for consumer in self.consumers.values_mut() {
@@ -607,7 +597,7 @@ impl QueueCore {
 
     /// Counts one consumer failure for each of `guids` (unconfirmed by a consumer that went
     /// away); removes those that reach the limit and returns the others, still unconfirmed.
-    fn count_failures(&mut self, guids: Vec<Bytes>) -> Vec<Bytes> {
+    fn count_failures(&mut self, guids: Vec<u128>) -> Vec<u128> {
         let mut kept = Vec::with_capacity(guids.len());
         for guid in guids {
             let held = self
@@ -617,10 +607,8 @@ impl QueueCore {
             held.failures += 1;
             let failures = held.failures;
             self.counters.consumer_failures += 1;
-            self.events.push_back(QueueEvent::ConsumerFailed {
-                guid: guid.clone(),
-                failures,
-            });
+            self.events
+                .push_back(QueueEvent::ConsumerFailed { guid, failures });
             if self.exhausted(failures) {
                 self.messages.get_mut(&guid).expect("held").consumer = None;
                 self.unconfirmed -= 1;
@@ -633,9 +621,9 @@ impl QueueCore {
     }
 
     /// Removes a held message that is neither pending nor unconfirmed any more, as an event.
-    fn remove(&mut self, guid: Bytes, reason: RemovalReason) {
+    fn remove(&mut self, guid: u128, reason: RemovalReason) {
         let held = self.messages.remove(&guid).expect("removed guid is held");
-        self.bytes -= held.payload.len() as u64;
+        self.bytes -= u64::from(held.size);
         match reason {
             RemovalReason::Ttl => self.counters.ttl_expired += 1,
             RemovalReason::AttemptsExhausted => self.counters.attempts_exhausted += 1,
@@ -645,8 +633,8 @@ impl QueueCore {
     }
 
     /// Puts unconfirmed messages back at the head of the queue, oldest first.
-    fn requeue_front(&mut self, mut guids: Vec<Bytes>) {
-        guids.sort_by_key(|g| self.messages[g].sequence);
+    fn requeue_front(&mut self, mut guids: Vec<u128>) {
+        guids.sort_by_key(|g| self.messages[g].journal_sequence);
         for guid in guids.into_iter().rev() {
             let held = self
                 .messages
@@ -687,8 +675,8 @@ mod tests {
         }
     }
 
-    fn guid(n: u8) -> Bytes {
-        Bytes::from(vec![n; 16])
+    fn guid(n: u8) -> u128 {
+        u128::from(n)
     }
 
     /// A queue whose every message is deliverable (the partition's mark is tested apart).
@@ -702,13 +690,7 @@ mod tests {
     fn put_n(q: &mut QueueCore, now: Instant, ns: impl IntoIterator<Item = u8>, size: usize) {
         for n in ns {
             assert_eq!(
-                q.put(
-                    now,
-                    guid(n),
-                    Bytes::from(vec![n; size]),
-                    vec![],
-                    u64::from(n)
-                ),
+                q.put(now, guid(n), size as u32, u64::from(n)),
                 PutOutcome::Accepted
             );
         }
@@ -722,7 +704,7 @@ mod tests {
     fn drain(q: &mut QueueCore, now: Instant) -> Vec<(u64, u8, u32)> {
         let mut out = Vec::new();
         while let Some(d) = q.poll_delivery(now) {
-            out.push((d.consumer.session_id, d.guid[0], d.delivery_attempt));
+            out.push((d.consumer.session_id, d.guid as u8, d.delivery_attempt));
         }
         out
     }
@@ -795,21 +777,21 @@ mod tests {
         q.add_consumer(key(1, 1), opts(0, 2, 1 << 20));
         put_n(&mut q, now, 1..=4, 10);
         assert_eq!(drain(&mut q, now), vec![(1, 1, 1), (1, 2, 1)]);
-        assert!(q.confirm(key(1, 1), &guid(1)));
+        assert!(q.confirm(key(1, 1), guid(1)));
         assert_eq!(q.depth(), 3);
         assert_eq!(q.bytes(), 30);
         assert_eq!(drain(&mut q, now), vec![(1, 3, 1)]);
         // A second confirm of the same message, another consumer's confirm, or an unknown guid
         // is refused.
-        assert!(!q.confirm(key(1, 1), &guid(1)));
-        assert!(!q.confirm(key(1, 9), &guid(2)));
-        assert!(!q.confirm(key(1, 1), &guid(4)));
-        assert!(!q.confirm(key(1, 1), b"nope"));
+        assert!(!q.confirm(key(1, 1), guid(1)));
+        assert!(!q.confirm(key(1, 9), guid(2)));
+        assert!(!q.confirm(key(1, 1), guid(4)));
+        assert!(!q.confirm(key(1, 1), 0xdead));
         assert_eq!(q.counters().confirms, 1);
-        assert!(q.confirm(key(1, 1), &guid(2)));
-        assert!(q.confirm(key(1, 1), &guid(3)));
+        assert!(q.confirm(key(1, 1), guid(2)));
+        assert!(q.confirm(key(1, 1), guid(3)));
         assert_eq!(drain(&mut q, now), vec![(1, 4, 1)]);
-        assert!(q.confirm(key(1, 1), &guid(4)));
+        assert!(q.confirm(key(1, 1), guid(4)));
         assert_eq!((q.depth(), q.bytes(), q.unconfirmed()), (0, 0, 0));
     }
 
@@ -823,16 +805,16 @@ mod tests {
         q.add_consumer(key(1, 1), opts(0, 100, 25));
         put_n(&mut q, now, 1..=3, 10);
         assert_eq!(drain(&mut q, now), vec![(1, 1, 1), (1, 2, 1)]);
-        assert!(q.confirm(key(1, 1), &guid(1)));
+        assert!(q.confirm(key(1, 1), guid(1)));
         assert_eq!(drain(&mut q, now), vec![(1, 3, 1)]);
-        assert!(q.confirm(key(1, 1), &guid(2)));
-        assert!(q.confirm(key(1, 1), &guid(3)));
+        assert!(q.confirm(key(1, 1), guid(2)));
+        assert!(q.confirm(key(1, 1), guid(3)));
         // An oversized message flows alone.
         put_n(&mut q, now, 4..=5, 40);
         assert_eq!(drain(&mut q, now), vec![(1, 4, 1)]);
-        assert!(q.confirm(key(1, 1), &guid(4)));
+        assert!(q.confirm(key(1, 1), guid(4)));
         assert_eq!(drain(&mut q, now), vec![(1, 5, 1)]);
-        assert!(q.confirm(key(1, 1), &guid(5)));
+        assert!(q.confirm(key(1, 1), guid(5)));
         // Two consumers: the one without room is skipped.
         q.add_consumer(key(1, 2), opts(0, 100, 1000));
         put_n(&mut q, now, 6..=9, 20);
@@ -861,8 +843,8 @@ mod tests {
         assert_eq!(q.consumer_count(), 1);
         assert_eq!(drain(&mut q, now), vec![(2, 1, 2), (2, 3, 2), (2, 5, 1)]);
         // A stale confirm from the removed consumer does nothing.
-        assert!(!q.confirm(key(1, 1), &guid(1)));
-        assert!(q.confirm(key(1, 2), &guid(1)));
+        assert!(!q.confirm(key(1, 1), guid(1)));
+        assert!(q.confirm(key(1, 2), guid(1)));
         assert_eq!(q.counters().redeliveries, 2);
         // With no consumer left, nothing is delivered and everything is pending.
         q.remove_consumer(key(1, 2), true);
@@ -882,7 +864,7 @@ mod tests {
         q.add_consumer(key(3, 1), opts(0, 100, 1 << 20));
         put_n(&mut q, now, 1..=4, 1);
         let first: Vec<_> = std::iter::from_fn(|| q.poll_delivery(now))
-            .map(|d| (d.consumer, d.guid[0]))
+            .map(|d| (d.consumer, d.guid as u8))
             .collect();
         assert_eq!(
             first,
@@ -896,7 +878,7 @@ mod tests {
         q.remove_consumers_of_node(NodeId(2));
         assert_eq!(q.consumer_count(), 2);
         let again: Vec<_> = std::iter::from_fn(|| q.poll_delivery(now))
-            .map(|d| (d.consumer, d.guid[0], d.delivery_attempt))
+            .map(|d| (d.consumer, d.guid as u8, d.delivery_attempt))
             .collect();
         assert_eq!(again, vec![(key(1, 7), 2, 1), (key(3, 1), 3, 1)]);
         assert_eq!(q.counters().consumer_failures, 0);
@@ -960,17 +942,11 @@ mod tests {
         let now = Instant::now();
         let mut q = open(UNLIMITED);
         put_n(&mut q, now, 1..=1, 10);
-        assert_eq!(
-            q.put(now, guid(1), Bytes::from_static(b"x"), vec![], 1),
-            PutOutcome::Duplicate
-        );
+        assert_eq!(q.put(now, guid(1), 1, 1), PutOutcome::Duplicate);
         assert_eq!((q.depth(), q.bytes()), (1, 10));
         q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
         assert_eq!(drain(&mut q, now), vec![(1, 1, 1)]);
-        assert_eq!(
-            q.put(now, guid(1), Bytes::from_static(b"x"), vec![], 1),
-            PutOutcome::Duplicate
-        );
+        assert_eq!(q.put(now, guid(1), 1, 1), PutOutcome::Duplicate);
         assert_eq!(drain(&mut q, now), vec![]);
         let c = q.counters();
         assert_eq!((c.puts, c.duplicates), (1, 2));
@@ -988,38 +964,32 @@ mod tests {
         };
         let mut q = open(limits);
         put_n(&mut q, now, 1..=2, 10);
-        let refused = q.put(now, guid(3), Bytes::from(vec![0; 1]), vec![], 3);
+        let refused = q.put(now, guid(3), 1, 3);
         assert!(
             matches!(&refused, PutOutcome::Refused { status: AckStatus::LimitReached, reason } if reason.contains("2 messages")),
             "{refused:?}"
         );
         q.add_consumer(key(1, 1), opts(0, 100, 1 << 20));
         drain(&mut q, now);
-        assert!(q.confirm(key(1, 1), &guid(1)));
+        assert!(q.confirm(key(1, 1), guid(1)));
         // One slot free, but 10 + 16 bytes exceed 25.
-        let refused = q.put(now, guid(3), Bytes::from(vec![0; 16]), vec![], 3);
+        let refused = q.put(now, guid(3), 16, 3);
         assert!(
             matches!(&refused, PutOutcome::Refused { status: AckStatus::LimitReached, reason } if reason.contains("25 bytes")),
             "{refused:?}"
         );
-        assert_eq!(
-            q.put(now, guid(3), Bytes::from(vec![0; 15]), vec![], 3),
-            PutOutcome::Accepted
-        );
+        assert_eq!(q.put(now, guid(3), 15, 3), PutOutcome::Accepted);
         assert_eq!(q.counters().refused, 2);
         assert_eq!((q.depth(), q.bytes()), (2, 25));
     }
 
     #[test]
-    fn properties_travel_with_the_message() {
-        // A delivery carries the put's payload and properties.
+    fn a_delivery_names_the_journal_record() {
+        // A delivery names the message's GUID and journal record (the partition reads the
+        // payload and properties from there).
         let now = Instant::now();
         let mut q = open(UNLIMITED);
-        let props = vec![Property {
-            key: "k".into(),
-            value: "v".into(),
-        }];
-        q.put(now, guid(1), Bytes::from_static(b"body"), props.clone(), 1);
+        q.put(now, guid(1), 4, 17);
         q.add_consumer(key(4, 2), opts(0, 1, 1));
         let d = q.poll_delivery(now).unwrap();
         assert_eq!(
@@ -1027,8 +997,7 @@ mod tests {
             Delivery {
                 consumer: key(4, 2),
                 guid: guid(1),
-                payload: Bytes::from_static(b"body"),
-                properties: props,
+                journal_sequence: 17,
                 delivery_attempt: 1,
                 out_of_order: false,
             }
@@ -1137,7 +1106,7 @@ mod tests {
             ]
         );
         assert!(
-            !q.confirm(key(1, 2), &guid(3)),
+            !q.confirm(key(1, 2), guid(3)),
             "a purged message cannot be confirmed"
         );
         assert_eq!((q.depth(), q.unconfirmed(), q.bytes()), (0, 0, 0));
@@ -1150,14 +1119,14 @@ mod tests {
         let now = Instant::now();
         let mut q = open(UNLIMITED);
         put_n(&mut q, now, 1..=2, 10);
-        q.restore(now, guid(3), Bytes::from_static(b"x"), vec![], 0, 3);
+        q.restore(now, guid(3), 1, 0, 3);
         q.add_consumer(key(1, 1), opts(0, 1, 1 << 20));
         let first = q.poll_delivery(now).unwrap();
         assert!(!first.out_of_order);
         q.remove_consumers_of_node(NodeId(1));
         q.add_consumer(key(2, 1), opts(0, 3, 1 << 20));
         let flags: Vec<(u8, bool)> = std::iter::from_fn(|| q.poll_delivery(now))
-            .map(|d| (d.guid[0], d.out_of_order))
+            .map(|d| (d.guid as u8, d.out_of_order))
             .collect();
         assert_eq!(flags, vec![(1, true), (2, false), (3, true)]);
     }

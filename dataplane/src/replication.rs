@@ -1,23 +1,29 @@
-//! `ReplicationCore`: the pure replication state machine of one partition (DESIGN.md §7).
+//! `ReplicationCore`: the replication state machine of one partition (DESIGN.md §7).
 //!
-//! No I/O, no clock: inputs are `handle_*(now, ..)`, outputs are drained with
+//! No sockets, no clock: inputs are `handle_*(now, ..)`, outputs are drained with
 //! [`ReplicationCore::poll_output`], and [`ReplicationCore::poll_timeout`] says when to call
-//! [`ReplicationCore::handle_timeout`] next. Durability is an output: the shell writes
-//! [`Output::Persist`] to the journal, fsyncs, and then calls
-//! [`ReplicationCore::on_persisted`]; receipts and ACKs are released only after that.
+//! [`ReplicationCore::handle_timeout`] next. The core owns the partition's [`Store`] and writes
+//! records to it as it accepts them (plain, synchronous file writes on the partition's own
+//! thread); durability is the shell's: it calls [`ReplicationCore::sync`] (fsync, then
+//! receipts and ACKs are released) when [`ReplicationCore::needs_sync`] says so, once per batch
+//! of inputs (group commit).
 //!
-//! **The journal** is a sequence of records with consecutive sequences (1, 2, ...), each
-//! stamped with the primary lease it was written in; the leases form runs that only increase
-//! (a [`JournalShape`]). Two journals that hold the same lease at the same sequence hold the
-//! same records up to there (each lease has one primary, which only appends, and a replica
-//! accepts a lease's records only after that lease's primary has synchronised it).
+//! **The journal** is a sequence of positions (1, 2, ...), each a record stamped with the
+//! primary lease it was written in; the leases form runs that only increase (a
+//! [`JournalShape`]). Two journals that hold the same lease at the same position hold the same
+//! records up to there (each lease has one primary, which only appends, and a replica accepts
+//! a lease's records only after that lease's primary has synchronised it). Positions up to the
+//! store's *floor* may be absent: dead records (confirmed, removed) compacted away.
 //!
-//! **Primary, normal operation**: a PUT becomes a record, is appended locally (Persist) and
-//! streamed to every replica in order (`ReplicateRecords`); replicas persist and answer
-//! `Receipt{sequence}`. The record is *committed* once a quorum of members (the primary
+//! **Primary, normal operation**: a PUT becomes a record, is appended to the store and
+//! streamed to every replica in order (`ReplicateRecords`); replicas append and, once fsynced,
+//! answer `Receipt{sequence}`. The record is *committed* once a quorum of members (the primary
 //! included) holds it; a strong-consistency PUT is ACKed then, an eventual one as soon as the
-//! primary holds it. A PUT whose GUID is in the recent-GUID window is not stored again: it is
-//! ACKed when the first copy is.
+//! primary holds it. A PUT whose GUID is outstanding, or in the recent-GUID window, is not
+//! stored again: it is ACKed when the first copy is. The primary *settles* positions up to
+//! what is committed and held by every in-sync replica (one that receipted progress within
+//! `in_sync_timeout`, or is caught up) and tells replicas (`settled_through`): settled dead
+//! records may be removed from disk on every node ([`Store::maintain`]).
 //!
 //! **Primary, healing** (a new lease): the primary is *passive*. (1) It asks every member for
 //! its journal shape (`ReplicaStateQuery`; a member that answers promises to ignore older
@@ -28,28 +34,40 @@
 //! the member drops records after the common prefix — records of an older lease that the
 //! healing quorum does not hold, so no quorum ever acknowledged them — and appends the rest.
 //! (4) Once a quorum holds its whole journal, it goes *active* ([`Output::Active`]): the shell
-//! rebuilds the queues from [`ReplicationCore::records`]. Why no ACKed record is lost: an ACKed
+//! rebuilds the queues from [`Store::outstanding`]. Why no ACKed record is lost: an ACKed
 //! record is on a quorum; the healing quorum intersects it; the most advanced member of the
 //! healing quorum therefore holds it (same-lease journals are prefixes of each other, and a
 //! member with a later lease was synchronised by that lease's primary, which held it by the
 //! same argument).
+//!
+//! **Install**: a member whose journal ends below the sender's floor cannot be sent the
+//! history (part of it was compacted away); it is sent the live state instead — the live
+//! records up to the floor, then every record above it — into a staged journal that replaces
+//! its own only once complete ([`Store::begin_install`]), as a Raft follower receives a
+//! snapshot (Raft §7). A crash in the middle leaves its old journal.
 //!
 //! **Replica**: accepts `SyncRecords` from a primary with a lease at least its own, and then
 //! `ReplicateRecords` of that lease that follow its last record; anything else from a current
 //! primary is answered with its shape (the primary then synchronises it). Stale leases are
 //! dropped.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bmq_proto::client::Property;
 use bmq_proto::peer::{
     journal_record::Kind as RecordKind, partition_message::Kind as MsgKind, JournalRecord,
-    JournalShape, LeaseRun, PartitionMessage, PullRecords, Receipt, ReplicaStateQuery,
-    ReplicaStateResponse, ReplicateRecords, StoredMessage, SyncRecords,
+    JournalShape, PartitionMessage, PullRecords, Receipt, ReplicaStateQuery, ReplicaStateResponse,
+    ReplicateRecords, StoredMessage, SyncRecords,
 };
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use bytes::Bytes;
+use tracing::{error, info, warn};
+
+use crate::store::{guid_key, Store, StoreError};
+
+/// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
+pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
 
 /// Settings of a partition's replication.
 #[derive(Debug, Clone)]
@@ -68,23 +86,20 @@ pub struct ReplicationConfig {
     pub in_flight_records_max: u64,
     /// Unanswered queries, pulls and replications are resent after this long.
     pub resend_after: Duration,
-    /// Most GUIDs remembered for duplicate detection.
+    /// Most GUIDs remembered for duplicate detection (besides the outstanding ones, which are
+    /// always known).
     pub guid_window_max: usize,
     /// How long a GUID is remembered for duplicate detection.
     pub guid_window_age: Duration,
+    /// A replica that is behind and has receipted no progress for this long is not waited
+    /// for before positions are settled (and dead records removed); it receives an install if
+    /// it falls below the floor.
+    pub in_sync_timeout: Duration,
 }
 
 /// What the shell must do, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
-    /// Drop every journal record after `truncate_after` (when set), append `records`, fsync,
-    /// then call [`ReplicationCore::on_persisted`].
-    Persist {
-        /// Keep records up to this sequence only.
-        truncate_after: Option<u64>,
-        /// Records to append, consecutive.
-        records: Vec<JournalRecord>,
-    },
     /// Send a message to a peer over the DATA channel.
     Send {
         /// The peer.
@@ -102,10 +117,16 @@ pub enum Output {
         guid: Bytes,
     },
     /// This node finished healing and is the active primary of `lease`: rebuild the queues
-    /// from [`ReplicationCore::records`].
+    /// from [`Store::outstanding`].
     Active {
         /// The lease.
         lease: LeaseId,
+    },
+    /// The journal failed in a way that is not a full disk (an I/O error, corruption): the
+    /// node must stop (never retry an fsync).
+    Fatal {
+        /// What failed.
+        error: String,
     },
 }
 
@@ -126,17 +147,20 @@ pub enum PrimaryPhase {
 }
 
 /// The result of [`ReplicationCore::handle_put`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutResult {
     /// Stored as record `sequence`; the ACK follows as an [`Output::Ack`].
     Appended {
         /// The record's sequence.
         sequence: u64,
     },
-    /// The GUID is already stored; the ACK follows (at once if that copy is acknowledged).
-    Duplicate,
     /// This node is not an active primary: answer `NOT_READY` (the proxy retries).
     NotReady,
+    /// The journal could not take the record (its disk is full): answer `STORAGE_FAILURE`.
+    StorageFailure {
+        /// Why, for the NACK.
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -148,41 +172,64 @@ struct Waiter {
 
 #[derive(Debug, Clone)]
 struct ReplicaProgress {
-    /// Next sequence to stream; `None` until the member's shape is known and it was synced.
+    /// Next position to stream; `None` until the member's shape is known and it was synced.
     next: Option<u64>,
-    /// Highest sequence the member holds durably at this lease.
+    /// Highest position the member holds durably at this lease.
     receipt: u64,
     /// When the last query, sync or batch was sent, or the last receipt arrived.
     last_activity: Option<Instant>,
+    /// When the receipt last rose.
+    last_progress: Option<Instant>,
+    /// The member is receiving an install (the live state).
+    install: bool,
+    /// The settled position last sent to it.
+    sent_settled: u64,
 }
 
-/// Recently stored GUIDs with their sequences, bounded by count and age.
+/// Recently stored GUIDs, bounded by count and age (16 bytes each, plus the time).
 #[derive(Debug, Default)]
 struct GuidWindow {
-    order: VecDeque<(Instant, Bytes)>,
-    sequence: HashMap<Bytes, u64>,
+    order: VecDeque<(Instant, u128)>,
+    set: HashSet<u128>,
 }
 
 impl GuidWindow {
     fn expire(&mut self, now: Instant, max: usize, age: Duration) {
-        while let Some((t, _)) = self.order.front() {
-            if self.order.len() <= max && now.saturating_duration_since(*t) < age {
+        while let Some((t, g)) = self.order.front().copied() {
+            if self.order.len() <= max && now.saturating_duration_since(t) < age {
                 break;
             }
-            let (_, g) = self.order.pop_front().expect("front exists");
-            self.sequence.remove(&g);
+            self.order.pop_front();
+            self.set.remove(&g);
         }
     }
 
-    fn insert(&mut self, now: Instant, guid: Bytes, sequence: u64) {
-        if self.sequence.insert(guid.clone(), sequence).is_none() {
+    fn insert(&mut self, now: Instant, guid: u128) {
+        if self.set.insert(guid) {
             self.order.push_back((now, guid));
         }
     }
 
     fn clear(&mut self) {
-        self.order.clear();
-        self.sequence.clear();
+        self.order = VecDeque::new();
+        self.set = HashSet::new();
+    }
+}
+
+/// An install this node is receiving: the staged journal and where it completes.
+struct Installing {
+    from: NodeId,
+    staged: Store,
+    through: u64,
+}
+
+impl std::fmt::Debug for Installing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Installing")
+            .field("from", &self.from)
+            .field("covered", &self.staged.last_sequence())
+            .field("through", &self.through)
+            .finish()
     }
 }
 
@@ -194,9 +241,9 @@ pub struct ReplicationCore {
     lease: LeaseId,
     /// The primary of `lease`, when known.
     primary: Option<NodeId>,
-    /// The journal, in memory: `records[i].sequence == i + 1`.
-    records: Vec<JournalRecord>,
-    /// Highest sequence durable on this node.
+    /// The journal.
+    store: Store,
+    /// Highest position durable on this node (fsynced).
     persisted: u64,
     /// The lease whose primary has synchronised this replica (0: none).
     synced_lease: LeaseId,
@@ -205,15 +252,21 @@ pub struct ReplicationCore {
     /// Journal shapes collected while healing.
     shapes: BTreeMap<NodeId, JournalShape>,
     replicas: BTreeMap<NodeId, ReplicaProgress>,
-    /// Highest sequence held by a quorum at this lease.
+    /// Highest position held by a quorum at this lease.
     committed: u64,
     /// Producers waiting for the ACK of a strong PUT, by sequence (released at `committed`).
     strong_waiters: BTreeMap<u64, Vec<Waiter>>,
     /// Producers waiting for the ACK of an eventual PUT, by sequence (released at `persisted`).
     eventual_waiters: BTreeMap<u64, Vec<Waiter>>,
     guids: GuidWindow,
+    /// An install being received.
+    installing: Option<Installing>,
     next_tick: Option<Instant>,
     pull_sent_at: Option<Instant>,
+    /// The journal failed: nothing more is written or sent.
+    failed: bool,
+    /// The last append failed for a full disk (cleared by the next success).
+    disk_full: bool,
     outputs: VecDeque<Output>,
 }
 
@@ -221,22 +274,15 @@ pub struct ReplicationCore {
 const TICK: Duration = Duration::from_millis(100);
 
 impl ReplicationCore {
-    /// A core holding `recovered` (the journal as read from disk, all durable).
-    pub fn new(cfg: ReplicationConfig, recovered: Vec<JournalRecord>) -> Self {
-        assert!(
-            recovered
-                .iter()
-                .enumerate()
-                .all(|(i, r)| r.sequence == i as u64 + 1),
-            "recovered journal must have consecutive sequences from 1"
-        );
-        let persisted = recovered.len() as u64;
-        let lease = recovered.last().map_or(LeaseId(0), |r| LeaseId(r.lease));
+    /// A core over `store` (the journal as recovered from disk, all durable).
+    pub fn new(cfg: ReplicationConfig, store: Store) -> Self {
+        let lease = LeaseId(store.last_lease());
+        let persisted = store.durable();
         ReplicationCore {
             cfg,
             lease,
             primary: None,
-            records: recovered,
+            store,
             persisted,
             synced_lease: LeaseId(0),
             phase: None,
@@ -246,15 +292,18 @@ impl ReplicationCore {
             strong_waiters: BTreeMap::new(),
             eventual_waiters: BTreeMap::new(),
             guids: GuidWindow::default(),
+            installing: None,
             next_tick: None,
             pull_sent_at: None,
+            failed: false,
+            disk_full: false,
             outputs: VecDeque::new(),
         }
     }
 
-    /// The journal held (in memory), in order.
-    pub fn records(&self) -> &[JournalRecord] {
-        &self.records
+    /// The journal.
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// The highest lease known.
@@ -272,40 +321,42 @@ impl ReplicationCore {
         self.phase == Some(PrimaryPhase::Active)
     }
 
-    /// Last sequence held, durable or not.
+    /// Last position held, durable or not.
     pub fn last_sequence(&self) -> u64 {
-        self.records.len() as u64
+        self.store.last_sequence()
     }
 
-    /// Highest sequence held by a quorum (primary only; 0 otherwise).
+    /// Highest position held by a quorum (primary only; 0 otherwise).
     pub fn committed(&self) -> u64 {
         self.committed
     }
 
-    /// Highest sequence durable on this node (fsynced).
+    /// Highest position durable on this node (fsynced).
     pub fn persisted(&self) -> u64 {
         self.persisted
     }
 
-    /// Per replica: the highest sequence it has receipted (primary only).
+    /// Whether the last write failed for a full disk (cleared by the next one that succeeds).
+    pub fn disk_full(&self) -> bool {
+        self.disk_full
+    }
+
+    /// Whether an install is being received.
+    pub fn is_installing(&self) -> bool {
+        self.installing.is_some()
+    }
+
+    /// Per replica: the highest position it has receipted (primary only).
     pub fn replica_receipts(&self) -> Vec<(NodeId, u64)> {
         self.replicas.iter().map(|(n, p)| (*n, p.receipt)).collect()
     }
 
     /// The shape of this node's journal.
     pub fn shape(&self) -> JournalShape {
-        let mut runs: Vec<LeaseRun> = Vec::new();
-        for r in &self.records {
-            if runs.last().is_none_or(|l| l.lease != r.lease) {
-                runs.push(LeaseRun {
-                    lease: r.lease,
-                    first_sequence: r.sequence,
-                });
-            }
-        }
         JournalShape {
-            runs,
-            last_sequence: self.last_sequence(),
+            runs: self.store.runs(),
+            last_sequence: self.store.last_sequence(),
+            floor: self.store.floor(),
         }
     }
 
@@ -324,11 +375,94 @@ impl ReplicationCore {
         self.next_tick
     }
 
+    /// Whether records were written since the last [`ReplicationCore::sync`].
+    pub fn needs_sync(&self) -> bool {
+        !self.failed
+            && (self.store.needs_sync()
+                || self
+                    .installing
+                    .as_ref()
+                    .is_some_and(|i| i.staged.needs_sync()))
+    }
+
+    /// Makes what was written durable (fsync), then releases what waited for it (receipts,
+    /// eventual ACKs, commits), and removes settled dead records ([`Store::maintain`]). An
+    /// error is also reported as [`Output::Fatal`].
+    pub fn sync(&mut self, now: Instant) -> Result<(), StoreError> {
+        if self.failed {
+            return Ok(());
+        }
+        if let Some(i) = self.installing.as_mut() {
+            if let Err(e) = i.staged.sync() {
+                return Err(self.fail(e));
+            }
+        }
+        let durable = match self.store.sync() {
+            Ok(d) => d,
+            Err(e) => return Err(self.fail(e)),
+        };
+        self.on_persisted(now, durable);
+        match self.store.maintain() {
+            Ok(m) if m.deleted + m.compacted > 0 => {
+                info!(partition = %self.cfg.partition, deleted = m.deleted, compacted = m.compacted, freed_bytes = m.freed_bytes, floor = self.store.floor(), "journal space reclaimed");
+            }
+            Ok(_) => {}
+            // Nothing was lost: the next sync tries again once space returns.
+            Err(e) if e.is_no_space() => {
+                warn!(partition = %self.cfg.partition, error = %e, "journal maintenance deferred: disk full")
+            }
+            Err(e) => return Err(self.fail(e)),
+        }
+        Ok(())
+    }
+
+    /// Records a journal failure: the node must stop.
+    fn fail(&mut self, e: StoreError) -> StoreError {
+        if !self.failed {
+            self.failed = true;
+            error!(partition = %self.cfg.partition, error = %e, "journal failed");
+            self.outputs.push_back(Output::Fatal {
+                error: e.to_string(),
+            });
+        }
+        e
+    }
+
+    /// Handles the result of a write: a full disk is remembered (and logged once), other
+    /// errors are fatal. Returns whether the write succeeded.
+    fn wrote(&mut self, result: Result<(), StoreError>) -> bool {
+        match result {
+            Ok(()) => {
+                if self.disk_full {
+                    info!(partition = %self.cfg.partition, "journal writes succeed again");
+                }
+                self.disk_full = false;
+                true
+            }
+            Err(e) if e.is_no_space() => {
+                if !self.disk_full {
+                    warn!(partition = %self.cfg.partition, error = %e, "journal disk full: refusing new messages until space returns");
+                }
+                metrics::counter!("bmq_journal_write_failures_total", "reason" => "no_space")
+                    .increment(1);
+                self.disk_full = true;
+                false
+            }
+            Err(e) => {
+                self.fail(e);
+                false
+            }
+        }
+    }
+
     fn msg(&self, kind: MsgKind) -> PartitionMessage {
         PartitionMessage { kind: Some(kind) }
     }
 
     fn send(&mut self, to: NodeId, kind: MsgKind) {
+        if self.failed {
+            return;
+        }
         let message = self.msg(kind);
         self.outputs.push_back(Output::Send { to, message });
     }
@@ -385,6 +519,11 @@ impl ReplicationCore {
     fn step_down(&mut self, lease: LeaseId, primary: Option<NodeId>) {
         // Waiting producers get no ACK from here: their proxies resend to the new primary,
         // which drops duplicates.
+        if lease != self.lease {
+            // An install from an older lease's primary stops here (its staged journal is
+            // dropped; the new primary starts over).
+            self.installing = None;
+        }
         self.phase = None;
         self.lease = lease;
         self.primary = primary;
@@ -399,6 +538,7 @@ impl ReplicationCore {
 
     fn become_primary(&mut self, now: Instant, lease: LeaseId) {
         self.step_down(lease, Some(self.cfg.self_id));
+        self.installing = None;
         self.phase = Some(PrimaryPhase::Collecting);
         self.synced_lease = lease;
         self.shapes.insert(self.cfg.self_id, self.shape());
@@ -409,6 +549,9 @@ impl ReplicationCore {
                     next: None,
                     receipt: 0,
                     last_activity: Some(now),
+                    last_progress: None,
+                    install: false,
+                    sent_settled: 0,
                 },
             );
             let q = ReplicaStateQuery {
@@ -423,6 +566,9 @@ impl ReplicationCore {
 
     /// A message from `from` over the DATA channel.
     pub fn handle_message(&mut self, now: Instant, from: NodeId, message: PartitionMessage) {
+        if self.failed {
+            return;
+        }
         match message.kind {
             Some(MsgKind::StateQuery(q)) => self.on_state_query(now, from, LeaseId(q.lease)),
             Some(MsgKind::StateResponse(r)) => self.on_state_response(now, from, r),
@@ -454,12 +600,7 @@ impl ReplicationCore {
 
     fn on_state_query(&mut self, _now: Instant, from: NodeId, lease: LeaseId) {
         self.observe_lease(lease, from);
-        let r = ReplicaStateResponse {
-            partition_id: self.cfg.partition.0,
-            lease: self.lease.0,
-            shape: Some(self.shape()),
-        };
-        self.send(from, MsgKind::StateResponse(r));
+        self.answer_shape(from);
     }
 
     fn on_state_response(&mut self, now: Instant, from: NodeId, r: ReplicaStateResponse) {
@@ -491,42 +632,168 @@ impl ReplicationCore {
             return;
         }
         let shape = p.shape.unwrap_or_default();
-        let prefix = common_prefix(&self.shape(), &shape);
-        let s = self.sync_message(prefix);
-        self.send(from, MsgKind::Sync(s));
+        let message = if p.install_covered > 0 {
+            self.install_message(p.install_covered)
+        } else {
+            let prefix = common_prefix(&self.shape(), &shape);
+            if prefix < self.store.floor() {
+                self.install_message(0)
+            } else {
+                self.sync_message(prefix)
+            }
+        };
+        if let Some(s) = message {
+            self.send(from, MsgKind::Sync(s));
+        }
     }
 
-    fn sync_message(&self, prefix: u64) -> SyncRecords {
-        let end = (prefix as usize + self.cfg.batch_records_max).min(self.records.len());
-        SyncRecords {
+    /// Records after `prefix` to bring a member whose journal agrees with ours up to there
+    /// (at or above our floor); `None` when the journal cannot be read (fatal).
+    fn sync_message(&mut self, prefix: u64) -> Option<SyncRecords> {
+        let read = self
+            .store
+            .read_from(prefix, self.cfg.batch_records_max, BATCH_BYTES_MAX, false);
+        let (records, covered) = match read {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail(e);
+                return None;
+            }
+        };
+        Some(SyncRecords {
             partition_id: self.cfg.partition.0,
             lease: self.lease.0,
             truncate_after: prefix,
-            records: self.records[prefix as usize..end].to_vec(),
-            sender_last_sequence: self.last_sequence(),
-        }
+            records,
+            sender_last_sequence: self.store.last_sequence(),
+            install: false,
+            install_through: 0,
+            covered_through: covered,
+            settled_through: self.store.base(),
+            runs: Vec::new(),
+        })
     }
 
-    /// Applies `truncate_after` + `records` to the in-memory journal and asks for persistence.
-    fn apply_sync(&mut self, truncate_after: u64, records: Vec<JournalRecord>) -> bool {
-        if truncate_after > self.last_sequence()
+    /// A batch of the live state after `after` (0 starts an install): see the module doc.
+    fn install_message(&mut self, after: u64) -> Option<SyncRecords> {
+        let read = self
+            .store
+            .read_from(after, self.cfg.batch_records_max, BATCH_BYTES_MAX, true);
+        let (records, covered) = match read {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail(e);
+                return None;
+            }
+        };
+        let runs = self
+            .store
+            .runs()
+            .into_iter()
+            .filter(|r| r.first_sequence <= covered)
+            .collect();
+        Some(SyncRecords {
+            partition_id: self.cfg.partition.0,
+            lease: self.lease.0,
+            truncate_after: after,
+            records,
+            sender_last_sequence: self.store.last_sequence(),
+            install: true,
+            install_through: self.store.floor(),
+            covered_through: covered,
+            settled_through: self.store.base(),
+            runs,
+        })
+    }
+
+    /// Applies a (non-install) sync or replication to the journal: drop positions after
+    /// `truncate_after` (when below the last), append `records`, account positions up to
+    /// `covered` and settle up to `settled`. Returns false when it does not follow.
+    fn apply_sync(
+        &mut self,
+        truncate_after: u64,
+        records: &[JournalRecord],
+        covered: u64,
+        settled: u64,
+    ) -> bool {
+        if truncate_after > self.store.last_sequence()
             || records
-                .iter()
-                .enumerate()
-                .any(|(i, r)| r.sequence != truncate_after + 1 + i as u64)
+                .first()
+                .is_some_and(|r| r.sequence != truncate_after + 1)
         {
             return false;
         }
-        let truncate = (truncate_after < self.last_sequence()).then_some(truncate_after);
-        if let Some(t) = truncate {
-            self.records.truncate(t as usize);
-            self.persisted = self.persisted.min(t);
+        if truncate_after < self.store.last_sequence() {
+            if let Err(e) = self.store.truncate_after(truncate_after) {
+                self.fail(e);
+                return false;
+            }
+            self.persisted = self.persisted.min(self.store.last_sequence());
         }
-        self.records.extend(records.iter().cloned());
-        self.outputs.push_back(Output::Persist {
-            truncate_after: truncate,
-            records,
-        });
+        // Records at or below what the truncation kept (settled ones) are already held.
+        let last = self.store.last_sequence();
+        let fresh: Vec<JournalRecord> = records
+            .iter()
+            .filter(|r| r.sequence > last)
+            .cloned()
+            .collect();
+        let covered = if covered > last { covered } else { 0 };
+        let result = self
+            .store
+            .append(&fresh, covered, settled.min(covered.max(last)), None);
+        self.wrote(result)
+    }
+
+    /// Applies one message of an install (see the module doc); finishes it once complete.
+    fn apply_install(&mut self, from: NodeId, s: &SyncRecords) -> bool {
+        if s.truncate_after == 0 {
+            let staged = match self.store.begin_install() {
+                Ok(staged) => staged,
+                Err(e) => {
+                    let _ = self.wrote(Err(e));
+                    return false;
+                }
+            };
+            info!(partition = %self.cfg.partition, from = %from, through = s.install_through, "journal behind the primary's floor: receiving its live state");
+            self.installing = Some(Installing {
+                from,
+                staged,
+                through: s.install_through,
+            });
+        }
+        let Some(installing) = self.installing.as_mut() else {
+            return false;
+        };
+        if installing.from != from || s.truncate_after > installing.staged.last_sequence() {
+            return false;
+        }
+        installing.through = installing.through.max(s.install_through);
+        let last = installing.staged.last_sequence();
+        let fresh: Vec<JournalRecord> = s
+            .records
+            .iter()
+            .filter(|r| r.sequence > last)
+            .cloned()
+            .collect();
+        let covered = s.covered_through.max(last);
+        let result = installing.staged.append(
+            &fresh,
+            covered,
+            s.settled_through.min(covered),
+            Some(&s.runs),
+        );
+        if !self.wrote(result) {
+            return false;
+        }
+        let installing = self.installing.as_ref().expect("present");
+        if installing.staged.last_sequence() >= installing.through {
+            let installing = self.installing.take().expect("present");
+            let result = self.store.finish_install(installing.staged);
+            if !self.wrote(result) {
+                return false;
+            }
+            self.persisted = self.store.durable();
+        }
         true
     }
 
@@ -534,7 +801,17 @@ impl ReplicationCore {
         if let Some(PrimaryPhase::Pulling { from: source }) = self.phase.clone() {
             if LeaseId(s.lease) == self.lease && from == source {
                 // The answer to our pull.
-                if self.apply_sync(s.truncate_after, s.records) {
+                let applied = if s.install {
+                    self.apply_install(from, &s)
+                } else {
+                    self.apply_sync(
+                        s.truncate_after,
+                        &s.records,
+                        s.covered_through,
+                        s.settled_through,
+                    )
+                };
+                if applied {
                     self.shapes.insert(self.cfg.self_id, self.shape());
                 }
                 self.pull_sent_at = None;
@@ -546,9 +823,24 @@ impl ReplicationCore {
             return;
         }
         self.primary = Some(from);
-        if self.apply_sync(s.truncate_after, s.records) {
-            self.synced_lease = LeaseId(s.lease);
+        let applied = if s.install {
+            self.apply_install(from, &s)
         } else {
+            self.installing = None;
+            self.apply_sync(
+                s.truncate_after,
+                &s.records,
+                s.covered_through,
+                s.settled_through,
+            )
+        };
+        if applied {
+            self.synced_lease = LeaseId(s.lease);
+            if !self.needs_sync() {
+                // Nothing new to write: what we hold is durable already.
+                self.send_receipt();
+            }
+        } else if !self.disk_full && !self.failed && !s.install {
             self.answer_shape(from);
         }
     }
@@ -566,54 +858,78 @@ impl ReplicationCore {
         if !self.observe_lease(LeaseId(r.lease), from) || self.phase.is_some() {
             return;
         }
-        if LeaseId(r.lease) != self.synced_lease || r.prev_sequence > self.last_sequence() {
-            // Not synchronised with this primary yet, or a gap: show it our journal.
+        if LeaseId(r.lease) != self.synced_lease || self.installing.is_some() {
+            if r.records.is_empty() {
+                return;
+            }
+            // Not synchronised with this primary yet: show it our journal.
             self.answer_shape(from);
             return;
         }
-        let last = self.last_sequence();
+        let last = self.store.last_sequence();
+        if r.records.is_empty() {
+            // Only a new settled position.
+            if r.prev_sequence <= last {
+                self.store.set_base(r.settled_through.min(last));
+            }
+            return;
+        }
+        if r.prev_sequence > last {
+            // A gap: show it our journal.
+            self.answer_shape(from);
+            return;
+        }
+        if r.records.iter().all(|x| x.sequence <= last) {
+            // A resend of what we hold: receipt it again.
+            self.store.set_base(r.settled_through.min(last));
+            self.send_receipt();
+            return;
+        }
         let fresh: Vec<JournalRecord> = r
             .records
             .into_iter()
             .filter(|x| x.sequence > last)
             .collect();
-        if fresh.is_empty() {
-            // A resend of what we hold: receipt it again.
-            self.send_receipt();
-            return;
-        }
-        if !self.apply_sync(last, fresh) {
+        if !self.apply_sync(last, &fresh, r.covered_through, r.settled_through)
+            && !self.disk_full
+            && !self.failed
+        {
             self.answer_shape(from);
         }
     }
 
     fn send_receipt(&mut self) {
-        if let Some(primary) = self.primary {
-            if self.phase.is_none()
-                && self.synced_lease == self.lease
-                && primary != self.cfg.self_id
-            {
-                let r = Receipt {
-                    partition_id: self.cfg.partition.0,
-                    lease: self.lease.0,
-                    sequence: self.persisted,
-                };
-                self.send(primary, MsgKind::Receipt(r));
-            }
+        let Some(primary) = self.primary else {
+            return;
+        };
+        if self.phase.is_some() || self.synced_lease != self.lease || primary == self.cfg.self_id {
+            return;
         }
+        // While installing, the live state held so far (all of it settled at the primary).
+        let sequence = match &self.installing {
+            Some(i) => i.staged.durable(),
+            None => self.persisted,
+        };
+        let r = Receipt {
+            partition_id: self.cfg.partition.0,
+            lease: self.lease.0,
+            sequence,
+        };
+        self.send(primary, MsgKind::Receipt(r));
     }
 
     fn on_receipt(&mut self, now: Instant, from: NodeId, r: Receipt) {
         if LeaseId(r.lease) != self.lease || self.phase.is_none() {
             return;
         }
-        let last = self.last_sequence();
+        let last = self.store.last_sequence();
         let Some(p) = self.replicas.get_mut(&from) else {
             return;
         };
+        p.last_activity = Some(now);
         if r.sequence > p.receipt && r.sequence <= last {
             p.receipt = r.sequence;
-            p.last_activity = Some(now);
+            p.last_progress = Some(now);
             if p.next.is_some_and(|n| n <= r.sequence) {
                 p.next = Some(r.sequence + 1);
             }
@@ -622,11 +938,12 @@ impl ReplicationCore {
         self.pump(now);
     }
 
-    /// The shell persisted the journal up to `sequence` (fsync done).
-    pub fn on_persisted(&mut self, now: Instant, sequence: u64) {
-        self.persisted = sequence.min(self.last_sequence()).max(self.persisted);
+    /// The journal is durable up to `sequence` (fsync done).
+    fn on_persisted(&mut self, now: Instant, sequence: u64) {
+        self.persisted = sequence.min(self.store.last_sequence()).max(self.persisted);
         if self.phase.is_some() {
             self.update_commit(now);
+            self.pump(now);
         } else {
             self.send_receipt();
         }
@@ -640,25 +957,40 @@ impl ReplicationCore {
         positions.get(q - 1).copied().unwrap_or(0)
     }
 
+    /// Whether replica `p` is waited for before positions are settled (see the module doc).
+    fn in_sync(&self, now: Instant, p: &ReplicaProgress) -> bool {
+        p.receipt >= self.store.last_sequence()
+            || p.last_progress
+                .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.in_sync_timeout)
+    }
+
+    /// The position every node may settle: committed, and held by every in-sync replica.
+    fn settle(&mut self, now: Instant) {
+        let mut through = self.committed.min(self.persisted);
+        for p in self.replicas.values() {
+            if self.in_sync(now, p) {
+                through = through.min(p.receipt);
+            }
+        }
+        self.store.set_base(through);
+    }
+
     fn update_commit(&mut self, now: Instant) {
         self.committed = self.committed.max(self.quorum_position());
         match self.phase {
             Some(PrimaryPhase::Syncing) => {
-                if self.persisted == self.last_sequence() && self.committed >= self.last_sequence()
-                {
+                let last = self.store.last_sequence();
+                if self.persisted == last && self.committed >= last {
                     self.phase = Some(PrimaryPhase::Active);
                     self.guids.clear();
-                    for r in &self.records {
-                        if let Some(RecordKind::Message(m)) = &r.kind {
-                            self.guids.insert(now, m.guid.clone(), r.sequence);
-                        }
-                    }
-                    self.guids
-                        .expire(now, self.cfg.guid_window_max, self.cfg.guid_window_age);
+                    self.settle(now);
                     self.outputs.push_back(Output::Active { lease: self.lease });
                 }
             }
-            Some(PrimaryPhase::Active) => self.release_acks(),
+            Some(PrimaryPhase::Active) => {
+                self.release_acks();
+                self.settle(now);
+            }
             _ => {}
         }
     }
@@ -749,56 +1081,126 @@ impl ReplicationCore {
 
     fn send_pull(&mut self, now: Instant, from: NodeId) {
         self.pull_sent_at = Some(now);
+        let install_covered = self
+            .installing
+            .as_ref()
+            .filter(|i| i.from == from)
+            .map_or(0, |i| i.staged.last_sequence());
         let p = PullRecords {
             partition_id: self.cfg.partition.0,
             lease: self.lease.0,
             shape: Some(self.shape()),
+            install_covered,
         };
         self.send(from, MsgKind::Pull(p));
     }
 
-    /// Brings `node`, whose journal has `shape`, to this primary's journal.
+    /// Brings `node`, whose journal has `shape`, to this primary's journal: the records after
+    /// the common prefix, or an install when that is below our floor.
     fn sync_replica(&mut self, now: Instant, node: NodeId, shape: &JournalShape) {
         let prefix = common_prefix(&self.shape(), shape);
-        let s = self.sync_message(prefix);
-        let next = prefix + s.records.len() as u64 + 1;
+        let install = prefix < self.store.floor();
+        let message = if install {
+            self.install_message(0)
+        } else {
+            self.sync_message(prefix)
+        };
+        let Some(s) = message else { return };
+        let next = s.covered_through.max(prefix) + 1;
+        let settled = s.settled_through;
         if let Some(p) = self.replicas.get_mut(&node) {
             p.next = Some(next);
             p.receipt = 0;
             p.last_activity = Some(now);
+            p.install = install;
+            p.sent_settled = settled;
         }
         self.send(node, MsgKind::Sync(s));
     }
 
-    /// Streams what each synchronised replica lacks, within the in-flight limit.
+    /// Streams what each synchronised replica lacks, within the in-flight limit, and tells
+    /// caught-up replicas a new settled position.
     fn pump(&mut self, now: Instant) {
         if !matches!(
             self.phase,
             Some(PrimaryPhase::Syncing | PrimaryPhase::Active)
-        ) {
+        ) || self.failed
+        {
             return;
         }
-        let last = self.last_sequence();
+        let last = self.store.last_sequence();
+        let base = self.store.base();
         let nodes: Vec<NodeId> = self.replicas.keys().copied().collect();
         for n in nodes {
             loop {
                 let p = self.replicas.get(&n).expect("listed");
                 let Some(next) = p.next else { break };
-                if next > last
-                    || next.saturating_sub(p.receipt + 1) >= self.cfg.in_flight_records_max
-                {
+                if next > last {
+                    if p.sent_settled < base && !p.install {
+                        // Nothing to send but the settled position.
+                        let r = ReplicateRecords {
+                            partition_id: self.cfg.partition.0,
+                            lease: self.lease.0,
+                            prev_sequence: next - 1,
+                            records: Vec::new(),
+                            covered_through: 0,
+                            settled_through: base,
+                        };
+                        self.replicas.get_mut(&n).expect("listed").sent_settled = base;
+                        self.send(n, MsgKind::Replicate(r));
+                    }
                     break;
                 }
-                let end = (next - 1 + self.cfg.batch_records_max as u64).min(last);
+                if next.saturating_sub(p.receipt + 1) >= self.cfg.in_flight_records_max {
+                    break;
+                }
+                if p.install || next - 1 < self.store.floor() {
+                    // Receiving the live state, or fell below the floor (it was not in sync
+                    // while dead records were removed): continue or start an install.
+                    let after = if p.install { next - 1 } else { 0 };
+                    let Some(s) = self.install_message(after) else {
+                        return;
+                    };
+                    let p = self.replicas.get_mut(&n).expect("listed");
+                    if !p.install {
+                        p.receipt = 0;
+                    }
+                    p.install = true;
+                    p.next = Some(s.covered_through + 1);
+                    p.last_activity = Some(now);
+                    p.sent_settled = s.settled_through;
+                    // Complete once it covers the floor: from there on it is a normal replica.
+                    if s.covered_through >= s.install_through {
+                        p.install = false;
+                    }
+                    self.send(n, MsgKind::Sync(s));
+                    continue;
+                }
+                let read = self.store.read_from(
+                    next - 1,
+                    self.cfg.batch_records_max,
+                    BATCH_BYTES_MAX,
+                    false,
+                );
+                let (records, covered) = match read {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.fail(e);
+                        return;
+                    }
+                };
                 let r = ReplicateRecords {
                     partition_id: self.cfg.partition.0,
                     lease: self.lease.0,
                     prev_sequence: next - 1,
-                    records: self.records[(next - 1) as usize..end as usize].to_vec(),
+                    records,
+                    covered_through: covered,
+                    settled_through: base,
                 };
                 let p = self.replicas.get_mut(&n).expect("listed");
-                p.next = Some(end + 1);
+                p.next = Some(covered + 1);
                 p.last_activity = Some(now);
+                p.sent_settled = base;
                 self.send(n, MsgKind::Replicate(r));
             }
         }
@@ -821,7 +1223,7 @@ impl ReplicationCore {
                 self.send_pull(now, from);
             }
         }
-        let last = self.last_sequence();
+        let last = self.store.last_sequence();
         let nodes: Vec<NodeId> = self.replicas.keys().copied().collect();
         for n in nodes {
             let p = self.replicas.get(&n).expect("listed").clone();
@@ -846,17 +1248,54 @@ impl ReplicationCore {
                 self.pump(now);
             }
         }
+        if phase == PrimaryPhase::Active {
+            // Replicas leave the in-sync set with time alone.
+            self.settle(now);
+            self.pump(now);
+        }
     }
 
-    /// Whether `guid` was stored recently (a resent PUT).
-    pub fn is_duplicate(&mut self, now: Instant, guid: &Bytes) -> bool {
+    /// The sequence of the stored copy of `guid` when a PUT of it is a resend: the
+    /// outstanding message's, or 0 for one already confirmed within the duplicate window
+    /// (committed, so its ACK is due at once). `None` for a new message.
+    pub fn duplicate_of(&mut self, now: Instant, guid: &[u8]) -> Option<u64> {
         self.guids
             .expire(now, self.cfg.guid_window_max, self.cfg.guid_window_age);
-        self.guids.sequence.contains_key(guid)
+        let key = guid_key(guid);
+        self.store
+            .outstanding_sequence(key)
+            .or_else(|| self.guids.set.contains(&key).then_some(0))
     }
 
-    /// A PUT from `producer` (active primary only). A duplicate GUID is not stored again; its
-    /// ACK is released with the first copy's. `strong`: ACK at quorum, else once persisted here.
+    /// A resent PUT of a message stored as record `sequence`: its ACK is released with that
+    /// record's (`strong`: at quorum, else once persisted here), at once if that is so.
+    pub fn wait_for_stored(
+        &mut self,
+        producer: SessionAddr,
+        uri: String,
+        guid: Bytes,
+        strong: bool,
+        sequence: u64,
+    ) {
+        let waiter = Waiter {
+            producer,
+            uri,
+            guid,
+        };
+        let list = self.waiters_mut(strong).entry(sequence).or_default();
+        // A proxy resending the same PUT again and again waits once.
+        if !list
+            .iter()
+            .any(|w| w.producer == waiter.producer && w.guid == waiter.guid)
+        {
+            list.push(waiter);
+        }
+        self.release_acks();
+    }
+
+    /// A new PUT from `producer` (active primary only; the caller checked it is not a resend
+    /// with [`ReplicationCore::duplicate_of`]). `strong`: ACK at quorum, else once persisted
+    /// here.
     #[allow(clippy::too_many_arguments)]
     pub fn handle_put(
         &mut self,
@@ -869,7 +1308,7 @@ impl ReplicationCore {
         strong: bool,
         timestamp_ms: u64,
     ) -> PutResult {
-        if !self.is_active_primary() {
+        if !self.is_active_primary() || self.failed {
             return PutResult::NotReady;
         }
         let waiter = Waiter {
@@ -877,27 +1316,26 @@ impl ReplicationCore {
             uri: uri.clone(),
             guid: guid.clone(),
         };
-        if self.is_duplicate(now, &guid) {
-            let seq = self.guids.sequence[&guid];
-            let list = self.waiters_mut(strong).entry(seq).or_default();
-            // A proxy resending the same PUT again and again waits once.
-            if !list
-                .iter()
-                .any(|w| w.producer == waiter.producer && w.guid == waiter.guid)
-            {
-                list.push(waiter);
-            }
-            self.release_acks();
-            return PutResult::Duplicate;
-        }
+        let key = guid_key(&guid);
         let kind = RecordKind::Message(StoredMessage {
             uri,
-            guid: guid.clone(),
+            guid,
             payload,
             properties,
         });
-        let sequence = self.append(now, kind, timestamp_ms);
-        self.guids.insert(now, guid, sequence);
+        let Some(sequence) = self.append(now, kind, timestamp_ms) else {
+            return if self.failed {
+                PutResult::NotReady
+            } else {
+                PutResult::StorageFailure {
+                    reason: format!(
+                        "partition {} cannot write its journal: the disk is full",
+                        self.cfg.partition
+                    ),
+                }
+            };
+        };
+        self.guids.insert(now, key);
         self.waiters_mut(strong)
             .entry(sequence)
             .or_default()
@@ -905,42 +1343,39 @@ impl ReplicationCore {
         PutResult::Appended { sequence }
     }
 
-    /// Appends a record that no producer waits for (a confirm, a delivery); active primary
-    /// only. Returns its sequence, or `None` when not the active primary.
+    /// Appends a record that no producer waits for (a confirm, a failure, a removal); active
+    /// primary only. Returns its sequence, or `None` when not the active primary or the
+    /// journal could not take it (a full disk: the effect stays in memory only, so a new
+    /// primary may redeliver — at-least-once).
     pub fn handle_record(
         &mut self,
         now: Instant,
         kind: RecordKind,
         timestamp_ms: u64,
     ) -> Option<u64> {
-        self.is_active_primary()
-            .then(|| self.append(now, kind, timestamp_ms))
+        if !self.is_active_primary() {
+            return None;
+        }
+        self.append(now, kind, timestamp_ms)
     }
 
-    fn append(&mut self, now: Instant, kind: RecordKind, timestamp_ms: u64) -> u64 {
-        let sequence = self.last_sequence() + 1;
+    fn append(&mut self, now: Instant, kind: RecordKind, timestamp_ms: u64) -> Option<u64> {
+        if self.failed {
+            return None;
+        }
+        let sequence = self.store.last_sequence() + 1;
         let record = JournalRecord {
             lease: self.lease.0,
             sequence,
             timestamp_ms,
             kind: Some(kind),
         };
-        self.records.push(record.clone());
-        // Consecutive appends are persisted by the shell in one batch and one fsync.
-        if let Some(Output::Persist {
-            truncate_after: None,
-            records,
-        }) = self.outputs.back_mut()
-        {
-            records.push(record);
-        } else {
-            self.outputs.push_back(Output::Persist {
-                truncate_after: None,
-                records: vec![record],
-            });
+        let result = self.store.append_one(&record);
+        if !self.wrote(result) {
+            return None;
         }
         self.pump(now);
-        sequence
+        Some(sequence)
     }
 }
 
@@ -964,8 +1399,8 @@ fn lease_at(shape: &JournalShape, sequence: u64) -> Option<u64> {
         .map(|r| r.lease)
 }
 
-/// The last sequence up to which two journals hold the same records: the end of the longest
-/// prefix over which they have the same lease at every sequence.
+/// The last position up to which two journals hold the same records: the end of the longest
+/// prefix over which they have the same lease at every position.
 pub fn common_prefix(a: &JournalShape, b: &JournalShape) -> u64 {
     let limit = a.last_sequence.min(b.last_sequence);
     let mut bounds: Vec<u64> = a

@@ -1,7 +1,10 @@
 //! Step-by-step tests of the replication core: exact outputs for each input.
 
 use super::*;
+use crate::store::{guid_key, AppsOf, StoreConfig};
 use bmq_proto::peer::journal_record::Kind as RecordKind;
+use bmq_proto::peer::{LeaseRun, StoredConfirm};
+use std::sync::Arc;
 
 const P: PartitionId = PartitionId(0);
 
@@ -16,7 +19,61 @@ fn cfg(me: u32) -> ReplicationConfig {
         resend_after: Duration::from_millis(500),
         guid_window_max: 1000,
         guid_window_age: Duration::from_secs(60),
+        in_sync_timeout: Duration::from_secs(10),
     }
+}
+
+/// A replication core with its journal in a temporary directory (removed on drop).
+struct Node {
+    core: ReplicationCore,
+    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Node {
+    type Target = ReplicationCore;
+    fn deref(&self) -> &ReplicationCore {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for Node {
+    fn deref_mut(&mut self) -> &mut ReplicationCore {
+        &mut self.core
+    }
+}
+
+fn apps() -> AppsOf {
+    Arc::new(|_: &str| vec![String::new()])
+}
+
+/// Node `me` whose journal holds `records` (durable), in segments of `segment` bytes.
+fn node_with(me: u32, records: Vec<JournalRecord>, segment: u64) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_store = StoreConfig {
+        segment_size_max: segment,
+        cache_bytes_max: 1 << 20,
+        quota_bytes: 0,
+        fsync: false,
+    };
+    let mut store = Store::open(dir.path(), cfg_store, apps()).unwrap();
+    store.append(&records, 0, 0, None).unwrap();
+    store.sync().unwrap();
+    Node {
+        core: ReplicationCore::new(cfg(me), store),
+        _dir: dir,
+    }
+}
+
+fn node(me: u32, records: Vec<JournalRecord>) -> Node {
+    node_with(me, records, 1 << 20)
+}
+
+/// Every record the node's journal holds, in order.
+fn records(core: &ReplicationCore) -> Vec<JournalRecord> {
+    core.store()
+        .read_from(0, usize::MAX, u64::MAX, false)
+        .unwrap()
+        .0
 }
 
 fn producer() -> SessionAddr {
@@ -70,6 +127,7 @@ fn shape_of(runs: &[(u64, u64)], last: u64) -> JournalShape {
             })
             .collect(),
         last_sequence: last,
+        floor: 0,
     }
 }
 
@@ -77,32 +135,22 @@ fn msg(kind: MsgKind) -> PartitionMessage {
     PartitionMessage { kind: Some(kind) }
 }
 
-/// Runs `core`'s outputs as a shell would with a perfect disk: persists at once and returns
+/// Runs `core`'s outputs as a shell would with a perfect disk: syncs at once and returns
 /// the sends and acks.
 fn run_shell(now: Instant, core: &mut ReplicationCore) -> Vec<Output> {
     let mut rest = Vec::new();
     loop {
-        let outs = drain(core);
-        if outs.is_empty() {
+        rest.extend(drain(core));
+        if !core.needs_sync() {
             return rest;
         }
-        let mut persisted = false;
-        for o in outs {
-            match o {
-                Output::Persist { .. } => persisted = true,
-                other => rest.push(other),
-            }
-        }
-        if persisted {
-            let last = core.last_sequence();
-            core.on_persisted(now, last);
-        }
+        core.sync(now).unwrap();
     }
 }
 
 /// Delivers every Send among `cores` (indexed by node id - 1) until quiet, skipping nodes in
 /// `down`. Returns the acks seen.
-fn settle(now: Instant, cores: &mut [ReplicationCore], down: &[u32]) -> Vec<Output> {
+fn settle(now: Instant, cores: &mut [Node], down: &[u32]) -> Vec<Output> {
     let mut acks = Vec::new();
     for _ in 0..1000 {
         let mut sends = Vec::new();
@@ -131,10 +179,8 @@ fn settle(now: Instant, cores: &mut [ReplicationCore], down: &[u32]) -> Vec<Outp
 }
 
 /// Three empty cores; node 1 is primary of lease 1 and active.
-fn active_cluster(now: Instant) -> Vec<ReplicationCore> {
-    let mut cores: Vec<_> = (1..=3)
-        .map(|n| ReplicationCore::new(cfg(n), vec![]))
-        .collect();
+fn active_cluster(now: Instant) -> Vec<Node> {
+    let mut cores: Vec<_> = (1..=3).map(|n| node(n, vec![])).collect();
     for c in cores.iter_mut() {
         c.handle_role(now, Some(NodeId(1)), LeaseId(1));
     }
@@ -165,7 +211,7 @@ fn common_prefix_follows_lease_runs() {
 fn new_primary_queries_every_member() {
     // A node named primary of lease 1 starts passive and asks the others for their journals.
     let now = Instant::now();
-    let mut core = ReplicationCore::new(cfg(1), vec![]);
+    let mut core = node(1, vec![]);
     core.handle_role(now, Some(NodeId(1)), LeaseId(1));
     let query = |to| Output::Send {
         to: NodeId(to),
@@ -178,10 +224,33 @@ fn new_primary_queries_every_member() {
     assert_eq!(core.phase(), Some(&PrimaryPhase::Collecting));
 }
 
+fn receipt(sequence: u64, lease: u64) -> PartitionMessage {
+    msg(MsgKind::Receipt(Receipt {
+        partition_id: 0,
+        lease,
+        sequence,
+    }))
+}
+
+fn settled(to: u32, lease: u64, prev: u64, base: u64) -> Output {
+    Output::Send {
+        to: NodeId(to),
+        message: msg(MsgKind::Replicate(ReplicateRecords {
+            partition_id: 0,
+            lease,
+            prev_sequence: prev,
+            records: vec![],
+            covered_through: 0,
+            settled_through: base,
+        })),
+    }
+}
+
 #[test]
 fn strong_put_is_acked_at_quorum_receipt() {
     // DESIGN.md §7 strong consistency: no ACK on the primary's own fsync, ACK on the first
-    // replica receipt (2 of 3).
+    // replica receipt (2 of 3); then the position is settled where every in-sync replica has
+    // it (node 3, which never receipted, is not waited for).
     let now = Instant::now();
     let mut core = active_cluster(now).remove(0);
     let r = core.handle_put(
@@ -203,39 +272,30 @@ fn strong_put_is_acked_at_quorum_receipt() {
             lease: 1,
             prev_sequence: 0,
             records: vec![rec1.clone()],
+            covered_through: 1,
+            settled_through: 0,
         })),
     };
+    assert_eq!(drain(&mut core), vec![replicate(2), replicate(3)]);
+    assert!(core.needs_sync());
+    assert_eq!(records(&core), vec![rec1.clone()]);
+    core.sync(now).unwrap();
+    assert_eq!(drain(&mut core), vec![]);
+    core.handle_message(now, NodeId(2), receipt(1, 1));
     assert_eq!(
         drain(&mut core),
         vec![
-            Output::Persist {
-                truncate_after: None,
-                records: vec![rec1.clone()]
+            Output::Ack {
+                producer: producer(),
+                uri: "bmq://d/q".into(),
+                guid: guid(1)
             },
-            replicate(2),
-            replicate(3),
+            settled(2, 1, 1, 1),
+            settled(3, 1, 1, 1),
         ]
     );
-    core.on_persisted(now, 1);
-    assert_eq!(drain(&mut core), vec![]);
-    core.handle_message(
-        now,
-        NodeId(2),
-        msg(MsgKind::Receipt(Receipt {
-            partition_id: 0,
-            lease: 1,
-            sequence: 1,
-        })),
-    );
-    assert_eq!(
-        drain(&mut core),
-        vec![Output::Ack {
-            producer: producer(),
-            uri: "bmq://d/q".into(),
-            guid: guid(1)
-        }]
-    );
     assert_eq!(core.committed(), 1);
+    assert_eq!(core.store().base(), 1);
 }
 
 #[test]
@@ -254,7 +314,7 @@ fn eventual_put_is_acked_once_the_primary_holds_it() {
         0,
     );
     drain(&mut core);
-    core.on_persisted(now, 1);
+    core.sync(now).unwrap();
     assert_eq!(
         drain(&mut core),
         vec![Output::Ack {
@@ -276,44 +336,37 @@ fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
         origin_node: NodeId(2),
         session_id: 4,
     };
-    let put = |core: &mut ReplicationCore, producer: SessionAddr| {
-        core.handle_put(
-            now,
-            producer,
-            "bmq://d/q".into(),
-            guid(1),
-            Bytes::from_static(b"x"),
-            vec![],
-            true,
-            0,
-        )
-    };
-    assert_eq!(
-        put(&mut core, producer()),
-        PutResult::Appended { sequence: 1 }
+    assert_eq!(core.duplicate_of(now, &guid(1)), None);
+    let r = core.handle_put(
+        now,
+        producer(),
+        "bmq://d/q".into(),
+        guid(1),
+        Bytes::from_static(b"x"),
+        vec![],
+        true,
+        0,
     );
+    assert_eq!(r, PutResult::Appended { sequence: 1 });
     drain(&mut core);
-    assert_eq!(put(&mut core, producer()), PutResult::Duplicate);
-    assert_eq!(put(&mut core, other), PutResult::Duplicate);
+    let resend = |core: &mut ReplicationCore, producer: SessionAddr| {
+        let sequence = core.duplicate_of(now, &guid(1)).expect("a resend");
+        core.wait_for_stored(producer, "bmq://d/q".into(), guid(1), true, sequence);
+    };
+    resend(&mut core, producer());
+    resend(&mut core, other);
     assert_eq!(drain(&mut core), vec![]);
     assert_eq!(core.last_sequence(), 1);
-    core.on_persisted(now, 1);
-    core.handle_message(
-        now,
-        NodeId(3),
-        msg(MsgKind::Receipt(Receipt {
-            partition_id: 0,
-            lease: 1,
-            sequence: 1,
-        })),
-    );
+    core.sync(now).unwrap();
+    core.handle_message(now, NodeId(3), receipt(1, 1));
     let ack = |producer| Output::Ack {
         producer,
         uri: "bmq://d/q".into(),
         guid: guid(1),
     };
-    assert_eq!(drain(&mut core), vec![ack(producer()), ack(other)]);
-    assert_eq!(put(&mut core, producer()), PutResult::Duplicate);
+    let outs = drain(&mut core);
+    assert_eq!(outs[..2], [ack(producer()), ack(other)]);
+    resend(&mut core, producer());
     assert_eq!(drain(&mut core), vec![ack(producer())]);
 }
 
@@ -321,7 +374,7 @@ fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
 fn passive_primary_refuses_puts() {
     // Until healed, PUTs are answered NOT_READY so the proxy keeps them for retransmission.
     let now = Instant::now();
-    let mut core = ReplicationCore::new(cfg(1), vec![]);
+    let mut core = node(1, vec![]);
     core.handle_role(now, Some(NodeId(1)), LeaseId(1));
     let r = core.handle_put(
         now,
@@ -341,8 +394,8 @@ fn healing_pulls_from_the_most_advanced_member() {
     // Node 2 becomes primary of lease 2 holding (lease 1: 1..2); node 3 holds (lease 1: 1..4);
     // node 1 (the old primary) is dead. Node 2 must pull 3..4 from node 3 before going active.
     let now = Instant::now();
-    let mut primary = ReplicationCore::new(cfg(2), journal(&[(1, 2)]));
-    let mut replica = ReplicationCore::new(cfg(3), journal(&[(1, 4)]));
+    let mut primary = node(2, journal(&[(1, 2)]));
+    let mut replica = node(3, journal(&[(1, 4)]));
     primary.handle_role(now, Some(NodeId(2)), LeaseId(2));
     replica.handle_role(now, Some(NodeId(2)), LeaseId(2));
     drain(&mut primary);
@@ -379,6 +432,7 @@ fn healing_pulls_from_the_most_advanced_member() {
                 partition_id: 0,
                 lease: 2,
                 shape: Some(shape_of(&[(1, 1)], 2)),
+                install_covered: 0,
             }))
         }]
     );
@@ -393,6 +447,8 @@ fn healing_pulls_from_the_most_advanced_member() {
         truncate_after: 2,
         records: vec![rec(1, 3), rec(1, 4)],
         sender_last_sequence: 4,
+        covered_through: 4,
+        ..Default::default()
     };
     assert_eq!(
         answer,
@@ -405,38 +461,27 @@ fn healing_pulls_from_the_most_advanced_member() {
     let outs = drain(&mut primary);
     assert_eq!(
         outs,
-        vec![
-            Output::Persist {
-                truncate_after: None,
-                records: vec![rec(1, 3), rec(1, 4)]
-            },
-            Output::Send {
-                to: NodeId(3),
-                message: msg(MsgKind::Sync(SyncRecords {
-                    partition_id: 0,
-                    lease: 2,
-                    truncate_after: 4,
-                    records: vec![],
-                    sender_last_sequence: 4,
-                }))
-            },
-        ]
+        vec![Output::Send {
+            to: NodeId(3),
+            message: msg(MsgKind::Sync(SyncRecords {
+                partition_id: 0,
+                lease: 2,
+                truncate_after: 4,
+                records: vec![],
+                sender_last_sequence: 4,
+                covered_through: 4,
+                ..Default::default()
+            }))
+        },]
     );
+    assert_eq!(records(&primary), journal(&[(1, 4)]));
     assert_eq!(primary.phase(), Some(&PrimaryPhase::Syncing));
-    primary.on_persisted(now, 4);
+    primary.sync(now).unwrap();
     assert_eq!(drain(&mut primary), vec![]);
-    primary.handle_message(
-        now,
-        NodeId(3),
-        msg(MsgKind::Receipt(Receipt {
-            partition_id: 0,
-            lease: 2,
-            sequence: 4,
-        })),
-    );
+    primary.handle_message(now, NodeId(3), receipt(4, 2));
     assert_eq!(
         drain(&mut primary),
-        vec![Output::Active { lease: LeaseId(2) }]
+        vec![Output::Active { lease: LeaseId(2) }, settled(3, 2, 4, 4)]
     );
 }
 
@@ -446,8 +491,8 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
     // lease 2 healed with node 1 at (lease 1: 1..3) and wrote (lease 2: 4). When node 3 shows
     // its journal, it is told to drop everything after 3 and take record 4 of lease 2.
     let now = Instant::now();
-    let mut primary = ReplicationCore::new(cfg(2), journal(&[(1, 3)]));
-    let mut replica = ReplicationCore::new(cfg(3), journal(&[(1, 5)]));
+    let mut primary = node(2, journal(&[(1, 3)]));
+    let mut replica = node(3, journal(&[(1, 5)]));
     primary.handle_role(now, Some(NodeId(2)), LeaseId(2));
     drain(&mut primary);
     primary.handle_message(
@@ -460,19 +505,11 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
         })),
     );
     drain(&mut primary);
-    primary.on_persisted(now, 3);
-    primary.handle_message(
-        now,
-        NodeId(1),
-        msg(MsgKind::Receipt(Receipt {
-            partition_id: 0,
-            lease: 2,
-            sequence: 3,
-        })),
-    );
+    primary.sync(now).unwrap();
+    primary.handle_message(now, NodeId(1), receipt(3, 2));
     assert_eq!(
         drain(&mut primary),
-        vec![Output::Active { lease: LeaseId(2) }]
+        vec![Output::Active { lease: LeaseId(2) }, settled(1, 2, 3, 3)]
     );
     primary.handle_put(
         now,
@@ -495,7 +532,7 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
         })),
     );
     let outs = drain(&mut primary);
-    let new4 = primary.records()[3].clone();
+    let new4 = records(&primary)[3].clone();
     assert_eq!(new4.lease, 2);
     let sync = SyncRecords {
         partition_id: 0,
@@ -503,6 +540,9 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
         truncate_after: 3,
         records: vec![new4.clone()],
         sender_last_sequence: 4,
+        covered_through: 4,
+        settled_through: 3,
+        ..Default::default()
     };
     assert_eq!(
         outs,
@@ -512,14 +552,12 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
         }]
     );
     replica.handle_message(now, NodeId(2), msg(MsgKind::Sync(sync)));
-    assert_eq!(
-        drain(&mut replica),
-        vec![Output::Persist {
-            truncate_after: Some(3),
-            records: vec![new4]
-        }]
-    );
-    replica.on_persisted(now, 4);
+    assert_eq!(drain(&mut replica), vec![]);
+    let mut want = journal(&[(1, 3)]);
+    want.push(new4);
+    assert_eq!(records(&replica), want);
+    assert_eq!(replica.store().base(), 3);
+    replica.sync(now).unwrap();
     assert_eq!(
         drain(&mut replica),
         vec![Output::Send {
@@ -537,7 +575,7 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
 fn replica_drops_records_of_a_stale_lease() {
     // After answering lease 2's query, a replica ignores lease 1's primary.
     let now = Instant::now();
-    let mut replica = ReplicationCore::new(cfg(3), vec![]);
+    let mut replica = node(3, vec![]);
     replica.handle_message(
         now,
         NodeId(2),
@@ -555,6 +593,8 @@ fn replica_drops_records_of_a_stale_lease() {
             lease: 1,
             prev_sequence: 0,
             records: vec![rec(1, 1)],
+            covered_through: 0,
+            settled_through: 0,
         })),
     );
     assert_eq!(drain(&mut replica), vec![]);
@@ -610,10 +650,13 @@ fn every_acked_message_survives_the_primary_failing() {
     let outs = settle(now, &mut cores, &[1]);
     assert!(
         outs.contains(&Output::Active { lease: LeaseId(2) }),
-        "{outs:?}"
+        "{outs:?} {:?} {:?} {:?} {:?}",
+        cores[1].phase(),
+        cores[1].shape(),
+        cores[2].shape(),
+        cores[1].replica_receipts()
     );
-    let held: Vec<Bytes> = cores[1]
-        .records()
+    let held: Vec<Bytes> = records(&cores[1])
         .iter()
         .filter_map(|r| match &r.kind {
             Some(RecordKind::Message(m)) => Some(m.guid.clone()),
@@ -623,5 +666,133 @@ fn every_acked_message_survives_the_primary_failing() {
     for g in &acked {
         assert!(held.contains(g), "acked {g:?} lost");
     }
-    assert_eq!(cores[1].records(), cores[2].records());
+    assert_eq!(records(&cores[1]), records(&cores[2]));
+}
+
+fn confirm_record(n: u8) -> RecordKind {
+    RecordKind::Confirm(StoredConfirm {
+        uri: "bmq://d/q".into(),
+        guid: guid(n),
+        app_id: String::new(),
+    })
+}
+
+/// Puts message `n` on the primary `cores[0]` and, with `confirm`, confirms it; settles the
+/// network with `down` unreachable.
+fn put_and_confirm(now: Instant, cores: &mut [Node], n: u8, confirm: bool, down: &[u32]) {
+    let r = cores[0].handle_put(
+        now,
+        producer(),
+        "bmq://d/q".into(),
+        guid(n),
+        Bytes::from(vec![n; 100]),
+        vec![],
+        true,
+        0,
+    );
+    assert!(matches!(r, PutResult::Appended { .. }), "{r:?}");
+    settle(now, cores, down);
+    if confirm {
+        assert!(cores[0].handle_record(now, confirm_record(n), 0).is_some());
+        settle(now, cores, down);
+    }
+}
+
+fn outstanding(core: &ReplicationCore) -> Vec<u128> {
+    core.store().outstanding().iter().map(|o| o.guid).collect()
+}
+
+/// Three nodes with journal segments of `segment` bytes; node 1 primary of lease 1, active.
+fn small_segment_cluster(now: Instant, segment: u64) -> Vec<Node> {
+    let mut cores: Vec<_> = (1..=3).map(|n| node_with(n, vec![], segment)).collect();
+    for c in cores.iter_mut() {
+        c.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    }
+    settle(now, &mut cores, &[]);
+    assert!(cores[0].is_active_primary());
+    cores
+}
+
+#[test]
+fn settled_positions_reach_the_replicas_which_reclaim_space_too() {
+    // Confirmed messages become dead once settled; the primary tells its replicas where the
+    // settled position is, and every node deletes the segments that hold only dead records.
+    let now = Instant::now();
+    let mut cores = small_segment_cluster(now, 700);
+    for n in 1..=40u8 {
+        put_and_confirm(now, &mut cores, n, n != 7, &[]);
+    }
+    for (i, c) in cores.iter().enumerate() {
+        let stats = c.store().stats();
+        assert_eq!(stats.base, c.last_sequence(), "node {}: {stats:?}", i + 1);
+        assert!(stats.floor > 40, "node {}: {stats:?}", i + 1);
+        assert!(stats.segments <= 4, "node {}: {stats:?}", i + 1);
+        assert_eq!(outstanding(c), vec![guid_key(&guid(7))]);
+    }
+}
+
+#[test]
+fn a_replica_behind_the_floor_receives_the_live_state() {
+    // Node 3 is down while the others settle and compact past its journal's end (it is not in
+    // sync after `in_sync_timeout`); when it comes back it is sent the live state (an
+    // install), not the history, and then follows normally.
+    let t0 = Instant::now();
+    let mut cores = small_segment_cluster(t0, 700);
+    for n in 1..=5u8 {
+        put_and_confirm(t0, &mut cores, n, n != 2, &[]);
+    }
+    let t1 = t0 + Duration::from_secs(11);
+    for n in 6..=60u8 {
+        put_and_confirm(t1, &mut cores, n, n % 10 != 0, &[3]);
+    }
+    let floor = cores[0].store().floor();
+    assert!(
+        floor > cores[2].last_sequence(),
+        "floor {floor}, node 3 at {}",
+        cores[2].last_sequence()
+    );
+    // Node 3 is back: the primary's resend finds it below the floor.
+    let t2 = t1 + Duration::from_secs(1);
+    cores[0].handle_timeout(t2);
+    settle(t2, &mut cores, &[]);
+    assert!(!cores[2].is_installing());
+    assert_eq!(outstanding(&cores[2]), outstanding(&cores[0]));
+    assert_eq!(cores[2].last_sequence(), cores[0].last_sequence());
+    assert_eq!(cores[2].shape().runs, cores[0].shape().runs);
+    // And it follows normally afterwards.
+    put_and_confirm(t2, &mut cores, 61, false, &[]);
+    assert_eq!(outstanding(&cores[2]), outstanding(&cores[0]));
+    assert_eq!(
+        cores[0].replica_receipts(),
+        vec![
+            (NodeId(2), cores[0].last_sequence()),
+            (NodeId(3), cores[0].last_sequence())
+        ]
+    );
+}
+
+#[test]
+fn a_new_primary_behind_the_floor_pulls_the_live_state() {
+    // Node 3 missed everything while nodes 1 and 2 compacted; node 1 dies and node 3 is named
+    // primary of lease 2: it pulls an install from node 2 (the most advanced), then serves
+    // every outstanding message.
+    let t0 = Instant::now();
+    let mut cores = small_segment_cluster(t0, 700);
+    put_and_confirm(t0, &mut cores, 1, true, &[]);
+    let t1 = t0 + Duration::from_secs(11);
+    for n in 2..=50u8 {
+        put_and_confirm(t1, &mut cores, n, n % 7 != 0, &[3]);
+    }
+    assert!(cores[1].store().floor() > cores[2].last_sequence());
+    let want = outstanding(&cores[1]);
+    for c in cores.iter_mut().skip(1) {
+        c.handle_role(t1, Some(NodeId(3)), LeaseId(2));
+    }
+    let outs = settle(t1, &mut cores, &[1]);
+    assert!(
+        outs.contains(&Output::Active { lease: LeaseId(2) }),
+        "{outs:?}"
+    );
+    assert_eq!(outstanding(&cores[2]), want);
+    assert_eq!(outstanding(&cores[1]), want);
 }

@@ -1,9 +1,10 @@
 //! `PartitionActor`: the actix shell around one partition's pure core
 //! ([`bmq_dataplane::Partition`]) on this node, primary or replica (DESIGN.md §7).
 //!
-//! Role: owns the partition's journal (`<data_dir>/partitions/<id>/`, [`Journal`]) and its
-//! core; executes the core's outputs. Every rule — replication, healing, queues, fanout,
-//! broadcast, NACKs, duplicates — is in the core; this file only does I/O.
+//! Role: opens the partition's journal (`<data_dir>/partitions/<id>/`, a [`Store`]) on its
+//! own thread when it starts, builds the core around it and executes the core's outputs.
+//! Every rule — replication, healing, queues, fanout, broadcast, NACKs, duplicates, space
+//! reclamation — is in the core; this file only does I/O and metrics.
 //!
 //! Receives:
 //! - [`PartitionRequest`]: OpenQueue, PUT, CONFIRM, CloseQueue from a session (local or
@@ -13,16 +14,19 @@
 //! - [`PartitionPeerMessage`]: replication traffic from a peer;
 //! - [`PartitionRoleChanged`]: the committed primary, lease and status (on every commit);
 //! - [`SetPartitionQuorum`]: the effective quorum changed (`POST /admin/quorum/{n}`);
+//! - [`PurgeQueue`]: an operator's purge of a queue (`POST /admin/purge`);
 //! - [`GetPartitionStats`]: answers a [`PartitionStats`] (for `/status` and the gauges).
 //!
 //! Sends, through its [`PartitionOutbox`] (the router): answers and pushes to sessions,
 //! replication messages to peers over the DATA channel, and the ACTIVE announcement of a
 //! healed primary to every node.
 //!
-//! Journal and fsync (group commit): the core's `Persist` outputs are written at once, in
-//! order; the fsync is a [`FlushJournal`] the actor sends itself, so every request already in
-//! the mailbox is written first, then one fsync covers them all, then `on_persisted`. A journal
-//! write or fsync failure stops the node (never retry an fsync).
+//! Journal and fsync (group commit): the core writes records as it accepts them; when it
+//! needs an fsync the actor sends itself a [`FlushJournal`], so every request already in the
+//! mailbox is written first, then one fsync ([`Partition::sync`]) covers them all and releases
+//! receipts, ACKs and deliveries. A journal failure other than a full disk stops the node
+//! (never retry an fsync); a full disk makes the partition refuse PUTs until writes succeed
+//! again.
 //!
 //! Timers: one, re-armed from the core's `poll_timeout` after every input.
 //!
@@ -33,14 +37,13 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
-use bmq_dataplane::{Journal, JournalError, Partition, PartitionOutput, PartitionStats};
+use bmq_dataplane::{
+    Partition, PartitionConfig, PartitionOutput, PartitionStats, Store, StoreConfig,
+};
 use bmq_proto::client::ClientMessage;
 use bmq_proto::peer::PartitionMessage;
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use tracing::{debug, error};
-
-/// Size at which a journal segment is closed and a new one started, bytes.
-pub const JOURNAL_SEGMENT_SIZE_MAX: u64 = 64 * 1024 * 1024;
 
 /// Where a partition's outputs go: implemented by the router, which knows where sessions and
 /// peers are. Every method is non-blocking (`try_send` into a bounded queue).
@@ -117,21 +120,33 @@ pub struct SetPartitionQuorum {
     pub quorum: usize,
 }
 
+/// Removes every outstanding message of queue `uri` (an operator's purge); answers how many
+/// copies were removed, or `None` when this node is not the partition's active primary.
+#[derive(Message)]
+#[rtype(result = "Option<usize>")]
+pub struct PurgeQueue {
+    /// The queue.
+    pub uri: String,
+}
+
 /// Sent by the actor to itself: fsync what was written (group commit).
 #[derive(Message)]
 #[rtype(result = "()")]
 struct FlushJournal;
 
-/// Asks for the partition's figures (for `/status` and the gauges).
+/// Asks for the partition's figures (for `/status` and the gauges); `None` while its journal
+/// is not open.
 #[derive(Message)]
-#[rtype(result = "PartitionStats")]
+#[rtype(result = "Option<PartitionStats>")]
 pub struct GetPartitionStats;
 
 /// The shell around one partition's core (see the module doc).
 pub struct PartitionActor {
     id: PartitionId,
-    core: Partition,
-    journal: Journal,
+    /// Built in `started` (on the partition's thread) once the journal is open.
+    core: Option<Partition>,
+    /// What `started` opens: the journal's directory and settings, and the core's settings.
+    opening: Option<(std::path::PathBuf, StoreConfig, PartitionConfig)>,
     outbox: Arc<dyn PartitionOutbox>,
     mailbox_capacity: usize,
     /// When the pending timer fires, if one is pending.
@@ -151,28 +166,28 @@ pub fn wall_clock_ms() -> u64 {
 }
 
 impl PartitionActor {
-    /// Opens the journal of partition `id` in `dir` and builds the actor around `make_core`,
-    /// which receives the recovered records. Errors name the journal file (and the offset, for
-    /// corruption).
-    pub fn open(
+    /// An actor for partition `id` whose journal is in `dir`: the journal is opened (and the
+    /// core built with `cfg`) when the actor starts, on its own thread; a journal that cannot
+    /// be opened (I/O error, corruption) stops the node — serving without it could lose
+    /// acknowledged messages.
+    pub fn new(
         id: PartitionId,
-        dir: &std::path::Path,
-        make_core: impl FnOnce(Vec<bmq_proto::peer::JournalRecord>) -> Partition,
+        dir: std::path::PathBuf,
+        store: StoreConfig,
+        cfg: PartitionConfig,
         outbox: Arc<dyn PartitionOutbox>,
         mailbox_capacity: usize,
-    ) -> Result<Self, JournalError> {
-        let (journal, records) = Journal::open(dir, JOURNAL_SEGMENT_SIZE_MAX)?;
-        tracing::info!(partition = %id, records = records.len(), bytes = journal.bytes(), "partition journal recovered");
-        Ok(PartitionActor {
+    ) -> Self {
+        PartitionActor {
             id,
-            core: make_core(records),
-            journal,
+            core: None,
+            opening: Some((dir, store, cfg)),
             outbox,
             mailbox_capacity,
             timer_at: None,
             flush_queued: false,
             failed: false,
-        })
+        }
     }
 
     /// Executes the core's outputs: journal writes, sends, answers. The writes of one drain
@@ -181,24 +196,12 @@ impl PartitionActor {
         if self.failed {
             return;
         }
-        let mut wrote = false;
-        while let Some(output) = self.core.poll_output() {
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        let mut fatal = None;
+        while let Some(output) = core.poll_output() {
             match output {
-                PartitionOutput::Persist {
-                    truncate_after,
-                    records,
-                } => {
-                    let result = match truncate_after {
-                        Some(t) => self.journal.truncate_after(t),
-                        None => Ok(()),
-                    }
-                    .and_then(|_| self.journal.append(&records));
-                    if let Err(e) = result {
-                        self.fatal(&e);
-                        return;
-                    }
-                    wrote = true;
-                }
                 PartitionOutput::SendPeer { to, message } => self.outbox.to_peer(to, message),
                 PartitionOutput::Reply { to, message } => {
                     self.outbox.to_session(to, message);
@@ -206,10 +209,20 @@ impl PartitionActor {
                 PartitionOutput::AnnounceActive { lease } => {
                     self.outbox.primary_active(self.id, lease);
                 }
+                PartitionOutput::Fatal { error } => {
+                    fatal = Some(error);
+                    break;
+                }
             }
         }
+        if let Some(error) = fatal {
+            self.fatal(&error);
+            return;
+        }
+        let needs_sync = core.needs_sync();
+        let timeout = core.poll_timeout();
         self.publish_counters();
-        if wrote && !self.flush_queued {
+        if needs_sync && !self.flush_queued {
             // Group commit: the flush goes to the back of the mailbox, so every request
             // already waiting is written before the one fsync. A full mailbox flushes now.
             if ctx.address().try_send(FlushJournal).is_ok() {
@@ -221,13 +234,15 @@ impl PartitionActor {
         }
         // Arm the timer only when none is pending for an earlier time: cancelling actix
         // futures on every message starves them while the mailbox stays busy.
-        if let Some(at) = self.core.poll_timeout() {
+        if let Some(at) = timeout {
             if self.timer_at.is_none_or(|t| at < t) {
                 self.timer_at = Some(at);
                 let wait = at.saturating_duration_since(Instant::now());
                 ctx.run_later(wait, |actor, ctx| {
                     actor.timer_at = None;
-                    actor.core.handle_timeout(Instant::now());
+                    if let Some(core) = actor.core.as_mut() {
+                        core.handle_timeout(Instant::now());
+                    }
                     actor.publish_gauges();
                     actor.drive(ctx);
                 });
@@ -237,7 +252,10 @@ impl PartitionActor {
 
     /// Publishes what the core counted since the last call.
     fn publish_counters(&mut self) {
-        let c = self.core.take_counters();
+        let Some(core) = self.core.as_mut() else {
+            return;
+        };
+        let c = core.take_counters();
         let counters = [
             ("bmq_queue_put_total", c.puts),
             ("bmq_queue_put_duplicates_total", c.put_duplicates),
@@ -256,6 +274,9 @@ impl PartitionActor {
         for (reason, n) in [
             ("limit_reached", c.nacks_limit_reached),
             ("unknown_queue", c.nacks_unknown_queue),
+            ("quota", c.nacks_quota),
+            ("storage_failure", c.nacks_storage_failure),
+            ("invalid", c.nacks_invalid),
         ] {
             if n > 0 {
                 metrics::counter!("bmq_queue_nack_total", "reason" => reason).increment(n);
@@ -272,9 +293,9 @@ impl PartitionActor {
         }
     }
 
-    /// The partition's gauges (role, lease, replication lag, committed sequence).
-    fn publish_gauges(&self) -> PartitionStats {
-        let s = self.core.stats();
+    /// The partition's gauges (role, lease, replication lag, committed sequence, journal).
+    fn publish_gauges(&self) -> Option<PartitionStats> {
+        let s = self.core.as_ref()?.stats();
         let p = self.id.to_string();
         let primary = s.role != bmq_dataplane::PartitionRole::Replica;
         let active = s.role == bmq_dataplane::PartitionRole::Active;
@@ -293,32 +314,47 @@ impl PartitionActor {
         if primary {
             metrics::gauge!("bmq_partition_replication_lag_records", "partition" => p.clone())
                 .set(s.replication_lag as f64);
-            metrics::gauge!("bmq_partition_committed_sequence", "partition" => p)
+            metrics::gauge!("bmq_partition_committed_sequence", "partition" => p.clone())
                 .set(s.committed as f64);
         }
-        s
+        let j = &s.store;
+        for (name, v) in [
+            ("bmq_journal_bytes", j.bytes),
+            ("bmq_journal_segments", j.segments as u64),
+            ("bmq_journal_outstanding_messages", j.outstanding as u64),
+            ("bmq_journal_live_bytes", j.live_bytes),
+            ("bmq_journal_cache_bytes", j.cache_bytes),
+            ("bmq_journal_settled_sequence", j.base),
+            ("bmq_journal_floor_sequence", j.floor),
+        ] {
+            metrics::gauge!(name, "partition" => p.clone()).set(v as f64);
+        }
+        metrics::gauge!("bmq_journal_disk_full", "partition" => p).set(if s.disk_full {
+            1.0
+        } else {
+            0.0
+        });
+        Some(s)
     }
 
-    /// fsyncs what was written, then tells the core (which may release receipts and ACKs).
+    /// fsyncs what was written, then lets the core release what waited for it (receipts,
+    /// ACKs, deliveries) and reclaim space.
     fn flush(&mut self, ctx: &mut Context<Self>) {
         self.flush_queued = false;
         if self.failed {
             return;
         }
-        if let Err(e) = self.journal.sync() {
-            self.fatal(&e);
+        let Some(core) = self.core.as_mut() else {
             return;
-        }
-        metrics::gauge!("bmq_journal_bytes", "partition" => self.id.to_string())
-            .set(self.journal.bytes() as f64);
-        self.core
-            .on_persisted(Instant::now(), self.journal.last_sequence());
+        };
+        // A failure is also a `Fatal` output, which `drive` acts on.
+        let _ = core.sync(Instant::now());
         self.drive(ctx);
     }
 
-    fn fatal(&mut self, e: &JournalError) {
+    fn fatal(&mut self, error: &str) {
         self.failed = true;
-        error!(partition = %self.id, error = %e, "journal write failed: stopping the node");
+        error!(partition = %self.id, %error, "journal failed: stopping the node");
         actix::System::current().stop_with_code(1);
     }
 }
@@ -328,6 +364,30 @@ impl Actor for PartitionActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.mailbox_capacity);
+        let Some((dir, store, cfg)) = self.opening.take() else {
+            return;
+        };
+        let started = Instant::now();
+        match Store::open(&dir, store, cfg.policies.apps_of()) {
+            Ok(store) => {
+                let stats = store.stats();
+                tracing::info!(
+                    partition = %self.id,
+                    outstanding = stats.outstanding,
+                    bytes = stats.bytes,
+                    segments = stats.segments,
+                    last_sequence = stats.last_sequence,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "partition journal opened"
+                );
+                self.core = Some(Partition::new(cfg, store));
+                self.publish_gauges();
+            }
+            Err(e) => {
+                error!(partition = %self.id, error = %e, "cannot open the partition journal");
+                self.fatal(&e.to_string());
+            }
+        }
         debug!(partition = %self.id, "partition actor started");
     }
 }
@@ -336,8 +396,9 @@ impl Handler<PartitionRequest> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionRequest, ctx: &mut Self::Context) {
-        self.core
-            .handle_request(Instant::now(), msg.from, msg.message);
+        if let Some(core) = self.core.as_mut() {
+            core.handle_request(Instant::now(), msg.from, msg.message);
+        }
         self.drive(ctx);
     }
 }
@@ -346,7 +407,9 @@ impl Handler<PartitionSessionGone> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionSessionGone, ctx: &mut Self::Context) {
-        self.core.handle_session_gone(Instant::now(), msg.session);
+        if let Some(core) = self.core.as_mut() {
+            core.handle_session_gone(Instant::now(), msg.session);
+        }
         self.drive(ctx);
     }
 }
@@ -355,7 +418,9 @@ impl Handler<StopDelivering> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, _msg: StopDelivering, ctx: &mut Self::Context) {
-        self.core.handle_stop_delivering(Instant::now());
+        if let Some(core) = self.core.as_mut() {
+            core.handle_stop_delivering(Instant::now());
+        }
         self.drive(ctx);
     }
 }
@@ -364,7 +429,9 @@ impl Handler<PartitionNodeGone> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionNodeGone, ctx: &mut Self::Context) {
-        self.core.handle_node_gone(Instant::now(), msg.node);
+        if let Some(core) = self.core.as_mut() {
+            core.handle_node_gone(Instant::now(), msg.node);
+        }
         self.drive(ctx);
     }
 }
@@ -373,7 +440,9 @@ impl Handler<PartitionPeerMessage> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionPeerMessage, ctx: &mut Self::Context) {
-        self.core.handle_peer(Instant::now(), msg.from, msg.message);
+        if let Some(core) = self.core.as_mut() {
+            core.handle_peer(Instant::now(), msg.from, msg.message);
+        }
         self.drive(ctx);
     }
 }
@@ -382,8 +451,9 @@ impl Handler<PartitionRoleChanged> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionRoleChanged, ctx: &mut Self::Context) {
-        self.core
-            .handle_role(Instant::now(), msg.primary, msg.lease, msg.active);
+        if let Some(core) = self.core.as_mut() {
+            core.handle_role(Instant::now(), msg.primary, msg.lease, msg.active);
+        }
         self.publish_gauges();
         self.drive(ctx);
     }
@@ -393,7 +463,9 @@ impl Handler<SetPartitionQuorum> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: SetPartitionQuorum, ctx: &mut Self::Context) {
-        self.core.set_quorum(Instant::now(), msg.quorum);
+        if let Some(core) = self.core.as_mut() {
+            core.set_quorum(Instant::now(), msg.quorum);
+        }
         self.drive(ctx);
     }
 }
@@ -413,11 +485,27 @@ impl Handler<GetPartitionStats> for PartitionActor {
 
     fn handle(&mut self, _msg: GetPartitionStats, _ctx: &mut Self::Context) -> Self::Result {
         let stats = self.publish_gauges();
-        let p = self.id.to_string();
-        metrics::gauge!("bmq_partition_messages", "partition" => p.clone())
-            .set(stats.messages as f64);
-        metrics::gauge!("bmq_partition_journal_last_sequence", "partition" => p)
-            .set(stats.last_sequence as f64);
+        if let Some(stats) = &stats {
+            let p = self.id.to_string();
+            metrics::gauge!("bmq_partition_messages", "partition" => p.clone())
+                .set(stats.messages as f64);
+            metrics::gauge!("bmq_partition_journal_last_sequence", "partition" => p)
+                .set(stats.last_sequence as f64);
+        }
         MessageResult(stats)
+    }
+}
+
+impl Handler<PurgeQueue> for PartitionActor {
+    type Result = Option<usize>;
+
+    fn handle(&mut self, msg: PurgeQueue, ctx: &mut Self::Context) -> Option<usize> {
+        let core = self.core.as_mut()?;
+        if core.role() != bmq_dataplane::PartitionRole::Active {
+            return None;
+        }
+        let removed = core.handle_purge(Instant::now(), &msg.uri);
+        self.drive(ctx);
+        Some(removed)
     }
 }

@@ -1,0 +1,1726 @@
+//! `Store`: one partition's journal on disk, with an index of what is outstanding (DESIGN.md §7,
+//! "Storage for months").
+//!
+//! **Files.** `<dir>/journal-<n>.bmqj`, `n` = 1, 2, 3, ... (ten digits), each an 8-byte header
+//! (`BMQJ` + format version, u32 little-endian) then records
+//! `| body length: u32 LE | CRC32C of body: u32 LE | body: protobuf JournalRecord |`.
+//! Records carry increasing sequences across segments; a new segment starts when the current
+//! one reaches `segment_size_max` bytes and begins with a *marker* (a record with sequence 0
+//! and kind `StoredMarker`: the base, the covered position and the lease runs), so the newest
+//! segment always says where the journal stands.
+//!
+//! **What memory holds** — never the history: for each *outstanding* message (a message record
+//! some app of its queue has not confirmed, and that was not removed) a 32-byte index entry
+//! keyed by GUID; for each segment the sequence, offset, length and a live bit of each record
+//! it still holds (16 bytes, so a record is read back with one `pread`); and a bounded cache
+//! of the most recent records (`cache_bytes_max`), from which deliveries and replication of
+//! fresh records are served without a read.
+//!
+//! **Base, floor, and what may be removed.** A record is *live* while its message is
+//! outstanding (the message record, and every confirm, failure or removal record of it); the
+//! others are dead. Positions up to the **base** are *settled*: the caller raises the base to
+//! what a quorum holds and every in-sync replica has ([`Store::set_base`]), so a confirm or
+//! removal at or below the base can never be undone by a new primary's healing; only then does
+//! it count (a confirm above the base may still be truncated by [`Store::truncate_after`]). A
+//! closed segment whose records are all dead and settled is deleted; one with few live records
+//! among settled dead ones is compacted (its live records copied to a new file that replaces it
+//! atomically). The **floor** is the highest position no longer held: every position above it
+//! is on disk, so a replica whose journal ends at or above the floor can be sent the history,
+//! and one further behind receives the live state instead (an *install*, into a staged journal
+//! that replaces its own only once complete: [`Store::begin_install`],
+//! [`Store::finish_install`]) — as a Raft follower receives a snapshot (Raft §7).
+//!
+//! **Crash safety.** Before anything is deleted or compacted, a marker with the current base
+//! is appended and made durable, so a restarted node knows that absent positions below it were
+//! dead. A compaction writes `journal-<n>.bmqj.compact`, fsyncs it, renames it over the segment
+//! and fsyncs the directory: a power loss leaves the old or the new segment, never neither (a
+//! leftover `.compact` file is removed at open). Deleting a segment is an unlink plus a
+//! directory fsync. An install is written to `<dir>/install/`; a `COMPLETE` file there, made
+//! durable, is the commit point: at open, a complete install replaces the journal, an
+//! incomplete one is discarded. At open, a *torn tail* (an incomplete record, or a last record
+//! whose checksum fails, at the end of the last segment) is truncated with a warning and
+//! counted in `bmq_journal_torn_tail_truncations_total`; anything else wrong is
+//! [`StoreError::Corrupt`] naming the file and offset.
+//!
+//! **Costs.** Memory: about 70 bytes per outstanding message (index entry and hash table) plus
+//! 16 per record held on disk, plus the cache. Restart: reads every retained segment once —
+//! the outstanding data plus at most about two segments of dead records (compaction keeps the
+//! dead bytes of closed settled segments under one segment), not the history. Disk:
+//! outstanding bytes plus about two segments, plus what is not yet settled.
+//!
+//! **Disk full.** A write that fails with `ENOSPC` is rolled back (the segment is cut back to
+//! its length before the write), nothing already written is touched, and
+//! [`StoreError::NoSpace`] is returned: the caller refuses new writes until space returns. A
+//! configured quota (`quota_bytes`) is checked by the caller before a write
+//! ([`Store::would_exceed_quota`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRun, StoredMarker};
+use bytes::Bytes;
+use prost::Message;
+use tracing::{info, warn};
+
+/// Segment file header: magic `BMQJ` then the format version.
+const MAGIC: &[u8; 4] = b"BMQJ";
+/// The format written: version 2 (markers; positions below the base may be absent). Version 1
+/// segments (no markers, no gaps) are read too.
+const VERSION: u32 = 2;
+/// Bytes of a segment header.
+const HEADER_LEN: u64 = 8;
+/// Bytes of a record header (length + CRC32C).
+const RECORD_HEADER_LEN: usize = 8;
+/// The largest record body accepted, bytes; a longer length field is corruption.
+pub const RECORD_SIZE_MAX: usize = 64 * 1024 * 1024;
+/// The most app ids a queue's messages are tracked for (a fanout domain's apps); more are
+/// refused by the configuration.
+pub const APPS_MAX: usize = 64;
+/// Name of the staged journal of an install, under the store's directory.
+const INSTALL_DIR: &str = "install";
+/// The commit point of an install (see the module doc).
+const INSTALL_COMPLETE: &str = "COMPLETE";
+
+/// Settings of a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Size at which a segment is closed and a new one started, bytes.
+    pub segment_size_max: u64,
+    /// Most payload bytes of recent records kept in memory for reads without I/O.
+    pub cache_bytes_max: u64,
+    /// Most bytes the partition's segments may take on disk; 0 = no quota.
+    pub quota_bytes: u64,
+    /// Whether [`Store::sync`] calls `fsync` (false only where durability is simulated).
+    pub fsync: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            segment_size_max: 32 * 1024 * 1024,
+            cache_bytes_max: 32 * 1024 * 1024,
+            quota_bytes: 0,
+            fsync: true,
+        }
+    }
+}
+
+/// What can go wrong with a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A read, write, fsync or directory operation failed.
+    #[error("journal i/o on {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The device is full (`ENOSPC`): the write was rolled back, nothing written is lost.
+    #[error("journal disk full writing {path}: the write was rolled back")]
+    NoSpace {
+        /// The file being written.
+        path: PathBuf,
+    },
+    /// The journal holds data that is not a valid record where one must be.
+    #[error("journal corrupt in {path} at byte offset {offset}: {reason}")]
+    Corrupt {
+        /// The segment file.
+        path: PathBuf,
+        /// Byte offset of the bad record (or header) in that file.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An append out of order: `expected` was the lowest sequence acceptable.
+    #[error("journal append out of order: expected sequence {expected}, got {got}")]
+    OutOfOrder {
+        /// The lowest acceptable sequence.
+        expected: u64,
+        /// The sequence of the record offered.
+        got: u64,
+    },
+}
+
+impl StoreError {
+    /// Whether this is a full device (the caller may retry once space returns).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StoreError::NoSpace { .. })
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| {
+        if source.kind() == std::io::ErrorKind::StorageFull {
+            StoreError::NoSpace {
+                path: path.to_path_buf(),
+            }
+        } else {
+            StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    }
+}
+
+fn segment_path(dir: &Path, n: u32) -> PathBuf {
+    dir.join(format!("journal-{n:010}.bmqj"))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// A message GUID as a map key: its 16 bytes, big-endian (shorter ones are zero-padded,
+/// longer ones cut, so a malformed GUID can never panic here).
+pub fn guid_key(guid: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    let n = guid.len().min(16);
+    b[..n].copy_from_slice(&guid[..n]);
+    u128::from_be_bytes(b)
+}
+
+/// Says for which app ids a queue's messages are stored: the fanout app ids of its domain, or
+/// `[""]` (also for a domain no longer configured, so its messages are kept, not dropped).
+pub type AppsOf = Arc<dyn Fn(&str) -> Vec<String> + Send + Sync>;
+
+/// A record held in a segment: 16 bytes.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    sequence: u64,
+    offset: u32,
+    /// Framed length, with [`LIVE`] set while the record is live.
+    len_live: u32,
+}
+
+/// The live bit of [`Held::len_live`] (a framed length is below 2^31: see [`RECORD_SIZE_MAX`]).
+const LIVE: u32 = 1 << 31;
+
+impl Held {
+    fn len(&self) -> u32 {
+        self.len_live & !LIVE
+    }
+
+    fn live(&self) -> bool {
+        self.len_live & LIVE != 0
+    }
+}
+
+#[derive(Debug)]
+struct Segment {
+    no: u32,
+    path: PathBuf,
+    file: File,
+    len: u64,
+    /// Bytes made durable by the last fsync (for simulated crashes).
+    synced_len: u64,
+    /// Records held, ascending sequence (markers excluded).
+    records: Vec<Held>,
+    live: u64,
+    live_bytes: u64,
+    /// Confirm, failure and removal records (in this or later segments) of dead messages whose
+    /// message record is still in this segment: they stay live until it is gone, or a restart
+    /// would find the message without its confirm and bring it back.
+    pins: Vec<u64>,
+}
+
+impl Segment {
+    fn first_sequence(&self) -> Option<u64> {
+        self.records.first().map(|r| r.sequence)
+    }
+
+    fn last_sequence(&self) -> Option<u64> {
+        self.records.last().map(|r| r.sequence)
+    }
+
+    fn dead_bytes(&self) -> u64 {
+        (self.len - HEADER_LEN).saturating_sub(self.live_bytes)
+    }
+}
+
+/// One outstanding message as the index holds it: 32 bytes.
+#[derive(Debug)]
+struct Entry {
+    sequence: u64,
+    /// Payload bytes.
+    size: u32,
+    /// Index in [`Store::queues`].
+    queue: u32,
+    /// Bit `i`: app `i` of the queue has not confirmed it nor had it removed (as of the base).
+    pending: u64,
+    /// Consumer failures and attached records; most messages have none.
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Debug, Default)]
+struct Extra {
+    /// `(app index, consumer failures)`, as of the base.
+    failures: Vec<(u8, u32)>,
+    /// Sequences of the confirm, failure and removal records of this message that took effect
+    /// while it stayed outstanding (they die with it).
+    records: Vec<u64>,
+}
+
+/// What a record above the base will do to the index once the base passes it.
+#[derive(Debug, Clone, Copy)]
+enum Effect {
+    /// App `app` is done with the message (confirm or removal).
+    Done { guid: u128, app: u8 },
+    /// The message's consumer failures for `app` are `failures`.
+    Failed { guid: u128, app: u8, failures: u32 },
+}
+
+#[derive(Debug)]
+struct QueueInfo {
+    uri: String,
+    apps: Vec<String>,
+}
+
+/// An outstanding message, as a new primary rebuilds its queues from it
+/// ([`Store::outstanding`]): every record held taken into account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outstanding {
+    /// Sequence of the message's record.
+    pub sequence: u64,
+    /// The queue.
+    pub uri: String,
+    /// The GUID, as a key ([`guid_key`]).
+    pub guid: u128,
+    /// Payload bytes.
+    pub size: u32,
+    /// `(app id, consumer failures)` of every app that still has to confirm it.
+    pub apps: Vec<(String, u32)>,
+}
+
+/// Counts of a store, for gauges and `/status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Bytes of every segment file.
+    pub bytes: u64,
+    /// Segment files.
+    pub segments: usize,
+    /// Outstanding messages.
+    pub outstanding: usize,
+    /// Bytes of live records (outstanding messages and their confirms/failures).
+    pub live_bytes: u64,
+    /// Highest settled position.
+    pub base: u64,
+    /// Highest position no longer held.
+    pub floor: u64,
+    /// Highest position held.
+    pub last_sequence: u64,
+    /// Highest position fsynced.
+    pub durable: u64,
+    /// Payload bytes of the records cached in memory.
+    pub cache_bytes: u64,
+}
+
+/// What [`Store::maintain`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Maintenance {
+    /// Segments deleted (every record dead and settled).
+    pub deleted: usize,
+    /// Segments compacted (their live records copied to a new file).
+    pub compacted: usize,
+    /// Bytes freed on disk.
+    pub freed_bytes: u64,
+}
+
+/// One partition's journal with its index (see the module doc).
+pub struct Store {
+    dir: PathBuf,
+    cfg: StoreConfig,
+    apps_of: AppsOf,
+    segments: Vec<Segment>,
+    /// Highest position held or accounted for.
+    last_sequence: u64,
+    /// `(lease, first sequence)` of each run of equal leases, every position up to
+    /// `last_sequence` (absent ones included).
+    runs: Vec<(u64, u64)>,
+    base: u64,
+    floor: u64,
+    /// The base and covered position of the last marker written.
+    marked: (u64, u64),
+    durable: u64,
+    /// Outstanding messages, by GUID.
+    index: HashMap<u128, Entry>,
+    /// Effects of records above the base, in sequence order.
+    effects: VecDeque<(u64, Effect)>,
+    queues: Vec<QueueInfo>,
+    queue_ids: HashMap<String, u32>,
+    /// The most recent records, ascending sequence.
+    cache: VecDeque<JournalRecord>,
+    cache_bytes: u64,
+    bytes_total: u64,
+    live_bytes: u64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.dir)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bytes of a record that count against the cache bound.
+fn cached_size(record: &JournalRecord) -> u64 {
+    match &record.kind {
+        Some(RecordKind::Message(m)) => m.payload.len() as u64 + 64,
+        _ => 64,
+    }
+}
+
+/// The GUID and app a confirm, failure or removal record is about.
+fn subject(kind: &RecordKind) -> Option<(&str, &Bytes, &str)> {
+    match kind {
+        RecordKind::Confirm(c) => Some((&c.uri, &c.guid, &c.app_id)),
+        RecordKind::Removal(r) => Some((&r.uri, &r.guid, &r.app_id)),
+        RecordKind::Failure(f) => Some((&f.uri, &f.guid, &f.app_id)),
+        _ => None,
+    }
+}
+
+fn proto_runs(runs: &[(u64, u64)]) -> Vec<LeaseRun> {
+    runs.iter()
+        .map(|(lease, first)| LeaseRun {
+            lease: *lease,
+            first_sequence: *first,
+        })
+        .collect()
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir` and rebuilds its index from the retained
+    /// segments; `apps_of` says for which app ids each queue's messages are stored. Finishes a
+    /// complete install or discards an incomplete one, truncates a torn tail; anything else
+    /// wrong is [`StoreError::Corrupt`].
+    pub fn open(dir: &Path, cfg: StoreConfig, apps_of: AppsOf) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        recover_install(dir)?;
+        let mut numbers: Vec<u32> = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+            let entry = entry.map_err(io(dir))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.ends_with(".bmqj.compact") {
+                // A compaction the node did not finish: the segment it was to replace is
+                // intact.
+                let path = entry.path();
+                warn!(path = %path.display(), "unfinished journal compaction removed");
+                std::fs::remove_file(&path).map_err(io(&path))?;
+                continue;
+            }
+            if let Some(n) = name
+                .strip_prefix("journal-")
+                .and_then(|s| s.strip_suffix(".bmqj"))
+                .and_then(|s| s.parse::<u32>().ok())
+            {
+                numbers.push(n);
+            }
+        }
+        numbers.sort_unstable();
+        let mut store = Store {
+            dir: dir.to_path_buf(),
+            cfg: StoreConfig {
+                segment_size_max: cfg.segment_size_max.max(HEADER_LEN + 1),
+                ..cfg
+            },
+            apps_of,
+            segments: Vec::new(),
+            last_sequence: 0,
+            runs: Vec::new(),
+            base: 0,
+            floor: 0,
+            marked: (0, 0),
+            durable: 0,
+            index: HashMap::new(),
+            effects: VecDeque::new(),
+            queues: Vec::new(),
+            queue_ids: HashMap::new(),
+            cache: VecDeque::new(),
+            cache_bytes: 0,
+            bytes_total: 0,
+            live_bytes: 0,
+        };
+        let last = numbers.last().copied();
+        let mut effects = Vec::new();
+        for &n in &numbers {
+            store.load_segment(n, Some(n) == last, &mut effects)?;
+        }
+        if store.segments.is_empty() {
+            store.create_segment(1)?;
+        }
+        // Effects at or below the recovered base apply now; the others wait for the base.
+        store.effects.extend(effects);
+        store.apply_effects_through(store.base);
+        store.durable = store.last_sequence;
+        store.marked = (store.base, store.last_sequence);
+        info!(
+            dir = %dir.display(),
+            segments = store.segments.len(),
+            bytes = store.bytes_total,
+            outstanding = store.index.len(),
+            base = store.base,
+            floor = store.floor,
+            last_sequence = store.last_sequence,
+            "partition journal recovered"
+        );
+        Ok(store)
+    }
+
+    /// The directory of the store.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The settings.
+    pub fn config(&self) -> StoreConfig {
+        self.cfg
+    }
+
+    fn queue_id(&mut self, uri: &str) -> u32 {
+        if let Some(id) = self.queue_ids.get(uri) {
+            return *id;
+        }
+        let id = self.queues.len() as u32;
+        let mut apps = (self.apps_of)(uri);
+        if apps.is_empty() {
+            apps.push(String::new());
+        }
+        apps.truncate(APPS_MAX);
+        self.queues.push(QueueInfo {
+            uri: uri.to_string(),
+            apps,
+        });
+        self.queue_ids.insert(uri.to_string(), id);
+        id
+    }
+
+    /// The index of `app` among the apps of queue `queue`, if it is one of them.
+    fn app_index(&self, queue: u32, app: &str) -> Option<u8> {
+        self.queues[queue as usize]
+            .apps
+            .iter()
+            .position(|a| a == app)
+            .map(|i| i as u8)
+    }
+
+    /// Reads segment `n` at open: its records join the index (their effects are collected in
+    /// `effects`, applied once the base is known).
+    fn load_segment(
+        &mut self,
+        n: u32,
+        is_last: bool,
+        effects: &mut Vec<(u64, Effect)>,
+    ) -> Result<(), StoreError> {
+        let path = segment_path(&self.dir, n);
+        let mut data = Vec::new();
+        File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut data))
+            .map_err(io(&path))?;
+        let corrupt = |offset: u64, reason: String| StoreError::Corrupt {
+            path: path.clone(),
+            offset,
+            reason,
+        };
+        if data.len() < HEADER_LEN as usize {
+            if is_last {
+                warn!(path = %path.display(), "journal segment without a complete header: rewriting it");
+                std::fs::remove_file(&path).map_err(io(&path))?;
+                return self.create_segment(n);
+            }
+            return Err(corrupt(0, "segment shorter than its header".into()));
+        }
+        if &data[..4] != MAGIC {
+            return Err(corrupt(0, "bad magic (not a journal segment)".into()));
+        }
+        let version = u32::from_le_bytes(data[4..8].try_into().expect("4 bytes"));
+        if version != 1 && version != VERSION {
+            return Err(corrupt(4, format!("unsupported format version {version}")));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        self.segments.push(Segment {
+            no: n,
+            path: path.clone(),
+            file,
+            len: HEADER_LEN,
+            synced_len: 0,
+            records: Vec::new(),
+            live: 0,
+            live_bytes: 0,
+            pins: Vec::new(),
+        });
+        let data = Bytes::from(data);
+        let mut pos = HEADER_LEN as usize;
+        while pos < data.len() {
+            let torn = |reason: &str| -> Result<Option<usize>, StoreError> {
+                if !is_last {
+                    return Err(corrupt(pos as u64, reason.to_string()));
+                }
+                warn!(path = %path.display(), offset = pos, %reason, "journal torn tail truncated");
+                metrics::counter!("bmq_journal_torn_tail_truncations_total").increment(1);
+                Ok(None)
+            };
+            let parsed = (|| {
+                if data.len() - pos < RECORD_HEADER_LEN {
+                    return torn("incomplete record header");
+                }
+                let len =
+                    u32::from_le_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
+                let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
+                let body_start = pos + RECORD_HEADER_LEN;
+                if len > RECORD_SIZE_MAX {
+                    if body_start + len > data.len() {
+                        return torn("record length beyond the end of the file");
+                    }
+                    return Err(corrupt(
+                        pos as u64,
+                        format!("record length {len} over the maximum"),
+                    ));
+                }
+                if body_start + len > data.len() {
+                    return torn("incomplete record body");
+                }
+                if crc32c::crc32c(&data[body_start..body_start + len]) != crc {
+                    if body_start + len == data.len() {
+                        return torn("checksum mismatch on the last record");
+                    }
+                    return Err(corrupt(pos as u64, "checksum mismatch".into()));
+                }
+                Ok(Some(len))
+            })()?;
+            let Some(len) = parsed else {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io(&path))?;
+                file.set_len(pos as u64).map_err(io(&path))?;
+                file.sync_all().map_err(io(&path))?;
+                break;
+            };
+            let body_start = pos + RECORD_HEADER_LEN;
+            // Zero-copy: the record's byte fields are slices of `data`, dropped once indexed.
+            let record = JournalRecord::decode(data.slice(body_start..body_start + len))
+                .map_err(|e| corrupt(pos as u64, format!("record does not decode: {e}")))?;
+            let total = (RECORD_HEADER_LEN + len) as u32;
+            if let Some(RecordKind::Marker(m)) = &record.kind {
+                self.base = self.base.max(m.base);
+                if m.covered_through > self.last_sequence {
+                    self.floor = self.floor.max(m.covered_through);
+                    self.last_sequence = m.covered_through;
+                }
+                if !m.runs.is_empty() {
+                    self.runs = m.runs.iter().map(|r| (r.lease, r.first_sequence)).collect();
+                }
+            } else {
+                // Above the base every position is held; below it absent ones were dead.
+                let expected = self.last_sequence + 1;
+                let gap_ok = version != 1 && record.sequence.saturating_sub(1) <= self.base;
+                if record.sequence < expected || (record.sequence > expected && !gap_ok) {
+                    return Err(corrupt(
+                        pos as u64,
+                        format!(
+                            "sequence {} where {expected} was expected (base {})",
+                            record.sequence, self.base
+                        ),
+                    ));
+                }
+                if record.sequence > expected {
+                    self.floor = record.sequence - 1;
+                }
+                let segment = self.segments.len() - 1;
+                self.index_record(segment, pos as u32, total, &record, effects);
+            }
+            let s = self.segments.last_mut().expect("pushed");
+            s.len = (pos + RECORD_HEADER_LEN + len) as u64;
+            pos += RECORD_HEADER_LEN + len;
+        }
+        let s = self.segments.last_mut().expect("pushed");
+        s.synced_len = s.len;
+        self.bytes_total += s.len;
+        if let Some(first) = s.first_sequence() {
+            // Segments deleted before this one: their positions are absent.
+            if self.segments.len() == 1 && first > 1 {
+                self.floor = self.floor.max(first - 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a record (not a marker) held in `self.segments[segment]` at `offset` to the
+    /// bookkeeping: the segment's list, the lease runs, the index (a message) or the effects
+    /// (a confirm, removal or failure of an outstanding message).
+    fn index_record(
+        &mut self,
+        segment: usize,
+        offset: u32,
+        len: u32,
+        record: &JournalRecord,
+        effects: &mut Vec<(u64, Effect)>,
+    ) {
+        let sequence = record.sequence;
+        self.last_sequence = sequence;
+        if self
+            .runs
+            .last()
+            .is_none_or(|(lease, _)| *lease != record.lease)
+        {
+            self.runs.push((record.lease, sequence));
+        }
+        let live = match &record.kind {
+            Some(RecordKind::Message(m)) => {
+                let guid = guid_key(&m.guid);
+                let queue = self.queue_id(&m.uri);
+                let apps = self.queues[queue as usize].apps.len();
+                let pending = if apps == 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << apps) - 1
+                };
+                match self.index.get(&guid) {
+                    // The same GUID stored twice (a resend older than the duplicate window):
+                    // the first copy stands, this one is dead.
+                    Some(_) => false,
+                    None => {
+                        self.index.insert(
+                            guid,
+                            Entry {
+                                sequence,
+                                size: m.payload.len() as u32,
+                                queue,
+                                pending,
+                                extra: None,
+                            },
+                        );
+                        true
+                    }
+                }
+            }
+            Some(kind) => match subject(kind) {
+                Some((_, guid, app)) => {
+                    let guid = guid_key(guid);
+                    let app = self
+                        .index
+                        .get(&guid)
+                        .and_then(|e| self.app_index(e.queue, app));
+                    match app {
+                        Some(app) => {
+                            let effect = match kind {
+                                RecordKind::Failure(f) => Effect::Failed {
+                                    guid,
+                                    app,
+                                    failures: f.failures,
+                                },
+                                _ => Effect::Done { guid, app },
+                            };
+                            effects.push((sequence, effect));
+                            true
+                        }
+                        // About a message no longer (or never) outstanding: dead at once.
+                        None => false,
+                    }
+                }
+                // Delivery records of version 1: informational, dead.
+                None => false,
+            },
+            None => false,
+        };
+        let s = &mut self.segments[segment];
+        s.records.push(Held {
+            sequence,
+            offset,
+            len_live: if live { len | LIVE } else { len },
+        });
+        if live {
+            s.live += 1;
+            s.live_bytes += u64::from(len);
+            self.live_bytes += u64::from(len);
+        }
+    }
+
+    /// Applies the effects at or below `through`, in order; a message no app waits for any
+    /// more leaves the index and its records become dead.
+    fn apply_effects_through(&mut self, through: u64) {
+        while let Some((sequence, effect)) = self.effects.front().copied() {
+            if sequence > through {
+                break;
+            }
+            self.effects.pop_front();
+            let (guid, app) = match effect {
+                Effect::Done { guid, app } | Effect::Failed { guid, app, .. } => (guid, app),
+            };
+            let Some(entry) = self.index.get_mut(&guid) else {
+                self.kill(sequence);
+                continue;
+            };
+            match effect {
+                Effect::Done { .. } => {
+                    entry.pending &= !(1u64 << app);
+                    if let Some(extra) = entry.extra.as_mut() {
+                        extra.failures.retain(|(a, _)| *a != app);
+                    }
+                    if entry.pending == 0 {
+                        let entry = self.index.remove(&guid).expect("present");
+                        let mut records = entry.extra.map(|e| e.records).unwrap_or_default();
+                        records.push(sequence);
+                        self.retire(entry.sequence, records);
+                    } else {
+                        entry
+                            .extra
+                            .get_or_insert_with(Default::default)
+                            .records
+                            .push(sequence);
+                    }
+                }
+                Effect::Failed { failures, .. } => {
+                    let extra = entry.extra.get_or_insert_with(Default::default);
+                    match extra.failures.iter_mut().find(|(a, _)| *a == app) {
+                        Some((_, n)) => *n = (*n).max(failures),
+                        None => extra.failures.push((app, failures)),
+                    }
+                    extra.records.push(sequence);
+                }
+            }
+        }
+    }
+
+    /// The segment holding `sequence` and the record's index in it.
+    fn locate(&self, sequence: u64) -> Option<(usize, usize)> {
+        let i = self
+            .segments
+            .partition_point(|s| s.first_sequence().is_none_or(|f| f <= sequence));
+        // Segments without records (only markers) sort anywhere; search back from `i`.
+        for si in (0..i).rev() {
+            let s = &self.segments[si];
+            if s.first_sequence().is_some_and(|f| f <= sequence) {
+                let r = s.records.partition_point(|h| h.sequence < sequence);
+                return s
+                    .records
+                    .get(r)
+                    .filter(|h| h.sequence == sequence)
+                    .map(|_| (si, r));
+            }
+        }
+        None
+    }
+
+    /// A message is done: its record at `message` is dead; its confirm, failure and removal
+    /// records (`records`) stay pinned to the message record's segment until that record is
+    /// removed from disk (see [`Segment::pins`]).
+    fn retire(&mut self, message: u64, records: Vec<u64>) {
+        self.kill(message);
+        let home = self.locate(message).map(|(si, _)| si);
+        for r in records {
+            match home {
+                // In a later segment while the message record is on disk: pinned.
+                Some(si) if self.locate(r).is_some_and(|(ri, _)| ri != si) => {
+                    self.segments[si].pins.push(r)
+                }
+                _ => self.kill(r),
+            }
+        }
+    }
+
+    /// Whether the record at `sequence` is held and live.
+    fn is_live(&self, sequence: u64) -> bool {
+        self.locate(sequence)
+            .is_some_and(|(si, ri)| self.segments[si].records[ri].live())
+    }
+
+    /// Marks the record at `sequence` dead (nothing when it is not held or already dead).
+    fn kill(&mut self, sequence: u64) {
+        let Some((si, ri)) = self.locate(sequence) else {
+            return;
+        };
+        let s = &mut self.segments[si];
+        let h = &mut s.records[ri];
+        if h.live() {
+            let len = u64::from(h.len());
+            h.len_live &= !LIVE;
+            s.live -= 1;
+            s.live_bytes -= len;
+            self.live_bytes -= len;
+        }
+    }
+
+    fn active(&mut self) -> &mut Segment {
+        self.segments.last_mut().expect("a segment is open")
+    }
+
+    fn marker(&self) -> JournalRecord {
+        JournalRecord {
+            lease: 0,
+            sequence: 0,
+            timestamp_ms: 0,
+            kind: Some(RecordKind::Marker(StoredMarker {
+                base: self.base,
+                covered_through: self.last_sequence,
+                runs: proto_runs(&self.runs),
+            })),
+        }
+    }
+
+    /// Creates segment `n` with its header and a marker of where the journal stands, durably
+    /// (the directory entry too).
+    fn create_segment(&mut self, n: u32) -> Result<(), StoreError> {
+        let path = segment_path(&self.dir, n);
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&VERSION.to_le_bytes());
+        frame(&self.marker(), &mut buf);
+        let made = (|| {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)?;
+            file.write_all_at(&buf, 0)?;
+            if self.cfg.fsync {
+                file.sync_all()?;
+            }
+            Ok(file)
+        })();
+        let file = match made {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(io(&path)(e));
+            }
+        };
+        if self.cfg.fsync {
+            sync_dir(&self.dir)?;
+        }
+        self.bytes_total += buf.len() as u64;
+        self.segments.push(Segment {
+            no: n,
+            path,
+            file,
+            len: buf.len() as u64,
+            synced_len: buf.len() as u64,
+            records: Vec::new(),
+            live: 0,
+            live_bytes: 0,
+            pins: Vec::new(),
+        });
+        self.marked = (self.base, self.last_sequence);
+        Ok(())
+    }
+
+    /// Writes `buf` at the end of the active segment; on failure cuts the segment back, so a
+    /// failed write leaves nothing behind.
+    fn write_active(&mut self, buf: &[u8]) -> Result<(), StoreError> {
+        let s = self.active();
+        let at = s.len;
+        match s.file.write_all_at(buf, at) {
+            Ok(()) => {
+                s.len += buf.len() as u64;
+                self.bytes_total += buf.len() as u64;
+                metrics::counter!("bmq_journal_written_bytes_total").increment(buf.len() as u64);
+                Ok(())
+            }
+            Err(e) => {
+                let path = s.path.clone();
+                // Shrinking needs no space; if it fails too, the torn tail is cut at open.
+                let _ = s.file.set_len(at);
+                Err(io(&path)(e))
+            }
+        }
+    }
+
+    fn write_marker(&mut self) -> Result<(), StoreError> {
+        let mut buf = Vec::new();
+        frame(&self.marker(), &mut buf);
+        self.write_active(&buf)?;
+        self.marked = (self.base, self.last_sequence);
+        Ok(())
+    }
+
+    fn roll_over(&mut self) -> Result<(), StoreError> {
+        let fsync = self.cfg.fsync;
+        let s = self.active();
+        if fsync {
+            s.file.sync_data().map_err(io(&s.path))?;
+        }
+        s.synced_len = s.len;
+        let next = s.no + 1;
+        self.create_segment(next)?;
+        metrics::counter!("bmq_journal_rollovers_total").increment(1);
+        Ok(())
+    }
+
+    /// Whether appending `bytes` more would pass the quota (always false without one).
+    pub fn would_exceed_quota(&self, bytes: u64) -> bool {
+        self.cfg.quota_bytes > 0 && self.bytes_total + bytes > self.cfg.quota_bytes
+    }
+
+    /// Appends one record at the next position (a primary's append). See [`Store::append`].
+    pub fn append_one(&mut self, record: &JournalRecord) -> Result<(), StoreError> {
+        self.append(std::slice::from_ref(record), 0, 0, None)
+    }
+
+    /// Appends `records`, sequences strictly increasing above the last position held; a gap
+    /// (absent positions: dead records a primary did not send) is allowed only at or below
+    /// `settled_through`. Then every position up to `covered_through` (0: the last record's)
+    /// counts as held, positions up to `settled_through` as settled ([`Store::set_base`]), and
+    /// `runs`, when given, replace the lease runs (an install, whose absent positions the
+    /// records cannot describe). Not durable until [`Store::sync`]. On an error (for example
+    /// [`StoreError::NoSpace`]) nothing of this call remains.
+    pub fn append(
+        &mut self,
+        records: &[JournalRecord],
+        covered_through: u64,
+        settled_through: u64,
+        runs: Option<&[LeaseRun]>,
+    ) -> Result<(), StoreError> {
+        let max_seq = records.last().map_or(self.last_sequence, |r| r.sequence);
+        let gap_bound = self.base.max(settled_through.min(max_seq));
+        let mut expected = self.last_sequence + 1;
+        let mut gaps = false;
+        for r in records {
+            if r.sequence < expected
+                || (r.sequence > expected && r.sequence - 1 > gap_bound)
+                || matches!(r.kind, Some(RecordKind::Marker(_)))
+            {
+                return Err(StoreError::OutOfOrder {
+                    expected,
+                    got: r.sequence,
+                });
+            }
+            gaps |= r.sequence > expected;
+            expected = r.sequence + 1;
+        }
+        let before = self.snapshot();
+        let result = self.append_inner(records, gaps, gap_bound);
+        if let Err(e) = result {
+            self.rollback(before);
+            return Err(e);
+        }
+        let covered = covered_through.max(self.last_sequence);
+        if covered > self.last_sequence {
+            self.floor = covered;
+            self.last_sequence = covered;
+        }
+        if let Some(runs) = runs {
+            self.runs = runs
+                .iter()
+                .filter(|r| r.first_sequence <= self.last_sequence)
+                .map(|r| (r.lease, r.first_sequence))
+                .collect();
+        }
+        if covered_through > 0 || runs.is_some() {
+            if let Err(e) = self.write_marker() {
+                self.rollback(before);
+                return Err(e);
+            }
+        }
+        self.set_base(settled_through);
+        Ok(())
+    }
+
+    fn append_inner(
+        &mut self,
+        records: &[JournalRecord],
+        gaps: bool,
+        gap_bound: u64,
+    ) -> Result<(), StoreError> {
+        if gaps && gap_bound > self.base {
+            // A restart must accept the gaps: say first that they are settled.
+            self.base = gap_bound;
+            self.write_marker()?;
+        }
+        let mut buf: Vec<u8> = Vec::new();
+        let mut staged: Vec<(u32, u32)> = Vec::new();
+        let mut first_staged = 0;
+        for (i, record) in records.iter().enumerate() {
+            if self.active().len + buf.len() as u64 >= self.cfg.segment_size_max {
+                self.flush(&mut buf, &mut staged, &records[first_staged..i])?;
+                first_staged = i;
+                self.roll_over()?;
+            }
+            let offset = self.active().len + buf.len() as u64;
+            let len = frame(record, &mut buf);
+            staged.push((offset as u32, len));
+        }
+        self.flush(&mut buf, &mut staged, &records[first_staged..])
+    }
+
+    /// Writes the staged records and, once written, indexes and caches them.
+    fn flush(
+        &mut self,
+        buf: &mut Vec<u8>,
+        staged: &mut Vec<(u32, u32)>,
+        records: &[JournalRecord],
+    ) -> Result<(), StoreError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        self.write_active(buf)?;
+        buf.clear();
+        let segment = self.segments.len() - 1;
+        let mut effects = Vec::new();
+        for ((offset, len), record) in staged.drain(..).zip(records) {
+            self.index_record(segment, offset, len, record, &mut effects);
+            self.cache_bytes += cached_size(record);
+            self.cache.push_back(record.clone());
+        }
+        self.effects.extend(effects);
+        while self.cache_bytes > self.cfg.cache_bytes_max && !self.cache.is_empty() {
+            let old = self.cache.pop_front().expect("non-empty");
+            self.cache_bytes -= cached_size(&old);
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            segments: self.segments.len(),
+            len: self.segments.last().map_or(0, |s| s.len),
+            last_sequence: self.last_sequence,
+            runs: self.runs.clone(),
+            base: self.base,
+            floor: self.floor,
+        }
+    }
+
+    /// Undoes a failed append: segments created by it are removed, the first one cut back, and
+    /// what was indexed forgotten.
+    fn rollback(&mut self, before: Snapshot) {
+        while self.segments.len() > before.segments {
+            let s = self.segments.pop().expect("checked");
+            self.bytes_total = self.bytes_total.saturating_sub(s.len);
+            let _ = std::fs::remove_file(&s.path);
+        }
+        let s = self.active();
+        let over = s.len.saturating_sub(before.len);
+        let _ = s.file.set_len(before.len);
+        s.len = before.len;
+        s.synced_len = s.synced_len.min(before.len);
+        self.bytes_total = self.bytes_total.saturating_sub(over);
+        self.forget_after(before.last_sequence);
+        self.last_sequence = before.last_sequence;
+        self.runs = before.runs;
+        self.base = before.base;
+        self.floor = before.floor;
+    }
+
+    /// Makes everything appended so far durable; returns the highest durable position.
+    pub fn sync(&mut self) -> Result<u64, StoreError> {
+        let fsync = self.cfg.fsync;
+        let s = self.active();
+        if fsync && s.synced_len < s.len {
+            s.file.sync_data().map_err(io(&s.path))?;
+        }
+        s.synced_len = s.len;
+        self.durable = self.last_sequence;
+        Ok(self.durable)
+    }
+
+    /// Whether something was appended since the last [`Store::sync`].
+    pub fn needs_sync(&self) -> bool {
+        self.durable < self.last_sequence
+            || self.segments.last().is_some_and(|s| s.synced_len < s.len)
+    }
+
+    /// Every segment file with its length made durable by the last fsync and its current
+    /// length, bytes (a simulator cuts files back to a length in between to simulate a crash).
+    pub fn files(&self) -> Vec<(PathBuf, u64, u64)> {
+        self.segments
+            .iter()
+            .map(|s| (s.path.clone(), s.synced_len, s.len))
+            .collect()
+    }
+
+    /// The highest position held.
+    pub fn last_sequence(&self) -> u64 {
+        self.last_sequence
+    }
+
+    /// The lease of the last position held (0 when empty).
+    pub fn last_lease(&self) -> u64 {
+        self.runs.last().map_or(0, |(lease, _)| *lease)
+    }
+
+    /// The highest settled position (see the module doc).
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The highest position no longer held (0: every position is held).
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// The highest position fsynced.
+    pub fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// The lease runs of every position held, as the journal shape carries them.
+    pub fn runs(&self) -> Vec<LeaseRun> {
+        proto_runs(&self.runs)
+    }
+
+    /// The sequence of the outstanding message `guid` ([`guid_key`]), if it is outstanding.
+    pub fn outstanding_sequence(&self, guid: u128) -> Option<u64> {
+        self.index.get(&guid).map(|e| e.sequence)
+    }
+
+    /// Raises the settled position to `through` (never above the last position held): the
+    /// confirms and removals up to there count, and what they made dead may be removed by
+    /// [`Store::maintain`]. The caller passes what a quorum holds and every in-sync replica
+    /// has (a primary), or what its primary says is settled (a replica).
+    pub fn set_base(&mut self, through: u64) {
+        let through = through.min(self.last_sequence);
+        if through > self.base {
+            self.base = through;
+        }
+        if self.effects.front().is_some_and(|(s, _)| *s <= self.base) {
+            self.apply_effects_through(self.base);
+        }
+    }
+
+    /// Drops every position after `sequence` (healing: records of an older lease that no
+    /// quorum holds), durably. A `sequence` below the base is raised to it: settled positions
+    /// are committed, and every primary holds the same records there.
+    pub fn truncate_after(&mut self, sequence: u64) -> Result<(), StoreError> {
+        let sequence = sequence.max(self.base);
+        if sequence >= self.last_sequence {
+            return Ok(());
+        }
+        // Segments whose every record is above the cut (or that hold none) go; the one
+        // holding the cut is cut.
+        while self.segments.len() > 1
+            && self
+                .segments
+                .last()
+                .is_some_and(|s| s.first_sequence().is_none_or(|first| first > sequence))
+        {
+            let s = self.segments.pop().expect("checked");
+            self.bytes_total = self.bytes_total.saturating_sub(s.len);
+            std::fs::remove_file(&s.path).map_err(io(&s.path))?;
+        }
+        let fsync = self.cfg.fsync;
+        let s = self.segments.last_mut().expect("a segment");
+        let keep = s.records.partition_point(|r| r.sequence <= sequence);
+        if let Some(first_cut) = s.records.get(keep) {
+            let cut = u64::from(first_cut.offset);
+            let removed = s.len - cut;
+            s.file.set_len(cut).map_err(io(&s.path))?;
+            if fsync {
+                s.file.sync_all().map_err(io(&s.path))?;
+            }
+            s.len = cut;
+            s.synced_len = s.synced_len.min(cut);
+            self.bytes_total = self.bytes_total.saturating_sub(removed);
+        }
+        if fsync {
+            sync_dir(&self.dir)?;
+        }
+        self.forget_after(sequence);
+        self.last_sequence = sequence;
+        self.durable = self.durable.min(sequence);
+        self.floor = self.floor.min(sequence);
+        while self.runs.last().is_some_and(|(_, first)| *first > sequence) {
+            self.runs.pop();
+        }
+        // A marker, so that a restart does not mistake the cut for missing records.
+        self.write_marker()?;
+        self.sync()?;
+        Ok(())
+    }
+
+    /// Forgets the index entries, effects, cached records and segment entries of positions
+    /// after `sequence` (the files are the caller's business).
+    fn forget_after(&mut self, sequence: u64) {
+        while self.effects.back().is_some_and(|(s, _)| *s > sequence) {
+            self.effects.pop_back();
+        }
+        while self.cache.back().is_some_and(|r| r.sequence > sequence) {
+            let r = self.cache.pop_back().expect("checked");
+            self.cache_bytes -= cached_size(&r);
+        }
+        let mut live_removed = 0;
+        for s in &mut self.segments {
+            let keep = s.records.partition_point(|r| r.sequence <= sequence);
+            for h in s.records.drain(keep..) {
+                if h.live() {
+                    s.live -= 1;
+                    s.live_bytes -= u64::from(h.len());
+                    live_removed += u64::from(h.len());
+                }
+            }
+        }
+        self.live_bytes -= live_removed;
+        self.index.retain(|_, e| e.sequence <= sequence);
+        for e in self.index.values_mut() {
+            if let Some(extra) = e.extra.as_mut() {
+                extra.records.retain(|s| *s <= sequence);
+            }
+        }
+    }
+
+    /// Starts an install (see the module doc): an empty staged store in `<dir>/install/`, with
+    /// this store's settings, replacing any unfinished one.
+    pub fn begin_install(&self) -> Result<Store, StoreError> {
+        let staged = self.dir.join(INSTALL_DIR);
+        if staged.exists() {
+            std::fs::remove_dir_all(&staged).map_err(io(&staged))?;
+        }
+        let store = Store::open(&staged, self.cfg, self.apps_of.clone())?;
+        if self.cfg.fsync {
+            sync_dir(&self.dir)?;
+        }
+        Ok(store)
+    }
+
+    /// Replaces this journal by the staged one of an install, crash-safely: the staged journal
+    /// is made durable, `COMPLETE` written (the commit point), this journal's segments deleted
+    /// and the staged ones moved in.
+    pub fn finish_install(&mut self, mut staged: Store) -> Result<(), StoreError> {
+        staged.sync()?;
+        let install = self.dir.join(INSTALL_DIR);
+        let complete = install.join(INSTALL_COMPLETE);
+        File::create(&complete)
+            .and_then(|f| if self.cfg.fsync { f.sync_all() } else { Ok(()) })
+            .map_err(io(&complete))?;
+        if self.cfg.fsync {
+            sync_dir(&install)?;
+        }
+        recover_install(&self.dir)?;
+        for s in &mut staged.segments {
+            s.path = segment_path(&self.dir, s.no);
+        }
+        staged.dir = self.dir.clone();
+        info!(
+            dir = %self.dir.display(),
+            outstanding = staged.index.len(),
+            last_sequence = staged.last_sequence,
+            base = staged.base,
+            "partition journal installed from the primary's live state"
+        );
+        *self = staged;
+        Ok(())
+    }
+
+    /// The record at `sequence`, from the cache or the disk; `None` when the position is not
+    /// held (beyond the last, or dead and compacted away).
+    pub fn read(&self, sequence: u64) -> Result<Option<JournalRecord>, StoreError> {
+        if let Some(first) = self.cache.front() {
+            if sequence >= first.sequence {
+                let i = self.cache.partition_point(|r| r.sequence < sequence);
+                return Ok(self
+                    .cache
+                    .get(i)
+                    .filter(|r| r.sequence == sequence)
+                    .cloned());
+            }
+        }
+        match self.locate(sequence) {
+            Some((si, ri)) => {
+                let s = &self.segments[si];
+                read_at(s, s.records[ri]).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Records after position `after`, ascending, at most `max_records` and about `max_bytes`
+    /// of payload (at least one record), with the position they account for through (the
+    /// last record's, or the last position held when the end was reached). With `install`,
+    /// positions at or below the floor yield only live records (the live state, for a replica
+    /// further behind than the floor); without, `after` must be at or above the floor (every
+    /// later position is held).
+    pub fn read_from(
+        &self,
+        after: u64,
+        max_records: usize,
+        max_bytes: u64,
+        install: bool,
+    ) -> Result<(Vec<JournalRecord>, u64), StoreError> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let full = |out: &Vec<JournalRecord>, bytes: u64| {
+            out.len() >= max_records.max(1) || (!out.is_empty() && bytes >= max_bytes)
+        };
+        // Disk first (positions older than the cache), then the cache.
+        let cache_first = self.cache.front().map_or(u64::MAX, |r| r.sequence);
+        let mut cursor = after;
+        if cursor + 1 < cache_first {
+            let start = self
+                .segments
+                .partition_point(|s| s.last_sequence().is_none_or(|l| l <= cursor));
+            'segments: for s in &self.segments[start..] {
+                let from = s.records.partition_point(|h| h.sequence <= cursor);
+                for h in &s.records[from..] {
+                    if h.sequence >= cache_first {
+                        break 'segments;
+                    }
+                    if install && h.sequence <= self.floor && !h.live() {
+                        continue;
+                    }
+                    if full(&out, bytes) {
+                        return Ok((out, cursor));
+                    }
+                    let record = read_at(s, *h)?;
+                    bytes += cached_size(&record);
+                    cursor = h.sequence;
+                    out.push(record);
+                }
+            }
+        }
+        let from = self.cache.partition_point(|r| r.sequence <= cursor);
+        for r in self.cache.iter().skip(from) {
+            if install && r.sequence <= self.floor && !self.is_live(r.sequence) {
+                continue;
+            }
+            if full(&out, bytes) {
+                return Ok((out, cursor));
+            }
+            bytes += cached_size(r);
+            cursor = r.sequence;
+            out.push(r.clone());
+        }
+        Ok((out, self.last_sequence))
+    }
+
+    /// Every outstanding message with the apps that still have to confirm it and their
+    /// consumer failures, every record held taken into account (the effects above the base
+    /// too), in sequence order: what a new primary rebuilds its queues from.
+    pub fn outstanding(&self) -> Vec<Outstanding> {
+        // The effects above the base, per GUID.
+        let mut done: HashMap<u128, u64> = HashMap::new();
+        let mut failed: HashMap<(u128, u8), u32> = HashMap::new();
+        for (_, effect) in &self.effects {
+            match *effect {
+                Effect::Done { guid, app } => *done.entry(guid).or_default() |= 1u64 << app,
+                Effect::Failed {
+                    guid,
+                    app,
+                    failures,
+                } => {
+                    let n = failed.entry((guid, app)).or_default();
+                    *n = (*n).max(failures);
+                }
+            }
+        }
+        let mut out: Vec<Outstanding> = self
+            .index
+            .iter()
+            .filter_map(|(guid, e)| {
+                let pending = e.pending & !done.get(guid).copied().unwrap_or(0);
+                if pending == 0 {
+                    return None;
+                }
+                let info = &self.queues[e.queue as usize];
+                let apps = (0..info.apps.len())
+                    .filter(|i| pending & (1u64 << i) != 0)
+                    .map(|i| {
+                        let app = i as u8;
+                        let base = e
+                            .extra
+                            .as_ref()
+                            .and_then(|x| x.failures.iter().find(|(a, _)| *a == app))
+                            .map_or(0, |(_, n)| *n);
+                        let above = failed.get(&(*guid, app)).copied().unwrap_or(0);
+                        (info.apps[i].clone(), base.max(above))
+                    })
+                    .collect();
+                Some(Outstanding {
+                    sequence: e.sequence,
+                    uri: info.uri.clone(),
+                    guid: *guid,
+                    size: e.size,
+                    apps,
+                })
+            })
+            .collect();
+        out.sort_unstable_by_key(|o| o.sequence);
+        out
+    }
+
+    /// Deletes the closed segments whose records are all dead and settled, and compacts the
+    /// settled closed segment with the most dead bytes while the dead bytes of closed settled
+    /// segments exceed one segment. A marker with the current base is made durable first (see
+    /// the module doc). Bounded work per call: at most one compaction.
+    pub fn maintain(&mut self) -> Result<Maintenance, StoreError> {
+        let mut report = Maintenance::default();
+        let base = self.base;
+        let settled = |s: &Segment| s.last_sequence().is_none_or(|l| l <= base);
+        let mut marked = false;
+        // Deleting a segment releases the records it pinned, which may free the next one.
+        loop {
+            let closed = self.segments.len().saturating_sub(1);
+            let deletable: Vec<u32> = self.segments[..closed]
+                .iter()
+                .filter(|s| s.live == 0 && settled(s))
+                .map(|s| s.no)
+                .collect();
+            if deletable.is_empty() {
+                break;
+            }
+            if !marked {
+                self.mark_durably()?;
+                marked = true;
+            }
+            for no in deletable {
+                let i = self
+                    .segments
+                    .iter()
+                    .position(|s| s.no == no)
+                    .expect("listed");
+                let s = self.segments.remove(i);
+                std::fs::remove_file(&s.path).map_err(io(&s.path))?;
+                self.floor = self.floor.max(s.last_sequence().unwrap_or(0));
+                self.bytes_total = self.bytes_total.saturating_sub(s.len);
+                report.deleted += 1;
+                report.freed_bytes += s.len;
+                // The dead messages are gone from disk: their confirms are no longer needed.
+                for r in s.pins {
+                    self.kill(r);
+                }
+            }
+        }
+        let closed = self.segments.len().saturating_sub(1);
+        let dead_closed: u64 = self.segments[..closed]
+            .iter()
+            .filter(|s| settled(s) && s.live > 0)
+            .map(Segment::dead_bytes)
+            .sum();
+        let compact = if dead_closed > self.cfg.segment_size_max {
+            self.segments[..closed]
+                .iter()
+                .filter(|s| settled(s) && s.live > 0)
+                .max_by_key(|s| s.dead_bytes())
+                .map(|s| s.no)
+        } else {
+            None
+        };
+        if report.deleted == 0 && compact.is_none() {
+            return Ok(report);
+        }
+        if !marked {
+            self.mark_durably()?;
+        }
+        if let Some(no) = compact {
+            report.freed_bytes += self.compact(no)?;
+            report.compacted += 1;
+        }
+        if self.cfg.fsync {
+            sync_dir(&self.dir)?;
+        }
+        if report.deleted > 0 {
+            metrics::counter!("bmq_journal_segments_deleted_total")
+                .increment(report.deleted as u64);
+        }
+        Ok(report)
+    }
+
+    /// Appends and syncs a marker with the current base, unless one is already durable.
+    fn mark_durably(&mut self) -> Result<(), StoreError> {
+        if self.marked != (self.base, self.last_sequence) {
+            self.write_marker()?;
+        }
+        if self.needs_sync() {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites closed segment `no` with only its live records; returns the bytes freed.
+    fn compact(&mut self, no: u32) -> Result<u64, StoreError> {
+        let i = self
+            .segments
+            .iter()
+            .position(|s| s.no == no)
+            .expect("listed");
+        let tmp = self.dir.join(format!("journal-{no:010}.bmqj.compact"));
+        let mut buf = Vec::new();
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&VERSION.to_le_bytes());
+        // The segment now has gaps: it opens with the base that makes them legitimate (not
+        // the covered position, which later segments establish).
+        frame(
+            &JournalRecord {
+                lease: 0,
+                sequence: 0,
+                timestamp_ms: 0,
+                kind: Some(RecordKind::Marker(StoredMarker {
+                    base: self.base,
+                    covered_through: 0,
+                    runs: Vec::new(),
+                })),
+            },
+            &mut buf,
+        );
+        let mut kept = Vec::new();
+        let mut dropped_max = 0;
+        {
+            let s = &self.segments[i];
+            for held in &s.records {
+                if !held.live() {
+                    dropped_max = held.sequence;
+                    continue;
+                }
+                let record = read_at(s, *held)?;
+                let offset = buf.len() as u32;
+                let len = frame(&record, &mut buf);
+                kept.push(Held {
+                    sequence: held.sequence,
+                    offset,
+                    len_live: len | LIVE,
+                });
+            }
+        }
+        let fsync = self.cfg.fsync;
+        let write = || -> std::io::Result<File> {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            f.write_all_at(&buf, 0)?;
+            if fsync {
+                f.sync_all()?;
+            }
+            Ok(f)
+        };
+        let file = match write() {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(io(&tmp)(e));
+            }
+        };
+        let s = &mut self.segments[i];
+        std::fs::rename(&tmp, &s.path).map_err(io(&s.path))?;
+        let freed = s.len - buf.len() as u64;
+        s.file = file;
+        s.len = buf.len() as u64;
+        s.synced_len = s.len;
+        s.live_bytes = kept.iter().map(|h| u64::from(h.len())).sum();
+        s.records = kept;
+        let pins = std::mem::take(&mut s.pins);
+        self.floor = self.floor.max(dropped_max);
+        self.bytes_total = self.bytes_total.saturating_sub(freed);
+        // The dead messages are gone from disk: their confirms are no longer needed.
+        for r in pins {
+            self.kill(r);
+        }
+        metrics::counter!("bmq_journal_compactions_total").increment(1);
+        Ok(freed)
+    }
+
+    /// Counts, for gauges and `/status`.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            bytes: self.bytes_total,
+            segments: self.segments.len(),
+            outstanding: self.index.len(),
+            live_bytes: self.live_bytes,
+            base: self.base,
+            floor: self.floor,
+            last_sequence: self.last_sequence,
+            durable: self.durable,
+            cache_bytes: self.cache_bytes,
+        }
+    }
+}
+
+/// What [`Store::rollback`] returns to.
+struct Snapshot {
+    segments: usize,
+    len: u64,
+    last_sequence: u64,
+    runs: Vec<(u64, u64)>,
+    base: u64,
+    floor: u64,
+}
+
+/// Finishes a complete install in `dir` (its `COMPLETE` file exists: delete the journal's
+/// segments, move the staged ones in) or discards an incomplete one.
+fn recover_install(dir: &Path) -> Result<(), StoreError> {
+    let install = dir.join(INSTALL_DIR);
+    if !install.exists() {
+        return Ok(());
+    }
+    if !install.join(INSTALL_COMPLETE).exists() {
+        warn!(dir = %install.display(), "unfinished journal install discarded");
+        return std::fs::remove_dir_all(&install).map_err(io(&install));
+    }
+    let segments = |d: &Path| -> Result<Vec<PathBuf>, StoreError> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(d).map_err(io(d))? {
+            let entry = entry.map_err(io(d))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("journal-") && name.ends_with(".bmqj") {
+                out.push(entry.path());
+            }
+        }
+        Ok(out)
+    };
+    for old in segments(dir)? {
+        std::fs::remove_file(&old).map_err(io(&old))?;
+    }
+    sync_dir(dir)?;
+    for new in segments(&install)? {
+        let to = dir.join(new.file_name().expect("a file name"));
+        std::fs::rename(&new, &to).map_err(io(&to))?;
+    }
+    sync_dir(dir)?;
+    std::fs::remove_dir_all(&install).map_err(io(&install))?;
+    sync_dir(dir)?;
+    Ok(())
+}
+
+/// Appends `record` framed (length, CRC32C, body) to `buf`; returns the framed length.
+fn frame(record: &JournalRecord, buf: &mut Vec<u8>) -> u32 {
+    let len = record.encoded_len();
+    let start = buf.len();
+    buf.reserve(RECORD_HEADER_LEN + len);
+    buf.extend_from_slice(&(len as u32).to_le_bytes());
+    buf.extend_from_slice(&[0; 4]);
+    record.encode(buf).expect("a Vec grows to hold the record");
+    let crc = crc32c::crc32c(&buf[start + RECORD_HEADER_LEN..]);
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    (buf.len() - start) as u32
+}
+
+/// Reads the record `held` of segment `s` with one positioned read.
+fn read_at(s: &Segment, held: Held) -> Result<JournalRecord, StoreError> {
+    let mut data = vec![0u8; held.len() as usize];
+    s.file
+        .read_exact_at(&mut data, u64::from(held.offset))
+        .map_err(io(&s.path))?;
+    let corrupt = |reason: String| StoreError::Corrupt {
+        path: s.path.clone(),
+        offset: u64::from(held.offset),
+        reason,
+    };
+    if data.len() < RECORD_HEADER_LEN {
+        return Err(corrupt("record shorter than its header".into()));
+    }
+    let crc = u32::from_le_bytes(data[4..8].try_into().expect("4 bytes"));
+    let body = Bytes::from(data).slice(RECORD_HEADER_LEN..);
+    if crc32c::crc32c(&body) != crc {
+        return Err(corrupt("checksum mismatch on read".into()));
+    }
+    JournalRecord::decode(body).map_err(|e| corrupt(format!("record does not decode: {e}")))
+}
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;
