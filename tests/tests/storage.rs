@@ -251,3 +251,164 @@ async fn purge_removes_the_outstanding_messages_of_a_queue() -> anyhow::Result<(
     ensure!(got.is_err(), "a purged message was delivered: {got:?}");
     Ok(())
 }
+
+/// A tmpfs mounted at a directory for the life of the guard (root only).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size_mib: u64) -> anyhow::Result<Tmpfs> {
+        std::fs::create_dir_all(dir)?;
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
+            .arg(dir)
+            .status()?;
+        ensure!(
+            status.success(),
+            "mount tmpfs on {}: {status}",
+            dir.display()
+        );
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Whether this test can mount a tmpfs (root). Without, it fails on CI (which runs as root and
+/// must not skip) and is skipped with the reason elsewhere.
+fn can_mount(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return true;
+    }
+    let reason = format!("mounting a tmpfs needs root; running as uid {uid}");
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{test} cannot run on CI: {reason}");
+    }
+    eprintln!("SKIPPED {test}: {reason}");
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_puts_and_recovers_when_space_returns() -> anyhow::Result<()> {
+    // The primary's journal is on a small tmpfs that a filler file fills up: PUTs get
+    // STORAGE_FAILURE (nothing stored, the disk-full gauge set), nothing ACKed is lost; once the
+    // filler is removed PUTs succeed again, and every ACKed message is delivered.
+    if !can_mount("a_full_disk_refuses_puts_and_recovers_when_space_returns") {
+        return Ok(());
+    }
+    const QUEUE: &str = "bmq://bmq.test/storage-full";
+    let mut cluster = Cluster::configure(3, |c| {
+        c.storage.segment_size_mb = 1;
+        c.storage.cache_mb = 1;
+    })?;
+    let mut mounts = Vec::new();
+    for node in &cluster.nodes {
+        mounts.push(Tmpfs::mount(&partitions_dir(node), 16)?);
+    }
+    for id in 1..=3 {
+        cluster.start_node(id)?;
+    }
+    cluster.wait_for_leader(Duration::from_secs(30)).await?;
+    let addrs = cluster.client_addrs();
+    let producer = Client::connect(client_config(addrs.clone(), "producer")).await?;
+    producer.open_queue(QUEUE, OpenOptions::write()).await?;
+    let (partition, primary) = primary_of_queue(&cluster, QUEUE, Duration::from_secs(20)).await?;
+    // Leave about 2 MiB free on the primary's journal disk.
+    let dir = partitions_dir(cluster.node(primary));
+    let filler = dir.join("filler");
+    let stat = nix_free_bytes(&dir)?;
+    std::fs::write(&filler, vec![0u8; (stat.saturating_sub(2 << 20)) as usize])?;
+    let mut acked = BTreeSet::new();
+    let mut refused = None;
+    for seq in 0..20_000u64 {
+        let ack = producer
+            .put(QUEUE, payload::encode(1, seq, 1024), vec![])
+            .await?
+            .await
+            .map_err(|e| anyhow::anyhow!("put {seq}: {e}"))?;
+        if ack.status == AckStatus::Success as i32 {
+            acked.insert((1, seq));
+        } else {
+            ensure!(
+                ack.status == AckStatus::StorageFailure as i32,
+                "put {seq}: unexpected NACK {ack:?}"
+            );
+            refused = Some((seq, ack.message));
+            break;
+        }
+    }
+    let (refused_at, why) = refused.context("the disk never filled")?;
+    eprintln!(
+        "partition {partition} on node {primary}: {} ACKed, then NACK: {why}",
+        acked.len()
+    );
+    let admin = cluster.node(primary).admin_addr();
+    ensure!(
+        metric(&admin, "bmq_journal_disk_full").await? >= 1.0,
+        "disk-full gauge not set"
+    );
+    // Space returns.
+    std::fs::remove_file(&filler)?;
+    for seq in refused_at..refused_at + 100 {
+        let ack = producer
+            .put(QUEUE, payload::encode(1, seq, 1024), vec![])
+            .await?
+            .await
+            .map_err(|e| anyhow::anyhow!("put {seq}: {e}"))?;
+        ensure!(
+            ack.status == AckStatus::Success as i32,
+            "after space returned: {ack:?}"
+        );
+        acked.insert((1, seq));
+    }
+    let consumer = Client::connect(client_config(addrs, "consumer")).await?;
+    consumer
+        .open_queue(
+            QUEUE,
+            OpenOptions::read(ConsumerOptions {
+                max_unconfirmed_messages: 1000,
+                ..Default::default()
+            }),
+        )
+        .await?;
+    let seen: Arc<Mutex<BTreeSet<(u64, u64)>>> = Arc::default();
+    let stop = Arc::new(AtomicU64::new(0));
+    let task = tokio::spawn(consume_all(consumer.clone(), seen.clone(), stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !acked.is_subset(&seen.lock().unwrap()) {
+        ensure!(
+            Instant::now() < deadline,
+            "not every ACKed message was delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(1, Ordering::Relaxed);
+    task.await??;
+    drop(cluster);
+    drop(mounts);
+    Ok(())
+}
+
+/// Free bytes of the file system holding `dir` (`statvfs`).
+fn nix_free_bytes(dir: &Path) -> anyhow::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut st) };
+    ensure!(
+        rc == 0,
+        "statvfs {}: {}",
+        dir.display(),
+        std::io::Error::last_os_error()
+    );
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
