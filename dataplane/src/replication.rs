@@ -375,8 +375,15 @@ impl ReplicationCore {
         self.next_tick
     }
 
-    /// Whether records were written since the last [`ReplicationCore::sync`].
+    /// Whether [`ReplicationCore::sync`] has work: records written since the last one, or a
+    /// settled position that rose since the last reclaim (the last confirms of a burst settle
+    /// after its last write; their space is reclaimed without waiting for more traffic).
     pub fn needs_sync(&self) -> bool {
+        self.writes_pending() || (!self.failed && self.store.maintenance_due())
+    }
+
+    /// Whether records were written and not yet made durable.
+    fn writes_pending(&self) -> bool {
         !self.failed
             && (self.store.needs_sync()
                 || self
@@ -392,6 +399,10 @@ impl ReplicationCore {
         if self.failed {
             return Ok(());
         }
+        if !self.writes_pending() {
+            // Only settled dead records to reclaim: no fsync, nothing newly durable.
+            return self.maintain_store();
+        }
         if let Some(i) = self.installing.as_mut() {
             if let Err(e) = i.staged.sync() {
                 return Err(self.fail(e));
@@ -402,6 +413,12 @@ impl ReplicationCore {
             Err(e) => return Err(self.fail(e)),
         };
         self.on_persisted(now, durable);
+        self.maintain_store()
+    }
+
+    /// Removes settled dead records ([`Store::maintain`]); a full disk defers it, another
+    /// error is fatal.
+    fn maintain_store(&mut self) -> Result<(), StoreError> {
         match self.store.maintain() {
             Ok(m) if m.deleted + m.compacted > 0 => {
                 info!(partition = %self.cfg.partition, deleted = m.deleted, compacted = m.compacted, freed_bytes = m.freed_bytes, floor = self.store.floor(), "journal space reclaimed");
@@ -836,7 +853,7 @@ impl ReplicationCore {
         };
         if applied {
             self.synced_lease = LeaseId(s.lease);
-            if !self.needs_sync() {
+            if !self.writes_pending() {
                 // Nothing new to write: what we hold is durable already.
                 self.send_receipt();
             }

@@ -732,6 +732,30 @@ fn settled_positions_reach_the_replicas_which_reclaim_space_too() {
 }
 
 #[test]
+fn space_is_reclaimed_when_the_traffic_stops() {
+    // The last confirms settle after the last write (the primary's base moves on the receipts,
+    // a replica's on a settled position sent alone): every node still deletes its closed
+    // segments of dead records, without waiting for another write.
+    let now = Instant::now();
+    let mut cores = small_segment_cluster(now, 700);
+    for n in 1..=40u8 {
+        put_and_confirm(now, &mut cores, n, true, &[]);
+    }
+    for (i, c) in cores.iter().enumerate() {
+        let stats = c.store().stats();
+        assert_eq!(stats.base, c.last_sequence(), "node {}: {stats:?}", i + 1);
+        assert_eq!(stats.outstanding, 0, "node {}: {stats:?}", i + 1);
+        assert_eq!(
+            stats.segments,
+            1,
+            "node {}: only the active segment stays: {stats:?}",
+            i + 1
+        );
+        assert!(!c.needs_sync(), "node {}", i + 1);
+    }
+}
+
+#[test]
 fn a_replica_behind_the_floor_receives_the_live_state() {
     // Node 3 is down while the others settle and compact past its journal's end (it is not in
     // sync after `in_sync_timeout`); when it comes back it is sent the live state (an

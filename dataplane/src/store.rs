@@ -346,6 +346,8 @@ pub struct Store {
     floor: u64,
     /// The base and covered position of the last marker written.
     marked: (u64, u64),
+    /// The base rose since the last [`Store::maintain`]: settled dead records may be removable.
+    maintenance_due: bool,
     durable: u64,
     /// Outstanding messages, by GUID.
     index: HashMap<u128, Entry>,
@@ -439,6 +441,7 @@ impl Store {
             base: 0,
             floor: 0,
             marked: (0, 0),
+            maintenance_due: false,
             durable: 0,
             index: HashMap::new(),
             effects: VecDeque::new(),
@@ -1127,6 +1130,13 @@ impl Store {
         Ok(self.durable)
     }
 
+    /// Whether the base rose since the last [`Store::maintain`], so that a call may remove
+    /// settled dead records even when nothing was written (traffic stopped after the last
+    /// confirms).
+    pub fn maintenance_due(&self) -> bool {
+        self.maintenance_due
+    }
+
     /// Whether something was appended since the last [`Store::sync`].
     pub fn needs_sync(&self) -> bool {
         self.durable < self.last_sequence
@@ -1185,6 +1195,7 @@ impl Store {
         let through = through.min(self.last_sequence);
         if through > self.base {
             self.base = through;
+            self.maintenance_due = true;
         }
         if self.effects.front().is_some_and(|(s, _)| *s <= self.base) {
             self.apply_effects_through(self.base);
@@ -1455,6 +1466,7 @@ impl Store {
     /// segments exceed one segment. A marker with the current base is made durable first (see
     /// the module doc). Bounded work per call: at most one compaction.
     pub fn maintain(&mut self) -> Result<Maintenance, StoreError> {
+        self.maintenance_due = false;
         let mut report = Maintenance::default();
         let base = self.base;
         let settled = |s: &Segment| s.last_sequence().is_none_or(|l| l <= base);
