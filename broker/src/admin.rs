@@ -8,8 +8,9 @@
 //!   metrics reference is `docs/METRICS.md`.
 //! - `GET /status`: the node's [`NodeStatusDoc`] as JSON (what `bmqctl status` reads).
 //! - `GET /healthz`: 200 while the process serves requests.
-//! - `GET /readyz`: 200 when the node follows (or is) a leader whose metadata is active; else
-//!   503.
+//! - `GET /readyz`: 200 when the node follows (or is) a leader whose metadata is active and
+//!   every partition's journal on this node is open (a restart reads the outstanding index of
+//!   each journal before it serves it); else 503 with the reason.
 //! - `POST /admin/quorum/{n}`: sets the quorum of the elector (votes), the metadata (advisory
 //!   commits) and every local partition (journal receipts before an ACK) at once; `0` means a
 //!   majority, resolved by the node's one quorum rule ([`bmq_config::effective_quorum`]). It
@@ -380,11 +381,14 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
     let elector = tokio::time::timeout(timeout, ctx.elector.send(GetElectorStatus)).await??;
     let metadata = tokio::time::timeout(timeout, ctx.metadata.send(GetMetadataStatus)).await??;
     let mut local = std::collections::HashMap::new();
+    let mut journals_closed = 0usize;
     for (id, addr) in ctx.router.local_partitions() {
-        if let Ok(Ok(Some(stats))) =
-            tokio::time::timeout(timeout, addr.send(GetPartitionStats)).await
-        {
-            local.insert(id, stats);
+        match tokio::time::timeout(timeout, addr.send(GetPartitionStats)).await {
+            Ok(Ok(Some(stats))) => {
+                local.insert(id, stats);
+            }
+            // `None`: the partition's journal is still being opened (or failed to open).
+            _ => journals_closed += 1,
         }
     }
     let state = &metadata.state;
@@ -440,7 +444,7 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
             })
             .collect(),
         client_sessions: ctx.router.session_count() as u64,
-        ready: leader_active,
+        ready: leader_active && journals_closed == 0 && local.len() >= state.partitions.len(),
     })
 }
 
@@ -454,7 +458,8 @@ async fn status(ctx: web::Data<AdminContext>) -> HttpResponse {
 async fn readyz(ctx: web::Data<AdminContext>) -> HttpResponse {
     match node_status(&ctx).await {
         Ok(doc) if doc.ready => HttpResponse::Ok().body("ready\n"),
-        Ok(_) => HttpResponse::ServiceUnavailable().body("not ready: no active leader\n"),
+        Ok(_) => HttpResponse::ServiceUnavailable()
+            .body("not ready: no active leader, or a partition journal is not open yet\n"),
         Err(e) => HttpResponse::ServiceUnavailable().body(format!("not ready: {e:#}\n")),
     }
 }

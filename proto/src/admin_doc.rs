@@ -26,7 +26,8 @@ pub struct NodeStatusDoc {
     pub peers: Vec<PeerDoc>,
     /// Number of client sessions attached to this node.
     pub client_sessions: u64,
-    /// True when the node has a leader and an active metadata state (what `/readyz` answers).
+    /// True when the node has a leader and an active metadata state, and every partition's journal
+    /// on this node is open (what `/readyz` answers).
     pub ready: bool,
 }
 
