@@ -186,33 +186,59 @@ struct ReplicaProgress {
     sent_settled: u64,
 }
 
-/// Recently stored GUIDs, bounded by count and age (16 bytes each, plus the time).
+/// Width of a [`GuidWindow`] time bucket: GUIDs leave the window at most this much later than
+/// their age says (never earlier), and the window keeps one timestamp per bucket, not per GUID.
+const GUID_BUCKET: Duration = Duration::from_secs(1);
+
+/// Recently stored GUIDs, bounded by count and age: about 50 bytes per GUID (16 in the
+/// insertion order, 16 in the hash set at its load factor), plus one `(Instant, count)` per
+/// second of traffic. With the default 1,000,000 GUIDs per partition that is ~50 MiB at most.
 #[derive(Debug, Default)]
 struct GuidWindow {
-    order: VecDeque<(Instant, u128)>,
+    /// GUIDs in insertion order.
+    order: VecDeque<u128>,
+    /// `(start, GUIDs inserted from start for up to GUID_BUCKET)`, oldest first; the counts add
+    /// up to `order.len()`.
+    buckets: VecDeque<(Instant, usize)>,
     set: HashSet<u128>,
 }
 
 impl GuidWindow {
+    /// Forgets the oldest GUIDs while there are more than `max`, and every bucket that began
+    /// `age + GUID_BUCKET` ago or earlier.
     fn expire(&mut self, now: Instant, max: usize, age: Duration) {
-        while let Some((t, g)) = self.order.front().copied() {
-            if self.order.len() <= max && now.saturating_duration_since(t) < age {
+        while let Some(&(start, count)) = self.buckets.front() {
+            let too_old = now.saturating_duration_since(start) >= age + GUID_BUCKET;
+            let excess = self.order.len().saturating_sub(max);
+            if !too_old && excess == 0 {
                 break;
             }
-            self.order.pop_front();
-            self.set.remove(&g);
+            let n = if too_old { count } else { excess.min(count) };
+            for guid in self.order.drain(..n) {
+                self.set.remove(&guid);
+            }
+            if n == count {
+                self.buckets.pop_front();
+            } else if let Some(front) = self.buckets.front_mut() {
+                front.1 -= n;
+            }
         }
     }
 
     fn insert(&mut self, now: Instant, guid: u128) {
         if self.set.insert(guid) {
-            self.order.push_back((now, guid));
+            self.order.push_back(guid);
+            match self.buckets.back_mut() {
+                Some((start, count)) if now.saturating_duration_since(*start) < GUID_BUCKET => {
+                    *count += 1
+                }
+                _ => self.buckets.push_back((now, 1)),
+            }
         }
     }
 
     fn clear(&mut self) {
-        self.order = VecDeque::new();
-        self.set = HashSet::new();
+        *self = GuidWindow::default();
     }
 }
 

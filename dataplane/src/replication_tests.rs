@@ -820,3 +820,37 @@ fn a_new_primary_behind_the_floor_pulls_the_live_state() {
     assert_eq!(outstanding(&cores[2]), want);
     assert_eq!(outstanding(&cores[1]), want);
 }
+
+#[test]
+fn the_guid_window_forgets_by_count_and_by_age_never_early() {
+    let t0 = Instant::now();
+    let age = Duration::from_secs(10);
+    let mut w = GuidWindow::default();
+    // Three seconds of traffic, 4 GUIDs a second.
+    for i in 0..12u128 {
+        w.insert(t0 + Duration::from_millis(250 * i as u64), i);
+    }
+    w.insert(t0, 3); // already known: not counted twice
+    assert_eq!(w.order.len(), 12);
+    assert_eq!(w.buckets.iter().map(|b| b.1).sum::<usize>(), 12);
+    // Count bound: the oldest go first, within a bucket too.
+    w.expire(t0 + Duration::from_secs(3), 10, age);
+    assert_eq!(w.order.len(), 10);
+    assert!(!w.set.contains(&0) && !w.set.contains(&1) && w.set.contains(&2));
+    assert_eq!(w.buckets.iter().map(|b| b.1).sum::<usize>(), 10);
+    // Age bound: nothing leaves before its age...
+    w.expire(t0 + age + Duration::from_millis(999), 10, age);
+    assert!(
+        w.set.contains(&2),
+        "a GUID 10.999 s old is still remembered"
+    );
+    // ...and a whole bucket leaves at most one bucket width after it.
+    w.expire(t0 + age + GUID_BUCKET, 10, age);
+    assert!(!w.set.contains(&3) && w.set.contains(&4));
+    assert_eq!(w.order.len(), 8);
+    w.expire(t0 + Duration::from_secs(60), 10, age);
+    assert!(w.order.is_empty() && w.set.is_empty() && w.buckets.is_empty());
+    w.insert(t0, 7);
+    w.clear();
+    assert!(w.order.is_empty() && w.set.is_empty() && w.buckets.is_empty());
+}
