@@ -791,12 +791,12 @@ impl Partition {
         };
         let mut pushes = Vec::new();
         let mut events = Vec::new();
+        let delivering = !self.stop_delivering;
         for (app, queue) in entry.apps.iter_mut() {
-            while !self.stop_delivering {
-                let Some(d) = queue.poll_delivery(now) else {
-                    break;
-                };
-                pushes.push(d);
+            if delivering {
+                while let Some(d) = queue.poll_delivery(now) {
+                    pushes.push(d);
+                }
             }
             while let Some(event) = queue.poll_event() {
                 events.push((app.clone(), event));
