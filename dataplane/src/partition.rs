@@ -71,7 +71,7 @@ use tracing::{info, warn};
 use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy};
 use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
 use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
-use crate::store::{guid_key, Outstanding, Store, StoreError, StoreStats};
+use crate::store::{guid_key, Store, StoreError, StoreStats};
 
 /// How often a healed primary repeats its ACTIVE announcement until the leader commits it.
 pub const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
@@ -965,8 +965,9 @@ impl Partition {
     /// Healing finished: rebuild the queues from the journal, push what they hold, announce.
     fn become_active(&mut self, now: Instant, lease: LeaseId) {
         let policies = self.policies.clone();
-        let outstanding = self.replication.store().outstanding();
-        self.queues = restore_queues(&outstanding, now, |uri| policies.resolve(uri).cloned());
+        self.queues = restore_queues(self.replication.store(), now, |uri| {
+            policies.resolve(uri).cloned()
+        });
         info!(partition = %self.id, %lease, last_sequence = self.replication.last_sequence(), queues = self.queues.len(), "partition primary healed: active");
         self.announcing = Some(lease);
         self.announce_at = Some(now + ANNOUNCE_PERIOD);
@@ -984,38 +985,38 @@ impl Partition {
 /// without a policy (a domain no longer configured) stay in the journal but are not served.
 /// Every rebuilt message is deliverable: healing put the whole journal on a quorum.
 fn restore_queues(
-    outstanding: &[Outstanding],
+    store: &Store,
     now: Instant,
     policy: impl Fn(&str) -> Option<DomainPolicy>,
 ) -> HashMap<String, QueueEntry> {
     let mut rebuilt: HashMap<String, QueueEntry> = HashMap::new();
-    let mut unknown: HashSet<&str> = HashSet::new();
-    for o in outstanding {
-        if unknown.contains(o.uri.as_str()) {
-            continue;
+    let mut unknown: HashSet<String> = HashSet::new();
+    store.for_each_outstanding(|o| {
+        if unknown.contains(o.uri) {
+            return;
         }
-        if !rebuilt.contains_key(&o.uri) {
-            match policy(&o.uri) {
+        if !rebuilt.contains_key(o.uri) {
+            match policy(o.uri) {
                 Some(p) => {
-                    let mut entry = QueueEntry::new(&o.uri, &p);
+                    let mut entry = QueueEntry::new(o.uri, &p);
                     for (_, q) in entry.apps.iter_mut() {
                         q.set_deliverable_through(u64::MAX);
                     }
-                    rebuilt.insert(o.uri.clone(), entry);
+                    rebuilt.insert(o.uri.to_string(), entry);
                 }
                 None => {
-                    unknown.insert(&o.uri);
-                    continue;
+                    unknown.insert(o.uri.to_string());
+                    return;
                 }
             }
         }
-        let entry = rebuilt.get_mut(&o.uri).expect("inserted above");
-        for (app, failures) in &o.apps {
+        let entry = rebuilt.get_mut(o.uri).expect("inserted above");
+        for (app, failures) in o.apps {
             if let Some((_, queue)) = entry.apps.iter_mut().find(|(a, _)| a == app) {
                 queue.restore(now, o.guid, o.size, *failures, o.sequence);
             }
         }
-    }
+    });
     rebuilt
 }
 

@@ -523,9 +523,7 @@ fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
     let now = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let store = store_with(dir.path(), &records, &policies());
-    let mut queues = restore_queues(&store.outstanding(), now, |_| {
-        Some(policy(DeliveryMode::Priority))
-    });
+    let mut queues = restore_queues(&store, now, |_| Some(policy(DeliveryMode::Priority)));
     let q = &mut queues.get_mut(uri).expect("queue rebuilt").apps[0].1;
     assert_eq!(q.depth(), 2);
     q.add_consumer(
@@ -570,7 +568,7 @@ fn fanout_copies_are_rebuilt_per_app() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let store = store_with(dir.path(), &records, &policies());
-    let queues = restore_queues(&store.outstanding(), Instant::now(), |_| {
+    let queues = restore_queues(&store, Instant::now(), |_| {
         Some(policy(DeliveryMode::Fanout {
             app_ids: vec!["a".into(), "b".into()],
         }))

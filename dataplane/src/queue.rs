@@ -174,21 +174,22 @@ pub struct QueueCounters {
     pub consumer_failures: u64,
 }
 
-/// A message held by the queue.
+/// A message held by the queue: 32 bytes (48 with its GUID in the map), for the memory of a
+/// primary with millions of outstanding messages (issue 17). Which consumer holds a pushed
+/// message is kept by that consumer ([`Consumer::unconfirmed`]), not here.
 #[derive(Debug)]
 struct Held {
     /// Journal sequence of the message's record: deliverable once at or below the mark, and
     /// the arrival order (redelivered messages go back in this order).
     journal_sequence: u64,
-    arrival: Instant,
+    /// Arrival, in nanoseconds after the queue's epoch (its first message).
+    arrival_ns: u64,
     /// Payload bytes.
     size: u32,
     /// Consumer failures so far (see the module doc).
     failures: u32,
     /// Released by a consumer or restored from the journal: it may have been delivered before.
     out_of_order: bool,
-    /// The consumer it is pushed to and not yet confirmed by; `None` while pending.
-    consumer: Option<SessionAddr>,
 }
 
 #[derive(Debug)]
@@ -214,6 +215,8 @@ impl Consumer {
 pub struct QueueCore {
     uri: String,
     limits: QueueLimits,
+    /// The time arrivals count from: the first message's arrival.
+    epoch: Option<Instant>,
     messages: HashMap<u128, Held>,
     /// GUIDs of pending (not pushed) messages, in delivery order. Every entry is in `messages`
     /// with `consumer == None`, and every such message is here exactly once.
@@ -237,6 +240,7 @@ impl QueueCore {
         QueueCore {
             uri,
             limits,
+            epoch: None,
             messages: HashMap::new(),
             pending: VecDeque::new(),
             bytes: 0,
@@ -303,15 +307,15 @@ impl QueueCore {
             };
         }
         self.bytes += u64::from(size);
+        let arrival_ns = self.arrival_ns(now);
         self.messages.insert(
             guid,
             Held {
                 journal_sequence,
-                arrival: now,
+                arrival_ns,
                 size,
                 failures: 0,
                 out_of_order: false,
-                consumer: None,
             },
         );
         self.pending.push_back(guid);
@@ -334,18 +338,25 @@ impl QueueCore {
             return;
         }
         self.bytes += u64::from(size);
+        let arrival_ns = self.arrival_ns(now);
         self.messages.insert(
             guid,
             Held {
                 journal_sequence,
-                arrival: now,
+                arrival_ns,
                 size,
                 failures,
                 out_of_order: true,
-                consumer: None,
             },
         );
         self.pending.push_back(guid);
+    }
+
+    /// `now` as an arrival: nanoseconds after the queue's epoch (set by the first call). An
+    /// instant before the epoch counts as the epoch (a later arrival: never an early expiry).
+    fn arrival_ns(&mut self, now: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(now);
+        u64::try_from(now.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Messages whose record's journal sequence is at or below `sequence` may be delivered
@@ -420,9 +431,13 @@ impl QueueCore {
     /// Confirms (removes) a message pushed to `key`. Returns false, and changes nothing, when
     /// the GUID is unknown or the message is not unconfirmed by that consumer.
     pub fn confirm(&mut self, key: SessionAddr, guid: u128) -> bool {
-        match self.messages.get(&guid) {
-            Some(held) if held.consumer == Some(key) => {}
-            _ => return false,
+        // A message is unconfirmed by `key` exactly when that consumer lists it.
+        if !self
+            .consumers
+            .get(&key)
+            .is_some_and(|c| c.unconfirmed.contains(&guid))
+        {
+            return false;
         }
         let held = self.messages.remove(&guid).expect("checked above");
         let size = u64::from(held.size);
@@ -458,8 +473,7 @@ impl QueueCore {
             let size = u64::from(held.size);
             let consumer_key = self.pick_consumer(size)?;
             self.pending.pop_front();
-            let held = self.messages.get_mut(&guid).expect("pending guid is held");
-            held.consumer = Some(consumer_key);
+            let held = self.messages.get(&guid).expect("pending guid is held");
             let delivery = Delivery {
                 consumer: consumer_key,
                 guid,
@@ -493,7 +507,9 @@ impl QueueCore {
         let mut dropped = 0;
         while let Some(guid) = self.pending.front() {
             let held = self.messages.get(guid).expect("pending guid is held");
-            if now.saturating_duration_since(held.arrival) < ttl {
+            let arrival = self.epoch.expect("set by the first arrival")
+                + Duration::from_nanos(held.arrival_ns);
+            if now.saturating_duration_since(arrival) < ttl {
                 break;
             }
             let guid = self.pending.pop_front().expect("front exists");
@@ -610,7 +626,6 @@ impl QueueCore {
             self.events
                 .push_back(QueueEvent::ConsumerFailed { guid, failures });
             if self.exhausted(failures) {
-                self.messages.get_mut(&guid).expect("held").consumer = None;
                 self.unconfirmed -= 1;
                 self.remove(guid, RemovalReason::AttemptsExhausted);
             } else {
@@ -640,8 +655,6 @@ impl QueueCore {
                 .messages
                 .get_mut(&guid)
                 .expect("unconfirmed guid is held");
-            debug_assert!(held.consumer.is_some());
-            held.consumer = None;
             held.out_of_order = true;
             self.unconfirmed -= 1;
             self.pending.push_front(guid);
@@ -652,6 +665,12 @@ impl QueueCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_message_takes_32_bytes() {
+        // The primary's memory per outstanding message (issue 17): keep it small.
+        assert_eq!(std::mem::size_of::<Held>(), 32);
+    }
 
     const UNLIMITED: QueueLimits = QueueLimits {
         max_messages: 0,
