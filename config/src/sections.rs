@@ -372,10 +372,12 @@ pub struct LimitsSettings {
     /// its primaries moving to other nodes) before it exits anyway (ms; 0 = exit at once).
     /// Default 10 000.
     pub graceful_stop_timeout_ms: u64,
-    /// How long a partition primary remembers a PUT's GUID to drop resent duplicates (ms).
-    /// Default 300 000 (5 minutes).
+    /// How long a partition primary remembers the GUID of a finished message (confirmed by
+    /// every app, or removed) to drop resent duplicates (ms); an outstanding message's GUID is
+    /// always known. Default 300 000 (5 minutes).
     pub duplicate_guid_window_ms: u64,
-    /// Most GUIDs a partition primary remembers for duplicate detection. Default 1 000 000.
+    /// Most GUIDs of finished messages a partition primary remembers for duplicate detection
+    /// (about 50 bytes each). Default 1 000 000.
     pub duplicate_guid_window_max: u64,
 }
 

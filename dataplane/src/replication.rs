@@ -86,10 +86,10 @@ pub struct ReplicationConfig {
     pub in_flight_records_max: u64,
     /// Unanswered queries, pulls and replications are resent after this long.
     pub resend_after: Duration,
-    /// Most GUIDs remembered for duplicate detection (besides the outstanding ones, which are
-    /// always known).
+    /// Most GUIDs of finished messages remembered for duplicate detection (outstanding ones
+    /// are always known from the journal's index).
     pub guid_window_max: usize,
-    /// How long a GUID is remembered for duplicate detection.
+    /// How long the GUID of a finished message is remembered for duplicate detection.
     pub guid_window_age: Duration,
     /// A replica that is behind and has receipted no progress for this long is not waited
     /// for before positions are settled (and dead records removed); it receives an install if
@@ -190,7 +190,8 @@ struct ReplicaProgress {
 /// their age says (never earlier), and the window keeps one timestamp per bucket, not per GUID.
 const GUID_BUCKET: Duration = Duration::from_secs(1);
 
-/// Recently stored GUIDs, bounded by count and age: about 50 bytes per GUID (16 in the
+/// GUIDs of recently finished messages (the index knows outstanding ones), bounded by count
+/// and age: about 50 bytes per GUID (16 in the
 /// insertion order, 16 in the hash set at its load factor), plus one `(Instant, count)` per
 /// second of traffic. With the default 1,000,000 GUIDs per partition that is ~50 MiB at most.
 #[derive(Debug, Default)]
@@ -425,6 +426,7 @@ impl ReplicationCore {
         if self.failed {
             return Ok(());
         }
+        self.remember_retired(now);
         if !self.writes_pending() {
             // Only settled dead records to reclaim: no fsync, nothing newly durable.
             return self.maintain_store();
@@ -440,6 +442,20 @@ impl ReplicationCore {
         };
         self.on_persisted(now, durable);
         self.maintain_store()
+    }
+
+    /// The active primary remembers the GUIDs of messages that stopped being outstanding in
+    /// its duplicate window (an outstanding GUID is known from the index, so the window holds
+    /// only finished messages: no memory for it while messages stay outstanding); other roles
+    /// drop them. Every rise of the base leads here (it makes [`ReplicationCore::needs_sync`]
+    /// true).
+    fn remember_retired(&mut self, now: Instant) {
+        let retired = self.store.take_retired();
+        if self.phase == Some(PrimaryPhase::Active) {
+            for guid in retired {
+                self.guids.insert(now, guid);
+            }
+        }
     }
 
     /// Removes settled dead records ([`Store::maintain`]); a full disk defers it, another
@@ -1359,7 +1375,6 @@ impl ReplicationCore {
             uri: uri.clone(),
             guid: guid.clone(),
         };
-        let key = guid_key(&guid);
         let kind = RecordKind::Message(StoredMessage {
             uri,
             guid,
@@ -1378,7 +1393,6 @@ impl ReplicationCore {
                 }
             };
         };
-        self.guids.insert(now, key);
         self.waiters_mut(strong)
             .entry(sequence)
             .or_default()

@@ -854,3 +854,30 @@ fn the_guid_window_forgets_by_count_and_by_age_never_early() {
     w.clear();
     assert!(w.order.is_empty() && w.set.is_empty() && w.buckets.is_empty());
 }
+
+#[test]
+fn the_duplicate_window_holds_finished_messages_only() {
+    // Outstanding GUIDs are known from the index: the window stays empty while messages are
+    // outstanding (no memory twice for them), and takes a GUID when its message is done and
+    // settled, so a resend of a confirmed message is still a duplicate.
+    let now = Instant::now();
+    let mut cores = small_segment_cluster(now, 1 << 20);
+    put_and_confirm(now, &mut cores, 1, false, &[]);
+    put_and_confirm(now, &mut cores, 2, true, &[]);
+    let primary = &mut cores[0];
+    assert_eq!(
+        primary.duplicate_of(now, &guid(1)),
+        Some(1),
+        "outstanding: its record"
+    );
+    assert_eq!(
+        primary.duplicate_of(now, &guid(2)),
+        Some(0),
+        "confirmed: a duplicate, ACKed at once"
+    );
+    assert_eq!(primary.duplicate_of(now, &guid(3)), None);
+    assert_eq!(primary.guids.order.len(), 1, "only the finished message");
+    assert!(primary.guids.set.contains(&guid_key(&guid(2))));
+    // Replicas keep no window.
+    assert!(cores[1].guids.order.is_empty() && cores[2].guids.order.is_empty());
+}

@@ -363,6 +363,8 @@ pub struct Store {
     marked: (u64, u64),
     /// The base rose since the last [`Store::maintain`]: settled dead records may be removable.
     maintenance_due: bool,
+    /// GUIDs that left the index (every app done, settled) since [`Store::take_retired`].
+    retired: Vec<u128>,
     durable: u64,
     /// Outstanding messages, by GUID.
     index: HashMap<u128, Entry>,
@@ -457,6 +459,7 @@ impl Store {
             floor: 0,
             marked: (0, 0),
             maintenance_due: false,
+            retired: Vec::new(),
             durable: 0,
             index: HashMap::new(),
             effects: VecDeque::new(),
@@ -790,6 +793,7 @@ impl Store {
                     }
                     if entry.pending == 0 {
                         let entry = self.index.remove(&guid).expect("present");
+                        self.retired.push(guid);
                         let mut records = entry.extra.map(|e| e.records).unwrap_or_default();
                         records.push(sequence);
                         self.retire(entry.sequence, records);
@@ -1143,6 +1147,14 @@ impl Store {
         s.synced_len = s.len;
         self.durable = self.last_sequence;
         Ok(self.durable)
+    }
+
+    /// The GUIDs of the messages that stopped being outstanding (every app confirmed them or
+    /// had them removed, and that is settled) since the last call, oldest first: a primary
+    /// remembers them for duplicate detection once the index no longer knows them. Every
+    /// rise of the base may add some (and sets [`Store::maintenance_due`]).
+    pub fn take_retired(&mut self) -> Vec<u128> {
+        std::mem::take(&mut self.retired)
     }
 
     /// Whether the base rose since the last [`Store::maintain`], so that a call may remove
