@@ -52,7 +52,7 @@
 //! - while the node stops gracefully ([`Partition::handle_stop_delivering`]) it pushes nothing
 //!   new, so its consumers can confirm what they hold before the partition moves.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,43 @@ use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, Dom
 use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
 use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
 use crate::store::{guid_key, Store, StoreError, StoreStats};
+
+/// Old defects the replication simulator must find (issue 16), put back on purpose; compiled
+/// only with the `defect-injection` feature (see `docs/REPLICATION_VERIFICATION.md`).
+#[cfg(feature = "defect-injection")]
+pub mod defects {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// No defect.
+    pub const NONE: u8 = 0;
+    /// Defect 1: under strong consistency the primary delivers a message as soon as it is
+    /// appended, before its own fsync and a quorum's receipts (a dirty read).
+    pub const DIRTY_READ: u8 = 1;
+    /// Defect 2: a new primary rebuilds its queues with one more delivery attempt per
+    /// message, so primary moves and graceful stops raise attempts (and exhaust them).
+    pub const ATTEMPTS_ON_MOVE: u8 = 2;
+
+    static ACTIVE: AtomicU8 = AtomicU8::new(NONE);
+
+    /// Puts `defect` back (process-wide).
+    pub fn set(defect: u8) {
+        ACTIVE.store(defect, Ordering::SeqCst);
+    }
+
+    pub(crate) fn on(defect: u8) -> bool {
+        ACTIVE.load(Ordering::Relaxed) == defect
+    }
+}
+
+#[cfg(not(feature = "defect-injection"))]
+mod defects {
+    pub const DIRTY_READ: u8 = 1;
+    pub const ATTEMPTS_ON_MOVE: u8 = 2;
+    #[inline(always)]
+    pub(crate) fn on(_: u8) -> bool {
+        false
+    }
+}
 
 /// How often a healed primary repeats its ACTIVE announcement until the leader commits it.
 pub const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
@@ -255,7 +292,8 @@ pub struct Partition {
     policies: Arc<DomainPolicies>,
     consumer_defaults: ConsumerDefaults,
     wall_clock_anchor: (Instant, u64),
-    queues: HashMap<String, QueueEntry>,
+    /// By URI; ordered, so deliveries across queues happen in a deterministic order.
+    queues: BTreeMap<String, QueueEntry>,
     /// The lease this node healed and announces ACTIVE for, until the commit shows it.
     announcing: Option<LeaseId>,
     /// When to repeat the announcement.
@@ -297,7 +335,7 @@ impl Partition {
             policies: cfg.policies,
             consumer_defaults: cfg.consumer_defaults,
             wall_clock_anchor: cfg.wall_clock_anchor,
-            queues: HashMap::new(),
+            queues: BTreeMap::new(),
             announcing: None,
             announce_at: None,
             deliverable: (0, 0),
@@ -899,7 +937,12 @@ impl Partition {
         if !self.replication.is_active_primary() {
             return;
         }
-        let marks = (self.replication.committed(), self.replication.persisted());
+        let strong_mark = if defects::on(defects::DIRTY_READ) {
+            self.replication.last_sequence()
+        } else {
+            self.replication.committed()
+        };
+        let marks = (strong_mark, self.replication.persisted());
         if marks == self.deliverable {
             return;
         }
@@ -988,8 +1031,9 @@ fn restore_queues(
     store: &Store,
     now: Instant,
     policy: impl Fn(&str) -> Option<DomainPolicy>,
-) -> HashMap<String, QueueEntry> {
-    let mut rebuilt: HashMap<String, QueueEntry> = HashMap::new();
+) -> BTreeMap<String, QueueEntry> {
+    let healed_through = store.last_sequence();
+    let mut rebuilt: BTreeMap<String, QueueEntry> = BTreeMap::new();
     let mut unknown: HashSet<String> = HashSet::new();
     store.for_each_outstanding(|o| {
         if unknown.contains(o.uri) {
@@ -1000,7 +1044,9 @@ fn restore_queues(
                 Some(p) => {
                     let mut entry = QueueEntry::new(o.uri, &p);
                     for (_, q) in entry.apps.iter_mut() {
-                        q.set_deliverable_through(u64::MAX);
+                        // What the journal held when healing ended, never more: a message
+                        // PUT from now on waits for its own quorum (or fsync) like any other.
+                        q.set_deliverable_through(healed_through);
                     }
                     rebuilt.insert(o.uri.to_string(), entry);
                 }
@@ -1013,7 +1059,8 @@ fn restore_queues(
         let entry = rebuilt.get_mut(o.uri).expect("inserted above");
         for (app, failures) in o.apps {
             if let Some((_, queue)) = entry.apps.iter_mut().find(|(a, _)| a == app) {
-                queue.restore(now, o.guid, o.size, *failures, o.sequence);
+                let failures = *failures + u32::from(defects::on(defects::ATTEMPTS_ON_MOVE));
+                queue.restore(now, o.guid, o.size, failures, o.sequence);
             }
         }
     });

@@ -706,3 +706,80 @@ fn pushes_read_payloads_back_from_the_journal() {
     assert_eq!(push.properties, props);
     assert_eq!(push.guid, guid(5));
 }
+
+#[test]
+fn a_queue_rebuilt_by_a_new_primary_still_waits_for_a_quorum() {
+    // Found by the replication simulator: a queue rebuilt from the journal at the end of
+    // healing had its deliverable mark at "everything", so every message PUT after a failover
+    // was pushed before a quorum (or, eventual, the primary) held it — a dirty read. The
+    // rebuilt messages are deliverable (healing put them on a quorum); new ones wait.
+    let now = Instant::now();
+    let uri = "bmq://d/q";
+    let policies = policies();
+    let cfg = PartitionConfig {
+        replication: replication_cfg(1, 0, &[1, 2, 3], 2),
+        policies: policies.clone(),
+        consumer_defaults: ConsumerDefaults {
+            max_unconfirmed_messages: 10,
+            max_unconfirmed_bytes: 1 << 20,
+        },
+        wall_clock_anchor: (now, 0),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let old = record(
+        1,
+        RecordKind::Message(StoredMessage {
+            uri: uri.into(),
+            guid: guid(1),
+            payload: Bytes::from_static(b"x"),
+            properties: vec![],
+        }),
+    );
+    let store = store_with(dir.path(), &[old], &policies);
+    let mut p = Partition::new(cfg, store);
+    // Primary at lease 2: node 2 answers an empty journal, is synchronised and receipts.
+    p.handle_role(now, Some(NodeId(1)), LeaseId(2), false);
+    drain(&mut p);
+    let peer = |kind| PartitionMessage { kind: Some(kind) };
+    use bmq_proto::peer::partition_message::Kind as PeerKind;
+    p.handle_peer(
+        now,
+        NodeId(2),
+        peer(PeerKind::StateResponse(
+            bmq_proto::peer::ReplicaStateResponse {
+                partition_id: 0,
+                lease: 2,
+                shape: Some(Default::default()),
+            },
+        )),
+    );
+    drain(&mut p);
+    let receipt = |sequence| {
+        peer(PeerKind::Receipt(bmq_proto::peer::Receipt {
+            partition_id: 0,
+            lease: 2,
+            sequence,
+        }))
+    };
+    p.handle_peer(now, NodeId(2), receipt(1));
+    drain(&mut p);
+    assert_eq!(p.role(), PartitionRole::Active);
+    p.handle_request(now, session(1), open(uri, true, ""));
+    assert_eq!(
+        pushes(&drain(&mut p)),
+        1,
+        "the rebuilt message is deliverable"
+    );
+    // A new PUT: journaled and fsynced here, but no replica holds it yet.
+    p.handle_request(now, session(2), put(uri, 2));
+    if p.needs_sync() {
+        p.sync(now).unwrap();
+    }
+    assert_eq!(
+        pushes(&drain(&mut p)),
+        0,
+        "no push before a quorum holds it"
+    );
+    p.handle_peer(now, NodeId(2), receipt(2));
+    assert_eq!(pushes(&drain(&mut p)), 1, "pushed once a quorum holds it");
+}

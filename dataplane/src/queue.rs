@@ -391,7 +391,10 @@ impl QueueCore {
     /// ([`QueueEvent::Removed`]). Unknown keys are ignored.
     pub fn remove_consumer(&mut self, key: SessionAddr, failure: bool) {
         if let Some(consumer) = self.consumers.remove(&key) {
-            let guids: Vec<u128> = consumer.unconfirmed.into_iter().collect();
+            let mut guids: Vec<u128> = consumer.unconfirmed.into_iter().collect();
+            // In delivery order, so the failure records are journaled in a deterministic order
+            // (a simulator replays a seed exactly).
+            guids.sort_by_key(|g| self.messages[g].journal_sequence);
             let kept = if failure {
                 self.count_failures(guids)
             } else {

@@ -182,6 +182,8 @@ struct ReplicaProgress {
     last_progress: Option<Instant>,
     /// The member is receiving an install (the live state).
     install: bool,
+    /// The maintenance epoch the install began at ([`Store::maintenance_epoch`]).
+    install_epoch: u64,
     /// The settled position last sent to it.
     sent_settled: u64,
 }
@@ -237,10 +239,6 @@ impl GuidWindow {
             }
         }
     }
-
-    fn clear(&mut self) {
-        *self = GuidWindow::default();
-    }
 }
 
 /// An install this node is receiving: the staged journal and where it completes.
@@ -248,6 +246,9 @@ struct Installing {
     from: NodeId,
     staged: Store,
     through: u64,
+    /// The sender's lease and install id (its maintenance epoch when the install began): a
+    /// restarted sender counts epochs from 0 again, under a new lease.
+    id: (u64, u64),
 }
 
 impl std::fmt::Debug for Installing {
@@ -444,17 +445,16 @@ impl ReplicationCore {
         self.maintain_store()
     }
 
-    /// The active primary remembers the GUIDs of messages that stopped being outstanding in
-    /// its duplicate window (an outstanding GUID is known from the index, so the window holds
-    /// only finished messages: no memory for it while messages stay outstanding); other roles
-    /// drop them. Every rise of the base leads here (it makes [`ReplicationCore::needs_sync`]
-    /// true).
+    /// Every node remembers the GUIDs of messages that stopped being outstanding in its
+    /// duplicate window (an outstanding GUID is known from the index, so the window holds only
+    /// finished messages: no memory for it while messages stay outstanding). Replicas keep it
+    /// too, and no role change clears it: a finished message is settled, so committed, and a
+    /// producer that resends it to the next primary after its ACK died with the last one gets
+    /// an ACK instead of a second copy. Every rise of the base leads here (it makes
+    /// [`ReplicationCore::needs_sync`] true).
     fn remember_retired(&mut self, now: Instant) {
-        let retired = self.store.take_retired();
-        if self.phase == Some(PrimaryPhase::Active) {
-            for guid in retired {
-                self.guids.insert(now, guid);
-            }
+        for guid in self.store.take_retired() {
+            self.guids.insert(now, guid);
         }
     }
 
@@ -590,7 +590,6 @@ impl ReplicationCore {
         self.replicas.clear();
         self.strong_waiters.clear();
         self.eventual_waiters.clear();
-        self.guids.clear();
         self.committed = 0;
         self.next_tick = None;
     }
@@ -610,6 +609,7 @@ impl ReplicationCore {
                     last_activity: Some(now),
                     last_progress: None,
                     install: false,
+                    install_epoch: 0,
                     sent_settled: 0,
                 },
             );
@@ -730,6 +730,7 @@ impl ReplicationCore {
             covered_through: covered,
             settled_through: self.store.base(),
             runs: Vec::new(),
+            install_id: 0,
         })
     }
 
@@ -762,6 +763,7 @@ impl ReplicationCore {
             covered_through: covered,
             settled_through: self.store.base(),
             runs,
+            install_id: self.store.maintenance_epoch(),
         })
     }
 
@@ -805,6 +807,15 @@ impl ReplicationCore {
 
     /// Applies one message of an install (see the module doc); finishes it once complete.
     fn apply_install(&mut self, from: NodeId, s: &SyncRecords) -> bool {
+        if s.truncate_after == 0
+            && self.store.last_lease() == s.lease
+            && self.store.last_sequence() >= s.install_through
+        {
+            // A late copy of an install's first chunk: this journal already follows the
+            // primary past the install's floor (it may have receipted more than the install
+            // would hold). Starting over would move it backwards.
+            return true;
+        }
         if s.truncate_after == 0 {
             let staged = match self.store.begin_install() {
                 Ok(staged) => staged,
@@ -818,11 +829,18 @@ impl ReplicationCore {
                 from,
                 staged,
                 through: s.install_through,
+                id: (s.lease, s.install_id),
             });
         }
         let Some(installing) = self.installing.as_mut() else {
             return false;
         };
+        if installing.from == from && installing.id != (s.lease, s.install_id) {
+            // The sender removed dead records since this install began: its chunks no longer
+            // make one state. Start over (the next pull, or the primary's restart, asks from 0).
+            self.installing = None;
+            return false;
+        }
         if installing.from != from || s.truncate_after > installing.staged.last_sequence() {
             return false;
         }
@@ -886,9 +904,42 @@ impl ReplicationCore {
             self.apply_install(from, &s)
         } else {
             self.installing = None;
+            // A sync may be late (it answers an older shape of ours, and records that followed
+            // it arrived first): cut nothing that matches the primary, as Raft's AppendEntries
+            // keeps matching entries — a record we hold may already be receipted as durable,
+            // and a quorum's durability rests on that receipt. Records match when their lease
+            // is the same at the same position (a lease has one primary); settled positions
+            // the message leaves out are committed, so identical everywhere.
+            let last = self.store.last_sequence();
+            let (truncate_after, records) = if s.truncate_after < last {
+                let shape = self.shape();
+                let overlap = s.records.partition_point(|r| r.sequence <= last);
+                let conflict = s.records[..overlap]
+                    .iter()
+                    .position(|r| lease_at(&shape, r.sequence) != Some(r.lease));
+                match conflict {
+                    Some(i) => (s.records[i].sequence - 1, &s.records[i..]),
+                    None => {
+                        let end = s
+                            .records
+                            .last()
+                            .map_or(s.truncate_after, |r| r.sequence)
+                            .max(s.covered_through);
+                        if last <= end || self.store.last_lease() == s.lease {
+                            (last, &s.records[overlap..])
+                        } else {
+                            // We hold more than the message accounts for, of an older lease:
+                            // what follows its end may diverge.
+                            (end, &s.records[overlap..])
+                        }
+                    }
+                }
+            } else {
+                (s.truncate_after, &s.records[..])
+            };
             self.apply_sync(
-                s.truncate_after,
-                &s.records,
+                truncate_after,
+                records,
                 s.covered_through,
                 s.settled_through,
             )
@@ -899,7 +950,11 @@ impl ReplicationCore {
                 // Nothing new to write: what we hold is durable already.
                 self.send_receipt();
             }
-        } else if !self.disk_full && !self.failed && !s.install {
+        } else if !self.disk_full && !self.failed && (!s.install || self.installing.is_none()) {
+            // A sync that does not follow, or an install chunk with no install of ours to
+            // continue (its start was lost, or it was started over): show our journal, and the
+            // primary synchronises us again. (A chunk after a gap in a running install waits
+            // for the primary's resend from our receipt.)
             self.answer_shape(from);
         }
     }
@@ -1041,7 +1096,6 @@ impl ReplicationCore {
                 let last = self.store.last_sequence();
                 if self.persisted == last && self.committed >= last {
                     self.phase = Some(PrimaryPhase::Active);
-                    self.guids.clear();
                     self.settle(now);
                     self.outputs.push_back(Output::Active { lease: self.lease });
                 }
@@ -1167,11 +1221,13 @@ impl ReplicationCore {
         let Some(s) = message else { return };
         let next = s.covered_through.max(prefix) + 1;
         let settled = s.settled_through;
+        let epoch = s.install_id;
         if let Some(p) = self.replicas.get_mut(&node) {
             p.next = Some(next);
             p.receipt = 0;
             p.last_activity = Some(now);
             p.install = install;
+            p.install_epoch = epoch;
             p.sent_settled = settled;
         }
         self.send(node, MsgKind::Sync(s));
@@ -1215,14 +1271,18 @@ impl ReplicationCore {
                 }
                 if p.install || next - 1 < self.store.floor() {
                     // Receiving the live state, or fell below the floor (it was not in sync
-                    // while dead records were removed): continue or start an install.
-                    let after = if p.install { next - 1 } else { 0 };
+                    // while dead records were removed): continue or start an install. An
+                    // install during which dead records were removed starts over: its chunks
+                    // would not make one state (a message sent earlier could miss its confirm).
+                    let continuing = p.install && p.install_epoch == self.store.maintenance_epoch();
+                    let after = if continuing { next - 1 } else { 0 };
                     let Some(s) = self.install_message(after) else {
                         return;
                     };
                     let p = self.replicas.get_mut(&n).expect("listed");
-                    if !p.install {
+                    if !continuing {
                         p.receipt = 0;
+                        p.install_epoch = s.install_id;
                     }
                     p.install = true;
                     p.next = Some(s.covered_through + 1);
@@ -1318,6 +1378,8 @@ impl ReplicationCore {
     /// outstanding message's, or 0 for one already confirmed within the duplicate window
     /// (committed, so its ACK is due at once). `None` for a new message.
     pub fn duplicate_of(&mut self, now: Instant, guid: &[u8]) -> Option<u64> {
+        // GUIDs that left the index since the last sync are not in the window yet.
+        self.remember_retired(now);
         self.guids
             .expire(now, self.cfg.guid_window_max, self.cfg.guid_window_age);
         let key = guid_key(guid);

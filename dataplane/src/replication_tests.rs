@@ -850,16 +850,13 @@ fn the_guid_window_forgets_by_count_and_by_age_never_early() {
     assert_eq!(w.order.len(), 8);
     w.expire(t0 + Duration::from_secs(60), 10, age);
     assert!(w.order.is_empty() && w.set.is_empty() && w.buckets.is_empty());
-    w.insert(t0, 7);
-    w.clear();
-    assert!(w.order.is_empty() && w.set.is_empty() && w.buckets.is_empty());
 }
 
 #[test]
 fn the_duplicate_window_holds_finished_messages_only() {
     // Outstanding GUIDs are known from the index: the window stays empty while messages are
     // outstanding (no memory twice for them), and takes a GUID when its message is done and
-    // settled, so a resend of a confirmed message is still a duplicate.
+    // settled, so a resend of a confirmed message is still a duplicate — on every node.
     let now = Instant::now();
     let mut cores = small_segment_cluster(now, 1 << 20);
     put_and_confirm(now, &mut cores, 1, false, &[]);
@@ -878,6 +875,76 @@ fn the_duplicate_window_holds_finished_messages_only() {
     assert_eq!(primary.duplicate_of(now, &guid(3)), None);
     assert_eq!(primary.guids.order.len(), 1, "only the finished message");
     assert!(primary.guids.set.contains(&guid_key(&guid(2))));
-    // Replicas keep no window.
-    assert!(cores[1].guids.order.is_empty() && cores[2].guids.order.is_empty());
+    // Replicas remember finished messages too: a producer that resends to the next primary
+    // (its ACK died with this one) gets an ACK, not a second copy.
+    for replica in &cores[1..] {
+        assert_eq!(replica.guids.order.len(), 1);
+        assert!(replica.guids.set.contains(&guid_key(&guid(2))));
+    }
+}
+
+#[test]
+fn a_late_copy_of_a_sync_cuts_nothing_the_replica_holds() {
+    // Found by the replication simulator: a sync answering an older shape of the replica
+    // arrives after records that followed it. Cutting back to its `truncate_after` would drop
+    // records the replica has receipted as durable (the primary may have committed, and ACKed,
+    // on that receipt). Matching records (same lease at the same position) are kept, as Raft's
+    // AppendEntries keeps matching entries.
+    let now = Instant::now();
+    let mut replica = node(2, vec![]);
+    replica.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    drain(&mut replica);
+    let first = SyncRecords {
+        partition_id: 0,
+        lease: 1,
+        truncate_after: 0,
+        records: journal(&[(1, 3)]),
+        sender_last_sequence: 3,
+        covered_through: 3,
+        ..Default::default()
+    };
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first.clone())));
+    replica.sync(now).unwrap();
+    let more = ReplicateRecords {
+        partition_id: 0,
+        lease: 1,
+        prev_sequence: 3,
+        records: vec![rec(1, 4), rec(1, 5)],
+        covered_through: 5,
+        settled_through: 0,
+    };
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Replicate(more)));
+    replica.sync(now).unwrap();
+    let receipts = drain(&mut replica);
+    assert!(
+        receipts
+            .iter()
+            .any(|o| matches!(o, Output::Send { message, .. }
+            if matches!(&message.kind, Some(MsgKind::Receipt(r)) if r.sequence == 5))),
+        "{receipts:?}"
+    );
+    // The late copy of the first sync.
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first)));
+    assert_eq!(replica.last_sequence(), 5);
+    assert_eq!(
+        replica.store().durable(),
+        5,
+        "receipted records stay durable"
+    );
+    assert!(!replica.needs_sync(), "nothing was rewritten");
+    assert_eq!(records(&replica), journal(&[(1, 5)]));
+    // A sync that conflicts (another lease at position 4) still cuts from the conflict.
+    replica.handle_role(now, Some(NodeId(3)), LeaseId(2));
+    drain(&mut replica);
+    let conflicting = SyncRecords {
+        partition_id: 0,
+        lease: 2,
+        truncate_after: 3,
+        records: vec![rec(2, 4)],
+        sender_last_sequence: 4,
+        covered_through: 4,
+        ..Default::default()
+    };
+    replica.handle_message(now, NodeId(3), msg(MsgKind::Sync(conflicting)));
+    assert_eq!(records(&replica), journal(&[(1, 3), (2, 1)]));
 }

@@ -227,6 +227,11 @@ struct Segment {
     /// message record is still in this segment: they stay live until it is gone, or a restart
     /// would find the message without its confirm and bring it back.
     pins: Vec<u64>,
+    /// How many of `pins` are records of this very segment (a message and its confirm in one
+    /// segment): they stay live while the segment exists, so an install that already sent
+    /// the message also sends its confirm; the segment may still be deleted when they are its
+    /// only live records.
+    self_pinned: u64,
 }
 
 impl Segment {
@@ -365,6 +370,8 @@ pub struct Store {
     maintenance_due: bool,
     /// GUIDs that left the index (every app done, settled) since [`Store::take_retired`].
     retired: Vec<u128>,
+    /// Calls of [`Store::maintain`] that deleted or compacted something, ever (this process).
+    maintenance_epoch: u64,
     durable: u64,
     /// Outstanding messages, by GUID.
     index: HashMap<u128, Entry>,
@@ -460,6 +467,7 @@ impl Store {
             marked: (0, 0),
             maintenance_due: false,
             retired: Vec::new(),
+            maintenance_epoch: 0,
             durable: 0,
             index: HashMap::new(),
             effects: VecDeque::new(),
@@ -581,6 +589,7 @@ impl Store {
             live: 0,
             live_bytes: 0,
             pins: Vec::new(),
+            self_pinned: 0,
         });
         let data = Bytes::from(data);
         let mut pos = HEADER_LEN as usize;
@@ -844,10 +853,14 @@ impl Store {
         self.kill(message);
         let home = self.locate(message).map(|(si, _)| si);
         for r in records {
-            match home {
-                // In a later segment while the message record is on disk: pinned.
-                Some(si) if self.locate(r).is_some_and(|(ri, _)| ri != si) => {
-                    self.segments[si].pins.push(r)
+            match (home, self.locate(r)) {
+                // Held while the message record is on disk: pinned to its segment (in the same
+                // segment too: a chunked install that sent the message must find its confirm).
+                (Some(si), Some((ri, _))) => {
+                    self.segments[si].pins.push(r);
+                    if ri == si {
+                        self.segments[si].self_pinned += 1;
+                    }
                 }
                 _ => self.kill(r),
             }
@@ -935,6 +948,7 @@ impl Store {
             live: 0,
             live_bytes: 0,
             pins: Vec::new(),
+            self_pinned: 0,
         });
         self.marked = (self.base, self.last_sequence);
         Ok(())
@@ -1155,6 +1169,13 @@ impl Store {
     /// rise of the base may add some (and sets [`Store::maintenance_due`]).
     pub fn take_retired(&mut self) -> Vec<u128> {
         std::mem::take(&mut self.retired)
+    }
+
+    /// How many calls of [`Store::maintain`] removed dead records so far (in this process): a
+    /// reader of the live state in chunks (an install) knows the chunks form one state only
+    /// while this does not change.
+    pub fn maintenance_epoch(&self) -> u64 {
+        self.maintenance_epoch
     }
 
     /// Whether the base rose since the last [`Store::maintain`], so that a call may remove
@@ -1524,7 +1545,7 @@ impl Store {
             let closed = self.segments.len().saturating_sub(1);
             let deletable: Vec<u32> = self.segments[..closed]
                 .iter()
-                .filter(|s| s.live == 0 && settled(s))
+                .filter(|s| s.live == s.self_pinned && settled(s))
                 .map(|s| s.no)
                 .collect();
             if deletable.is_empty() {
@@ -1542,6 +1563,8 @@ impl Store {
                     .expect("listed");
                 let s = self.segments.remove(i);
                 std::fs::remove_file(&s.path).map_err(io(&s.path))?;
+                // Its only live records were confirms of its own dead messages.
+                self.live_bytes = self.live_bytes.saturating_sub(s.live_bytes);
                 self.floor = self.floor.max(s.last_sequence().unwrap_or(0));
                 self.bytes_total = self.bytes_total.saturating_sub(s.len);
                 report.deleted += 1;
@@ -1580,6 +1603,7 @@ impl Store {
         if self.cfg.fsync {
             sync_dir(&self.dir)?;
         }
+        self.maintenance_epoch += 1;
         if report.deleted > 0 {
             metrics::counter!("bmq_journal_segments_deleted_total")
                 .increment(report.deleted as u64);
@@ -1624,6 +1648,16 @@ impl Store {
             },
             &mut buf,
         );
+        // Confirms pinned by dead messages of this segment go with them; those pinned in other
+        // segments are released once the rewrite is in place.
+        let pins = std::mem::take(&mut self.segments[i].pins);
+        let (own, others): (Vec<u64>, Vec<u64>) = pins
+            .into_iter()
+            .partition(|r| self.locate(*r).is_some_and(|(ri, _)| ri == i));
+        for r in own {
+            self.kill(r);
+        }
+        self.segments[i].self_pinned = 0;
         let mut kept = Vec::new();
         let mut dropped_max = 0;
         {
@@ -1672,11 +1706,10 @@ impl Store {
         s.synced_len = s.len;
         s.live_bytes = kept.iter().map(|h| u64::from(h.len())).sum();
         s.records = kept;
-        let pins = std::mem::take(&mut s.pins);
         self.floor = self.floor.max(dropped_max);
         self.bytes_total = self.bytes_total.saturating_sub(freed);
         // The dead messages are gone from disk: their confirms are no longer needed.
-        for r in pins {
+        for r in others {
             self.kill(r);
         }
         metrics::counter!("bmq_journal_compactions_total").increment(1);

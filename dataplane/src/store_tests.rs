@@ -135,8 +135,11 @@ fn fanout_apps_and_failures() {
     s.set_base(4);
     assert!(s.outstanding().is_empty());
     assert_eq!(s.stats().outstanding, 0);
-    // One segment: the message record and its confirms die together.
-    assert_eq!(s.stats().live_bytes, 0);
+    // One segment: the message record is dead; its confirm, failure and removal records stay
+    // live (pinned to the segment) until the segment is rewritten or deleted, so a chunked
+    // install that already sent the message also sends them.
+    let live = s.stats().live_bytes;
+    assert!(live > 0 && live < s.stats().bytes, "{:?}", s.stats());
 }
 
 /// Closed segments whose records are all dead and settled are deleted; the floor rises; a
