@@ -1,0 +1,1351 @@
+//! Deterministic simulator of the data plane's pure cores (issue 16; DESIGN.md §7): 3 or 5
+//! real [`Partition`]s, each over a real [`Store`] in its own temporary directory, driven
+//! through a simulated network, disk, leader and clients. One seed drives every choice.
+//!
+//! - **Disk**: a write reaches the file at once but is durable only once the node's
+//!   simulated group commit runs [`Partition::sync`] (0-5 ms after the write). A crash cuts
+//!   every segment file back to its synced length, or (torn write) to a random length between
+//!   that and its current one, possibly inside a record; the restarted node reopens the real
+//!   store. Segments are 4 KiB, so rollovers, deletions of settled dead segments and
+//!   compactions happen all the time, crashes included.
+//! - **Network**: partition messages are lost (2%), duplicated (1%) and delayed 1-20 ms (so
+//!   reordered); a message in flight dies with its sender's or receiver's incarnation (TCP).
+//! - **Leadership** is an input (the elector and metadata simulators check it): a schedule of
+//!   primaries with strictly increasing leases, announced to each node 0-30 ms apart; the
+//!   leader moves a primary away from a crashed or stopping node.
+//! - **Faults**: single-node crashes with torn writes, power loss of every node at once,
+//!   primary moves, graceful stops (no new deliveries, a drain, the primary moves, a clean
+//!   restart).
+//! - **Clients**: producers with per-producer sequence numbers, at most 8 PUTs in flight,
+//!   resending every unacknowledged PUT with the same GUID to the current primary (as the
+//!   proxy does); a consumer that confirms after 1-100 ms, sometimes holds a message until it
+//!   leaves, and leaves and comes back (a consumer failure). A strong and an eventual queue.
+//!
+//! Invariants, checked at every event:
+//! 1. a strong PUT is ACKed only when a quorum of nodes holds its record durably (eventual:
+//!    the primary does);
+//! 2. a message is pushed (strong) only when a quorum holds it durably — no dirty read
+//!    (eventual: the primary holds it durably);
+//! 3. an ACKed message whose confirm is committed is never pushed again — nothing confirmed
+//!    comes back, through crashes, power losses, rollovers, deletions and compactions (an
+//!    unACKed message may be resent by its producer and stored again: at-least-once);
+//! 4. a push's delivery attempt is at most 1 + the consumer failures the simulation caused for
+//!    that message: primary moves and graceful stops never raise it;
+//! 5. a consumer session receives each producer's messages in order, redeliveries (PUSH
+//!    `out_of_order`) excepted.
+//!
+//! Then a liveness phase without faults: within [`LIVENESS_BOUND`] every producer has every
+//! PUT ACKed, every ACKed message was delivered (none lost) and confirmed, and every node's
+//! journal holds nothing outstanding.
+//!
+//! A failing run prints its seed, the last events and the replay command:
+//! `REPLICATION_SIM_SEED=<seed> cargo test -p bmq-dataplane --test replication_sim -- replay --nocapture`.
+//! CI runs [`CI_SEEDS`] seeds per cluster size (`REPLICATION_SIM_SEEDS` overrides);
+//! `scripts/soak-replication-sim.sh` runs many more. With the `defect-injection` feature, the
+//! test `defects_are_found` puts each old defect back and requires the simulator to find it.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fs::OpenOptions;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bmq_dataplane::store::guid_key;
+use bmq_dataplane::{
+    ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy, Partition, PartitionConfig,
+    PartitionOutput, QueueLimits, ReplicationConfig, Store, StoreConfig,
+};
+use bmq_proto::client::client_message::Kind;
+use bmq_proto::client::{
+    AckStatus, ClientMessage, Confirm, ConsumerOptions as ProtoConsumerOptions, OpenQueue, Put,
+};
+use bmq_proto::peer::PartitionMessage;
+use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
+use bytes::Bytes;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Seeds per cluster size in CI when `REPLICATION_SIM_SEEDS` is not set.
+#[cfg(not(feature = "defect-injection"))]
+const CI_SEEDS: u64 = 25;
+/// Simulated length of the phase with faults.
+const SAFETY_PHASE: Duration = Duration::from_secs(5);
+/// Time allowed, after faults stop, for every PUT to be ACKed and every message delivered,
+/// confirmed and settled on every node: a primary move (30 ms), healing (a few round trips,
+/// resent every 200 ms), resends of lost batches (200 ms) and the consumer's confirms.
+const LIVENESS_BOUND: Duration = Duration::from_secs(20);
+const STRONG_URI: &str = "bmq://s/q";
+const EVENTUAL_URI: &str = "bmq://e/q";
+const PRODUCERS: u64 = 3;
+const WINDOW: usize = 8;
+const CLIENT_NODE: NodeId = NodeId(1000);
+
+#[derive(Debug, Clone)]
+enum Event {
+    Peer {
+        from: usize,
+        from_inc: u64,
+        to: usize,
+        to_inc: u64,
+        message: PartitionMessage,
+    },
+    Sync {
+        node: usize,
+        inc: u64,
+    },
+    Tick,
+    Role {
+        node: usize,
+        inc: u64,
+        primary: usize,
+        lease: u64,
+        active: bool,
+    },
+    Crash,
+    Restart {
+        node: usize,
+    },
+    PowerLoss,
+    Move,
+    GracefulStop,
+    FinishStop {
+        node: usize,
+        inc: u64,
+    },
+    Produce {
+        producer: u64,
+    },
+    Resend {
+        producer: u64,
+    },
+    Confirm {
+        guid: u128,
+        session: u64,
+        node: usize,
+        inc: u64,
+    },
+    ConsumerLeave,
+    ConsumerCheck,
+}
+
+struct SimNode {
+    dir: tempfile::TempDir,
+    p: Option<Partition>,
+    inc: u64,
+    sync_queued: bool,
+    /// GUIDs whose message record was durable when the node crashed (it is down).
+    durable_when_down: HashSet<u128>,
+    stopping: bool,
+}
+
+#[derive(Default)]
+struct Producer {
+    next: u64,
+    /// Unacknowledged PUTs by producer sequence.
+    unacked: BTreeMap<u64, u128>,
+    /// A PUT was refused (NOT_READY): new PUTs wait until the next resend, so order holds.
+    blocked: bool,
+}
+
+struct Consumer {
+    /// Session id; a new one after each leave.
+    session: u64,
+    /// `(node, incarnation, lease)` where its queues are open.
+    attached: Option<(usize, u64, u64)>,
+    /// Pushed to this session and not confirmed: GUID -> (node, incarnation, lease).
+    held: BTreeMap<u128, (usize, u64, u64)>,
+    /// Last in-order producer sequence received, per producer (invariant 5).
+    last_in_order: HashMap<u64, u64>,
+    present: bool,
+}
+
+/// What the simulation knows of every message.
+#[derive(Default)]
+struct Model {
+    strong_of: HashMap<u128, bool>,
+    acked: HashSet<u128>,
+    delivered: HashSet<u128>,
+    /// Confirms sent and taken: (guid, node, incarnation, lease, confirm record's sequence).
+    confirms_pending: Vec<(u128, usize, u64, u64, u64)>,
+    /// Messages whose confirm is committed.
+    confirmed: HashSet<u128>,
+    /// Every confirm taken, for diagnostics: guid -> [(node, lease, record sequence)].
+    confirm_log: HashMap<u128, Vec<(usize, u64, u64)>>,
+    /// Consumer failures the simulation caused, per message.
+    failures: HashMap<u128, u32>,
+}
+
+struct Sim {
+    seed: u64,
+    rng: ChaCha8Rng,
+    t0: Instant,
+    now: Instant,
+    events: BTreeMap<(Duration, u64), Event>,
+    next_event_id: u64,
+    nodes: Vec<SimNode>,
+    quorum: usize,
+    policies: Arc<DomainPolicies>,
+    /// The primary schedule: (primary, lease, committed ACTIVE).
+    primary: Option<usize>,
+    lease: u64,
+    active: bool,
+    producers: Vec<Producer>,
+    consumer: Consumer,
+    model: Model,
+    faults: bool,
+    trace: VecDeque<String>,
+    /// Per link (from, to): when its last message arrives (FIFO).
+    links: HashMap<(usize, usize), Duration>,
+}
+
+fn guid_of(producer: u64, seq: u64) -> u128 {
+    (u128::from(producer + 1) << 64) | u128::from(seq)
+}
+
+fn producer_of(guid: u128) -> (u64, u64) {
+    ((guid >> 64) as u64 - 1, guid as u64)
+}
+
+fn guid_bytes(guid: u128) -> Bytes {
+    Bytes::copy_from_slice(&guid.to_be_bytes())
+}
+
+fn policy(strong: bool) -> DomainPolicy {
+    DomainPolicy {
+        mode: DeliveryMode::Priority,
+        strong,
+        limits: QueueLimits {
+            max_messages: 0,
+            max_bytes: 0,
+            max_delivery_attempts: 0,
+            message_ttl: None,
+        },
+    }
+}
+
+fn store_cfg() -> StoreConfig {
+    StoreConfig {
+        segment_size_max: 4096,
+        cache_bytes_max: 8192,
+        quota_bytes: 0,
+        fsync: false,
+    }
+}
+
+impl Sim {
+    fn new(seed: u64, size: usize) -> Sim {
+        let now = Instant::now();
+        let policies = Arc::new(DomainPolicies::new([
+            ("s".to_string(), policy(true)),
+            ("e".to_string(), policy(false)),
+        ]));
+        let mut sim = Sim {
+            seed,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            t0: now,
+            now,
+            events: BTreeMap::new(),
+            next_event_id: 0,
+            nodes: Vec::new(),
+            quorum: size / 2 + 1,
+            policies,
+            primary: None,
+            lease: 0,
+            active: false,
+            producers: (0..PRODUCERS).map(|_| Producer::default()).collect(),
+            consumer: Consumer {
+                session: 100,
+                attached: None,
+                held: BTreeMap::new(),
+                last_in_order: HashMap::new(),
+                present: true,
+            },
+            model: Model::default(),
+            faults: true,
+            trace: VecDeque::new(),
+            links: HashMap::new(),
+        };
+        for _ in 0..size {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            sim.nodes.push(SimNode {
+                dir,
+                p: None,
+                inc: 0,
+                sync_queued: false,
+                durable_when_down: HashSet::new(),
+                stopping: false,
+            });
+        }
+        for n in 0..size {
+            sim.open_node(n);
+        }
+        sim.schedule(Duration::ZERO, Event::Move);
+        sim.schedule(Duration::from_millis(25), Event::Tick);
+        for p in 0..PRODUCERS {
+            sim.schedule(
+                Duration::from_millis(50 + p),
+                Event::Produce { producer: p },
+            );
+            sim.schedule(Duration::from_millis(200), Event::Resend { producer: p });
+        }
+        sim.schedule(Duration::from_millis(40), Event::ConsumerCheck);
+        sim.schedule_faults();
+        sim
+    }
+
+    fn members(&self) -> Vec<NodeId> {
+        (1..=self.nodes.len() as u32).map(NodeId).collect()
+    }
+
+    fn open_node(&mut self, n: usize) {
+        let cfg = PartitionConfig {
+            replication: ReplicationConfig {
+                self_id: NodeId(n as u32 + 1),
+                partition: PartitionId(0),
+                members: self.members(),
+                quorum: self.quorum,
+                batch_records_max: 16,
+                in_flight_records_max: 64,
+                resend_after: Duration::from_millis(200),
+                guid_window_max: 10_000,
+                guid_window_age: Duration::from_secs(600),
+                in_sync_timeout: Duration::from_secs(1),
+            },
+            policies: self.policies.clone(),
+            consumer_defaults: ConsumerDefaults {
+                max_unconfirmed_messages: 10,
+                max_unconfirmed_bytes: 1 << 20,
+            },
+            wall_clock_anchor: (self.t0, 0),
+        };
+        let node = &mut self.nodes[n];
+        let store = Store::open(node.dir.path(), store_cfg(), self.policies.apps_of())
+            .unwrap_or_else(|e| {
+                panic!("seed {}: node {n} cannot reopen its store: {e}", self.seed)
+            });
+        node.p = Some(Partition::new(cfg, store));
+        node.durable_when_down.clear();
+        node.stopping = false;
+    }
+
+    fn schedule(&mut self, after: Duration, event: Event) {
+        let at = self.now.saturating_duration_since(self.t0) + after;
+        self.next_event_id += 1;
+        self.events.insert((at, self.next_event_id), event);
+    }
+
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.rng.gen_range(lo..=hi))
+    }
+
+    fn schedule_faults(&mut self) {
+        let mut t = Duration::ZERO;
+        while t < SAFETY_PHASE {
+            t += Duration::from_millis(self.rng.gen_range(150..700));
+            let event = match self.rng.gen_range(0..100) {
+                0..=29 => Event::Crash,
+                30..=39 => Event::PowerLoss,
+                40..=59 => Event::Move,
+                60..=79 => Event::GracefulStop,
+                _ => Event::ConsumerLeave,
+            };
+            self.next_event_id += 1;
+            self.events.insert((t, self.next_event_id), event);
+        }
+    }
+
+    fn note(&mut self, what: String) {
+        let t = self.now.saturating_duration_since(self.t0).as_micros();
+        if std::env::var_os("REPLICATION_SIM_TRACE").is_some() {
+            eprintln!("{:>9} us  {what}", t);
+        }
+        self.trace.push_back(format!("{:>9} us  {what}", t));
+        if self.trace.len() > 400 {
+            self.trace.pop_front();
+        }
+    }
+
+    fn fail(&self, why: String) -> ! {
+        let trace: Vec<&String> = self.trace.iter().collect();
+        let mut out = String::new();
+        for line in trace.iter().rev().take(60).rev() {
+            out.push_str(line);
+            out.push('\n');
+        }
+        panic!(
+            "seed {} ({} nodes): {why}\nlast events:\n{out}replay: REPLICATION_SIM_SEED={} cargo test -p bmq-dataplane --test replication_sim -- replay --nocapture",
+            self.seed,
+            self.nodes.len(),
+            self.seed
+        );
+    }
+
+    fn live(&self, n: usize) -> bool {
+        self.nodes[n].p.is_some()
+    }
+
+    // ---- durability views ----
+
+    /// Nodes that hold `guid`'s message record durably (a down node: as of its crash).
+    fn durable_holders(&self, guid: u128) -> usize {
+        self.nodes
+            .iter()
+            .filter(|node| match &node.p {
+                Some(p) => {
+                    let store = p.replication().store();
+                    store
+                        .outstanding_sequence(guid)
+                        .is_some_and(|s| s <= store.durable())
+                }
+                None => node.durable_when_down.contains(&guid),
+            })
+            .count()
+    }
+
+    fn check_durable(&self, guid: u128, node: usize, what: &str) {
+        let strong = self.model.strong_of[&guid];
+        if strong {
+            let holders = self.durable_holders(guid);
+            if holders < self.quorum {
+                let views: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|node| match &node.p {
+                        Some(p) => {
+                            let store = p.replication().store();
+                            format!(
+                                "[seq {:?} durable {} last {} role {:?} lease {}]",
+                                store.outstanding_sequence(guid),
+                                store.durable(),
+                                store.last_sequence(),
+                                p.role(),
+                                p.replication().lease().0
+                            )
+                        }
+                        None => "[down]".into(),
+                    })
+                    .collect();
+                self.fail(format!(
+                    "{what} of {guid:#x} (strong) while only {holders} nodes hold it durably (quorum {}): {}",
+                    self.quorum,
+                    views.join(" ")
+                ));
+            }
+        } else {
+            let store = self.nodes[node]
+                .p
+                .as_ref()
+                .expect("live")
+                .replication()
+                .store();
+            let durable = store
+                .outstanding_sequence(guid)
+                .is_some_and(|s| s <= store.durable());
+            if !durable {
+                self.fail(format!(
+                    "{what} of {guid:#x} (eventual) before the primary node {} holds it durably: seq {:?} durable {} last {} persisted {}",
+                    node + 1,
+                    store.outstanding_sequence(guid),
+                    store.durable(),
+                    store.last_sequence(),
+                    self.nodes[node].p.as_ref().expect("live").replication().persisted()
+                ));
+            }
+        }
+    }
+
+    // ---- driving a node ----
+
+    fn after_input(&mut self, n: usize) {
+        loop {
+            let Some(output) = self.nodes[n].p.as_mut().and_then(|p| p.poll_output()) else {
+                break;
+            };
+            self.on_output(n, output);
+        }
+        let inc = self.nodes[n].inc;
+        let needs = self.nodes[n].p.as_ref().is_some_and(|p| p.needs_sync());
+        if needs && !self.nodes[n].sync_queued {
+            self.nodes[n].sync_queued = true;
+            let d = self.ms(0, 5);
+            self.schedule(d, Event::Sync { node: n, inc });
+        }
+    }
+
+    fn on_output(&mut self, n: usize, output: PartitionOutput) {
+        match output {
+            PartitionOutput::SendPeer { to, message } => {
+                let to = to.0 as usize - 1;
+                if !self.live(to) || (self.faults && self.rng.gen_bool(0.02)) {
+                    return;
+                }
+                let copies = if self.faults && self.rng.gen_bool(0.01) {
+                    2
+                } else {
+                    1
+                };
+                for _ in 0..copies {
+                    // A link is a TCP connection: messages between two nodes arrive in the
+                    // order sent (links differ in delay, so traffic of different links
+                    // interleaves in any order).
+                    let at = self.now.saturating_duration_since(self.t0) + self.ms(1, 20);
+                    let link = self.links.entry((n, to)).or_insert(Duration::ZERO);
+                    let at = at.max(*link);
+                    *link = at;
+                    let d = at - self.now.saturating_duration_since(self.t0);
+                    let ev = Event::Peer {
+                        from: n,
+                        from_inc: self.nodes[n].inc,
+                        to,
+                        to_inc: self.nodes[to].inc,
+                        message: message.clone(),
+                    };
+                    self.schedule(d, ev);
+                }
+            }
+            PartitionOutput::Reply { to, message } => self.on_reply(n, to, message),
+            PartitionOutput::AnnounceActive { lease } => {
+                if Some(n) == self.primary && lease.0 == self.lease && !self.active {
+                    // The leader commits PrimaryStatusAdvisory { ACTIVE }.
+                    self.active = true;
+                    self.announce_role();
+                }
+            }
+            PartitionOutput::Fatal { error } => {
+                self.fail(format!("node {} journal failed: {error}", n + 1))
+            }
+        }
+    }
+
+    fn on_reply(&mut self, n: usize, to: SessionAddr, message: ClientMessage) {
+        match message.kind {
+            Some(Kind::Ack(ack)) => {
+                let guid = guid_key(&ack.guid);
+                let (producer, seq) = producer_of(guid);
+                if ack.status == AckStatus::Success as i32 {
+                    // A resend of a message already delivered (its first ACK died with a
+                    // primary) may be ACKed from the duplicate window after it finished.
+                    if !self.model.delivered.contains(&guid) {
+                        self.check_durable(guid, n, "ACK");
+                    }
+                    self.model.acked.insert(guid);
+                    self.producers[producer as usize].unacked.remove(&seq);
+                    self.note(format!("node {} ACK p{producer}#{seq}", n + 1));
+                } else if ack.status == AckStatus::NotReady as i32 {
+                    self.producers[producer as usize].blocked = true;
+                } else {
+                    self.fail(format!("unexpected NACK {ack:?}"));
+                }
+            }
+            Some(Kind::Push(push)) => {
+                let guid = guid_key(&push.guid);
+                if to.session_id != self.consumer.session || !self.consumer.present {
+                    self.fail(format!("push of {guid:#x} to a session that left ({to:?})"));
+                }
+                self.check_durable(guid, n, "PUSH");
+                if self.model.confirmed.contains(&guid) {
+                    self.fail(format!(
+                        "{guid:#x} pushed again after its confirm was committed"
+                    ));
+                }
+                let failures = self.model.failures.get(&guid).copied().unwrap_or(0);
+                if push.delivery_attempt > failures + 1 {
+                    self.fail(format!(
+                        "{guid:#x} pushed with attempt {} after {failures} consumer failures",
+                        push.delivery_attempt
+                    ));
+                }
+                let (producer, seq) = producer_of(guid);
+                if !push.out_of_order {
+                    let last = self.consumer.last_in_order.get(&producer).copied();
+                    if let Some(last) = last.filter(|l| seq <= *l) {
+                        self.fail(format!(
+                            "p{producer}#{seq} pushed in order after p{producer}#{last}"
+                        ));
+                    }
+                    self.consumer.last_in_order.insert(producer, seq);
+                }
+                self.note(format!(
+                    "node {} PUSH p{producer}#{seq} attempt {}{}",
+                    n + 1,
+                    push.delivery_attempt,
+                    if push.out_of_order { " ooo" } else { "" }
+                ));
+                self.model.delivered.insert(guid);
+                let lease = self.lease_of(n);
+                let inc = self.nodes[n].inc;
+                self.consumer.held.insert(guid, (n, inc, lease));
+                // Most messages are confirmed soon; some are held until the consumer leaves.
+                if !self.faults || self.rng.gen_bool(0.95) {
+                    let d = self.ms(1, 100);
+                    let session = self.consumer.session;
+                    self.schedule(
+                        d,
+                        Event::Confirm {
+                            guid,
+                            session,
+                            node: n,
+                            inc,
+                        },
+                    );
+                }
+            }
+            Some(Kind::OpenQueueResponse(r)) => {
+                let ok = r.status.as_ref().is_none_or(|s| s.code == 0);
+                if !ok {
+                    self.consumer.attached = None;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn lease_of(&self, n: usize) -> u64 {
+        self.nodes[n]
+            .p
+            .as_ref()
+            .map_or(0, |p| p.replication().lease().0)
+    }
+
+    fn input(&mut self, n: usize, f: impl FnOnce(&mut Partition, Instant)) {
+        let now = self.now;
+        if let Some(p) = self.nodes[n].p.as_mut() {
+            f(p, now);
+            self.after_input(n);
+        }
+    }
+
+    // ---- leadership ----
+
+    fn announce_role(&mut self) {
+        let Some(primary) = self.primary else { return };
+        for n in 0..self.nodes.len() {
+            if self.live(n) {
+                let d = self.ms(0, 30);
+                let ev = Event::Role {
+                    node: n,
+                    inc: self.nodes[n].inc,
+                    primary,
+                    lease: self.lease,
+                    active: self.active,
+                };
+                self.schedule(d, ev);
+            }
+        }
+    }
+
+    /// The leader names a new primary (never a stopping or down node) with the next lease.
+    fn move_primary(&mut self) {
+        let candidates: Vec<usize> = (0..self.nodes.len())
+            .filter(|n| self.live(*n) && !self.nodes[*n].stopping)
+            .collect();
+        if candidates.len() < self.quorum {
+            // No quorum of live nodes: try again later.
+            let d = self.ms(50, 150);
+            self.schedule(d, Event::Move);
+            return;
+        }
+        let next = candidates[self.rng.gen_range(0..candidates.len())];
+        self.lease += 1;
+        self.primary = Some(next);
+        self.active = false;
+        self.note(format!("primary -> node {} lease {}", next + 1, self.lease));
+        self.announce_role();
+    }
+
+    // ---- faults ----
+
+    fn crash(&mut self, n: usize, torn: bool) {
+        let Some(p) = self.nodes[n].p.take() else {
+            return;
+        };
+        let store = p.replication().store();
+        let durable: HashSet<u128> = store
+            .outstanding()
+            .into_iter()
+            .filter(|o| o.sequence <= store.durable())
+            .map(|o| o.guid)
+            .collect();
+        let files: Vec<(PathBuf, u64, u64)> = store.files();
+        drop(p);
+        for (path, synced, len) in files {
+            if len > synced {
+                let cut = if torn {
+                    self.rng.gen_range(synced..=len)
+                } else {
+                    synced
+                };
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .expect("segment file");
+                file.set_len(cut).expect("cut segment");
+            }
+        }
+        let node = &mut self.nodes[n];
+        node.durable_when_down = durable;
+        node.inc += 1;
+        node.sync_queued = false;
+        node.stopping = false;
+        if let Some((at, _, _)) = self.consumer.attached {
+            if at == n {
+                self.consumer.attached = None;
+            }
+        }
+        self.note(format!("node {} crashed", n + 1));
+    }
+
+    fn restart(&mut self, n: usize) {
+        if self.live(n) {
+            return;
+        }
+        self.open_node(n);
+        self.note(format!("node {} restarted", n + 1));
+        if let Some(primary) = self.primary {
+            let (lease, active, inc) = (self.lease, self.active, self.nodes[n].inc);
+            self.handle(Event::Role {
+                node: n,
+                inc,
+                primary,
+                lease,
+                active,
+            });
+        }
+    }
+
+    // ---- clients ----
+
+    fn send_put(&mut self, producer: u64, seq: u64, guid: u128) {
+        let Some(primary) = self.primary.filter(|p| self.live(*p)) else {
+            self.producers[producer as usize].blocked = true;
+            return;
+        };
+        let uri = if producer.is_multiple_of(2) {
+            STRONG_URI
+        } else {
+            EVENTUAL_URI
+        };
+        self.model.strong_of.insert(guid, uri == STRONG_URI);
+        let session = SessionAddr {
+            origin_node: CLIENT_NODE,
+            session_id: producer,
+        };
+        let put = ClientMessage {
+            kind: Some(Kind::Put(Put {
+                uri: uri.into(),
+                guid: guid_bytes(guid),
+                payload: Bytes::from(format!("p{producer}#{seq}")),
+                properties: vec![],
+            })),
+        };
+        self.note(format!("PUT p{producer}#{seq} -> node {}", primary + 1));
+        self.input(primary, |p, now| p.handle_request(now, session, put));
+    }
+
+    fn consumer_addr(&self) -> SessionAddr {
+        SessionAddr {
+            origin_node: CLIENT_NODE,
+            session_id: self.consumer.session,
+        }
+    }
+
+    fn consumer_check(&mut self) {
+        if !self.consumer.present {
+            return;
+        }
+        let Some(primary) = self.primary.filter(|p| self.live(*p) && self.active) else {
+            return;
+        };
+        let target = (primary, self.nodes[primary].inc, self.lease);
+        if self.consumer.attached == Some(target) {
+            return;
+        }
+        self.consumer.attached = Some(target);
+        let session = self.consumer_addr();
+        for uri in [STRONG_URI, EVENTUAL_URI] {
+            let open = ClientMessage {
+                kind: Some(Kind::OpenQueue(OpenQueue {
+                    request_id: 1,
+                    uri: uri.into(),
+                    read: true,
+                    write: false,
+                    consumer: Some(ProtoConsumerOptions::default()),
+                })),
+            };
+            self.input(primary, |p, now| p.handle_request(now, session, open));
+        }
+        self.note(format!(
+            "consumer s{} opened on node {}",
+            self.consumer.session,
+            primary + 1
+        ));
+    }
+
+    fn consumer_leave(&mut self) {
+        if !self.consumer.present {
+            return;
+        }
+        let session = self.consumer_addr();
+        if let Some((n, inc, lease)) = self.consumer.attached {
+            if self.nodes[n].inc == inc && self.lease_of(n) == lease {
+                // The queues of that primary count a failure for what this session holds there.
+                let failed: Vec<u128> = self
+                    .consumer
+                    .held
+                    .iter()
+                    .filter(|(_, at)| **at == (n, inc, lease))
+                    .map(|(g, _)| *g)
+                    .collect();
+                for g in failed {
+                    *self.model.failures.entry(g).or_default() += 1;
+                }
+                self.input(n, |p, now| p.handle_session_gone(now, session));
+            }
+        }
+        self.note(format!("consumer s{} left", self.consumer.session));
+        self.consumer.held.clear();
+        self.consumer.last_in_order.clear();
+        self.consumer.attached = None;
+        self.consumer.session += 1;
+        self.consumer.present = false;
+    }
+
+    fn confirm(&mut self, guid: u128, session: u64, n: usize, inc: u64) {
+        if session != self.consumer.session
+            || !self.consumer.present
+            || self.nodes[n].inc != inc
+            || !self.live(n)
+            || self.consumer.held.get(&guid).map(|h| h.0) != Some(n)
+        {
+            return;
+        }
+        let lease = self.consumer.held[&guid].2;
+        if self.lease_of(n) != lease {
+            return;
+        }
+        self.consumer.held.remove(&guid);
+        let before = self.nodes[n]
+            .p
+            .as_ref()
+            .expect("live")
+            .replication()
+            .last_sequence();
+        let uri = if self.model.strong_of[&guid] {
+            STRONG_URI
+        } else {
+            EVENTUAL_URI
+        };
+        let confirm = ClientMessage {
+            kind: Some(Kind::Confirm(Confirm {
+                uri: uri.into(),
+                guid: guid_bytes(guid),
+            })),
+        };
+        let addr = self.consumer_addr();
+        self.input(n, |p, now| p.handle_request(now, addr, confirm));
+        let after = self.nodes[n]
+            .p
+            .as_ref()
+            .map_or(0, |p| p.replication().last_sequence());
+        let (pr, seq) = producer_of(guid);
+        self.note(format!(
+            "CONFIRM p{pr}#{seq} on node {} lease {lease}: record {}",
+            n + 1,
+            if after > before {
+                after.to_string()
+            } else {
+                "none".into()
+            }
+        ));
+        if after > before {
+            self.model
+                .confirm_log
+                .entry(guid)
+                .or_default()
+                .push((n + 1, lease, after));
+            self.model
+                .confirms_pending
+                .push((guid, n, inc, lease, after));
+        }
+    }
+
+    /// Confirms whose record the primary that took them has committed. Only messages already
+    /// ACKed count: a producer resends an unACKed message (its ACK died with a primary), and
+    /// a node that never saw the first copy stores the resend as a new one — a duplicate that
+    /// at-least-once delivery allows for unACKed messages.
+    fn settle_confirms(&mut self) {
+        let nodes = &self.nodes;
+        let acked = &self.model.acked;
+        let confirmed = &mut self.model.confirmed;
+        self.model
+            .confirms_pending
+            .retain(|(guid, n, inc, lease, seq)| {
+                let node = &nodes[*n];
+                if node.inc != *inc {
+                    return false;
+                }
+                let Some(p) = node.p.as_ref() else {
+                    return false;
+                };
+                if p.replication().lease().0 != *lease {
+                    return false;
+                }
+                if p.replication().committed() >= *seq {
+                    if acked.contains(guid) {
+                        confirmed.insert(*guid);
+                    }
+                    return false;
+                }
+                true
+            });
+    }
+
+    // ---- the event loop ----
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Peer {
+                from,
+                from_inc,
+                to,
+                to_inc,
+                message,
+            } => {
+                if self.nodes[from].inc != from_inc || self.nodes[to].inc != to_inc {
+                    return;
+                }
+                match &message.kind {
+                    Some(bmq_proto::peer::partition_message::Kind::Receipt(r)) => {
+                        self.note(format!("node {} -> node {}: receipt {}", from + 1, to + 1, r.sequence))
+                    }
+                    Some(bmq_proto::peer::partition_message::Kind::Sync(r)) => self.note(format!(
+                        "node {} -> node {}: sync lease {} truncate_after {} install {} through {} records {:?} covered {} settled {}",
+                        from + 1,
+                        to + 1,
+                        r.lease,
+                        r.truncate_after,
+                        r.install,
+                        r.install_through,
+                        r.records.first().map(|f| (f.sequence, r.records.last().map(|l| l.sequence))),
+                        r.covered_through,
+                        r.settled_through
+                    )),
+                    Some(bmq_proto::peer::partition_message::Kind::StateResponse(r)) => {
+                        let shape = r.shape.clone().unwrap_or_default();
+                        self.note(format!(
+                            "node {} -> node {}: shape lease {} last {} floor {} runs {:?}",
+                            from + 1,
+                            to + 1,
+                            r.lease,
+                            shape.last_sequence,
+                            shape.floor,
+                            shape.runs.iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>()
+                        ))
+                    }
+                    Some(bmq_proto::peer::partition_message::Kind::Replicate(r)) if to == 1 => {
+                        self.note(format!(
+                            "node {} -> node {}: replicate prev {} records {} settled {}",
+                            from + 1,
+                            to + 1,
+                            r.prev_sequence,
+                            r.records.len(),
+                            r.settled_through
+                        ))
+                    }
+                    _ => {}
+                }
+                let from = NodeId(from as u32 + 1);
+                self.input(to, |p, now| p.handle_peer(now, from, message));
+            }
+            Event::Sync { node, inc } => {
+                if self.nodes[node].inc != inc {
+                    return;
+                }
+                self.note(format!("node {} sync", node + 1));
+                self.nodes[node].sync_queued = false;
+                let now = self.now;
+                if let Some(p) = self.nodes[node].p.as_mut() {
+                    if let Err(e) = p.sync(now) {
+                        self.fail(format!("node {} sync failed: {e}", node + 1));
+                    }
+                }
+                self.after_input(node);
+            }
+            Event::Tick => {
+                for n in 0..self.nodes.len() {
+                    self.input(n, |p, now| p.handle_timeout(now));
+                }
+                self.schedule(Duration::from_millis(25), Event::Tick);
+            }
+            Event::Role {
+                node,
+                inc,
+                primary,
+                lease,
+                active,
+            } => {
+                if self.nodes[node].inc != inc {
+                    return;
+                }
+                let primary = NodeId(primary as u32 + 1);
+                self.input(node, |p, now| {
+                    p.handle_role(now, Some(primary), LeaseId(lease), active)
+                });
+            }
+            Event::Crash => {
+                let n = self.rng.gen_range(0..self.nodes.len());
+                self.crash(n, true);
+                let d = self.ms(50, 400);
+                self.schedule(d, Event::Restart { node: n });
+                if self.primary == Some(n) {
+                    let d = self.ms(20, 100);
+                    self.schedule(d, Event::Move);
+                }
+            }
+            Event::PowerLoss => {
+                self.note("power loss".into());
+                for n in 0..self.nodes.len() {
+                    self.crash(n, true);
+                    let d = self.ms(50, 300);
+                    self.schedule(d, Event::Restart { node: n });
+                }
+                let d = self.ms(350, 450);
+                self.schedule(d, Event::Move);
+            }
+            Event::Restart { node } => self.restart(node),
+            Event::Move => self.move_primary(),
+            Event::GracefulStop => {
+                let Some(n) = self.primary.filter(|p| self.live(*p)) else {
+                    return;
+                };
+                if self.nodes[n].stopping {
+                    return;
+                }
+                self.nodes[n].stopping = true;
+                self.note(format!("node {} stopping gracefully", n + 1));
+                self.input(n, |p, now| p.handle_stop_delivering(now));
+                // The drain, then the primary moves to a node that is not stopping.
+                let d = self.ms(50, 250);
+                let inc = self.nodes[n].inc;
+                self.schedule(d, Event::FinishStop { node: n, inc });
+            }
+            Event::FinishStop { node, inc } => {
+                if self.nodes[node].inc != inc {
+                    return;
+                }
+                self.move_primary();
+                // A clean exit once the move is out: everything written is synced first.
+                let now = self.now;
+                if let Some(p) = self.nodes[node].p.as_mut() {
+                    if p.needs_sync() {
+                        let _ = p.sync(now);
+                    }
+                }
+                self.after_input(node);
+                self.crash(node, false);
+                let d = self.ms(50, 200);
+                self.schedule(d, Event::Restart { node });
+            }
+            Event::Produce { producer } => {
+                let producing = self.faults;
+                let p = &mut self.producers[producer as usize];
+                // The liveness phase only finishes what was produced.
+                if producing && !p.blocked && p.unacked.len() < WINDOW {
+                    p.next += 1;
+                    let seq = p.next;
+                    let guid = guid_of(producer, seq);
+                    p.unacked.insert(seq, guid);
+                    self.send_put(producer, seq, guid);
+                }
+                let d = self.ms(2, 15);
+                self.schedule(d, Event::Produce { producer });
+            }
+            Event::Resend { producer } => {
+                self.producers[producer as usize].blocked = false;
+                let unacked: Vec<(u64, u128)> = self.producers[producer as usize]
+                    .unacked
+                    .iter()
+                    .map(|(s, g)| (*s, *g))
+                    .collect();
+                for (seq, guid) in unacked {
+                    if self.producers[producer as usize].unacked.contains_key(&seq) {
+                        self.send_put(producer, seq, guid);
+                    }
+                }
+                self.schedule(Duration::from_millis(200), Event::Resend { producer });
+            }
+            Event::Confirm {
+                guid,
+                session,
+                node,
+                inc,
+            } => self.confirm(guid, session, node, inc),
+            Event::ConsumerLeave => {
+                self.consumer_leave();
+            }
+            Event::ConsumerCheck => {
+                if !self.consumer.present && (!self.faults || self.rng.gen_bool(0.2)) {
+                    self.consumer.present = true;
+                }
+                self.consumer_check();
+                self.schedule(Duration::from_millis(40), Event::ConsumerCheck);
+            }
+        }
+        self.settle_confirms();
+    }
+
+    fn step(&mut self) -> bool {
+        let Some((&(at, id), _)) = self.events.iter().next() else {
+            return false;
+        };
+        let event = self.events.remove(&(at, id)).expect("listed");
+        self.now = self.t0 + at;
+        if !self.faults
+            && matches!(
+                event,
+                Event::Crash | Event::PowerLoss | Event::GracefulStop | Event::ConsumerLeave
+            )
+        {
+            return true;
+        }
+        self.handle(event);
+        true
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.now.saturating_duration_since(self.t0)
+    }
+
+    fn run(&mut self) {
+        while self.elapsed() < SAFETY_PHASE {
+            if !self.step() {
+                break;
+            }
+        }
+        // Liveness: no more faults; every node up; one primary that is not stopping.
+        self.faults = false;
+        self.note("faults stop".into());
+        for n in 0..self.nodes.len() {
+            self.restart(n);
+        }
+        if !self.consumer.present {
+            self.consumer.present = true;
+        }
+        self.move_primary();
+        // Held messages are confirmed from now on.
+        let held: Vec<(u128, (usize, u64, u64))> =
+            self.consumer.held.iter().map(|(g, h)| (*g, *h)).collect();
+        for (guid, (node, inc, _)) in held {
+            let session = self.consumer.session;
+            self.schedule(
+                Duration::from_millis(1),
+                Event::Confirm {
+                    guid,
+                    session,
+                    node,
+                    inc,
+                },
+            );
+        }
+        let deadline = self.elapsed() + LIVENESS_BOUND;
+        while self.elapsed() < deadline {
+            if !self.step() {
+                break;
+            }
+            if self.elapsed().as_millis().is_multiple_of(100) && self.converged() {
+                return;
+            }
+        }
+        if !self.converged() {
+            let unacked: usize = self.producers.iter().map(|p| p.unacked.len()).sum();
+            let undelivered = self.lost();
+            let unconfirmed = self.consumer.held.len();
+            let outstanding: Vec<String> = self
+                .nodes
+                .iter()
+                .map(|n| {
+                    n.p.as_ref().map_or("down".into(), |p| {
+                        let st = p.replication().store();
+                        format!(
+                            "{} (persisted {} installing {} last {} base {} floor {} durable {} runs {:?} role {:?} lease {} committed {} receipts {:?})",
+                            st.outstanding().len(),
+                            p.replication().persisted(),
+                            p.replication().is_installing(),
+                            st.last_sequence(),
+                            st.base(),
+                            st.floor(),
+                            st.durable(),
+                            st.runs().iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>(),
+                            p.role(),
+                            p.replication().lease().0,
+                            p.replication().committed(),
+                            p.replication().replica_receipts()
+                        )
+                    })
+                })
+                .collect();
+            for (i, n) in self.nodes.iter().enumerate() {
+                let Some(p) = n.p.as_ref() else { continue };
+                let st = p.replication().store();
+                let out = st.outstanding();
+                if out.is_empty() {
+                    continue;
+                }
+                let held = st
+                    .read_from(0, usize::MAX, u64::MAX, false)
+                    .map(|r| r.0)
+                    .unwrap_or_default();
+                for o in out.iter().take(4) {
+                    let confirms: Vec<u64> = held
+                        .iter()
+                        .filter(|r| matches!(&r.kind, Some(bmq_proto::peer::journal_record::Kind::Confirm(c)) if guid_key(&c.guid) == o.guid))
+                        .map(|r| r.sequence)
+                        .collect();
+                    eprintln!("node {}: outstanding {:#x} at {} (lease {:?}); confirms held at {confirms:?}; first held {:?}; confirms taken (node, lease, seq) {:?}",
+                        i + 1, o.guid, o.sequence, held.iter().find(|r| r.sequence == o.sequence).map(|r| r.lease), held.first().map(|r| r.sequence), self.model.confirm_log.get(&o.guid));
+                }
+            }
+            self.fail(format!(
+                "no convergence within {LIVENESS_BOUND:?}: {unacked} PUTs unACKed, {} ACKed strong messages never delivered ({:x?}), {unconfirmed} held unconfirmed, outstanding per node {outstanding:?}",
+                undelivered.len(),
+                &undelivered[..undelivered.len().min(5)]
+            ));
+        }
+    }
+
+    /// ACKed strong messages never delivered (eventual ones may be lost with their primary:
+    /// that is what eventual consistency means).
+    fn lost(&self) -> Vec<u128> {
+        self.model
+            .acked
+            .iter()
+            .filter(|g| self.model.strong_of[*g] && !self.model.delivered.contains(*g))
+            .copied()
+            .collect()
+    }
+
+    fn converged(&self) -> bool {
+        self.producers.iter().all(|p| p.unacked.is_empty())
+            && self.lost().is_empty()
+            && self.nodes.iter().all(|n| {
+                n.p.as_ref()
+                    .is_some_and(|p| p.replication().store().outstanding().is_empty())
+            })
+    }
+}
+
+/// Runs one seed; panics with the seed, the trace and the replay command on a violation.
+fn run_seed(seed: u64, size: usize) -> usize {
+    let mut sim = Sim::new(seed, size);
+    sim.run();
+    sim.model.acked.len()
+}
+
+fn seeds() -> u64 {
+    std::env::var("REPLICATION_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or({
+            #[cfg(not(feature = "defect-injection"))]
+            {
+                CI_SEEDS
+            }
+            #[cfg(feature = "defect-injection")]
+            {
+                200
+            }
+        })
+}
+
+fn first_seed() -> u64 {
+    std::env::var("REPLICATION_SIM_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Runs `seeds()` seeds of a cluster of `size` from `first_seed() + offset`; fails listing
+/// every failing seed (each failure also prints its trace and replay command).
+#[cfg(not(feature = "defect-injection"))]
+fn run_seeds(size: usize, offset: u64) {
+    let first = first_seed().wrapping_add(offset);
+    let count = seeds();
+    let mut acked = 0;
+    let mut failed = Vec::new();
+    for seed in first..first + count {
+        match std::panic::catch_unwind(|| run_seed(seed, size)) {
+            Ok(n) => acked += n,
+            Err(_) => failed.push(seed),
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {count} seeds failed ({size} nodes): {failed:?}",
+        failed.len()
+    );
+    assert!(acked > 0, "no message was ACKed: the workload did not run");
+    println!("{count} seeds ({size} nodes): {acked} messages ACKed, every invariant held");
+}
+
+#[cfg(not(feature = "defect-injection"))]
+#[test]
+fn three_nodes() {
+    run_seeds(3, 0);
+}
+
+#[cfg(not(feature = "defect-injection"))]
+#[test]
+fn five_nodes() {
+    run_seeds(5, 1 << 32);
+}
+
+/// Replays one seed: `REPLICATION_SIM_SEED=<seed> [REPLICATION_SIM_NODES=5]`.
+#[test]
+fn replay() {
+    let Some(seed) = std::env::var("REPLICATION_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    else {
+        return;
+    };
+    let size = std::env::var("REPLICATION_SIM_NODES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let acked = run_seed(seed, size);
+    println!("seed {seed}: {acked} messages ACKed, every invariant held");
+}
+
+/// With the `defect-injection` feature: each old defect put back is found, and how fast.
+#[cfg(feature = "defect-injection")]
+#[test]
+fn defects_are_found() {
+    use bmq_dataplane::partition::defects;
+    for (defect, name) in [
+        (defects::DIRTY_READ, "dirty_read"),
+        (defects::ATTEMPTS_ON_MOVE, "attempts_on_move"),
+    ] {
+        defects::set(defect);
+        let started = std::time::Instant::now();
+        let mut found = None;
+        for seed in first_seed()..first_seed() + seeds() {
+            let outcome = std::panic::catch_unwind(|| run_seed(seed, 3));
+            if let Err(e) = outcome {
+                let why = e
+                    .downcast_ref::<String>()
+                    .map(|s| s.lines().next().unwrap_or("").to_string())
+                    .unwrap_or_default();
+                found = Some((seed, why));
+                break;
+            }
+        }
+        defects::set(defects::NONE);
+        let (seed, why) =
+            found.unwrap_or_else(|| panic!("defect {name} was not found in {} seeds", seeds()));
+        println!(
+            "defect {name}: found by seed {seed} ({} seeds, {:.2} s): {why}",
+            seed - first_seed() + 1,
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
