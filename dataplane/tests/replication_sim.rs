@@ -169,6 +169,8 @@ struct Model {
     confirms_pending: Vec<(u128, usize, u64, u64, u64)>,
     /// Messages whose confirm is committed.
     confirmed: HashSet<u128>,
+    /// The committed confirm's record, per message.
+    confirmed_at: HashMap<u128, u64>,
     /// Every confirm taken, for diagnostics: guid -> [(node, lease, record sequence)].
     confirm_log: HashMap<u128, Vec<(usize, u64, u64)>>,
     /// Consumer failures the simulation caused, per message.
@@ -196,6 +198,11 @@ struct Sim {
     trace: VecDeque<String>,
     /// Per link (from, to): when its last message arrives (FIFO).
     links: HashMap<(usize, usize), Duration>,
+    /// `REPLICATION_SIM_DEEP` is set: [`Sim::deep_check`] after every event.
+    deep: bool,
+    /// `REPLICATION_SIM_WATCH=<guid hex>:<sequence>`: trace each node's view of one message.
+    watch: Option<(u128, u64)>,
+    watched: Vec<String>,
 }
 
 fn guid_of(producer: u64, seq: u64) -> u128 {
@@ -264,6 +271,15 @@ impl Sim {
             faults: true,
             trace: VecDeque::new(),
             links: HashMap::new(),
+            deep: std::env::var_os("REPLICATION_SIM_DEEP").is_some(),
+            watch: std::env::var("REPLICATION_SIM_WATCH").ok().and_then(|w| {
+                let (g, s) = w.split_once(':')?;
+                Some((
+                    u128::from_str_radix(g.trim_start_matches("0x"), 16).ok()?,
+                    s.parse().ok()?,
+                ))
+            }),
+            watched: Vec::new(),
         };
         for _ in 0..size {
             let dir = tempfile::tempdir().expect("temporary directory");
@@ -869,6 +885,45 @@ impl Sim {
         }
     }
 
+    /// Deep check (`REPLICATION_SIM_DEEP=1`, slow): a node whose settled position passed a
+    /// committed confirm no longer holds that message outstanding (settled positions are
+    /// committed, so the same record on every node).
+    fn deep_check(&self) {
+        for (guid, log) in &self.model.confirm_log {
+            let Some(&committed) = self.model.confirmed_at.get(guid) else {
+                continue;
+            };
+            for (i, node) in self.nodes.iter().enumerate() {
+                let Some(p) = node.p.as_ref() else { continue };
+                let store = p.replication().store();
+                if let Some(seq) = store.outstanding_sequence(*guid) {
+                    if committed <= store.base() && committed > seq {
+                        let at: Vec<String> = log
+                            .iter()
+                            .map(|(_, _, c)| match store.read(*c) {
+                                Ok(Some(r)) => format!(
+                                    "{c}: lease {} {:?}",
+                                    r.lease,
+                                    r.kind.map(|k| format!("{k:?}")
+                                        .chars()
+                                        .take(60)
+                                        .collect::<String>())
+                                ),
+                                other => format!("{c}: {other:?}"),
+                            })
+                            .collect();
+                        self.fail(format!(
+                            "node {} keeps {guid:#x} (record {seq}) outstanding with its confirm {log:?} settled (base {}); runs {:?}; held there: {at:?}",
+                            i + 1,
+                            store.base(),
+                            store.runs().iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
     /// Confirms whose record the primary that took them has committed. Only messages already
     /// ACKed count: a producer resends an unACKed message (its ACK died with a primary), and
     /// a node that never saw the first copy stores the resend as a new one — a duplicate that
@@ -877,6 +932,7 @@ impl Sim {
         let nodes = &self.nodes;
         let acked = &self.model.acked;
         let confirmed = &mut self.model.confirmed;
+        let confirmed_at = &mut self.model.confirmed_at;
         self.model
             .confirms_pending
             .retain(|(guid, n, inc, lease, seq)| {
@@ -894,6 +950,7 @@ impl Sim {
                     if acked.contains(guid) {
                         confirmed.insert(*guid);
                     }
+                    confirmed_at.insert(*guid, *seq);
                     return false;
                 }
                 true
@@ -1109,6 +1166,33 @@ impl Sim {
             return true;
         }
         self.handle(event);
+        if self.deep {
+            self.deep_check();
+        }
+        if let Some((guid, at)) = self.watch {
+            for i in 0..self.nodes.len() {
+                let view = self.nodes[i].p.as_ref().map(|p| {
+                    let st = p.replication().store();
+                    (
+                        st.outstanding_sequence(guid),
+                        st.read(at).ok().flatten().map(|r| r.lease),
+                        st.base(),
+                        st.last_sequence(),
+                    )
+                });
+                let key = format!("{view:?}");
+                if self.watched.get(i) != Some(&key) {
+                    self.note(format!(
+                        "WATCH node {}: (index, lease at {at}, base, last) = {key}",
+                        i + 1
+                    ));
+                    if self.watched.len() <= i {
+                        self.watched.resize(i + 1, String::new());
+                    }
+                    self.watched[i] = key;
+                }
+            }
+        }
         true
     }
 
