@@ -1024,6 +1024,11 @@ impl Store {
         let gap_bound = self.base.max(settled_through.min(max_seq));
         let mut expected = self.last_sequence + 1;
         let mut gaps = false;
+        // The highest position absent in the batch (settled dead records the sender no longer
+        // holds): the floor, as a reopen would find it. A lower floor would let a later sync
+        // skip those positions for a replica that still needs them (found by the replication
+        // simulator: a confirm missing on a lagging replica, whose message stayed outstanding).
+        let mut gap_floor = 0;
         for r in records {
             if r.sequence < expected
                 || (r.sequence > expected && r.sequence - 1 > gap_bound)
@@ -1034,7 +1039,10 @@ impl Store {
                     got: r.sequence,
                 });
             }
-            gaps |= r.sequence > expected;
+            if r.sequence > expected {
+                gaps = true;
+                gap_floor = r.sequence - 1;
+            }
             expected = r.sequence + 1;
         }
         let before = self.snapshot();
@@ -1043,6 +1051,7 @@ impl Store {
             self.rollback(before);
             return Err(e);
         }
+        self.floor = self.floor.max(gap_floor);
         let covered = covered_through.max(self.last_sequence);
         if covered > self.last_sequence {
             self.floor = covered;

@@ -517,3 +517,30 @@ proptest! {
         }
     }
 }
+
+/// A batch with positions missing inside it (settled dead records the sender no longer holds,
+/// as an install or a sync from a compacted journal carries) raises the floor to the highest
+/// missing one, as a reopen finds it: a later read for a lagging replica must not skip them
+/// silently (found by the replication simulator).
+#[test]
+fn positions_missing_inside_a_batch_raise_the_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 1 << 20);
+    let u = "bmq://d/q";
+    s.append(
+        &[
+            message(1, 1, u, 1),
+            message(3, 1, u, 3),
+            message(6, 1, u, 6),
+        ],
+        6,
+        5,
+        None,
+    )
+    .unwrap();
+    assert_eq!(s.floor(), 5, "positions 2, 4 and 5 are absent");
+    s.sync().unwrap();
+    drop(s);
+    let s = open(dir.path(), 1 << 20);
+    assert_eq!(s.floor(), 5, "a reopen agrees");
+}
