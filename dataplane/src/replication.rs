@@ -456,6 +456,9 @@ impl ReplicationCore {
         for guid in self.store.take_retired() {
             self.guids.insert(now, guid);
         }
+        // Bounded on every node, whether or not PUTs ever ask it.
+        self.guids
+            .expire(now, self.cfg.guid_window_max, self.cfg.guid_window_age);
     }
 
     /// Removes settled dead records ([`Store::maintain`]); a full disk defers it, another
