@@ -2,8 +2,9 @@
 //! own resolution of each crate's normal dependencies (`cargo tree -p <crate> -e normal`, which
 //! resolves features as a build of that crate alone would):
 //!
-//! - the pure cores (`bmq-elector`, `bmq-metadata`, `bmq-dataplane`) and the configuration
-//!   (`bmq-config`) compile without any async runtime or actor framework: no tokio, no actix;
+//! - the pure cores (`bmq-elector`, `bmq-metadata`, `bmq-dataplane`), the configuration
+//!   (`bmq-config`) and BlazingMQ's wire codec (`bmq-bmqp`) compile without any async runtime
+//!   or actor framework: no tokio, no actix;
 //! - the client library (`bmq-client`) never pulls actix or actix-web, and neither does the
 //!   operator tool (`bmqctl`), which does not depend on the node (`bmq-broker`) either;
 //! - only the node depends on actix.
@@ -71,7 +72,13 @@ const RUNTIMES: &[&str] = &[
 fn pure_cores_have_no_runtime() {
     // The elector, metadata and data-plane cores and the configuration compile without tokio
     // or actix: their logic can be stepped by tests and simulators with no runtime at all.
-    for core in ["bmq-elector", "bmq-metadata", "bmq-dataplane", "bmq-config"] {
+    for core in [
+        "bmq-elector",
+        "bmq-metadata",
+        "bmq-dataplane",
+        "bmq-config",
+        "bmq-bmqp",
+    ] {
         assert_free_of(core, RUNTIMES);
     }
 }
