@@ -13,12 +13,18 @@
 //!   application data.
 //! - [`ber`]: a BER (X.690) TLV reader and writer, definite and indefinite lengths, for the
 //!   control messages (`NegotiationMessage`, `ControlMessage`) the SDK sends BER-encoded.
+//! - [`control`]: those control messages typed over the BER tree (or JSON, which the Java SDK
+//!   sends), and the broker's responses in the client's encoding.
+//! - [`properties`]: the typed message properties area of PUT and PUSH, old style and
+//!   `MESSAGE_PROPERTIES_EX`.
 //!
-//! Not here yet: the schema of the control messages over the TLV tree (field by field),
-//! message properties, zlib-compressed PUTs, and the broker's listener (see issue 19).
+//! The broker's listener that maps a bmqp session onto the cluster is `bmq-broker`'s
+//! `bmqp_session`.
 
 pub mod ber;
+pub mod control;
 pub mod event;
 pub mod message;
+pub mod properties;
 
 pub use event::{EventDecoder, EventError, EventHeader, EventType, RawEvent};

@@ -58,6 +58,46 @@ pub enum MessageError {
     /// The padding after the application data is not 1-4 bytes each equal to the count.
     #[error("bad padding after the application data")]
     BadPadding,
+    /// Compressed application data that does not inflate (bad zlib stream, an unknown
+    /// algorithm, or more than the allowed size).
+    #[error("cannot decompress: {0}")]
+    Compression(String),
+}
+
+/// Compression algorithm ids (bmqt_compressionalgorithmtype.h:46).
+pub mod compression {
+    /// Not compressed.
+    pub const NONE: u8 = 0;
+    /// zlib (RFC 1950).
+    pub const ZLIB: u8 = 1;
+}
+
+/// Inflates `data` compressed with `algorithm` ([`compression`]), refusing output over `max`
+/// bytes (a small compressed PUT must not become gigabytes in the broker).
+///
+/// Errors: [`MessageError::Compression`] for an unknown algorithm, a bad stream or output
+/// over `max`.
+pub fn decompress(algorithm: u8, data: &[u8], max: usize) -> Result<Bytes, MessageError> {
+    use std::io::Read;
+    match algorithm {
+        compression::NONE => Ok(Bytes::copy_from_slice(data)),
+        compression::ZLIB => {
+            let mut out = Vec::new();
+            let mut reader = flate2::read::ZlibDecoder::new(data).take(max as u64 + 1);
+            reader
+                .read_to_end(&mut out)
+                .map_err(|e| MessageError::Compression(format!("zlib: {e}")))?;
+            if out.len() > max {
+                return Err(MessageError::Compression(format!(
+                    "inflates to more than {max} bytes"
+                )));
+            }
+            Ok(Bytes::from(out))
+        }
+        other => Err(MessageError::Compression(format!(
+            "unknown compression algorithm {other}"
+        ))),
+    }
 }
 
 /// One PUT message.

@@ -160,3 +160,100 @@ fn a_stream_of_every_frame_reads_back_in_order() {
     let want: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
     assert_eq!(got, want);
 }
+
+/// The frames of `captures.txt` in order, each with its direction line (`C->B ...` or
+/// `B->C ...`).
+fn labelled_captures() -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut label = String::new();
+    for line in include_str!("frames/captures.txt").lines() {
+        let l = line.trim();
+        if l.starts_with("C->B") || l.starts_with("B->C") {
+            label = l.to_string();
+        } else if !l.is_empty() && l.chars().all(|c| c.is_ascii_hexdigit()) {
+            out.push((label.clone(), hex(l)));
+        }
+    }
+    out
+}
+
+#[test]
+fn captured_requests_decode_and_our_responses_match_the_accepted_ones() {
+    use bmq_bmqp::control::{decode_negotiation, decode_request, queue_flags, Request, Response};
+    let frames = labelled_captures();
+    let mut answered = 0;
+    for pair in frames.windows(2) {
+        let ((label, request), (next_label, accepted)) = (&pair[0], &pair[1]);
+        if !label.starts_with("C->B CONTROL") {
+            continue;
+        }
+        let event = read_one(request);
+        if !label.contains("rId=") {
+            let identity = decode_negotiation(&event).expect("negotiation");
+            assert_eq!(identity.protocol_version, 1);
+            assert_eq!(identity.sdk_version, 999_999);
+            assert!(identity.has_feature("MPS", "MESSAGE_PROPERTIES_EX"));
+            assert_eq!(identity.guid_client_id.len(), 12, "{identity:?}");
+            continue;
+        }
+        let req = decode_request(&event).expect("control request");
+        let response = match &req.request {
+            Request::OpenQueue(h) => {
+                assert_eq!(h.uri, "bmq://bmq.test.mem.priority/q1");
+                assert!(h.flags & (queue_flags::READ | queue_flags::WRITE) != 0);
+                Response::OpenQueue {
+                    deduplication_ms: 300_000,
+                }
+            }
+            Request::ConfigureQueueStream { q_id, params } => {
+                assert_eq!(*q_id, 0);
+                if params.is_deconfigure() {
+                    assert_eq!(params.consumer_priority, i64::from(i32::MIN));
+                } else {
+                    assert_eq!(params.max_unconfirmed_messages, 1000);
+                    assert_eq!(params.max_unconfirmed_bytes, 33_554_432);
+                }
+                Response::Configure
+            }
+            Request::CloseQueue { params, is_final } => {
+                assert!(*is_final);
+                assert_eq!(params.q_id, 0);
+                Response::CloseQueue
+            }
+            Request::Disconnect => Response::Disconnect,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert!(next_label.starts_with("B->C CONTROL"), "{next_label}");
+        let ours = req.respond(&response);
+        assert_eq!(
+            hex_of(&ours),
+            hex_of(accepted),
+            "our answer to {label} differs from the one the SDK accepted"
+        );
+        answered += 1;
+    }
+    assert_eq!(answered, 8);
+}
+
+#[test]
+fn our_broker_response_matches_the_accepted_one() {
+    use bmq_bmqp::control::{broker_response, BrokerIdentity, StatusCategory, BROKER_FEATURES};
+    // The identity the throwaway broker of the capture gave; with it our encoder writes the
+    // very bytes the SDK accepted.
+    let identity = BrokerIdentity {
+        version: 999_999,
+        process_name: "fakebroker".into(),
+        pid: 1,
+        host_name: "localhost".into(),
+        cluster_name: String::new(),
+        node_id: -1,
+        features: BROKER_FEATURES.into(),
+    };
+    let ours = broker_response(ControlEncoding::Ber, StatusCategory::Success, "", &identity);
+    let accepted = labelled_captures()
+        .into_iter()
+        .find(|(label, _)| label.starts_with("B->C CONTROL"))
+        .expect("a broker response")
+        .1;
+    assert_eq!(hex_of(&ours), hex_of(&accepted));
+}
