@@ -188,6 +188,8 @@ pub fn secure_local_cluster(configs: &mut [BrokerConfig], dir: &Path) -> anyhow:
         .context("cannot generate the development CA and certificates")?;
     let client_token = random_token();
     let admin_token = random_token();
+    // Held by nobody: it only carries the permissions of the bmqp listener's clients.
+    let sdk_token = random_token();
     crate::dev_ca::write_file(
         &security.join(CLIENT_TOKEN_FILE),
         format!("{client_token}\n").as_bytes(),
@@ -207,12 +209,23 @@ pub fn secure_local_cluster(configs: &mut [BrokerConfig], dir: &Path) -> anyhow:
             .context("no certificate generated for a node")?;
         config.tls = Some(tls);
         config.admin.token = Some(admin_token.clone());
-        config.auth.tokens = vec![TokenConfig {
-            name: "local".into(),
-            secret: client_token.clone(),
-            domains: vec!["*".into()],
-            permissions: vec![Permission::Produce, Permission::Consume, Permission::Admin],
-        }];
+        config.auth.tokens = vec![
+            TokenConfig {
+                name: "local".into(),
+                secret: client_token.clone(),
+                domains: vec!["*".into()],
+                permissions: vec![Permission::Produce, Permission::Consume, Permission::Admin],
+            },
+            // What applications on BlazingMQ's SDKs may do on the bmqp port (their protocol
+            // carries no token): produce and consume on this local cluster.
+            TokenConfig {
+                name: "bmqp-sdk".into(),
+                secret: sdk_token.clone(),
+                domains: vec!["*".into()],
+                permissions: vec![Permission::Produce, Permission::Consume],
+            },
+        ];
+        config.auth.bmqp_identity = Some("bmqp-sdk".into());
     }
     Ok(())
 }

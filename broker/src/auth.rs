@@ -52,6 +52,20 @@ pub fn authenticate(settings: &AuthSettings, token: &str) -> Result<ClientIdenti
         .ok_or(AuthError::UnknownToken)
 }
 
+/// The identity of a client of the bmqp listener (BlazingMQ's SDKs present no token): the
+/// token named by `[auth] bmqp_identity`, else anonymous; unrestricted without tokens.
+pub fn bmqp_identity(settings: &AuthSettings) -> ClientIdentity {
+    if settings.is_empty() {
+        return ClientIdentity::Unrestricted;
+    }
+    settings
+        .bmqp_identity
+        .as_deref()
+        .and_then(|name| settings.named(name))
+        .cloned()
+        .map_or(ClientIdentity::Anonymous, ClientIdentity::Token)
+}
+
 impl ClientIdentity {
     /// Checks an OpenQueue of `domain` with `read`/`write`. `Err` carries the message the
     /// client sees with `NOT_AUTHORIZED`, naming the missing permission and the domain.
@@ -106,7 +120,25 @@ mod tests {
                     permissions: vec![Permission::Consume, Permission::Admin],
                 },
             ],
+            bmqp_identity: None,
         }
+    }
+
+    #[test]
+    fn bmqp_clients_get_the_named_token_or_nothing() {
+        // SDK clients present no token: the configured name decides their permissions.
+        let mut s = settings();
+        assert!(bmqp_identity(&s)
+            .authorize_open("bmq.test", false, true)
+            .is_err());
+        s.bmqp_identity = Some("writer".into());
+        let sdk = bmqp_identity(&s);
+        assert_eq!(sdk.name(), "writer");
+        assert!(sdk.authorize_open("bmq.test", false, true).is_ok());
+        assert!(sdk.authorize_open("bmq.test", true, false).is_err());
+        assert!(bmqp_identity(&AuthSettings::default())
+            .authorize_open("any", true, true)
+            .is_ok());
     }
 
     #[test]

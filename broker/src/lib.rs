@@ -8,6 +8,8 @@
 //!   new primaries on the active leader).
 //! - [`router`]: sessions <-> partition primaries, local or over the peer DATA channel.
 //! - [`session`]: one task per client connection around the data plane's proxy core.
+//! - [`bmqp_session`]: the listener for BlazingMQ's own SDKs, a second client protocol
+//!   translated onto the same sessions.
 //! - [`wiring`]: control-channel sender, commit fan-out, peer demultiplexer.
 //! - [`net`]: peer links ([`net::peers`]) and node-side TLS ([`net::tls`]).
 //! - [`admin`]: admin HTTP (`/metrics`, `/status`, `/healthz`, `/readyz`, admin actions).
@@ -20,6 +22,7 @@
 pub mod actors;
 pub mod admin;
 pub mod auth;
+pub mod bmqp_session;
 pub mod net;
 pub mod node;
 pub mod router;

@@ -157,12 +157,14 @@ fn open_storage(config: &BrokerConfig) -> anyhow::Result<Storage> {
     })
 }
 
-/// The three listeners, bound before anything starts so a port clash fails fast.
+/// The listeners, bound before anything starts so a port clash fails fast.
 struct Listeners {
     client: std::net::TcpListener,
     peer: std::net::TcpListener,
     admin: std::net::TcpListener,
     admin_addr: String,
+    /// BlazingMQ SDK clients (`bmqp_port`), when configured.
+    bmqp: Option<std::net::TcpListener>,
 }
 
 fn bind_listeners(config: &BrokerConfig) -> anyhow::Result<Listeners> {
@@ -179,6 +181,10 @@ fn bind_listeners(config: &BrokerConfig) -> anyhow::Result<Listeners> {
         peer: bind(&peer_addr, "peer")?,
         admin: bind(&admin_addr, "admin")?,
         admin_addr,
+        bmqp: match config.bmqp_listen_addr() {
+            Some(addr) => Some(bind(&addr, "bmqp")?),
+            None => None,
+        },
     })
 }
 
@@ -322,6 +328,12 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         actors.router.clone(),
         client_tls,
     ));
+    if let Some(bmqp) = listeners.bmqp {
+        tokio::spawn(crate::bmqp_session::serve_bmqp_clients(
+            tokio::net::TcpListener::from_std(bmqp)?,
+            actors.router.clone(),
+        ));
+    }
     let admin_stop = Arc::new(tokio::sync::Notify::new());
     let admin = start_admin_server(
         listeners.admin,

@@ -46,8 +46,8 @@ use crate::router::{Router, SessionEvent};
 const RETRANSMIT_INTERVAL: Duration = Duration::from_millis(1_000);
 /// How often the session looks for PUTs to retransmit.
 const RETRANSMIT_CHECK_PERIOD: Duration = Duration::from_millis(250);
-/// How long a client has to send its Hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client has to send its Hello (or a BlazingMQ SDK its negotiation).
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client's TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most client connections in their TLS handshake at once; beyond that new connections are
@@ -221,9 +221,98 @@ async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
     let Some((hello, identity)) = handshake(&mut sink, &mut stream, &router, &remote).await else {
         return;
     };
+    let mut wire = ProtoWire {
+        sink,
+        stream,
+        out: Vec::new(),
+    };
+    wire.push(hello_response(&router, ok()));
+    run(wire, identity, &hello.client_id, remote, router).await;
+}
+
+/// What a [`ClientWire`] read from its client.
+pub(crate) enum WireInput {
+    /// One request.
+    One(ClientMessage),
+    /// Several requests (possibly none: the wire answered the client itself, e.g. a
+    /// heartbeat), in order.
+    Many(Vec<ClientMessage>),
+    /// The client left or the connection failed; the session ends, for this reason.
+    Closed(String),
+}
+
+/// The client-facing side of a session: one per client protocol. Ours
+/// ([`ProtoWire`]: protobuf frames) and BlazingMQ's (`bmqp`, [`crate::bmqp_session`]) both
+/// translate to and from [`ClientMessage`], so every session runs the same [`Session`] logic
+/// (proxy, retransmission, authorisation, metrics).
+pub(crate) trait ClientWire {
+    /// Waits for the client's next requests. Must be cancel-safe (it races other events in a
+    /// `select!`): bytes read are kept in the wire until a whole request is in.
+    async fn recv(&mut self) -> WireInput;
+    /// Queues one answer for the client; written by [`ClientWire::flush`].
+    fn push(&mut self, message: ClientMessage);
+    /// Whether anything waits to be written.
+    fn has_output(&self) -> bool;
+    /// Writes everything queued. Errors: the write failed (the session ends).
+    async fn flush(&mut self) -> Result<(), String>;
+}
+
+/// Our own client protocol: length-delimited protobuf [`ClientMessage`]s (DESIGN.md §8).
+struct ProtoWire {
+    sink: Sink,
+    stream: Source,
+    out: Vec<ClientMessage>,
+}
+
+impl ClientWire for ProtoWire {
+    async fn recv(&mut self) -> WireInput {
+        match self.stream.next().await {
+            None => WireInput::Closed("client closed the connection".into()),
+            Some(Err(e)) if bmq_client::tls::is_unclean_close(&e) => {
+                WireInput::Closed("client closed the connection (without TLS close_notify)".into())
+            }
+            Some(Err(e)) => {
+                metrics::counter!("bmq_client_frame_errors_total").increment(1);
+                WireInput::Closed(format!("bad frame: {e}"))
+            }
+            Some(Ok(msg)) => WireInput::One(msg),
+        }
+    }
+
+    fn push(&mut self, message: ClientMessage) {
+        self.out.push(message);
+    }
+
+    fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    async fn flush(&mut self) -> Result<(), String> {
+        for m in self.out.drain(..) {
+            if self.sink.feed(m).await.is_err() {
+                return Err("write to client failed".into());
+            }
+        }
+        self.sink
+            .flush()
+            .await
+            .map_err(|_| "write to client failed".to_string())
+    }
+}
+
+/// Runs one authenticated client session over `wire` until the client leaves: registers it
+/// with the router, writes what the wire already holds (the handshake's answer), runs the
+/// event loop, unregisters.
+pub(crate) async fn run<W: ClientWire>(
+    mut wire: W,
+    identity: ClientIdentity,
+    client_id: &str,
+    remote: String,
+    router: Arc<Router>,
+) {
     let (id, mut inbox) = router.register_session();
-    debug!(%remote, session = id, client = %hello.client_id, "client session started");
-    if sink.send(hello_response(&router, ok())).await.is_err() {
+    debug!(%remote, session = id, client = %client_id, "client session started");
+    if wire.flush().await.is_err() {
         router.unregister_session(id, []);
         return;
     }
@@ -244,7 +333,7 @@ async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
         identity,
         out: Vec::new(),
     };
-    let reason = session.event_loop(&mut sink, &mut stream, &mut inbox).await;
+    let reason = session.event_loop(&mut wire, &mut inbox).await;
     info!(%remote, session = id, %reason, "client session ended");
     router.unregister_session(id, session.proxy.attached_primaries());
 }
@@ -257,37 +346,46 @@ struct Session {
     proxy: Proxy,
     /// Who the client authenticated as at Hello; checked on every OpenQueue.
     identity: ClientIdentity,
-    /// Frames for the client, written (and flushed once) at the end of each loop turn.
+    /// Frames for the client, handed to the wire (and flushed once) at the end of each loop
+    /// turn.
     out: Vec<ClientMessage>,
 }
 
 impl Session {
     /// Runs until the client leaves or the connection fails; returns why.
-    async fn event_loop(
+    async fn event_loop<W: ClientWire>(
         &mut self,
-        sink: &mut Sink,
-        stream: &mut Source,
+        wire: &mut W,
         inbox: &mut tokio::sync::mpsc::Receiver<SessionEvent>,
     ) -> String {
         let mut retransmit = tokio::time::interval(RETRANSMIT_CHECK_PERIOD);
         let mut peer_back = self.router.subscribe_peer_back();
         loop {
             tokio::select! {
-                frame = stream.next() => match frame {
-                    None => return "client closed the connection".into(),
-                    Some(Err(e)) if bmq_client::tls::is_unclean_close(&e) => {
-                        return "client closed the connection (without TLS close_notify)".into()
-                    }
-                    Some(Err(e)) => {
-                        metrics::counter!("bmq_client_frame_errors_total").increment(1);
-                        return format!("bad frame: {e}");
-                    }
-                    Some(Ok(msg)) => {
-                        if !self.handle_client(msg) {
-                            let bye = Kind::DisconnectResponse(DisconnectResponse {});
-                            let _ = sink.send(ClientMessage { kind: Some(bye) }).await;
-                            return "client disconnected".into();
+                input = wire.recv() => {
+                    let disconnected = match input {
+                        WireInput::Closed(reason) => return reason,
+                        WireInput::One(msg) => !self.handle_client(msg),
+                        WireInput::Many(msgs) => {
+                            let mut disconnected = false;
+                            for msg in msgs {
+                                if !self.handle_client(msg) {
+                                    disconnected = true;
+                                    break;
+                                }
+                            }
+                            disconnected
                         }
+                    };
+                    if disconnected {
+                        self.execute();
+                        for m in self.out.drain(..) {
+                            wire.push(m);
+                        }
+                        let bye = Kind::DisconnectResponse(DisconnectResponse {});
+                        wire.push(ClientMessage { kind: Some(bye) });
+                        let _ = wire.flush().await;
+                        return "client disconnected".into();
                     }
                 },
                 event = inbox.recv() => match event {
@@ -325,16 +423,12 @@ impl Session {
                 }
             }
             self.execute();
-            if !self.out.is_empty() {
-                let mut failed = false;
-                for m in self.out.drain(..) {
-                    if sink.feed(m).await.is_err() {
-                        failed = true;
-                        break;
-                    }
-                }
-                if failed || sink.flush().await.is_err() {
-                    return "write to client failed".into();
+            for m in self.out.drain(..) {
+                wire.push(m);
+            }
+            if wire.has_output() {
+                if let Err(reason) = wire.flush().await {
+                    return reason;
                 }
             }
         }

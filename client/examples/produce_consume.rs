@@ -46,6 +46,7 @@ async fn main() -> anyhow::Result<()> {
         let properties = vec![Property {
             key: "index".into(),
             value: i.to_string(),
+            ..Default::default()
         }];
         let payload = Bytes::from(format!("hello #{i}"));
         pending.push(client.put(URI, payload, properties).await?);

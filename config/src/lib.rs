@@ -319,6 +319,21 @@ impl BrokerConfig {
         }
     }
 
+    /// The address this node's bmqp listener binds (BlazingMQ SDK clients), when it has one:
+    /// its member's `bmqp_port` on `listen_host` or the member's host.
+    pub fn bmqp_listen_addr(&self) -> Option<String> {
+        let me = self.self_member();
+        let port = me.bmqp_port?;
+        Some(match &self.listen_host {
+            Some(host) => MemberConfig {
+                host: host.clone(),
+                ..me.clone()
+            }
+            .addr_of(port),
+            None => me.addr_of(port),
+        })
+    }
+
     /// Every member except this node.
     pub fn peers(&self) -> impl Iterator<Item = &MemberConfig> {
         let me = self.node_id;

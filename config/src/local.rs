@@ -15,7 +15,13 @@ pub const LOCAL_CLUSTER_BASE_PORT: u16 = 30100;
 /// Builds the configurations of an `nodes`-node cluster on 127.0.0.1 from the embedded default
 /// ([`LOCAL_CLUSTER_TOML`]).
 ///
-/// Node `i` (1-based) gets id `i`, client port `base_port + i`, peer port `base_port + 100 + i`,
+/// Offset of the bmqp (BlazingMQ SDK) ports from the base port: node `i` listens on
+/// `base_port + 13 + i`, so node 1 of the default cluster is on 30114, BlazingMQ's default, and
+/// an SDK program with no configuration finds it.
+pub const BMQP_PORT_OFFSET: usize = 13;
+
+/// Node `i` (1-based) gets id `i`, client port `base_port + i`, bmqp port `base_port + 13 + i`
+/// (30114.. by default), peer port `base_port + 100 + i`,
 /// admin port `base_port + 200 + i` (with the default base 30100: 30101.., 30201.., 30301..,
 /// the ports of the embedded default and of `bmqctl status`), `data_dir` `dir/node-<i>` and log
 /// file `dir/node-<i>/broker.log`. Every other setting is the embedded default's.
@@ -50,6 +56,7 @@ pub fn local_cluster(
             client_port: port(0, i)?,
             peer_port: port(100, i)?,
             admin_port: port(200, i)?,
+            bmqp_port: Some(port(BMQP_PORT_OFFSET, i)?),
         });
     }
     let mut configs = Vec::with_capacity(nodes);

@@ -34,6 +34,10 @@ pub struct MemberConfig {
     pub peer_port: u16,
     /// Port of the admin HTTP server (`/metrics`, `/status`, `/healthz`, `/readyz`).
     pub admin_port: u16,
+    /// Port for applications written with BlazingMQ's own SDKs (the `bmqp` protocol, plain
+    /// TCP; BlazingMQ's default is 30114). None (the field left out): no such listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmqp_port: Option<u16>,
 }
 
 impl MemberConfig {
@@ -57,6 +61,7 @@ impl MemberConfig {
             ("client_port", self.client_port),
             ("peer_port", self.peer_port),
             ("admin_port", self.admin_port),
+            ("bmqp_port", self.bmqp_port.unwrap_or(1)),
         ] {
             if port == 0 {
                 return Err(ConfigError::invalid(
@@ -66,6 +71,11 @@ impl MemberConfig {
             }
         }
         Ok(())
+    }
+
+    /// `host:port` with this member's host (bracketed when it is an IPv6 literal).
+    pub fn addr_of(&self, port: u16) -> String {
+        self.addr(port)
     }
 
     fn addr(&self, port: u16) -> String {
@@ -90,6 +100,11 @@ impl MemberConfig {
     /// Admin HTTP address, `host:port`.
     pub fn admin_addr(&self) -> String {
         self.addr(self.admin_port)
+    }
+
+    /// The bmqp (BlazingMQ SDK) address, `host:port`, when the member has one.
+    pub fn bmqp_addr(&self) -> Option<String> {
+        self.bmqp_port.map(|p| self.addr(p))
     }
 }
 

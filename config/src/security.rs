@@ -158,6 +158,11 @@ pub struct AuthSettings {
     /// The tokens; empty = client authentication off.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tokens: Vec<TokenConfig>,
+    /// The name of one of `tokens` whose permissions the clients of the bmqp listener get
+    /// (applications on BlazingMQ's SDKs, whose protocol carries no token). Unset: they are
+    /// anonymous, and with tokens configured they can open no queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmqp_identity: Option<String>,
 }
 
 impl AuthSettings {
@@ -213,7 +218,20 @@ impl AuthSettings {
                 }
             }
         }
+        if let Some(name) = &self.bmqp_identity {
+            if self.named(name).is_none() {
+                return Err(invalid(
+                    "auth.bmqp_identity",
+                    format!("{name:?} is not the name of a token of [[auth.tokens]]"),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The token named `name`.
+    pub fn named(&self, name: &str) -> Option<&TokenConfig> {
+        self.tokens.iter().find(|t| t.name == name)
     }
 
     /// The token whose secret is `secret`, compared in constant time against every token.

@@ -176,6 +176,7 @@ fn member_count_is_bounded() {
             client_port: 31000 + i as u16,
             peer_port: 32000 + i as u16,
             admin_port: 33000 + i as u16,
+            bmqp_port: None,
         });
     }
     let (field, msg) = field_of(&c);
@@ -383,9 +384,11 @@ fn ipv6_hosts_are_bracketed() {
         client_port: 1,
         peer_port: 2,
         admin_port: 3,
+        bmqp_port: Some(4),
     };
     assert_eq!(m.client_addr(), "[::1]:1");
     assert_eq!(m.admin_addr(), "[::1]:3");
+    assert_eq!(m.bmqp_addr().as_deref(), Some("[::1]:4"));
 }
 
 #[test]
@@ -427,6 +430,7 @@ fn settings() -> AuthSettings {
                 permissions: vec![Permission::Consume, Permission::Admin],
             },
         ],
+        bmqp_identity: None,
     }
 }
 
@@ -435,6 +439,13 @@ fn validation_names_the_field() {
     // Short secrets, duplicate names and unknown domains are configuration errors.
     let domains = vec![DomainConfig::new("bmq.test")];
     let mut s = settings();
+    assert!(s.validate(&domains).is_ok());
+    s.bmqp_identity = Some("nobody".into());
+    assert_eq!(
+        s.validate(&domains).unwrap_err().field(),
+        Some("auth.bmqp_identity")
+    );
+    s.bmqp_identity = Some("ops".into());
     assert!(s.validate(&domains).is_ok());
     s.tokens[0].secret = "short".into();
     assert_eq!(

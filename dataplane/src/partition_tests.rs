@@ -674,6 +674,7 @@ fn pushes_read_payloads_back_from_the_journal() {
     let props = vec![bmq_proto::client::Property {
         key: "k".into(),
         value: "v".into(),
+        ..Default::default()
     }];
     p.handle_request(
         now,

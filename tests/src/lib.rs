@@ -88,6 +88,14 @@ impl TestNode {
         self.config.self_member().client_addr()
     }
 
+    /// `host:port` of the bmqp (BlazingMQ SDK) listener; every harness node has one.
+    pub fn bmqp_addr(&self) -> String {
+        self.config
+            .self_member()
+            .bmqp_addr()
+            .expect("the harness gives every node a bmqp port")
+    }
+
     /// `host:port` of the admin listener.
     pub fn admin_addr(&self) -> String {
         self.config.self_member().admin_addr()
@@ -122,12 +130,13 @@ impl Cluster {
     pub fn configure(n: usize, edit: impl Fn(&mut BrokerConfig)) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("bmq-cluster-").tempdir()?;
         let mut configs = local_cluster(n, 30100, dir.path())?;
-        let ports = free_ports(3 * n);
+        let ports = free_ports(4 * n);
         for config in configs.iter_mut() {
             for (i, m) in config.members.iter_mut().enumerate() {
-                m.client_port = ports[3 * i];
-                m.peer_port = ports[3 * i + 1];
-                m.admin_port = ports[3 * i + 2];
+                m.client_port = ports[4 * i];
+                m.peer_port = ports[4 * i + 1];
+                m.admin_port = ports[4 * i + 2];
+                m.bmqp_port = Some(ports[4 * i + 3]);
             }
             config.log.file = Some(config.data_dir.join("broker.log"));
             edit(config);

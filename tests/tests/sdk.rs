@@ -1,0 +1,158 @@
+//! BlazingMQ's official Python SDK (`blazingmq==1.2.2` from PyPI, with the C++ libbmq inside)
+//! against a real cluster (issue 19): real `broker` processes, their bmqp listeners, and the
+//! pytest suite in `tests/sdk/` run by the SDK's own interpreter.
+//!
+//! `scripts/sdk-venv.sh` provisions the virtual environment (`target/sdk-venv`) on first use;
+//! it needs PyPI. The suite's tests (tests/sdk/test_sdk.py): open/post/ACK/consume/confirm
+//! with properties, 10,000 messages round trip with contents checked, an SDK producer with a
+//! `bmqctl` consumer and the other way round, redelivery of an unconfirmed message, a refused
+//! open; and (marked `destructive`, on a cluster of its own) SIGKILL of the queue's primary
+//! while an SDK producer posts: every ACKed message is delivered.
+//!
+//! Each run must pass every test it selects and skip none (a skipped test fails here).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use bmq_tests::{broker_binary, Cluster};
+
+/// Longest a pytest run may take before it is killed and the test fails.
+const PYTEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the repository")
+        .to_path_buf()
+}
+
+/// The SDK virtual environment's python, provisioning it if needed.
+fn sdk_python() -> anyhow::Result<PathBuf> {
+    let root = repo_root();
+    let out = Command::new("bash")
+        .arg(root.join("scripts/sdk-venv.sh"))
+        .current_dir(&root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("run scripts/sdk-venv.sh")?;
+    ensure!(
+        out.status.success(),
+        "scripts/sdk-venv.sh failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stdout = String::from_utf8(out.stdout)?;
+    let python = stdout
+        .lines()
+        .last()
+        .context("scripts/sdk-venv.sh printed no path")?;
+    Ok(PathBuf::from(python.trim()))
+}
+
+/// A child process killed (and reaped) when dropped, so a failing test leaves nothing behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs the suite with `-m marker` against `cluster`; returns pytest's output.
+fn pytest(cluster: &Cluster, marker: &str) -> anyhow::Result<String> {
+    let python = sdk_python()?;
+    let nodes: Vec<_> = (1..=3).map(|id| cluster.node(id)).collect();
+    let join = |f: &dyn Fn(&bmq_tests::TestNode) -> String| {
+        nodes.iter().map(|n| f(n)).collect::<Vec<_>>().join(",")
+    };
+    let log = tempfile::NamedTempFile::new()?;
+    let child = Command::new(python)
+        .args([
+            "-B",
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            marker,
+        ])
+        .arg(repo_root().join("tests/sdk"))
+        .current_dir(repo_root().join("tests/sdk"))
+        .env("BMQ_BROKER_URI", format!("tcp://{}", nodes[0].bmqp_addr()))
+        .env(
+            "BMQ_SDK_BROKERS",
+            join(&|n| format!("tcp://{}", n.bmqp_addr())),
+        )
+        .env("BMQ_SDK_DOMAIN", "bmq.test")
+        .env("BMQCTL", broker_binary().with_file_name("bmqctl"))
+        .env("BMQ_BROKERS", join(&|n| n.client_addr()))
+        .env(
+            "BMQ_TEST_NODES",
+            join(&|n| {
+                format!(
+                    "{}:{}:{}",
+                    n.id,
+                    n.pid().unwrap_or(0),
+                    n.admin_addr().replace("localhost", "127.0.0.1")
+                )
+            }),
+        )
+        .stdout(log.reopen()?)
+        .stderr(log.reopen()?)
+        .spawn()
+        .context("start pytest")?;
+    let mut child = Reaped(child);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > PYTEST_TIMEOUT {
+            bail!("pytest did not finish within {PYTEST_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut output = String::new();
+    log.reopen()?.read_to_string(&mut output)?;
+    eprintln!("{output}");
+    ensure!(status.success(), "pytest -m {marker:?} failed ({status})");
+    let summary = output
+        .lines()
+        .rev()
+        .find(|l| l.contains(" passed"))
+        .context("no pytest summary line")?;
+    ensure!(
+        !summary.contains("skipped"),
+        "tests were skipped: {summary}"
+    );
+    Ok(output)
+}
+
+fn started_cluster() -> anyhow::Result<Cluster> {
+    let cluster = Cluster::start(3)?;
+    tokio::runtime::Runtime::new()?
+        .block_on(cluster.wait_for_leader(Duration::from_secs(30)))
+        .with_context(|| cluster.log_tails(30))?;
+    Ok(cluster)
+}
+
+#[test]
+fn python_sdk_suite_against_a_cluster() -> anyhow::Result<()> {
+    let cluster = started_cluster()?;
+    let output = pytest(&cluster, "not destructive").with_context(|| cluster.log_tails(40))?;
+    ensure!(output.contains(" passed"), "{output}");
+    Ok(())
+}
+
+#[test]
+fn python_sdk_producer_through_a_primary_kill() -> anyhow::Result<()> {
+    let cluster = started_cluster()?;
+    pytest(&cluster, "destructive").with_context(|| cluster.log_tails(40))?;
+    Ok(())
+}
