@@ -10,6 +10,9 @@
 #   cluster and checks every dashboard panel and alert rule;
 # - debootstrap, when a Docker engine answers: tests/tests/compose.rs builds its base image
 #   without a registry;
+# - a Python virtual environment with BlazingMQ's SDK (`blazingmq==1.2.2`) and pytest, from
+#   PyPI (scripts/sdk-venv.sh; python3-venv through apt-get if `python3 -m venv` is missing):
+#   tests/tests/sdk.rs runs the SDK against a cluster;
 # - iproute2 + iptables: the chaos suite (tests/tests/chaos.rs) makes network faults with the
 #   kernel (it needs root; without root it is skipped and says why, or fails under CI=1).
 # Nothing is installed when it is already there.
@@ -42,6 +45,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt_install "${missing[@]}"
 fi
 prometheus --version 2>&1 | head -n 1
+
+# tests/tests/sdk.rs runs BlazingMQ's official Python SDK (blazingmq==1.2.2, from PyPI) against
+# a cluster: provision its virtual environment (target/sdk-venv) once, here, so a missing
+# install shows before the build.
+echo "== BlazingMQ Python SDK (scripts/sdk-venv.sh)"
+scripts/sdk-venv.sh >/dev/null
 
 # The multi-process tests run the `broker` and `bmqctl` binaries of this build: build every
 # target once, with the same feature resolution as `cargo test --workspace`.

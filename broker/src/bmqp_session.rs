@@ -486,6 +486,9 @@ impl BmqpWire {
                     continue;
                 }
             };
+            if put.compression != 0 {
+                metrics::counter!("bmq_bmqp_puts_decompressed_total").increment(1);
+            }
             if put.flags & PUT_ACK_REQUESTED == 0 {
                 self.unacked_silent.insert(put.guid);
             }
