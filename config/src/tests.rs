@@ -473,8 +473,8 @@ fn validation_names_the_field() {
 
 #[test]
 fn the_commented_security_example_parses_and_validates() {
-    // The [admin], [tls] and [[auth.tokens]] example of local-cluster.toml, uncommented,
-    // is a valid configuration.
+    // The [admin], [tls], [auth] and [[auth.tokens]] example of local-cluster.toml,
+    // uncommented, is a valid configuration.
     let text = LOCAL_CLUSTER_TOML;
     let start = text.find("# Security (README").expect("security block");
     let (head, block) = text.split_at(start);
@@ -485,7 +485,11 @@ fn the_commented_security_example_parses_and_validates() {
         let is_pair = l.split_once(" = ").is_some_and(|(k, _)| {
             !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
         });
-        if l.starts_with("[admin]") || l.starts_with("[tls]") || l.starts_with("[[auth") || is_pair
+        if l.starts_with("[admin]")
+            || l.starts_with("[tls]")
+            || l.starts_with("[auth]")
+            || l.starts_with("[[auth")
+            || is_pair
         {
             uncommented.push_str(l);
             uncommented.push('\n');
@@ -493,6 +497,7 @@ fn the_commented_security_example_parses_and_validates() {
     }
     let c = BrokerConfig::from_toml_str(&uncommented).unwrap();
     c.validate().unwrap();
+    assert_eq!(c.auth.bmqp_identity.as_deref(), Some("orders-service"));
     assert_eq!(c.admin.listen_host.as_deref(), Some("0.0.0.0"));
     assert!(c.tls.as_ref().is_some_and(|t| t.client_listener));
     assert_eq!(

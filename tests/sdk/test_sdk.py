@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -564,3 +565,17 @@ def test_primary_sigkill_while_producing(sdk_brokers, queue_uri, nodes):
         consumer.close_queue(queue_uri)
     finally:
         consumer.stop()
+
+
+def test_readme_example_runs(broker_uri):
+    # The README's example (docs/examples/hello_sdk.py) as a user runs it, with the broker
+    # given the way the SDK reads it from the environment.
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "examples", "hello_sdk.py")
+    env = dict(os.environ, BMQ_BROKER_URI=broker_uri)
+    proc = subprocess.run(
+        [sys.executable, example], env=env, capture_output=True, text=True, timeout=120
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{proc.stderr[-2000:]}"
+    assert "ack AckStatus.SUCCESS" in out, out
+    assert "received b'hello from the SDK' {'kind': 'greeting'}" in out, out
