@@ -68,6 +68,8 @@ use crate::session::{run, ClientWire, WireInput, HELLO_TIMEOUT};
 
 /// Largest PUSH or ACK event this listener writes; more messages go into further events.
 const EVENT_BYTES_MAX: usize = 1 << 20;
+/// Most requests one [`ClientWire::recv`] hands to the session at once.
+const EVENTS_PER_TURN_MAX: usize = 1024;
 /// Read buffer size.
 const READ_CHUNK: usize = 64 * 1024;
 /// This broker's version as the SDKs see it (`brokerVersion`; they do not check it).
@@ -261,7 +263,10 @@ impl BmqpWire {
             self.read_buf.clear();
             match self.read.read_buf(&mut self.read_buf).await {
                 Ok(0) => return Ok(None),
-                Ok(_) => self.decoder.extend(&self.read_buf),
+                Ok(_) => {
+                    quick_ack(self.read.as_ref());
+                    self.decoder.extend(&self.read_buf)
+                }
                 Err(e) => return Err(format!("read failed: {e}")),
             }
         }
@@ -636,6 +641,19 @@ impl ClientWire for BmqpWire {
                     if let Err(reason) = self.handle_event(event, &mut into) {
                         return WireInput::Closed(reason);
                     }
+                    // The SDKs write one event per post: take every event already read, so one
+                    // loop turn (one hop to each primary, one write back) serves many.
+                    while into.len() < EVENTS_PER_TURN_MAX {
+                        match self.decoder.next_event() {
+                            Ok(Some(event)) => {
+                                if let Err(reason) = self.handle_event(event, &mut into) {
+                                    return WireInput::Closed(reason);
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(e) => return WireInput::Closed(bad("event", e)),
+                        }
+                    }
                     if !into.is_empty() || self.has_output() {
                         return WireInput::Many(into);
                     }
@@ -662,6 +680,33 @@ impl ClientWire for BmqpWire {
             .await
             .map_err(|e| format!("write to client failed: {e}"))
     }
+}
+
+/// Acknowledges received segments at once instead of after the kernel's delayed-ACK timer
+/// (Linux `TCP_QUICKACK`, which the kernel clears again, so it is set after every read).
+///
+/// Why: libbmq does not disable Nagle's algorithm on its socket, so an SDK producer sends its
+/// next small PUT only once the previous segment is acknowledged; with delayed ACKs every
+/// producer waits up to 40 ms per round trip (measured: 4,600 msg/s whatever the window).
+fn quick_ack(stream: &TcpStream) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let one: libc::c_int = 1;
+        // SAFETY: a valid socket descriptor for the life of `stream`, and a c_int option value
+        // of the size given; a failure only leaves delayed ACKs on.
+        unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_QUICKACK,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = stream;
 }
 
 /// `uri?id=<app>` -> the app id.
