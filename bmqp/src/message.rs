@@ -64,6 +64,29 @@ pub enum MessageError {
     Compression(String),
 }
 
+/// Option type of `SUB_QUEUE_INFOS` (protocol.h:671-693): which sub-queues (fanout app
+/// readers, by the sub-queue id the client chose) a PUSH is for.
+pub const OPTION_SUB_QUEUE_INFOS: u32 = 3;
+/// Bit of a `SubQueueInfo`'s RDA byte: unlimited remaining delivery attempts.
+pub const RDA_UNLIMITED: u8 = 0x80;
+
+/// The `SUB_QUEUE_INFOS` option, not packed, naming `sub_queue_ids`, each with unlimited
+/// remaining delivery attempts. Layout (protocol.h, `OptionHeader` and `SubQueueInfo`): one
+/// option header word — type (bits 31-26) | packed (25) = 0 | type-specific (24-21) = the size
+/// of one item in words (2) | option words (20-0), header included — then per sub-queue 8
+/// bytes: the id (u32), the RDA byte, 3 reserved.
+pub fn sub_queue_infos_option(sub_queue_ids: &[u32]) -> Bytes {
+    let words = 1 + 2 * sub_queue_ids.len() as u32;
+    let mut out = BytesMut::with_capacity(4 * words as usize);
+    out.put_u32(OPTION_SUB_QUEUE_INFOS << 26 | 2 << 21 | words);
+    for id in sub_queue_ids {
+        out.put_u32(*id);
+        out.put_u8(RDA_UNLIMITED);
+        out.put_bytes(0, 3);
+    }
+    out.freeze()
+}
+
 /// Compression algorithm ids (bmqt_compressionalgorithmtype.h:46).
 pub mod compression {
     /// Not compressed.
@@ -432,6 +455,13 @@ pub fn decode_confirms(body: &Bytes) -> Result<Vec<ConfirmMessage>, MessageError
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn sub_queue_infos_option_layout() {
+        // Type 3, not packed, items of 2 words, 3 words in all; sub-queue 1, unlimited RDA.
+        let option = sub_queue_infos_option(&[1]);
+        assert_eq!(&option[..], &[0x0c, 0x40, 0, 3, 0, 0, 0, 1, 0x80, 0, 0, 0]);
+    }
 
     fn put(n: u8, data: &[u8]) -> PutMessage {
         PutMessage {

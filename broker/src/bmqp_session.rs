@@ -48,8 +48,8 @@ use bmq_bmqp::control::{
 };
 use bmq_bmqp::event::{heartbeat, ControlEncoding, EventDecoder, EventType, RawEvent};
 use bmq_bmqp::message::{
-    ack_status, decode_confirms, decode_puts, decompress, encode_acks, encode_pushes, AckMessage,
-    PushMessage, MESSAGE_PROPERTIES, PUT_ACK_REQUESTED,
+    ack_status, decode_confirms, decode_puts, decompress, encode_acks, encode_pushes,
+    sub_queue_infos_option, AckMessage, PushMessage, MESSAGE_PROPERTIES, PUT_ACK_REQUESTED,
 };
 use bmq_bmqp::properties::{self, PropertyValue};
 use bmq_proto::client::{
@@ -203,6 +203,10 @@ struct QueueHandle {
     unconfirmed_bytes: usize,
     /// Deliveries past the client's limits or before it configured, in order.
     held: VecDeque<PushMessage>,
+    /// The `SUB_QUEUE_INFOS` option of this handle's PUSHes: a fanout app reader's sub-queue
+    /// id (libbmq routes a PUSH without it to sub-queue 0, the default stream); empty for
+    /// the default stream.
+    push_options: Bytes,
 }
 
 impl QueueHandle {
@@ -518,6 +522,15 @@ impl BmqpWire {
                 };
                 let status = r.status.unwrap_or_default();
                 if status.code == StatusCode::Ok as i32 {
+                    let push_options = match &request.request {
+                        Request::OpenQueue(h) => h
+                            .sub_id_info
+                            .as_ref()
+                            .filter(|s| s.sub_id != 0)
+                            .map(|s| sub_queue_infos_option(&[s.sub_id]))
+                            .unwrap_or_default(),
+                        _ => Bytes::new(),
+                    };
                     self.by_uri.insert(r.uri.clone(), q_id);
                     self.queues.insert(
                         q_id,
@@ -527,6 +540,7 @@ impl BmqpWire {
                             unconfirmed: HashMap::new(),
                             unconfirmed_bytes: 0,
                             held: VecDeque::new(),
+                            push_options,
                         },
                     );
                     self.respond(
@@ -613,7 +627,7 @@ impl BmqpWire {
                     guid,
                     schema_wire,
                     compression: 0,
-                    options: Bytes::new(),
+                    options: handle.push_options.clone(),
                     app_data,
                 });
                 self.release(q_id);

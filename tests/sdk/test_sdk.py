@@ -567,6 +567,45 @@ def test_primary_sigkill_while_producing(sdk_brokers, queue_uri, nodes):
         consumer.stop()
 
 
+def test_fanout_apps_each_get_every_message(broker_uri, fanout_domain):
+    # Readers of two apps of a fanout queue (uri?id=foo, uri?id=bar) each receive every
+    # message once and confirm it for their app only; a confirmed app gets nothing again.
+    uri = f"bmq://{fanout_domain}/sdk-fanout-{uuid.uuid4().hex[:12]}"
+    payloads = [f"fanout {i}".encode() for i in range(20)]
+    inboxes = {app: Inbox() for app in ("foo", "bar")}
+    readers = {}
+    try:
+        for app, inbox in inboxes.items():
+            readers[app] = start_session(broker_uri, inbox.on_message)
+            readers[app].open_queue(f"{uri}?id={app}", read=True)
+            inbox.expect(payloads)
+        producer = start_session(broker_uri)
+        try:
+            producer.open_queue(uri, write=True)
+            post_all(producer, uri, payloads, Acks())
+        finally:
+            producer.stop()
+        for app, inbox in inboxes.items():
+            assert inbox.wait_all(), f"app {app}: missing {sorted(inbox.missing)[:5]}"
+            messages, counts = inbox.snapshot()
+            assert set(counts) == set(payloads), f"app {app} got foreign messages"
+            assert all(m.queue_uri == f"{uri}?id={app}" for m in messages), (
+                f"app {app}: delivered for {messages[0].queue_uri!r}"
+            )
+    finally:
+        for session in readers.values():
+            session.stop()
+    again = Inbox()
+    session = start_session(broker_uri, again.on_message)
+    try:
+        session.open_queue(f"{uri}?id=foo", read=True)
+        assert not again.wait_distinct(1, timeout=2.0), (
+            f"app foo got confirmed messages again: {again.messages[:3]}"
+        )
+    finally:
+        session.stop()
+
+
 def test_readme_example_runs(broker_uri):
     # The README's example (docs/examples/hello_sdk.py) as a user runs it, with the broker
     # given the way the SDK reads it from the environment.

@@ -6,7 +6,7 @@
 //! it needs PyPI. The suite's tests (tests/sdk/test_sdk.py): open/post/ACK/consume/confirm
 //! with properties, 10,000 messages round trip with contents checked, an SDK producer with a
 //! `bmqctl` consumer and the other way round, redelivery of an unconfirmed message, a refused
-//! open; and (marked `destructive`, on a cluster of its own) SIGKILL of the queue's primary
+//! open, readers of two fanout apps (`?id=foo`, `?id=bar`) each getting every message; and (marked `destructive`, on a cluster of its own) SIGKILL of the queue's primary
 //! while an SDK producer posts: every ACKed message is delivered.
 //!
 //! Each run must pass every test it selects and skip none (a skipped test fails here).
@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
+use bmq_config::{DomainConfig, DomainMode};
 use bmq_tests::{broker_binary, Cluster};
 
 /// Longest a pytest run may take before it is killed and the test fails.
@@ -90,6 +91,7 @@ fn pytest(cluster: &Cluster, marker: &str) -> anyhow::Result<String> {
             join(&|n| format!("tcp://{}", n.bmqp_addr())),
         )
         .env("BMQ_SDK_DOMAIN", "bmq.test")
+        .env("BMQ_SDK_FANOUT_DOMAIN", FANOUT_DOMAIN)
         .env("BMQCTL", broker_binary().with_file_name("bmqctl"))
         .env("BMQ_BROKERS", join(&|n| n.client_addr()))
         .env(
@@ -134,8 +136,19 @@ fn pytest(cluster: &Cluster, marker: &str) -> anyhow::Result<String> {
     Ok(output)
 }
 
+/// The fanout domain of the suite's cluster and its app ids.
+const FANOUT_DOMAIN: &str = "bmq.test.fanout";
+
 fn started_cluster() -> anyhow::Result<Cluster> {
-    let cluster = Cluster::start(3)?;
+    let mut cluster = Cluster::configure(3, |config| {
+        let mut fanout = DomainConfig::new(FANOUT_DOMAIN);
+        fanout.mode = DomainMode::Fanout;
+        fanout.app_ids = vec!["foo".into(), "bar".into()];
+        config.domains.push(fanout);
+    })?;
+    for id in 1..=3 {
+        cluster.start_node(id)?;
+    }
     tokio::runtime::Runtime::new()?
         .block_on(cluster.wait_for_leader(Duration::from_secs(30)))
         .with_context(|| cluster.log_tails(30))?;
