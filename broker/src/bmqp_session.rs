@@ -13,7 +13,10 @@
 //!   parameters it configured: deliveries wait until the reader's ConfigureQueueStream, stop at
 //!   its "deconfigure" (priority `i32::MIN`) and respect its `maxUnconfirmedMessages/Bytes`
 //!   (messages past them are held here, and go back to the queue if the reader closes);
-//! - the control requests in flight (`rId`, echoed in each response);
+//! - the control requests in flight (`rId`, echoed in each response); an OpenQueue answered
+//!   NOT_READY (no active primary yet, as during a failover) is asked again every 250 ms until
+//!   `limits.request_timeout_ms`, as BlazingMQ holds an open until the queue is ready — libbmq
+//!   gives a queue up if its reopen after a reconnection fails;
 //! - the GUIDs of PUTs sent without `ACK_REQUESTED`: a success is not reported to them, a
 //!   failure is (as BlazingMQ does).
 //!
@@ -68,6 +71,8 @@ use crate::session::{run, ClientWire, WireInput, HELLO_TIMEOUT};
 
 /// Largest PUSH or ACK event this listener writes; more messages go into further events.
 const EVENT_BYTES_MAX: usize = 1 << 20;
+/// Delay before an OpenQueue answered NOT_READY is asked again.
+const OPEN_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 /// Most requests one [`ClientWire::recv`] hands to the session at once.
 const EVENTS_PER_TURN_MAX: usize = 1024;
 /// Read buffer size.
@@ -128,6 +133,8 @@ async fn serve_connection(stream: TcpStream, remote: String, router: Arc<Router>
         next_request_id: 1,
         disconnect: None,
         unacked_silent: HashSet::new(),
+        open_retries: Vec::new(),
+        open_timeout: router.config().limits.request_timeout(),
         deduplication_ms: i64::try_from(router.config().limits.duplicate_guid_window_ms)
             .unwrap_or(i64::MAX),
     };
@@ -224,7 +231,9 @@ impl QueueHandle {
 
 /// What a request in flight to the session was.
 enum Pending {
-    Open(ControlRequest, u32),
+    /// An OpenQueue: the request, the client's queue id, and until when a NOT_READY answer
+    /// (no active primary yet, e.g. during a failover) is retried.
+    Open(ControlRequest, u32, tokio::time::Instant),
     Close(ControlRequest, u32),
 }
 
@@ -249,6 +258,17 @@ struct BmqpWire {
     disconnect: Option<ControlRequest>,
     /// GUIDs of PUTs without ACK_REQUESTED still waiting for their outcome.
     unacked_silent: HashSet<[u8; 16]>,
+    /// OpenQueues answered NOT_READY, to ask again at the given time: (when, request, queue
+    /// id, deadline).
+    open_retries: Vec<(
+        tokio::time::Instant,
+        ControlRequest,
+        u32,
+        tokio::time::Instant,
+    )>,
+    /// How long an OpenQueue is retried while the answer is NOT_READY:
+    /// `limits.request_timeout_ms`.
+    open_timeout: std::time::Duration,
     /// `deduplicationTimeMs` told to the SDK (how long it may resend an un-ACKed PUT): the
     /// primaries' duplicate window, `limits.duplicate_guid_window_ms`.
     deduplication_ms: i64,
@@ -365,13 +385,6 @@ impl BmqpWire {
                     self.refuse(&request, StatusCategory::InvalidArgument, why);
                     return Ok(());
                 }
-                let app_id = h
-                    .sub_id_info
-                    .as_ref()
-                    .map(|s| s.app_id.clone())
-                    .filter(|a| a != "__default")
-                    .or_else(|| app_of(&h.uri).map(str::to_string))
-                    .unwrap_or_default();
                 let uri = h.uri.split('?').next().unwrap_or_default().to_string();
                 if self.by_uri.contains_key(&uri) {
                     let why = format!("{uri} is already open in this session");
@@ -379,22 +392,10 @@ impl BmqpWire {
                     return Ok(());
                 }
                 let request_id = self.request_id();
-                let read = h.flags & queue_flags::READ != 0;
-                into.push(ClientMessage {
-                    kind: Some(Kind::OpenQueue(OpenQueue {
-                        request_id,
-                        uri,
-                        read,
-                        write: h.flags & queue_flags::WRITE != 0,
-                        consumer: read.then(|| ConsumerOptions {
-                            app_id,
-                            ..Default::default()
-                        }),
-                    })),
-                });
-                let q_id = h.q_id;
+                into.push(our_open(request_id, &h));
+                let deadline = tokio::time::Instant::now() + self.open_timeout;
                 self.requests
-                    .insert(request_id, Pending::Open(request, q_id));
+                    .insert(request_id, Pending::Open(request, h.q_id, deadline));
             }
             Request::ConfigureQueueStream { q_id, params } => {
                 self.configure(&request, q_id, Some(params));
@@ -437,6 +438,26 @@ impl BmqpWire {
         handle.stream = params.filter(|p| !p.is_deconfigure());
         self.respond(request, Response::Configure);
         self.release(q_id);
+    }
+
+    /// The OpenQueues whose retry time has come, sent again under new request ids.
+    fn due_open_retries(&mut self) -> Vec<ClientMessage> {
+        let now = tokio::time::Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.open_retries)
+            .into_iter()
+            .partition(|r| r.0 <= now);
+        self.open_retries = later;
+        let mut out = Vec::with_capacity(due.len());
+        for (_, request, q_id, deadline) in due {
+            let Request::OpenQueue(h) = &request.request else {
+                continue;
+            };
+            let request_id = self.request_id();
+            out.push(our_open(request_id, h));
+            self.requests
+                .insert(request_id, Pending::Open(request, q_id, deadline));
+        }
+        out
     }
 
     /// Delivers held messages of `q_id` while the client's limits allow.
@@ -517,10 +538,20 @@ impl BmqpWire {
     fn translate(&mut self, message: ClientMessage) {
         match message.kind {
             Some(Kind::OpenQueueResponse(r)) => {
-                let Some(Pending::Open(request, q_id)) = self.requests.remove(&r.request_id) else {
+                let Some(Pending::Open(request, q_id, deadline)) =
+                    self.requests.remove(&r.request_id)
+                else {
                     return;
                 };
                 let status = r.status.unwrap_or_default();
+                let now = tokio::time::Instant::now();
+                if status.code == StatusCode::NotReady as i32 && now + OPEN_RETRY_DELAY < deadline {
+                    // BlazingMQ holds an open until the queue's primary is there; libbmq does
+                    // not retry a failed reopen after a reconnection. Ask again shortly.
+                    self.open_retries
+                        .push((now + OPEN_RETRY_DELAY, request, q_id, deadline));
+                    return;
+                }
                 if status.code == StatusCode::Ok as i32 {
                     let push_options = match &request.request {
                         Request::OpenQueue(h) => h
@@ -649,7 +680,27 @@ impl BmqpWire {
 impl ClientWire for BmqpWire {
     async fn recv(&mut self) -> WireInput {
         loop {
-            match self.next_event().await {
+            let next_retry = self.open_retries.iter().map(|r| r.0).min();
+            let event = match next_retry {
+                None => self.next_event().await,
+                Some(at) => {
+                    let woke = tokio::select! {
+                        event = self.next_event() => Some(event),
+                        _ = tokio::time::sleep_until(at) => None,
+                    };
+                    match woke {
+                        Some(event) => event,
+                        None => {
+                            let due = self.due_open_retries();
+                            if due.is_empty() {
+                                continue;
+                            }
+                            return WireInput::Many(due);
+                        }
+                    }
+                }
+            };
+            match event {
                 Ok(Some(event)) => {
                     let mut into = Vec::new();
                     if let Err(reason) = self.handle_event(event, &mut into) {
@@ -721,6 +772,31 @@ fn quick_ack(stream: &TcpStream) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = stream;
+}
+
+/// Our OpenQueue for the SDK's handle parameters: the URI without `?id=`, read and write from
+/// the flags, a reader's app id from `subIdInfo` or the URI (fanout).
+fn our_open(request_id: u64, h: &control::QueueHandleParameters) -> ClientMessage {
+    let app_id = h
+        .sub_id_info
+        .as_ref()
+        .map(|s| s.app_id.clone())
+        .filter(|a| a != "__default")
+        .or_else(|| app_of(&h.uri).map(str::to_string))
+        .unwrap_or_default();
+    let read = h.flags & queue_flags::READ != 0;
+    ClientMessage {
+        kind: Some(Kind::OpenQueue(OpenQueue {
+            request_id,
+            uri: h.uri.split('?').next().unwrap_or_default().to_string(),
+            read,
+            write: h.flags & queue_flags::WRITE != 0,
+            consumer: read.then(|| ConsumerOptions {
+                app_id,
+                ..Default::default()
+            }),
+        })),
+    }
 }
 
 /// `uri?id=<app>` -> the app id.

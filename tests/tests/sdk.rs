@@ -169,3 +169,123 @@ fn python_sdk_producer_through_a_primary_kill() -> anyhow::Result<()> {
     pytest(&cluster, "destructive").with_context(|| cluster.log_tails(40))?;
     Ok(())
 }
+
+/// The node an SDK producer is connected to — the queue's primary — is SIGKILLed while the
+/// producer posts (400/s), and restarted a second later: libbmq reconnects to it, reopens the
+/// queue and resends what was not ACKed; every message ACKed SUCCESS is then delivered to a
+/// consumer on another node (once at least: a resend after a lost ACK is dropped by GUID).
+#[test]
+fn python_sdk_reconnects_to_its_restarted_node() -> anyhow::Result<()> {
+    use bmq_client::{Client, ClientConfig, OpenOptions};
+    use bmq_proto::client::ConsumerOptions;
+    use std::collections::BTreeSet;
+
+    let mut cluster = started_cluster()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let uri = "bmq://bmq.test/sdk-restart";
+    let primary = rt.block_on(async {
+        // Opening the queue assigns it; its partition's primary is the node to restart.
+        let opener =
+            Client::connect(ClientConfig::new(vec![cluster.node(1).client_addr()])).await?;
+        opener.open_queue(uri, OpenOptions::write()).await?;
+        let (_, primary) =
+            bmq_tests::primary_of_queue(&cluster, uri, Duration::from_secs(30)).await?;
+        let _ = opener.disconnect().await;
+        anyhow::Ok(primary)
+    })?;
+    let out = tempfile::NamedTempFile::new()?;
+    let log = tempfile::NamedTempFile::new()?;
+    let producer = Command::new(sdk_python()?)
+        .arg("-B")
+        .arg(repo_root().join("tests/sdk/sdk_producer.py"))
+        .args(["--uri", uri, "--count", "2000", "--rate", "400", "--out"])
+        .arg(out.path())
+        .arg("--broker")
+        .arg(format!("tcp://{}", cluster.node(primary).bmqp_addr()))
+        .stdout(log.reopen()?)
+        .stderr(log.reopen()?)
+        .spawn()
+        .context("start the SDK producer")?;
+    let mut producer = Reaped(producer);
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.kill_node(primary)?;
+    std::thread::sleep(Duration::from_secs(1));
+    cluster.start_node(primary)?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = producer.0.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(180) {
+            bail!("the SDK producer did not finish within 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut text = String::new();
+    log.reopen()?.read_to_string(&mut text)?;
+    ensure!(status.success(), "SDK producer failed ({status}): {text}");
+    let result: serde_json::Value = serde_json::from_reader(out.reopen()?)?;
+    let acked: BTreeSet<u64> = result["acked"]
+        .as_array()
+        .context("acked")?
+        .iter()
+        .filter_map(|v| v.as_u64())
+        .collect();
+    let count = |key: &str| {
+        result[key]
+            .as_object()
+            .map(|o| o.len())
+            .or_else(|| result[key].as_array().map(|a| a.len()))
+            .unwrap_or(0)
+    };
+    let summary = format!(
+        "{} ACKed, {} NACKed, {} posts refused by the SDK, {} unanswered; session events {}",
+        acked.len(),
+        count("nacked"),
+        count("refused"),
+        count("unacked"),
+        result["session_events"]
+    );
+    eprintln!("SDK producer through a restart of its node: {summary}");
+    ensure!(
+        result["session_events"].to_string().contains("Reconnected"),
+        "the SDK did not reconnect: {summary}"
+    );
+    ensure!(
+        acked.len() == 2000,
+        "every post should be ACKed through the restart: {summary}"
+    );
+    let other = if primary == 1 { 2 } else { 1 };
+    let delivered = rt.block_on(async {
+        let consumer =
+            Client::connect(ClientConfig::new(vec![cluster.node(other).client_addr()])).await?;
+        consumer
+            .open_queue(uri, OpenOptions::read(ConsumerOptions::default()))
+            .await?;
+        let mut delivered = BTreeSet::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !acked.is_subset(&delivered) {
+            let Ok(Some(m)) = tokio::time::timeout_at(deadline, consumer.next_message()).await
+            else {
+                break;
+            };
+            let text = String::from_utf8_lossy(&m.payload).to_string();
+            if let Some(i) = text
+                .strip_prefix("sdk-producer ")
+                .and_then(|n| n.parse().ok())
+            {
+                delivered.insert(i);
+            }
+            consumer.confirm(uri, m.guid.clone()).await?;
+        }
+        anyhow::Ok(delivered)
+    })?;
+    let missing: Vec<_> = acked.difference(&delivered).take(10).collect();
+    ensure!(
+        missing.is_empty(),
+        "ACKed messages never delivered, e.g. {missing:?} ({} missing)\n{}",
+        acked.difference(&delivered).count(),
+        cluster.log_tails(30)
+    );
+    Ok(())
+}
