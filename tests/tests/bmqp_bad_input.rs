@@ -126,6 +126,13 @@ impl Raw {
         }
     }
 
+    /// Sends `v` as a JSON-encoded CONTROL event.
+    async fn json(&mut self, v: serde_json::Value) {
+        let mut body = BytesMut::from(v.to_string().as_bytes());
+        pad(&mut body);
+        self.send(EventType::Control, 1 << 5, body.freeze()).await;
+    }
+
     async fn send(&mut self, event_type: EventType, type_specific: u8, body: Bytes) {
         let bytes = RawEvent::new(event_type, type_specific, body).to_bytes();
         let _ = self.stream.write_all(&bytes).await;
@@ -388,6 +395,80 @@ async fn bad_bmqp_input_closes_only_that_connection() -> anyhow::Result<()> {
         );
         let (leader, _) = cluster.wait_for_leader(Duration::from_secs(10)).await?;
         ensure!(leader >= 1, "a leader after the bad input");
+        Ok::<_, anyhow::Error>(())
+    };
+    Box::pin(run).await.with_context(|| cluster.log_tails(30))
+}
+
+/// A client that speaks JSON, as the Java SDK does (BRIEF.md §2: it sends its negotiation and
+/// control messages JSON-encoded, lists only `PROTOCOL_ENCODING:JSON`, and configures readers
+/// with ConfigureStream): every answer comes back in JSON with the request's `rId`, and a
+/// message goes round trip. (No Java SDK runs here: this is our reading of its messages.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_client_negotiates_opens_and_round_trips() -> anyhow::Result<()> {
+    let cluster = Cluster::start(3)?;
+    cluster.wait_for_leader(Duration::from_secs(30)).await?;
+    let run = async {
+        let mut raw = Raw::connect(&cluster.node(2).bmqp_addr()).await?;
+        let answer = |e: RawEvent| -> anyhow::Result<serde_json::Value> {
+            ensure!(e.header.type_specific == 1 << 5, "answered in JSON");
+            let len = bmq_bmqp::event::unpadded_len(&e.body).context("padding")?;
+            Ok(serde_json::from_slice(&e.body[..len])?)
+        };
+        raw.json(serde_json::json!({"clientIdentity": {
+                "protocolVersion": 1, "sdkVersion": 1, "clientType": "E_TCPCLIENT",
+                "processName": "json-client", "pid": 1, "sessionId": 1, "hostName": "test",
+                "features": "PROTOCOL_ENCODING:JSON;MPS:MESSAGE_PROPERTIES_EX",
+                "clusterName": "", "clusterNodeId": -1, "sdkLanguage": "E_JAVA",
+                "guidInfo": {"clientId": "0A0B0C0D0E0F", "nanoSecondsFromEpoch": 0}}}))
+            .await;
+        let v = answer(raw.next_of(EventType::Control).await?)?;
+        ensure!(
+            v["brokerResponse"]["result"]["category"] == "E_SUCCESS",
+            "negotiation: {v}"
+        );
+        let uri = "bmq://bmq.test/bmqp-json";
+        raw.json(
+            serde_json::json!({"rId": 1, "openQueue": {"handleParameters": {
+                "uri": uri, "qId": 0, "flags": 6, "readCount": 1, "writeCount": 1,
+                "adminCount": 0}}}),
+        )
+        .await;
+        let v = answer(raw.next_of(EventType::Control).await?)?;
+        ensure!(v["rId"] == 1, "{v}");
+        ensure!(
+            v["openQueueResponse"]["originalRequest"]["handleParameters"]["uri"] == uri,
+            "open: {v}"
+        );
+        raw.json(
+            serde_json::json!({"rId": 2, "configureStream": {"qId": 0, "streamParameters": {
+                "appId": "__default", "subscriptions": [{"sId": 1,
+                "expression": {"version": "E_UNDEFINED", "text": ""},
+                "consumers": [{"maxUnconfirmedMessages": 10, "maxUnconfirmedBytes": 1048576,
+                               "consumerPriority": 0, "consumerPriorityCount": 1}]}]}}}),
+        )
+        .await;
+        let v = answer(raw.next_of(EventType::Control).await?)?;
+        ensure!(
+            v["rId"] == 2 && v["configureStreamResponse"]["request"]["qId"] == 0,
+            "configure: {v}"
+        );
+        ensure!(
+            raw.post(0, guid(9), b"json", false).await? == 0,
+            "ACK SUCCESS"
+        );
+        let push = decode_pushes(&raw.next_of(EventType::Push).await?.body)?;
+        ensure!(
+            push.len() == 1 && &push[0].app_data[..] == b"json",
+            "{push:?}"
+        );
+        raw.json(serde_json::json!({"rId": 3, "disconnect": {}}))
+            .await;
+        let v = answer(raw.next_of(EventType::Control).await?)?;
+        ensure!(
+            v["rId"] == 3 && v.get("disconnectResponse").is_some(),
+            "disconnect: {v}"
+        );
         Ok::<_, anyhow::Error>(())
     };
     Box::pin(run).await.with_context(|| cluster.log_tails(30))
