@@ -93,6 +93,54 @@ impl Tlv {
         Some(v)
     }
 
+    /// A context-specific primitive `[tag]` holding `bytes` (definite length), as `balber`
+    /// writes strings and integers.
+    pub fn context(tag: u32, bytes: &[u8]) -> Tlv {
+        Tlv {
+            class: class::CONTEXT,
+            tag,
+            length: LengthForm::Definite { octets: 0 },
+            value: Value::Primitive(Bytes::copy_from_slice(bytes)),
+        }
+    }
+
+    /// A context-specific integer `[tag]` in the fewest two's-complement octets (how
+    /// `balber` writes ints, enums by their id, and bools as 0/1).
+    pub fn context_int(tag: u32, v: i64) -> Tlv {
+        let b = v.to_be_bytes();
+        let mut start = 0;
+        // Drop a leading 0x00 (0xff) while the next octet keeps the sign.
+        while start < 7
+            && ((b[start] == 0 && b[start + 1] & 0x80 == 0)
+                || (b[start] == 0xff && b[start + 1] & 0x80 != 0))
+        {
+            start += 1;
+        }
+        Tlv::context(tag, &b[start..])
+    }
+
+    /// A context-specific constructed `[tag]` with `members`, indefinite length (how `balber`
+    /// writes every sequence and choice).
+    pub fn context_seq(tag: u32, members: Vec<Tlv>) -> Tlv {
+        Tlv {
+            class: class::CONTEXT,
+            tag,
+            length: LengthForm::Indefinite,
+            value: Value::Constructed(members),
+        }
+    }
+
+    /// A top-level UNIVERSAL SEQUENCE with `members`, indefinite length (every control
+    /// message).
+    pub fn sequence(members: Vec<Tlv>) -> Tlv {
+        Tlv {
+            class: class::UNIVERSAL,
+            tag: 16,
+            length: LengthForm::Indefinite,
+            value: Value::Constructed(members),
+        }
+    }
+
     /// A primitive value's contents as UTF-8 text.
     pub fn as_str(&self) -> Option<&str> {
         match &self.value {

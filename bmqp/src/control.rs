@@ -22,7 +22,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{json, Map, Value as Json};
 use thiserror::Error;
 
-use crate::ber::{self, class, LengthForm, Tlv, Value};
+use crate::ber::{self, class, Tlv, Value};
 use crate::event::{pad, unpadded_len, ControlEncoding, EventType, RawEvent};
 
 /// Queue flags of `QueueHandleParameters.flags` (bmqt_queueflags.h:47-54).
@@ -581,41 +581,16 @@ pub fn decode_request(event: &RawEvent) -> Result<ControlRequest, ControlError> 
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-fn ctx(tag: u32, bytes: Bytes) -> Tlv {
-    Tlv {
-        class: class::CONTEXT,
-        tag,
-        length: LengthForm::Definite { octets: 0 },
-        value: Value::Primitive(bytes),
-    }
-}
-
-/// A context-tagged integer in the fewest two's-complement octets.
 fn int(tag: u32, v: i64) -> Tlv {
-    let b = v.to_be_bytes();
-    let mut start = 0;
-    while start < 7 {
-        let (x, next) = (b[start], b[start + 1]);
-        if (x == 0 && next & 0x80 == 0) || (x == 0xff && next & 0x80 != 0) {
-            start += 1;
-        } else {
-            break;
-        }
-    }
-    ctx(tag, Bytes::copy_from_slice(&b[start..]))
+    Tlv::context_int(tag, v)
 }
 
 fn string(tag: u32, s: &str) -> Tlv {
-    ctx(tag, Bytes::copy_from_slice(s.as_bytes()))
+    Tlv::context(tag, s.as_bytes())
 }
 
 fn seq(tag: u32, members: Vec<Tlv>) -> Tlv {
-    Tlv {
-        class: class::CONTEXT,
-        tag,
-        length: LengthForm::Indefinite,
-        value: Value::Constructed(members),
-    }
+    Tlv::context_seq(tag, members)
 }
 
 fn retag(t: &Tlv, tag: u32) -> Tlv {
@@ -634,12 +609,7 @@ fn control_event(encoding: ControlEncoding, write: impl FnOnce(&mut BytesMut)) -
 }
 
 fn ber_event(members: Vec<Tlv>) -> Bytes {
-    let top = Tlv {
-        class: class::UNIVERSAL,
-        tag: 16,
-        length: LengthForm::Indefinite,
-        value: Value::Constructed(members),
-    };
+    let top = Tlv::sequence(members);
     control_event(ControlEncoding::Ber, |out| ber::encode(&top, out))
 }
 

@@ -702,20 +702,19 @@ impl ClientWire for BmqpWire {
             };
             match event {
                 Ok(Some(event)) => {
-                    let mut into = Vec::new();
-                    if let Err(reason) = self.handle_event(event, &mut into) {
-                        return WireInput::Closed(reason);
-                    }
                     // The SDKs write one event per post: take every event already read, so one
                     // loop turn (one hop to each primary, one write back) serves many.
-                    while into.len() < EVENTS_PER_TURN_MAX {
+                    let mut into = Vec::new();
+                    let mut next = Some(event);
+                    while let Some(event) = next.take() {
+                        if let Err(reason) = self.handle_event(event, &mut into) {
+                            return WireInput::Closed(reason);
+                        }
+                        if into.len() >= EVENTS_PER_TURN_MAX {
+                            break;
+                        }
                         match self.decoder.next_event() {
-                            Ok(Some(event)) => {
-                                if let Err(reason) = self.handle_event(event, &mut into) {
-                                    return WireInput::Closed(reason);
-                                }
-                            }
-                            Ok(None) => break,
+                            Ok(event) => next = event,
                             Err(e) => return WireInput::Closed(bad("event", e)),
                         }
                     }

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use bmq_bmqp::ber::{self, class, LengthForm, Tlv, Value};
+use bmq_bmqp::ber::{self, Tlv};
 use bmq_bmqp::event::{pad, EventDecoder, EventType, RawEvent};
 use bmq_bmqp::message::{
     decode_acks, decode_pushes, encode_confirms, encode_puts, ConfirmMessage, PutMessage,
@@ -141,28 +141,36 @@ impl Raw {
     /// Opens `uri` as queue id `q_id` for reading and writing (rId = q_id + 1) and configures
     /// the reader; checks both answers.
     async fn open(&mut self, q_id: u32, uri: &str) -> anyhow::Result<()> {
-        let handle = seq(
+        let handle = Tlv::context_seq(
             0,
             vec![
-                prim(0, uri.as_bytes()),
-                int(1, i64::from(q_id)),
-                int(3, 6),
-                int(4, 1),
-                int(5, 1),
-                int(6, 0),
+                Tlv::context(0, uri.as_bytes()),
+                Tlv::context_int(1, i64::from(q_id)),
+                Tlv::context_int(3, 6),
+                Tlv::context_int(4, 1),
+                Tlv::context_int(5, 1),
+                Tlv::context_int(6, 0),
             ],
         );
-        self.control(i64::from(q_id) + 1, seq(10, vec![handle]))
+        self.control(i64::from(q_id) + 1, Tlv::context_seq(10, vec![handle]))
             .await;
         let answer = self.control_answer().await?;
         ensure!(
             answer == 11,
             "openQueueResponse expected, got choice {answer}"
         );
-        let stream = seq(1, vec![int(1, 1000), int(2, 1 << 25), int(3, 0), int(4, 1)]);
+        let stream = Tlv::context_seq(
+            1,
+            vec![
+                Tlv::context_int(1, 1000),
+                Tlv::context_int(2, 1 << 25),
+                Tlv::context_int(3, 0),
+                Tlv::context_int(4, 1),
+            ],
+        );
         self.control(
             100 + i64::from(q_id),
-            seq(14, vec![int(0, i64::from(q_id)), stream]),
+            Tlv::context_seq(14, vec![Tlv::context_int(0, i64::from(q_id)), stream]),
         )
         .await;
         let answer = self.control_answer().await?;
@@ -174,12 +182,10 @@ impl Raw {
     }
 
     async fn control(&mut self, r_id: i64, selection: Tlv) {
-        let top = Tlv {
-            class: class::UNIVERSAL,
-            tag: 16,
-            length: LengthForm::Indefinite,
-            value: Value::Constructed(vec![int(0, r_id), seq(1, vec![selection])]),
-        };
+        let top = Tlv::sequence(vec![
+            Tlv::context_int(0, r_id),
+            Tlv::context_seq(1, vec![selection]),
+        ]);
         let mut body = BytesMut::new();
         ber::encode(&top, &mut body);
         pad(&mut body);
@@ -227,35 +233,6 @@ impl Raw {
         let ack = acks.iter().find(|a| a.guid == guid).context("our ACK")?;
         ensure!(ack.queue_id == q_id as i32);
         Ok(ack.status)
-    }
-}
-
-fn prim(tag: u32, b: &[u8]) -> Tlv {
-    Tlv {
-        class: class::CONTEXT,
-        tag,
-        length: LengthForm::Definite { octets: 0 },
-        value: Value::Primitive(Bytes::copy_from_slice(b)),
-    }
-}
-
-fn int(tag: u32, v: i64) -> Tlv {
-    let b = v.to_be_bytes();
-    let start = b.iter().position(|&x| x != 0).unwrap_or(7).min(7);
-    let start = if b[start] & 0x80 != 0 && start > 0 {
-        start - 1
-    } else {
-        start
-    };
-    prim(tag, &b[start..])
-}
-
-fn seq(tag: u32, members: Vec<Tlv>) -> Tlv {
-    Tlv {
-        class: class::CONTEXT,
-        tag,
-        length: LengthForm::Indefinite,
-        value: Value::Constructed(members),
     }
 }
 
