@@ -32,7 +32,7 @@ use bmq_metadata::{ClusterState, PrimaryStatus};
 use bmq_proto::client::{client_message::Kind as ClientKind, ClientMessage, Status, StatusCode};
 use bmq_proto::peer::{
     peer_message::Kind as PeerKind, Channel, ForwardedClientMessage, PartitionMessage, PeerMessage,
-    PrimaryActiveNotice, SessionGone,
+    ConsumersReleased, PrimaryActiveNotice, SessionGone,
 };
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -343,6 +343,11 @@ impl Router {
                     }
                 }
             }
+            Some(PeerKind::ConsumersReleased(_)) => {
+                // Our sessions' consumers on `from`'s primaries are gone: reopen them there.
+                debug!(peer = %from, "peer released our sessions' consumers: reopening");
+                let _ = self.peer_back.send(from);
+            }
             Some(PeerKind::SessionGone(g)) => {
                 let session = SessionAddr {
                     origin_node: NodeId(g.origin_node_id),
@@ -408,10 +413,17 @@ impl Router {
     }
 
     /// A peer became available again: sessions attached to a primary there reopen their
-    /// queues (the primary released their consumers when the link dropped).
+    /// queues (the primary released their consumers when the link dropped); and the peer is
+    /// told that this node released its sessions' consumers ([`ConsumersReleased`], on the
+    /// CONTROL channel, which availability says is up), since it may never have found this
+    /// node unavailable and would not reopen on its own.
     pub fn handle_node_back(&self, node: NodeId) {
         // No receiver (no session) is fine.
         let _ = self.peer_back.send(node);
+        let notice = PeerMessage {
+            kind: Some(PeerKind::ConsumersReleased(ConsumersReleased {})),
+        };
+        self.peers.send(node, Channel::Control, notice);
     }
 
     /// Subscribes to "peer link came back" notifications (see [`Router::handle_node_back`]).

@@ -169,6 +169,7 @@ impl PeerInbound for PeerDemux {
             }
             kind @ (Some(Kind::Forwarded(_))
             | Some(Kind::SessionGone(_))
+            | Some(Kind::ConsumersReleased(_))
             | Some(Kind::Partition(_))
             | Some(Kind::PrimaryActive(_))) => {
                 self.router.handle_peer_data(from, PeerMessage { kind });
