@@ -31,8 +31,8 @@ use bmq_dataplane::{
 use bmq_metadata::{ClusterState, PrimaryStatus};
 use bmq_proto::client::{client_message::Kind as ClientKind, ClientMessage, Status, StatusCode};
 use bmq_proto::peer::{
-    peer_message::Kind as PeerKind, Channel, ForwardedClientMessage, PartitionMessage, PeerMessage,
-    ConsumersReleased, PrimaryActiveNotice, SessionGone,
+    peer_message::Kind as PeerKind, Channel, ConsumersReleased, ForwardedClientMessage,
+    PartitionMessage, PeerMessage, PrimaryActiveNotice, SessionGone,
 };
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use tokio::sync::{broadcast, mpsc, watch};

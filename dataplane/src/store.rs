@@ -48,11 +48,21 @@
 //! dead bytes of closed settled segments under one segment), not the history. Disk:
 //! outstanding bytes plus about two segments, plus what is not yet settled.
 //!
-//! **Disk full.** A write that fails with `ENOSPC` is rolled back (the segment is cut back to
-//! its length before the write), nothing already written is touched, and
-//! [`StoreError::NoSpace`] is returned: the caller refuses new writes until space returns. A
-//! configured quota (`quota_bytes`) is checked by the caller before a write
-//! ([`Store::would_exceed_quota`]).
+//! **Writes.** A new segment's space is reserved when it is created (`fallocate` with
+//! `FALLOC_FL_KEEP_SIZE`: the file's length stays what is written). Appends within the
+//! reservation wait in a write-behind buffer and reach the file in one `pwrite` at the next
+//! [`Store::sync`] (or once the buffer passes 1 MiB), so a batch of appends costs one system
+//! call; reads of records still in the buffer are served from it. Nothing changes for
+//! durability: a record counts as durable only after [`Store::sync`], and a crash before it
+//! loses the same records as a power loss would. Where the file system cannot reserve, every
+//! append is written at once.
+//!
+//! **Disk full.** A full disk shows when a segment is created (its reservation fails) or, without
+//! a reservation, when a write fails with `ENOSPC`: the append is rolled back (a segment it
+//! created is removed, the segment cut back to its length before the write), nothing already
+//! written is touched, and [`StoreError::NoSpace`] is returned: the caller refuses new writes
+//! until space returns. A configured quota (`quota_bytes`) is checked by the caller before a
+//! write ([`Store::would_exceed_quota`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -80,6 +90,9 @@ pub const RECORD_SIZE_MAX: usize = 64 * 1024 * 1024;
 /// The most app ids a queue's messages are tracked for (a fanout domain's apps); more are
 /// refused by the configuration.
 pub const APPS_MAX: usize = 64;
+/// Most bytes appended to the active segment that wait in memory for one write (see
+/// [`Store::sync`]); beyond, they are written at once.
+const PENDING_BYTES_MAX: usize = 1 << 20;
 /// Name of the staged journal of an install, under the store's directory.
 const INSTALL_DIR: &str = "install";
 /// The commit point of an install (see the module doc).
@@ -216,7 +229,14 @@ struct Segment {
     no: u32,
     path: PathBuf,
     file: File,
+    /// Bytes of the segment: on the file, plus (active segment) the store's write-behind buffer.
     len: u64,
+    /// Bytes written to the file; `len - written` wait in [`Store::pending`].
+    written: u64,
+    /// Bytes reserved for the file with `fallocate` (0: none, every write goes straight to the
+    /// file). Writes within the reservation cannot fail for a full disk, so they may wait in
+    /// the write-behind buffer until the next [`Store::sync`].
+    reserved: u64,
     /// Bytes made durable by the last fsync (for simulated crashes).
     synced_len: u64,
     /// Records held, ascending sequence (markers excluded).
@@ -379,6 +399,10 @@ pub struct Store {
     effects: VecDeque<(u64, Effect)>,
     queues: Vec<QueueInfo>,
     queue_ids: HashMap<String, u32>,
+    /// Framed records of the active segment not yet written to its file (offsets `written..len`):
+    /// written in one `pwrite` at the next [`Store::sync`] (or when over [`PENDING_BYTES_MAX`]),
+    /// so a batch of appends costs one system call, not one each.
+    pending: Vec<u8>,
     /// The most recent records, ascending sequence.
     cache: VecDeque<JournalRecord>,
     cache_bytes: u64,
@@ -473,6 +497,7 @@ impl Store {
             effects: VecDeque::new(),
             queues: Vec::new(),
             queue_ids: HashMap::new(),
+            pending: Vec::new(),
             cache: VecDeque::new(),
             cache_bytes: 0,
             bytes_total: 0,
@@ -584,6 +609,8 @@ impl Store {
             path: path.clone(),
             file,
             len: HEADER_LEN,
+            written: HEADER_LEN,
+            reserved: 0,
             synced_len: 0,
             records: Vec::new(),
             live: 0,
@@ -676,8 +703,15 @@ impl Store {
             s.len = (pos + RECORD_HEADER_LEN + len) as u64;
             pos += RECORD_HEADER_LEN + len;
         }
+        let segment_size_max = self.cfg.segment_size_max;
         let s = self.segments.last_mut().expect("pushed");
         s.synced_len = s.len;
+        s.written = s.len;
+        if is_last {
+            // Appends continue here: reserve the rest of the segment (best effort: without a
+            // reservation every append is written at once, as before).
+            s.reserved = reserve(&s.file, segment_size_max).unwrap_or(0);
+        }
         self.bytes_total += s.len;
         if let Some(first) = s.first_sequence() {
             // Segments deleted before this one: their positions are absent.
@@ -922,13 +956,16 @@ impl Store {
                 .truncate(true)
                 .open(&path)?;
             file.write_all_at(&buf, 0)?;
+            // The segment's space, reserved now: a full disk shows here, where the append that
+            // needs the segment can still be refused, and never in a write-behind.
+            let reserved = reserve(&file, self.cfg.segment_size_max)?;
             if self.cfg.fsync {
                 file.sync_all()?;
             }
-            Ok(file)
+            Ok((file, reserved))
         })();
-        let file = match made {
-            Ok(file) => file,
+        let (file, reserved) = match made {
+            Ok(made) => made,
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 return Err(io(&path)(e));
@@ -943,6 +980,8 @@ impl Store {
             path,
             file,
             len: buf.len() as u64,
+            written: buf.len() as u64,
+            reserved,
             synced_len: buf.len() as u64,
             records: Vec::new(),
             live: 0,
@@ -954,16 +993,31 @@ impl Store {
         Ok(())
     }
 
-    /// Writes `buf` at the end of the active segment; on failure cuts the segment back, so a
-    /// failed write leaves nothing behind.
+    /// Appends `buf` to the active segment. Within the segment's reservation the bytes wait
+    /// in the write-behind buffer for the next [`Store::sync`] (one write for many appends);
+    /// beyond it they are written at once, and a failed write cuts the segment back, so it
+    /// leaves nothing behind.
     fn write_active(&mut self, buf: &[u8]) -> Result<(), StoreError> {
+        let add = buf.len() as u64;
+        let s = self.segments.last().expect("a segment is open");
+        if s.len + add <= s.reserved {
+            if self.pending.len() + buf.len() > PENDING_BYTES_MAX {
+                self.write_pending()?;
+            }
+            self.pending.extend_from_slice(buf);
+            self.active().len += add;
+            self.bytes_total += add;
+            return Ok(());
+        }
+        self.write_pending()?;
         let s = self.active();
         let at = s.len;
         match s.file.write_all_at(buf, at) {
             Ok(()) => {
-                s.len += buf.len() as u64;
-                self.bytes_total += buf.len() as u64;
-                metrics::counter!("bmq_journal_written_bytes_total").increment(buf.len() as u64);
+                s.len += add;
+                s.written = s.len;
+                self.bytes_total += add;
+                metrics::counter!("bmq_journal_written_bytes_total").increment(add);
                 Ok(())
             }
             Err(e) => {
@@ -971,6 +1025,31 @@ impl Store {
                 // Shrinking needs no space; if it fails too, the torn tail is cut at open.
                 let _ = s.file.set_len(at);
                 Err(io(&path)(e))
+            }
+        }
+    }
+
+    /// Writes the write-behind buffer to the active segment's file (one `pwrite`). On failure
+    /// the file is cut back to what was written before and the buffer kept, so a later call
+    /// writes it again.
+    fn write_pending(&mut self) -> Result<(), StoreError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let s = self.segments.last_mut().expect("a segment is open");
+        let at = s.written;
+        match s.file.write_all_at(&self.pending, at) {
+            Ok(()) => {
+                s.written += self.pending.len() as u64;
+                debug_assert_eq!(s.written, s.len, "the buffer holds the segment's tail");
+                metrics::counter!("bmq_journal_written_bytes_total")
+                    .increment(self.pending.len() as u64);
+                self.pending.clear();
+                Ok(())
+            }
+            Err(e) => {
+                let _ = s.file.set_len(at);
+                Err(io(&s.path)(e))
             }
         }
     }
@@ -984,6 +1063,7 @@ impl Store {
     }
 
     fn roll_over(&mut self) -> Result<(), StoreError> {
+        self.write_pending()?;
         let fsync = self.cfg.fsync;
         let s = self.active();
         if fsync {
@@ -1052,10 +1132,12 @@ impl Store {
             return Err(e);
         }
         self.floor = self.floor.max(gap_floor);
-        let covered = covered_through.max(self.last_sequence);
-        if covered > self.last_sequence {
-            self.floor = covered;
-            self.last_sequence = covered;
+        // Positions held without a record (the sender no longer holds them): only a marker
+        // says so. When the covered position is the last record's, the records say it all.
+        let beyond_records = covered_through > self.last_sequence;
+        if beyond_records {
+            self.floor = covered_through;
+            self.last_sequence = covered_through;
         }
         if let Some(runs) = runs {
             self.runs = runs
@@ -1064,7 +1146,7 @@ impl Store {
                 .map(|r| (r.lease, r.first_sequence))
                 .collect();
         }
-        if covered_through > 0 || runs.is_some() {
+        if beyond_records || runs.is_some() {
             if let Err(e) = self.write_marker() {
                 self.rollback(before);
                 return Err(e);
@@ -1147,9 +1229,15 @@ impl Store {
             self.bytes_total = self.bytes_total.saturating_sub(s.len);
             let _ = std::fs::remove_file(&s.path);
         }
-        let s = self.active();
+        let s = self.segments.last_mut().expect("a segment is open");
         let over = s.len.saturating_sub(before.len);
-        let _ = s.file.set_len(before.len);
+        if before.len < s.written {
+            let _ = s.file.set_len(before.len);
+            s.written = before.len;
+        }
+        let keep = before.len.saturating_sub(s.written) as usize;
+        self.pending.truncate(keep);
+        let s = self.active();
         s.len = before.len;
         s.synced_len = s.synced_len.min(before.len);
         self.bytes_total = self.bytes_total.saturating_sub(over);
@@ -1162,6 +1250,7 @@ impl Store {
 
     /// Makes everything appended so far durable; returns the highest durable position.
     pub fn sync(&mut self) -> Result<u64, StoreError> {
+        self.write_pending()?;
         let fsync = self.cfg.fsync;
         let s = self.active();
         if fsync && s.synced_len < s.len {
@@ -1205,7 +1294,7 @@ impl Store {
     pub fn files(&self) -> Vec<(PathBuf, u64, u64)> {
         self.segments
             .iter()
-            .map(|s| (s.path.clone(), s.synced_len, s.len))
+            .map(|s| (s.path.clone(), s.synced_len, s.written))
             .collect()
     }
 
@@ -1267,6 +1356,7 @@ impl Store {
         if sequence >= self.last_sequence {
             return Ok(());
         }
+        self.write_pending()?;
         // Segments whose every record is above the cut (or that hold none) go; the one
         // holding the cut is cut.
         while self.segments.len() > 1
@@ -1290,6 +1380,7 @@ impl Store {
                 s.file.sync_all().map_err(io(&s.path))?;
             }
             s.len = cut;
+            s.written = cut;
             s.synced_len = s.synced_len.min(cut);
             self.bytes_total = self.bytes_total.saturating_sub(removed);
         }
@@ -1382,6 +1473,26 @@ impl Store {
         Ok(())
     }
 
+    /// The record `held` of segment `si`: from the write-behind buffer when it is not written
+    /// yet, else with one positioned read.
+    fn read_held(&self, si: usize, held: Held) -> Result<JournalRecord, StoreError> {
+        let s = &self.segments[si];
+        let offset = u64::from(held.offset);
+        if offset < s.written {
+            return read_at(s, held);
+        }
+        let start = (offset - s.written) as usize;
+        let end = start + held.len() as usize;
+        match self.pending.get(start..end) {
+            Some(data) => decode_framed(s, held, data.to_vec()),
+            None => Err(StoreError::Corrupt {
+                path: s.path.clone(),
+                offset,
+                reason: "record beyond the end of the segment".into(),
+            }),
+        }
+    }
+
     /// The record at `sequence`, from the cache or the disk; `None` when the position is not
     /// held (beyond the last, or dead and compacted away).
     pub fn read(&self, sequence: u64) -> Result<Option<JournalRecord>, StoreError> {
@@ -1396,10 +1507,7 @@ impl Store {
             }
         }
         match self.locate(sequence) {
-            Some((si, ri)) => {
-                let s = &self.segments[si];
-                read_at(s, s.records[ri]).map(Some)
-            }
+            Some((si, ri)) => self.read_held(si, self.segments[si].records[ri]).map(Some),
             None => Ok(None),
         }
     }
@@ -1429,7 +1537,7 @@ impl Store {
             let start = self
                 .segments
                 .partition_point(|s| s.last_sequence().is_none_or(|l| l <= cursor));
-            'segments: for s in &self.segments[start..] {
+            'segments: for (si, s) in self.segments.iter().enumerate().skip(start) {
                 let from = s.records.partition_point(|h| h.sequence <= cursor);
                 for h in &s.records[from..] {
                     if h.sequence >= cache_first {
@@ -1441,7 +1549,7 @@ impl Store {
                     if full(&out, bytes) {
                         return Ok((out, cursor));
                     }
-                    let record = read_at(s, *h)?;
+                    let record = self.read_held(si, *h)?;
                     bytes += cached_size(&record);
                     cursor = h.sequence;
                     out.push(record);
@@ -1712,6 +1820,7 @@ impl Store {
         let freed = s.len - buf.len() as u64;
         s.file = file;
         s.len = buf.len() as u64;
+        s.written = s.len;
         s.synced_len = s.len;
         s.live_bytes = kept.iter().map(|h| u64::from(h.len())).sum();
         s.records = kept;
@@ -1801,12 +1910,31 @@ fn frame(record: &JournalRecord, buf: &mut Vec<u8>) -> u32 {
     (buf.len() - start) as u32
 }
 
+/// Reserves `size` bytes for `file` from its start without changing its length
+/// (`fallocate` with `FALLOC_FL_KEEP_SIZE`), so writes within them cannot fail for a full disk.
+/// Returns the bytes reserved: `size`, or 0 where the file system cannot reserve.
+/// Errors: the disk has not the space (`ENOSPC`), or another I/O error.
+fn reserve(file: &File, size: u64) -> std::io::Result<u64> {
+    use rustix::fs::{fallocate, FallocateFlags};
+    use rustix::io::Errno;
+    match fallocate(file, FallocateFlags::KEEP_SIZE, 0, size) {
+        Ok(()) => Ok(size),
+        Err(e) if e == Errno::OPNOTSUPP || e == Errno::NOSYS => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Reads the record `held` of segment `s` with one positioned read.
 fn read_at(s: &Segment, held: Held) -> Result<JournalRecord, StoreError> {
     let mut data = vec![0u8; held.len() as usize];
     s.file
         .read_exact_at(&mut data, u64::from(held.offset))
         .map_err(io(&s.path))?;
+    decode_framed(s, held, data)
+}
+
+/// Checks and decodes the framed record `held` of segment `s`, read as `data`.
+fn decode_framed(s: &Segment, held: Held, data: Vec<u8>) -> Result<JournalRecord, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         path: s.path.clone(),
         offset: u64::from(held.offset),
