@@ -42,7 +42,7 @@ use crate::actors::health::PrimaryActive;
 use crate::actors::metadata::RequestQueueAssignment;
 use crate::actors::partition::{
     wall_clock_ms, GetPartitionStats, PartitionActor, PartitionNodeGone, PartitionOutbox,
-    PartitionPeerMessage, PartitionRequest, PartitionRoleChanged, PartitionSessionGone,
+    PartitionPeerMessages, PartitionRequests, PartitionRoleChanged, PartitionSessionGone,
     SetPartitionQuorum, StopDelivering,
 };
 use crate::net::peers::PeerHub;
@@ -50,8 +50,9 @@ use crate::net::peers::PeerHub;
 /// What a session's inbox receives from the rest of the node.
 #[derive(Debug)]
 pub enum SessionEvent {
-    /// A response or delivery from a primary (OpenQueueResponse, Ack, Push, CloseQueueResponse).
-    FromPrimary(ClientMessage),
+    /// Responses and deliveries from a primary (OpenQueueResponse, Ack, Push,
+    /// CloseQueueResponse), in order: everything one turn of the primary had for the session.
+    FromPrimary(Vec<ClientMessage>),
     /// A queue the session asked to open now has a partition (or not, on timeout).
     OpenResolved {
         /// The client's request id.
@@ -61,6 +62,68 @@ pub enum SessionEvent {
         /// The partition, or the status to answer the client with.
         outcome: Result<PartitionId, Status>,
     },
+}
+
+/// Traffic gathered during one turn — a session's read of its client, a read of a peer
+/// connection, a partition's outputs — and handed over per destination by
+/// [`Router::dispatch`]: one mailbox message per partition, one inbox event per session and one
+/// queue item per peer link, however many messages, so a batch of PUTs costs one thread
+/// hand-off and one socket write per hop instead of one per message. Order is kept per
+/// destination.
+#[derive(Debug, Default)]
+pub struct Dispatch {
+    /// Client requests for local partitions, with the session that sent each.
+    requests: Vec<(PartitionId, Vec<(SessionAddr, ClientMessage)>)>,
+    /// Replication traffic for local partitions, by sender.
+    replication: Vec<(PartitionId, NodeId, Vec<PartitionMessage>)>,
+    /// Answers and deliveries for local sessions.
+    sessions: Vec<(u64, Vec<ClientMessage>)>,
+    /// Frames for peers' DATA channels.
+    peers: Vec<(NodeId, Vec<PeerMessage>)>,
+}
+
+/// The list for `key` in `lists`, added at the end if absent (few destinations per turn, so a
+/// scan beats a map).
+fn list_for<K: PartialEq, T>(lists: &mut Vec<(K, Vec<T>)>, key: K) -> &mut Vec<T> {
+    match lists.iter().position(|(k, _)| *k == key) {
+        Some(i) => &mut lists[i].1,
+        None => {
+            lists.push((key, Vec::new()));
+            &mut lists.last_mut().expect("pushed").1
+        }
+    }
+}
+
+impl Dispatch {
+    fn request(&mut self, partition: PartitionId, from: SessionAddr, message: ClientMessage) {
+        list_for(&mut self.requests, partition).push((from, message));
+    }
+
+    fn replication(&mut self, partition: PartitionId, from: NodeId, message: PartitionMessage) {
+        match self
+            .replication
+            .iter()
+            .position(|(p, f, _)| *p == partition && *f == from)
+        {
+            Some(i) => self.replication[i].2.push(message),
+            None => self.replication.push((partition, from, vec![message])),
+        }
+    }
+
+    fn session(&mut self, session_id: u64, message: ClientMessage) {
+        list_for(&mut self.sessions, session_id).push(message);
+    }
+
+    fn peer(&mut self, node: NodeId, message: PeerMessage) {
+        list_for(&mut self.peers, node).push(message);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+            && self.replication.is_empty()
+            && self.sessions.is_empty()
+            && self.peers.is_empty()
+    }
 }
 
 /// What a graceful stop waits for before the primaries move ([`Router::drain_status`]).
@@ -231,23 +294,99 @@ impl Router {
         true
     }
 
-    /// Sends a session's request to the primary `primary` of `partition`.
+    /// Adds a session's request for the primary `primary` of `partition` to `dispatch`.
     pub fn to_primary(
         &self,
+        dispatch: &mut Dispatch,
         partition: PartitionId,
         primary: NodeId,
         session_id: u64,
         message: ClientMessage,
-    ) -> bool {
+    ) {
         let from = SessionAddr {
             origin_node: self.self_id,
             session_id,
         };
         if primary == self.self_id {
-            self.to_local_partition(partition, from, message)
+            dispatch.request(partition, from, message);
         } else {
-            let msg = forwarded(from, message, Some(partition));
-            self.peers.send(primary, Channel::Data, msg)
+            dispatch.peer(primary, forwarded(from, message, Some(partition)));
+        }
+    }
+
+    /// Hands what `dispatch` gathered to its destinations (see [`Dispatch`]) and empties it.
+    /// A partition whose mailbox is full, or that this node does not run yet, refuses the
+    /// requests (OVERLOADED, NOT_READY: the proxy keeps its PUTs and resends); replication
+    /// traffic that finds a full mailbox is dropped and counted (replication resends what
+    /// gets no receipt).
+    pub fn dispatch(&self, dispatch: &mut Dispatch) {
+        if dispatch.is_empty() {
+            return;
+        }
+        let mut refusals = Dispatch::default();
+        for (partition, requests) in dispatch.requests.drain(..) {
+            let Some(addr) = self.partition(partition) else {
+                let why = "this node does not know this partition yet";
+                for (from, message) in &requests {
+                    self.refuse_into(
+                        &mut refusals,
+                        *from,
+                        message,
+                        StatusCode::NotReady,
+                        why,
+                        partition,
+                    );
+                }
+                continue;
+            };
+            if let Err(e) = addr.try_send(PartitionRequests { requests }) {
+                let requests = match e {
+                    actix::prelude::SendError::Full(m) | actix::prelude::SendError::Closed(m) => {
+                        m.requests
+                    }
+                };
+                metrics::counter!("bmq_partition_overloaded_total")
+                    .increment(requests.len() as u64);
+                let why = "partition overloaded";
+                for (from, message) in &requests {
+                    self.refuse_into(
+                        &mut refusals,
+                        *from,
+                        message,
+                        StatusCode::Overloaded,
+                        why,
+                        partition,
+                    );
+                }
+            }
+        }
+        for (partition, from, messages) in dispatch.replication.drain(..) {
+            match self.partition(partition) {
+                Some(addr) => {
+                    if addr
+                        .try_send(PartitionPeerMessages { from, messages })
+                        .is_err()
+                    {
+                        // Replication resends what gets no receipt, so a drop only delays.
+                        metrics::counter!("bmq_mailbox_full_total", "actor" => "partition")
+                            .increment(1);
+                    }
+                }
+                None => {
+                    metrics::counter!("bmq_peer_messages_invalid_total")
+                        .increment(messages.len() as u64);
+                    debug!(peer = %from, %partition, "replication messages for an unknown partition dropped");
+                }
+            }
+        }
+        for (session_id, messages) in dispatch.sessions.drain(..) {
+            self.to_local_session(session_id, SessionEvent::FromPrimary(messages));
+        }
+        for (node, messages) in dispatch.peers.drain(..) {
+            self.peers.send_many(node, Channel::Data, messages);
+        }
+        if !refusals.is_empty() {
+            self.dispatch(&mut refusals);
         }
     }
 
@@ -265,35 +404,11 @@ impl Router {
         }
     }
 
-    fn to_local_partition(
+    /// Answers (into `dispatch`) a request that cannot be served here, so the proxy retries
+    /// elsewhere or later.
+    fn refuse_into(
         &self,
-        partition: PartitionId,
-        from: SessionAddr,
-        message: ClientMessage,
-    ) -> bool {
-        let Some(addr) = self.partition(partition) else {
-            let why = "this node does not know this partition yet";
-            self.refuse(from, &message, StatusCode::NotReady, why, partition);
-            return false;
-        };
-        // The clone is kept only for the refusal below; payloads are reference-counted.
-        match addr.try_send(PartitionRequest {
-            from,
-            message: message.clone(),
-        }) {
-            Ok(()) => true,
-            Err(_) => {
-                metrics::counter!("bmq_partition_overloaded_total").increment(1);
-                let why = "partition overloaded";
-                self.refuse(from, &message, StatusCode::Overloaded, why, partition);
-                false
-            }
-        }
-    }
-
-    /// Answers a request that cannot be served here so the proxy retries elsewhere or later.
-    fn refuse(
-        &self,
+        dispatch: &mut Dispatch,
         to: SessionAddr,
         message: &ClientMessage,
         code: StatusCode,
@@ -301,7 +416,16 @@ impl Router {
         partition: PartitionId,
     ) {
         if let Some(answer) = refusal(message, code, reason, partition) {
-            self.to_session(to, answer);
+            self.session_into(dispatch, to, answer);
+        }
+    }
+
+    /// Adds an answer or delivery for session `to`, local or on another node, to `dispatch`.
+    fn session_into(&self, dispatch: &mut Dispatch, to: SessionAddr, message: ClientMessage) {
+        if to.origin_node == self.self_id {
+            dispatch.session(to.session_id, message);
+        } else {
+            dispatch.peer(to.origin_node, forwarded(to, message, None));
         }
     }
 
@@ -317,53 +441,50 @@ impl Router {
         }
     }
 
-    /// Handles a frame from a peer's DATA channel (see the module doc).
-    pub fn handle_peer_data(&self, from: NodeId, message: PeerMessage) {
-        match message.kind {
-            Some(PeerKind::Forwarded(f)) => self.handle_forwarded(from, f),
-            Some(PeerKind::PrimaryActive(n)) => {
-                self.primary_active_seen(from, PartitionId(n.partition_id), LeaseId(n.lease));
-            }
-            Some(PeerKind::Partition(m)) => {
-                let partition = partition_of(&m);
-                match partition.and_then(|p| self.partition(p)) {
-                    Some(addr) => {
-                        if addr
-                            .try_send(PartitionPeerMessage { from, message: m })
-                            .is_err()
-                        {
-                            // Replication resends what gets no receipt, so a drop only delays.
-                            metrics::counter!("bmq_mailbox_full_total", "actor" => "partition")
-                                .increment(1);
-                        }
-                    }
+    /// Handles frames from a peer's DATA channel, in order (see the module doc): client
+    /// requests and replication traffic go to the partitions, answers and deliveries to the
+    /// sessions, one hand-off per destination ([`Dispatch`]).
+    pub fn handle_peer_data(&self, from: NodeId, messages: Vec<PeerMessage>) {
+        let mut dispatch = Dispatch::default();
+        for message in messages {
+            match message.kind {
+                Some(PeerKind::Forwarded(f)) => self.handle_forwarded(&mut dispatch, from, f),
+                Some(PeerKind::PrimaryActive(n)) => {
+                    self.primary_active_seen(from, PartitionId(n.partition_id), LeaseId(n.lease));
+                }
+                Some(PeerKind::Partition(m)) => match partition_of(&m) {
+                    Some(partition) => dispatch.replication(partition, from, m),
                     None => {
                         metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
-                        debug!(peer = %from, ?partition, "replication message for an unknown partition dropped");
+                        debug!(peer = %from, "replication message without a partition dropped");
                     }
+                },
+                Some(PeerKind::ConsumersReleased(_)) => {
+                    // Our sessions' consumers on `from`'s primaries are gone: reopen them there.
+                    debug!(peer = %from, "peer released our sessions' consumers: reopening");
+                    let _ = self.peer_back.send(from);
+                }
+                Some(PeerKind::SessionGone(g)) => {
+                    let session = SessionAddr {
+                        origin_node: NodeId(g.origin_node_id),
+                        session_id: g.session_id,
+                    };
+                    // What the session sent before it went comes first (a confirm must not
+                    // turn into a redelivery).
+                    self.dispatch(&mut dispatch);
+                    self.each_partition(|addr| {
+                        let _ = addr.try_send(PartitionSessionGone { session });
+                    });
+                }
+                _ => {
+                    metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
                 }
             }
-            Some(PeerKind::ConsumersReleased(_)) => {
-                // Our sessions' consumers on `from`'s primaries are gone: reopen them there.
-                debug!(peer = %from, "peer released our sessions' consumers: reopening");
-                let _ = self.peer_back.send(from);
-            }
-            Some(PeerKind::SessionGone(g)) => {
-                let session = SessionAddr {
-                    origin_node: NodeId(g.origin_node_id),
-                    session_id: g.session_id,
-                };
-                self.each_partition(|addr| {
-                    let _ = addr.try_send(PartitionSessionGone { session });
-                });
-            }
-            _ => {
-                metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
-            }
         }
+        self.dispatch(&mut dispatch);
     }
 
-    fn handle_forwarded(&self, from: NodeId, f: ForwardedClientMessage) {
+    fn handle_forwarded(&self, dispatch: &mut Dispatch, from: NodeId, f: ForwardedClientMessage) {
         let Some(inner) = f.inner else {
             metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
             return;
@@ -378,7 +499,7 @@ impl Router {
                     metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
                     return;
                 }
-                self.to_local_session(f.session_id, SessionEvent::FromPrimary(inner));
+                dispatch.session(f.session_id, inner);
             }
             // Proxy -> primary: requests for one of our partitions. The proxy names the
             // partition it routed to; an older proxy does not, and the queue is looked up.
@@ -395,13 +516,11 @@ impl Router {
                     self.cluster.borrow().queues.get(uri).map(|q| q.partition)
                 });
                 match partition {
-                    Some(p) => {
-                        self.to_local_partition(p, session, inner);
-                    }
+                    Some(p) => dispatch.request(p, session, inner),
                     None => {
                         let why = "queue not assigned yet";
                         let p = PartitionId(0);
-                        self.refuse(session, &inner, StatusCode::NotReady, why, p);
+                        self.refuse_into(dispatch, session, &inner, StatusCode::NotReady, why, p);
                     }
                 }
             }
@@ -577,20 +696,23 @@ impl Router {
 }
 
 impl PartitionOutbox for Router {
-    fn to_session(&self, to: SessionAddr, message: ClientMessage) -> bool {
-        if to.origin_node == self.self_id {
-            self.to_local_session(to.session_id, SessionEvent::FromPrimary(message))
-        } else {
-            self.peers
-                .send(to.origin_node, Channel::Data, forwarded(to, message, None))
+    fn to_sessions(&self, messages: Vec<(SessionAddr, ClientMessage)>) {
+        let mut dispatch = Dispatch::default();
+        for (to, message) in messages {
+            self.session_into(&mut dispatch, to, message);
         }
+        self.dispatch(&mut dispatch);
     }
 
-    fn to_peer(&self, to: NodeId, message: PartitionMessage) {
-        let msg = PeerMessage {
-            kind: Some(PeerKind::Partition(message)),
-        };
-        self.peers.send(to, Channel::Data, msg);
+    fn to_peers(&self, messages: Vec<(NodeId, PartitionMessage)>) {
+        let mut dispatch = Dispatch::default();
+        for (to, message) in messages {
+            let msg = PeerMessage {
+                kind: Some(PeerKind::Partition(message)),
+            };
+            dispatch.peer(to, msg);
+        }
+        self.dispatch(&mut dispatch);
     }
 
     fn primary_active(&self, partition: PartitionId, lease: LeaseId) {

@@ -33,14 +33,14 @@ use bmq_proto::client::{
 use bmq_proto::uri::QueueUri;
 use bmq_proto::{BoxedStream, FrameCodec, LeaseId, PartitionId, PROTOCOL_VERSION};
 use futures::stream::{SplitSink, SplitStream};
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::codec::Framed;
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, ClientIdentity};
-use crate::router::{Router, SessionEvent};
+use crate::router::{Dispatch, Router, SessionEvent};
 
 /// A buffered PUT with no answer for this long is sent again.
 const RETRANSMIT_INTERVAL: Duration = Duration::from_millis(1_000);
@@ -225,6 +225,7 @@ async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
         sink,
         stream,
         out: Vec::new(),
+        closed: None,
     };
     wire.push(hello_response(&router, ok()));
     run(wire, identity, &hello.client_id, remote, router).await;
@@ -262,11 +263,18 @@ struct ProtoWire {
     sink: Sink,
     stream: Source,
     out: Vec<ClientMessage>,
+    /// How the connection ended, found while taking frames already read: reported by the next
+    /// [`ClientWire::recv`], after the frames before it.
+    closed: Option<String>,
 }
 
-impl ClientWire for ProtoWire {
-    async fn recv(&mut self) -> WireInput {
-        match self.stream.next().await {
+/// Most client frames one turn of a session takes (what one read of the socket brought in).
+const FRAMES_PER_READ_MAX: usize = 256;
+
+impl ProtoWire {
+    /// What one frame (or the end of the stream) means for the session.
+    fn input(frame: Option<Result<ClientMessage, bmq_proto::FrameError>>) -> WireInput {
+        match frame {
             None => WireInput::Closed("client closed the connection".into()),
             Some(Err(e)) if bmq_client::tls::is_unclean_close(&e) => {
                 WireInput::Closed("client closed the connection (without TLS close_notify)".into())
@@ -276,6 +284,38 @@ impl ClientWire for ProtoWire {
                 WireInput::Closed(format!("bad frame: {e}"))
             }
             Some(Ok(msg)) => WireInput::One(msg),
+        }
+    }
+}
+
+impl ClientWire for ProtoWire {
+    async fn recv(&mut self) -> WireInput {
+        if let Some(reason) = self.closed.take() {
+            return WireInput::Closed(reason);
+        }
+        let first = match Self::input(self.stream.next().await) {
+            WireInput::One(msg) => msg,
+            other => return other,
+        };
+        // Every frame already read goes with it: the session forwards them as one batch.
+        let mut batch = vec![first];
+        while batch.len() < FRAMES_PER_READ_MAX {
+            let Some(frame) = self.stream.next().now_or_never() else {
+                break;
+            };
+            match Self::input(frame) {
+                WireInput::One(msg) => batch.push(msg),
+                WireInput::Closed(reason) => {
+                    self.closed = Some(reason);
+                    break;
+                }
+                WireInput::Many(_) => unreachable!("input() yields one frame"),
+            }
+        }
+        if batch.len() == 1 {
+            WireInput::One(batch.pop().expect("one"))
+        } else {
+            WireInput::Many(batch)
         }
     }
 
@@ -434,8 +474,10 @@ impl Session {
         }
     }
 
-    /// Executes the proxy's outputs and publishes its counters.
+    /// Executes the proxy's outputs (requests for primaries as one batch per destination) and
+    /// publishes its counters.
     fn execute(&mut self) {
+        let mut dispatch = Dispatch::default();
         while let Some(output) = self.proxy.poll_output() {
             match output {
                 ProxyOutput::ToPrimary {
@@ -443,7 +485,8 @@ impl Session {
                     primary,
                     message,
                 } => {
-                    self.router.to_primary(partition, primary, self.id, message);
+                    self.router
+                        .to_primary(&mut dispatch, partition, primary, self.id, message);
                 }
                 ProxyOutput::ToClient(message) => self.out.push(message),
                 ProxyOutput::Resolve { request_id, uri } => {
@@ -467,6 +510,7 @@ impl Session {
                 }
             }
         }
+        self.router.dispatch(&mut dispatch);
         let c = self.proxy.take_counters();
         for (name, reason, n) in [
             ("bmq_queue_nack_total", Some("not_open"), c.nacks_not_open),
@@ -554,7 +598,12 @@ impl Session {
 
     fn handle_event(&mut self, event: SessionEvent) {
         match event {
-            SessionEvent::FromPrimary(msg) => self.proxy.handle_from_primary(Instant::now(), msg),
+            SessionEvent::FromPrimary(messages) => {
+                let now = Instant::now();
+                for msg in messages {
+                    self.proxy.handle_from_primary(now, msg);
+                }
+            }
             SessionEvent::OpenResolved {
                 request_id,
                 uri,

@@ -130,53 +130,63 @@ fn mailbox_full(actor: &'static str) {
     metrics::counter!("bmq_mailbox_full_total", "actor" => actor).increment(1);
 }
 
+impl PeerDemux {
+    /// A metadata message: node status to the health actor (DESIGN.md §6), the rest to the
+    /// metadata actor.
+    fn metadata_message(&self, from: NodeId, m: bmq_proto::peer::MetadataMessage) {
+        if let Some(MetadataKind::NodeStatus(ns)) = &m.kind {
+            let drained = match NodeStatusKind::try_from(ns.status) {
+                Ok(NodeStatusKind::NodeStatusStopping) => false,
+                Ok(NodeStatusKind::NodeStatusDrained) => true,
+                _ => return,
+            };
+            let stopping = NodeStopping {
+                node: from,
+                drained,
+            };
+            if ns.node_id == from.0 && self.health.try_send(stopping).is_err() {
+                mailbox_full("health");
+            }
+            return;
+        }
+        if self
+            .metadata
+            .try_send(MetadataInbound { from, message: m })
+            .is_err()
+        {
+            mailbox_full("metadata");
+        }
+    }
+}
+
 impl PeerInbound for PeerDemux {
-    fn on_message(&self, from: NodeId, _channel: Channel, message: PeerMessage) {
-        match message.kind {
-            Some(Kind::Elector(m)) => {
-                if self
-                    .elector
-                    .try_send(ElectorInbound { from, message: m })
-                    .is_err()
-                {
-                    mailbox_full("elector");
-                }
-            }
-            Some(Kind::Metadata(m)) => {
-                if let Some(MetadataKind::NodeStatus(ns)) = &m.kind {
-                    // Node status is the health actor's business (DESIGN.md §6).
-                    let drained = match NodeStatusKind::try_from(ns.status) {
-                        Ok(NodeStatusKind::NodeStatusStopping) => false,
-                        Ok(NodeStatusKind::NodeStatusDrained) => true,
-                        _ => return,
-                    };
-                    let stopping = NodeStopping {
-                        node: from,
-                        drained,
-                    };
-                    if ns.node_id == from.0 && self.health.try_send(stopping).is_err() {
-                        mailbox_full("health");
+    fn on_messages(&self, from: NodeId, _channel: Channel, messages: Vec<PeerMessage>) {
+        // Data-plane traffic goes to the router as one batch, in order.
+        let mut data = Vec::new();
+        for message in messages {
+            match message.kind {
+                Some(Kind::Elector(m)) => {
+                    if self
+                        .elector
+                        .try_send(ElectorInbound { from, message: m })
+                        .is_err()
+                    {
+                        mailbox_full("elector");
                     }
-                    return;
                 }
-                if self
-                    .metadata
-                    .try_send(MetadataInbound { from, message: m })
-                    .is_err()
-                {
-                    mailbox_full("metadata");
+                Some(Kind::Metadata(m)) => self.metadata_message(from, m),
+                kind @ (Some(Kind::Forwarded(_))
+                | Some(Kind::SessionGone(_))
+                | Some(Kind::ConsumersReleased(_))
+                | Some(Kind::Partition(_))
+                | Some(Kind::PrimaryActive(_))) => data.push(PeerMessage { kind }),
+                _ => {
+                    metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
                 }
             }
-            kind @ (Some(Kind::Forwarded(_))
-            | Some(Kind::SessionGone(_))
-            | Some(Kind::ConsumersReleased(_))
-            | Some(Kind::Partition(_))
-            | Some(Kind::PrimaryActive(_))) => {
-                self.router.handle_peer_data(from, PeerMessage { kind });
-            }
-            _ => {
-                metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
-            }
+        }
+        if !data.is_empty() {
+            self.router.handle_peer_data(from, data);
         }
     }
 

@@ -7,11 +7,11 @@
 //! reclamation — is in the core; this file only does I/O and metrics.
 //!
 //! Receives:
-//! - [`PartitionRequest`]: OpenQueue, PUT, CONFIRM, CloseQueue from a session (local or
-//!   proxied through a peer);
+//! - [`PartitionRequests`]: OpenQueue, PUT, CONFIRM, CloseQueue from sessions (local or
+//!   proxied through a peer), as many as one turn of the sender had;
 //! - [`PartitionSessionGone`], [`PartitionNodeGone`]: consumers went away;
 //! - [`StopDelivering`]: the node is stopping gracefully, push nothing new;
-//! - [`PartitionPeerMessage`]: replication traffic from a peer;
+//! - [`PartitionPeerMessages`]: replication traffic from a peer;
 //! - [`PartitionRoleChanged`]: the committed primary, lease and status (on every commit);
 //! - [`SetPartitionQuorum`]: the effective quorum changed (`POST /admin/quorum/{n}`);
 //! - [`PurgeQueue`]: an operator's purge of a queue (`POST /admin/purge`);
@@ -19,7 +19,8 @@
 //!
 //! Sends, through its [`PartitionOutbox`] (the router): answers and pushes to sessions,
 //! replication messages to peers over the DATA channel, and the ACTIVE announcement of a
-//! healed primary to every node.
+//! healed primary to every node. What one input produced is handed over together (one
+//! hand-off per destination, not one per message).
 //!
 //! Journal and fsync (group commit): the core writes records as it accepts them; when it
 //! needs an fsync the actor sends itself a [`FlushJournal`], so every request already in the
@@ -48,24 +49,24 @@ use tracing::{debug, error};
 /// Where a partition's outputs go: implemented by the router, which knows where sessions and
 /// peers are. Every method is non-blocking (`try_send` into a bounded queue).
 pub trait PartitionOutbox: Send + Sync + 'static {
-    /// An answer or push for the session `to`, local or on another node. Returns false when it
-    /// was dropped (a full inbox or queue, a gone session): PUTs are retransmitted by the
-    /// proxy and unconfirmed pushes redelivered, so nothing acknowledged is lost.
-    fn to_session(&self, to: SessionAddr, message: ClientMessage) -> bool;
-    /// A replication message for a peer's partition.
-    fn to_peer(&self, to: NodeId, message: PartitionMessage);
+    /// Answers and pushes for sessions, local or on other nodes, in order per session. What a
+    /// full inbox or queue or a gone session cannot take is dropped and counted: PUTs are
+    /// retransmitted by the proxy and unconfirmed pushes redelivered, so nothing acknowledged
+    /// is lost.
+    fn to_sessions(&self, messages: Vec<(SessionAddr, ClientMessage)>);
+    /// Replication messages for peers' partitions, in order per peer.
+    fn to_peers(&self, messages: Vec<(NodeId, PartitionMessage)>);
     /// This node healed `partition` and serves it at `lease`: tell every node.
     fn primary_active(&self, partition: PartitionId, lease: LeaseId);
 }
 
-/// A client request routed to this partition.
+/// Client requests routed to this partition, in order, each with the session that sent it
+/// (OpenQueue, Put, Confirm or CloseQueue).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct PartitionRequest {
-    /// The session that sent it.
-    pub from: SessionAddr,
-    /// OpenQueue, Put, Confirm or CloseQueue.
-    pub message: ClientMessage,
+pub struct PartitionRequests {
+    /// `(session, request)`.
+    pub requests: Vec<(SessionAddr, ClientMessage)>,
 }
 
 /// A session ended (its client went away): release its consumers, counting a consumer failure
@@ -90,14 +91,14 @@ pub struct PartitionNodeGone {
     pub node: NodeId,
 }
 
-/// Replication traffic from a peer.
+/// Replication traffic from a peer, in order.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct PartitionPeerMessage {
+pub struct PartitionPeerMessages {
     /// The sender.
     pub from: NodeId,
-    /// The message.
-    pub message: PartitionMessage,
+    /// The messages.
+    pub messages: Vec<PartitionMessage>,
 }
 
 /// The committed cluster state names `primary` at `lease` for this partition.
@@ -200,12 +201,12 @@ impl PartitionActor {
             return;
         };
         let mut fatal = None;
+        let mut replies = Vec::new();
+        let mut sends = Vec::new();
         while let Some(output) = core.poll_output() {
             match output {
-                PartitionOutput::SendPeer { to, message } => self.outbox.to_peer(to, message),
-                PartitionOutput::Reply { to, message } => {
-                    self.outbox.to_session(to, message);
-                }
+                PartitionOutput::SendPeer { to, message } => sends.push((to, message)),
+                PartitionOutput::Reply { to, message } => replies.push((to, message)),
                 PartitionOutput::AnnounceActive { lease } => {
                     self.outbox.primary_active(self.id, lease);
                 }
@@ -218,6 +219,12 @@ impl PartitionActor {
         if let Some(error) = fatal {
             self.fatal(&error);
             return;
+        }
+        if !sends.is_empty() {
+            self.outbox.to_peers(sends);
+        }
+        if !replies.is_empty() {
+            self.outbox.to_sessions(replies);
         }
         let needs_sync = core.needs_sync();
         let timeout = core.poll_timeout();
@@ -392,12 +399,15 @@ impl Actor for PartitionActor {
     }
 }
 
-impl Handler<PartitionRequest> for PartitionActor {
+impl Handler<PartitionRequests> for PartitionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: PartitionRequest, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: PartitionRequests, ctx: &mut Self::Context) {
         if let Some(core) = self.core.as_mut() {
-            core.handle_request(Instant::now(), msg.from, msg.message);
+            let now = Instant::now();
+            for (from, message) in msg.requests {
+                core.handle_request(now, from, message);
+            }
         }
         self.drive(ctx);
     }
@@ -436,12 +446,15 @@ impl Handler<PartitionNodeGone> for PartitionActor {
     }
 }
 
-impl Handler<PartitionPeerMessage> for PartitionActor {
+impl Handler<PartitionPeerMessages> for PartitionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: PartitionPeerMessage, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: PartitionPeerMessages, ctx: &mut Self::Context) {
         if let Some(core) = self.core.as_mut() {
-            core.handle_peer(Instant::now(), msg.from, msg.message);
+            let now = Instant::now();
+            for message in msg.messages {
+                core.handle_peer(now, msg.from, message);
+            }
         }
         self.drive(ctx);
     }

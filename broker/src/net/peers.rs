@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use bmq_proto::peer::{peer_message::Kind, Channel, LinkHeartbeat, PeerHello, PeerMessage};
 use bmq_proto::{FrameCodec, NodeId, PROTOCOL_VERSION};
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use rand::Rng;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -78,11 +78,16 @@ pub struct PeerHubConfig {
     pub tls: Option<PeerTls>,
 }
 
-/// Receiver of what arrives from peers. Implementations must not block: they hand the message
-/// to an actor's mailbox (`try_send`) and return.
+/// Most frames a connection hands over as one batch (what one read brought in).
+const INBOUND_BATCH_MAX: usize = 256;
+
+/// Receiver of what arrives from peers. Implementations must not block: they hand the messages
+/// to actors' mailboxes (`try_send`) and return.
 pub trait PeerInbound: Send + Sync + 'static {
-    /// A frame (other than Hello and LinkHeartbeat) arrived from `from` on `channel`.
-    fn on_message(&self, from: NodeId, channel: Channel, message: PeerMessage);
+    /// Frames (other than Hello and LinkHeartbeat) that arrived from `from` on `channel`, in
+    /// order: every frame one read of the connection brought in (at most
+    /// [`INBOUND_BATCH_MAX`]), so a receiver hands each actor one mailbox message per batch.
+    fn on_messages(&self, from: NodeId, channel: Channel, messages: Vec<PeerMessage>);
     /// `peer` became available or unavailable (see the module doc).
     fn on_availability(&self, peer: NodeId, available: bool);
 }
@@ -95,10 +100,17 @@ struct LinkState {
     available: bool,
 }
 
+/// One item of a link's outbound queue: a message, or several for one write.
+#[derive(Debug)]
+enum Outbound {
+    One(PeerMessage),
+    Many(Vec<PeerMessage>),
+}
+
 /// The node's peer links: outbound queues, dialers, and the liveness monitor.
 pub struct PeerHub {
     config: PeerHubConfig,
-    outbound: HashMap<(NodeId, i32), mpsc::Sender<PeerMessage>>,
+    outbound: HashMap<(NodeId, i32), mpsc::Sender<Outbound>>,
     links: Mutex<HashMap<NodeId, LinkState>>,
     stopping: AtomicBool,
     /// Permits for connections not yet authenticated ([`PEER_UNAUTHENTICATED_MAX`]).
@@ -108,7 +120,7 @@ pub struct PeerHub {
 /// The receiving ends of the outbound queues, handed to [`PeerHub::start`]. Messages queued
 /// before the start wait there (bounded) until the links are up.
 pub struct PendingLinks {
-    receivers: Vec<(NodeId, String, Channel, mpsc::Receiver<PeerMessage>)>,
+    receivers: Vec<(NodeId, String, Channel, mpsc::Receiver<Outbound>)>,
 }
 
 impl PeerHub {
@@ -158,15 +170,29 @@ impl PeerHub {
     /// Queues `message` for `to` on `channel`. Returns false (and counts the drop) when the
     /// peer is unknown, its link is down, or its queue is full.
     pub fn send(&self, to: NodeId, channel: Channel, message: PeerMessage) -> bool {
+        self.enqueue(to, channel, Outbound::One(message), 1)
+    }
+
+    /// Queues `messages` for `to` on `channel` as one item: they are written together, in
+    /// order. Returns false (and counts every message as dropped) as [`PeerHub::send`] does.
+    pub fn send_many(&self, to: NodeId, channel: Channel, mut messages: Vec<PeerMessage>) -> bool {
+        match messages.len() {
+            0 => true,
+            1 => self.send(to, channel, messages.pop().expect("one")),
+            n => self.enqueue(to, channel, Outbound::Many(messages), n as u64),
+        }
+    }
+
+    fn enqueue(&self, to: NodeId, channel: Channel, item: Outbound, count: u64) -> bool {
         let Some(tx) = self.outbound.get(&(to, channel as i32)) else {
             debug!(peer = %to, "message for an unknown peer dropped");
             return false;
         };
-        match tx.try_send(message) {
+        match tx.try_send(item) {
             Ok(()) => true,
             Err(_) => {
                 metrics::counter!("bmq_peer_messages_dropped_total", "channel" => channel_label(channel))
-                    .increment(1);
+                    .increment(count);
                 false
             }
         }
@@ -324,28 +350,41 @@ impl PeerHub {
                 l.last_inbound_control = Some(Instant::now());
             });
         }
+        let mut batch = Vec::new();
         let result = loop {
-            match framed.next().await {
-                None => break Ok(()),
-                Some(Err(e)) if bmq_client::tls::is_unclean_close(&e) => break Ok(()),
-                Some(Err(e)) => {
-                    metrics::counter!("bmq_peer_frame_errors_total").increment(1);
-                    warn!(peer = %from, error = %e, "bad frame from peer; closing the connection");
-                    break Err(e.to_string());
-                }
-                Some(Ok(message)) => {
-                    if is_control {
-                        self.with_link(from, |l| l.last_inbound_control = Some(Instant::now()));
+            // Wait for a frame, then take every frame already read (one batch per read).
+            let mut next = Some(framed.next().await);
+            let mut end = None;
+            while let Some(frame) = next.take() {
+                match frame {
+                    None => end = Some(Ok(())),
+                    Some(Err(e)) if bmq_client::tls::is_unclean_close(&e) => end = Some(Ok(())),
+                    Some(Err(e)) => {
+                        metrics::counter!("bmq_peer_frame_errors_total").increment(1);
+                        warn!(peer = %from, error = %e, "bad frame from peer; closing the connection");
+                        end = Some(Err(e.to_string()));
                     }
-                    match message.kind {
+                    Some(Ok(message)) => match message.kind {
                         Some(Kind::LinkHeartbeat(_)) => {}
                         Some(Kind::Hello(_)) | None => {
                             metrics::counter!("bmq_peer_frame_errors_total").increment(1);
                             debug!(peer = %from, "unexpected frame from peer dropped");
                         }
-                        Some(_) => inbound.on_message(from, channel, message),
-                    }
+                        Some(_) => batch.push(message),
+                    },
                 }
+                if end.is_none() && batch.len() < INBOUND_BATCH_MAX {
+                    next = framed.next().now_or_never();
+                }
+            }
+            if is_control {
+                self.with_link(from, |l| l.last_inbound_control = Some(Instant::now()));
+            }
+            if !batch.is_empty() {
+                inbound.on_messages(from, channel, std::mem::take(&mut batch));
+            }
+            if let Some(end) = end {
+                break end;
             }
         };
         if is_control {
@@ -383,7 +422,7 @@ async fn dial_loop(
     peer: NodeId,
     addr: String,
     channel: Channel,
-    mut rx: mpsc::Receiver<PeerMessage>,
+    mut rx: mpsc::Receiver<Outbound>,
 ) {
     let cfg = hub.config.clone();
     let mut backoff = cfg.reconnect_backoff_min;
@@ -455,17 +494,25 @@ async fn dial_loop(
         let started = Instant::now();
         let outcome: Result<(), String> = loop {
             tokio::select! {
-                msg = rx.recv() => {
-                    let Some(msg) = msg else { return };
-                    if let Err(e) = framed.feed(msg).await { break Err(e.to_string()); }
+                item = rx.recv() => {
+                    let Some(item) = item else { return };
+                    if let Err(e) = feed(&mut framed, item).await { break Err(e.to_string()); }
                     // Batch whatever else is already queued into the same flush.
                     let mut batch = 0;
+                    let mut failed = None;
                     while batch < 1024 {
                         match rx.try_recv() {
-                            Ok(m) => { if framed.feed(m).await.is_err() { break; } batch += 1; }
+                            Ok(item) => {
+                                if let Err(e) = feed(&mut framed, item).await {
+                                    failed = Some(e);
+                                    break;
+                                }
+                                batch += 1;
+                            }
                             Err(_) => break,
                         }
                     }
+                    if let Some(e) = failed { break Err(e.to_string()); }
                     if let Err(e) = framed.flush().await { break Err(e.to_string()); }
                 }
                 _ = heartbeat.tick() => {
@@ -487,6 +534,22 @@ async fn dial_loop(
         }
         if let Err(reason) = outcome {
             info!(peer = %peer, channel = channel_label(channel), %reason, "peer link down");
+        }
+    }
+}
+
+/// Adds an outbound item's messages to the connection's write buffer.
+async fn feed(
+    framed: &mut Framed<BoxedStream, FrameCodec<PeerMessage>>,
+    item: Outbound,
+) -> Result<(), bmq_proto::FrameError> {
+    match item {
+        Outbound::One(m) => framed.feed(m).await,
+        Outbound::Many(ms) => {
+            for m in ms {
+                framed.feed(m).await?;
+            }
+            Ok(())
         }
     }
 }
