@@ -64,7 +64,7 @@ use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use bytes::Bytes;
 use tracing::{error, info, warn};
 
-use crate::store::{guid_key, Store, StoreError};
+use crate::store::{guid_key, split_frames, Store, StoreError};
 
 /// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
 pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
@@ -780,6 +780,19 @@ impl ReplicationCore {
         covered: u64,
         settled: u64,
     ) -> bool {
+        self.apply_sync_framed(truncate_after, records, None, covered, settled)
+    }
+
+    /// [`ReplicationCore::apply_sync`] of records that may come with their frames (`frames[i]`
+    /// is `records[i]`'s), written as received.
+    fn apply_sync_framed(
+        &mut self,
+        truncate_after: u64,
+        records: &[JournalRecord],
+        frames: Option<&[Bytes]>,
+        covered: u64,
+        settled: u64,
+    ) -> bool {
         if truncate_after > self.store.last_sequence()
             || records
                 .first()
@@ -796,15 +809,16 @@ impl ReplicationCore {
         }
         // Records at or below what the truncation kept (settled ones) are already held.
         let last = self.store.last_sequence();
-        let fresh: Vec<JournalRecord> = records
-            .iter()
-            .filter(|r| r.sequence > last)
-            .cloned()
-            .collect();
+        let keep = records.partition_point(|r| r.sequence <= last);
+        let fresh = &records[keep..];
         let covered = if covered > last { covered } else { 0 };
-        let result = self
-            .store
-            .append(&fresh, covered, settled.min(covered.max(last)), None);
+        let settled = settled.min(covered.max(last));
+        let result = match frames {
+            Some(frames) => self
+                .store
+                .append_framed(fresh, &frames[keep..], covered, settled),
+            None => self.store.append(fresh, covered, settled, None),
+        };
         self.wrote(result)
     }
 
@@ -971,9 +985,31 @@ impl ReplicationCore {
         self.send(to, MsgKind::StateResponse(r));
     }
 
-    fn on_replicate(&mut self, _now: Instant, from: NodeId, r: ReplicateRecords) {
+    fn on_replicate(&mut self, _now: Instant, from: NodeId, mut r: ReplicateRecords) {
         if !self.observe_lease(LeaseId(r.lease), from) || self.phase.is_some() {
             return;
+        }
+        // Records sent as journal frames: split (each checksum checked), then written as
+        // received. A message whose frames do not check is dropped: it is resent.
+        let mut frames = None;
+        if !r.framed_records.is_empty() {
+            match split_frames(&r.framed_records) {
+                Ok(split) if r.records.is_empty() => {
+                    let (records, f): (Vec<_>, Vec<_>) = split.into_iter().unzip();
+                    r.records = records;
+                    frames = Some(f);
+                }
+                Ok(_) => {
+                    metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+                    warn!(partition = %self.cfg.partition, peer = %from, "replication message with both records and frames dropped");
+                    return;
+                }
+                Err(why) => {
+                    metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+                    warn!(partition = %self.cfg.partition, peer = %from, %why, "replication message with bad frames dropped");
+                    return;
+                }
+            }
         }
         if LeaseId(r.lease) != self.synced_lease || self.installing.is_some() {
             if r.records.is_empty() {
@@ -1002,13 +1038,17 @@ impl ReplicationCore {
             self.send_receipt();
             return;
         }
-        let fresh: Vec<JournalRecord> = r
-            .records
-            .into_iter()
-            .filter(|x| x.sequence > last)
-            .collect();
-        if !self.apply_sync(last, &fresh, r.covered_through, r.settled_through)
-            && !self.disk_full
+        // Records at or below `last` are held already (a partial resend).
+        let stale = r.records.partition_point(|x| x.sequence <= last);
+        let fresh = &r.records[stale..];
+        let fresh_frames = frames.as_ref().map(|f| &f[stale..]);
+        if !self.apply_sync_framed(
+            last,
+            fresh,
+            fresh_frames,
+            r.covered_through,
+            r.settled_through,
+        ) && !self.disk_full
             && !self.failed
         {
             self.answer_shape(from);
@@ -1249,6 +1289,9 @@ impl ReplicationCore {
         let last = self.store.last_sequence();
         let base = self.store.base();
         let nodes: Vec<NodeId> = self.replicas.keys().copied().collect();
+        // The frames last read (after which position, and what they cover through): the next
+        // replica at the same position gets the same bytes.
+        let mut shared: Option<(u64, Bytes, u64)> = None;
         for n in nodes {
             loop {
                 let p = self.replicas.get(&n).expect("listed");
@@ -1263,6 +1306,7 @@ impl ReplicationCore {
                             records: Vec::new(),
                             covered_through: 0,
                             settled_through: base,
+                            framed_records: Bytes::new(),
                         };
                         self.replicas.get_mut(&n).expect("listed").sent_settled = base;
                         self.send(n, MsgKind::Replicate(r));
@@ -1298,17 +1342,40 @@ impl ReplicationCore {
                     self.send(n, MsgKind::Sync(s));
                     continue;
                 }
-                let read = self.store.read_from(
-                    next - 1,
-                    self.cfg.batch_records_max,
-                    BATCH_BYTES_MAX,
-                    false,
-                );
-                let (records, covered) = match read {
-                    Ok(r) => r,
-                    Err(e) => {
-                        self.fail(e);
-                        return;
+                // Recent records go as the journal holds them (read once for every replica at
+                // the same position); older ones are read back from disk and encoded.
+                let framed = match &shared {
+                    Some((after, frames, covered)) if *after == next - 1 => {
+                        Some((frames.clone(), *covered))
+                    }
+                    _ => {
+                        let read = self.store.read_frames_from(
+                            next - 1,
+                            self.cfg.batch_records_max,
+                            BATCH_BYTES_MAX,
+                        );
+                        if let Some((frames, covered)) = &read {
+                            shared = Some((next - 1, frames.clone(), *covered));
+                        }
+                        read
+                    }
+                };
+                let (records, framed_records, covered) = match framed {
+                    Some((frames, covered)) => (Vec::new(), frames, covered),
+                    None => {
+                        let read = self.store.read_from(
+                            next - 1,
+                            self.cfg.batch_records_max,
+                            BATCH_BYTES_MAX,
+                            false,
+                        );
+                        match read {
+                            Ok((records, covered)) => (records, Bytes::new(), covered),
+                            Err(e) => {
+                                self.fail(e);
+                                return;
+                            }
+                        }
                     }
                 };
                 let r = ReplicateRecords {
@@ -1318,6 +1385,7 @@ impl ReplicationCore {
                     records,
                     covered_through: covered,
                     settled_through: base,
+                    framed_records,
                 };
                 let p = self.replicas.get_mut(&n).expect("listed");
                 p.next = Some(covered + 1);

@@ -1,7 +1,7 @@
 //! Step-by-step tests of the replication core: exact outputs for each input.
 
 use super::*;
-use crate::store::{guid_key, AppsOf, StoreConfig};
+use crate::store::{encode_frames, guid_key, AppsOf, StoreConfig};
 use bmq_proto::peer::journal_record::Kind as RecordKind;
 use bmq_proto::peer::{LeaseRun, StoredConfirm};
 use std::sync::Arc;
@@ -242,6 +242,7 @@ fn settled(to: u32, lease: u64, prev: u64, base: u64) -> Output {
             records: vec![],
             covered_through: 0,
             settled_through: base,
+            framed_records: Bytes::new(),
         })),
     }
 }
@@ -271,9 +272,11 @@ fn strong_put_is_acked_at_quorum_receipt() {
             partition_id: 0,
             lease: 1,
             prev_sequence: 0,
-            records: vec![rec1.clone()],
+            records: vec![],
             covered_through: 1,
             settled_through: 0,
+            // Fresh records stream as the journal holds them, encoded once.
+            framed_records: encode_frames(std::slice::from_ref(&rec1)),
         })),
     };
     assert_eq!(drain(&mut core), vec![replicate(2), replicate(3)]);
@@ -595,6 +598,7 @@ fn replica_drops_records_of_a_stale_lease() {
             records: vec![rec(1, 1)],
             covered_through: 0,
             settled_through: 0,
+            framed_records: Bytes::new(),
         })),
     );
     assert_eq!(drain(&mut replica), vec![]);
@@ -909,9 +913,10 @@ fn a_late_copy_of_a_sync_cuts_nothing_the_replica_holds() {
         partition_id: 0,
         lease: 1,
         prev_sequence: 3,
-        records: vec![rec(1, 4), rec(1, 5)],
+        records: vec![],
         covered_through: 5,
         settled_through: 0,
+        framed_records: encode_frames(&[rec(1, 4), rec(1, 5)]),
     };
     replica.handle_message(now, NodeId(1), msg(MsgKind::Replicate(more)));
     replica.sync(now).unwrap();
@@ -970,4 +975,54 @@ fn the_duplicate_window_stays_bounded_on_replicas() {
         );
         assert!(c.guids.set.len() <= 3, "node {}", i + 1);
     }
+}
+
+#[test]
+fn a_replica_drops_frames_that_do_not_check() {
+    // Records streamed as journal frames (issue 18) are checked frame by frame: a message with
+    // a corrupt frame is dropped whole (nothing appended, nothing receipted; the primary
+    // resends), and the intact resend is appended as received.
+    let now = Instant::now();
+    let mut replica = node(2, vec![]);
+    replica.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    drain(&mut replica);
+    let sync = SyncRecords {
+        partition_id: 0,
+        lease: 1,
+        truncate_after: 0,
+        records: journal(&[(1, 2)]),
+        sender_last_sequence: 2,
+        covered_through: 2,
+        ..Default::default()
+    };
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(sync)));
+    replica.sync(now).unwrap();
+    drain(&mut replica);
+    let frames = encode_frames(&[rec(1, 3), rec(1, 4)]);
+    let mut corrupt = frames.to_vec();
+    let last = corrupt.len() - 1;
+    corrupt[last] ^= 0xff;
+    let replicate = |framed_records: Bytes| {
+        msg(MsgKind::Replicate(ReplicateRecords {
+            partition_id: 0,
+            lease: 1,
+            prev_sequence: 2,
+            records: vec![],
+            covered_through: 4,
+            settled_through: 0,
+            framed_records,
+        }))
+    };
+    replica.handle_message(now, NodeId(1), replicate(Bytes::from(corrupt)));
+    assert_eq!(replica.last_sequence(), 2);
+    assert!(!replica.needs_sync());
+    assert_eq!(drain(&mut replica), vec![]);
+    replica.handle_message(now, NodeId(1), replicate(frames));
+    assert_eq!(replica.last_sequence(), 4);
+    replica.sync(now).unwrap();
+    assert_eq!(replica.store().read(4).unwrap().unwrap(), rec(1, 4));
+    assert!(drain(&mut replica)
+        .iter()
+        .any(|o| matches!(o, Output::Send { message, .. }
+        if matches!(&message.kind, Some(MsgKind::Receipt(r)) if r.sequence == 4))));
 }

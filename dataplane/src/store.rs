@@ -403,8 +403,9 @@ pub struct Store {
     /// written in one `pwrite` at the next [`Store::sync`] (or when over [`PENDING_BYTES_MAX`]),
     /// so a batch of appends costs one system call, not one each.
     pending: Vec<u8>,
-    /// The most recent records, ascending sequence.
-    cache: VecDeque<JournalRecord>,
+    /// The most recent records as written (framed), ascending sequence: deliveries decode
+    /// them, and replication sends them as they are ([`Store::read_frames_from`]).
+    cache: VecDeque<CachedFrame>,
     cache_bytes: u64,
     bytes_total: u64,
     live_bytes: u64,
@@ -419,12 +420,77 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Bytes of a record that count against the cache bound.
+/// Bytes of a record that count against the cache bound and a read's byte limit.
 fn cached_size(record: &JournalRecord) -> u64 {
     match &record.kind {
         Some(RecordKind::Message(m)) => m.payload.len() as u64 + 64,
         _ => 64,
     }
+}
+
+/// A record of the cache: its sequence and its frame as written to the journal.
+#[derive(Debug, Clone)]
+struct CachedFrame {
+    sequence: u64,
+    frame: Bytes,
+}
+
+impl CachedFrame {
+    /// Bytes it counts for against the cache bound and a read's byte limit (about what
+    /// [`cached_size`] gives for the decoded record).
+    fn size(&self) -> u64 {
+        self.frame.len() as u64 + 32
+    }
+
+    /// The record, decoded (its byte fields are slices of the frame: no copy).
+    fn record(&self) -> Result<JournalRecord, prost::DecodeError> {
+        JournalRecord::decode(self.frame.slice(RECORD_HEADER_LEN..))
+    }
+}
+
+/// `records` as journal frames, one after another (what [`split_frames`] reads): the form
+/// in which a primary streams fresh records to its replicas.
+pub fn encode_frames(records: &[JournalRecord]) -> Bytes {
+    let mut buf = Vec::new();
+    for record in records {
+        frame(record, &mut buf);
+    }
+    Bytes::from(buf)
+}
+
+/// Splits `data`, journal frames one after another (`| body length: u32 LE | CRC32C of body:
+/// u32 LE | body |`, the records of a `ReplicateRecords` as the sender's journal holds them),
+/// into records and their frames (slices of `data`, no copy). Errors: a truncated frame, a
+/// length over [`RECORD_SIZE_MAX`], a checksum mismatch, a body that does not decode, or a
+/// marker (never replicated).
+pub fn split_frames(data: &Bytes) -> Result<Vec<(JournalRecord, Bytes)>, String> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < data.len() {
+        if data.len() - pos < RECORD_HEADER_LEN {
+            return Err(format!("truncated frame header at byte {pos}"));
+        }
+        let len = u32::from_le_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
+        let body_start = pos + RECORD_HEADER_LEN;
+        if len > RECORD_SIZE_MAX || data.len() - body_start < len {
+            return Err(format!(
+                "frame of {len} bytes at byte {pos} overruns the data"
+            ));
+        }
+        let body = data.slice(body_start..body_start + len);
+        if crc32c::crc32c(&body) != crc {
+            return Err(format!("checksum mismatch in the frame at byte {pos}"));
+        }
+        let record = JournalRecord::decode(body.clone())
+            .map_err(|e| format!("frame at byte {pos} does not decode: {e}"))?;
+        if matches!(record.kind, Some(RecordKind::Marker(_))) {
+            return Err(format!("a marker in the frame at byte {pos}"));
+        }
+        out.push((record, data.slice(pos..body_start + len)));
+        pos = body_start + len;
+    }
+    Ok(out)
 }
 
 /// The GUID and app a confirm, failure or removal record is about.
@@ -1086,6 +1152,26 @@ impl Store {
         self.append(std::slice::from_ref(record), 0, 0, None)
     }
 
+    /// [`Store::append`] of records that come with their frames as another journal wrote them
+    /// (`frames[i]` is `records[i]`'s frame, see [`split_frames`]): the frames are written as
+    /// they are, not encoded again.
+    pub fn append_framed(
+        &mut self,
+        records: &[JournalRecord],
+        frames: &[Bytes],
+        covered_through: u64,
+        settled_through: u64,
+    ) -> Result<(), StoreError> {
+        assert_eq!(records.len(), frames.len(), "one frame per record");
+        self.append_with(
+            records,
+            Some(frames),
+            covered_through,
+            settled_through,
+            None,
+        )
+    }
+
     /// Appends `records`, sequences strictly increasing above the last position held; a gap
     /// (absent positions: dead records a primary did not send) is allowed only at or below
     /// `settled_through`. Then every position up to `covered_through` (0: the last record's)
@@ -1096,6 +1182,17 @@ impl Store {
     pub fn append(
         &mut self,
         records: &[JournalRecord],
+        covered_through: u64,
+        settled_through: u64,
+        runs: Option<&[LeaseRun]>,
+    ) -> Result<(), StoreError> {
+        self.append_with(records, None, covered_through, settled_through, runs)
+    }
+
+    fn append_with(
+        &mut self,
+        records: &[JournalRecord],
+        frames: Option<&[Bytes]>,
         covered_through: u64,
         settled_through: u64,
         runs: Option<&[LeaseRun]>,
@@ -1126,7 +1223,7 @@ impl Store {
             expected = r.sequence + 1;
         }
         let before = self.snapshot();
-        let result = self.append_inner(records, gaps, gap_bound);
+        let result = self.append_inner(records, frames, gaps, gap_bound);
         if let Err(e) = result {
             self.rollback(before);
             return Err(e);
@@ -1159,6 +1256,7 @@ impl Store {
     fn append_inner(
         &mut self,
         records: &[JournalRecord],
+        frames: Option<&[Bytes]>,
         gaps: bool,
         gap_bound: u64,
     ) -> Result<(), StoreError> {
@@ -1177,13 +1275,20 @@ impl Store {
                 self.roll_over()?;
             }
             let offset = self.active().len + buf.len() as u64;
-            let len = frame(record, &mut buf);
+            let len = match frames {
+                Some(frames) => {
+                    buf.extend_from_slice(&frames[i]);
+                    frames[i].len() as u32
+                }
+                None => frame(record, &mut buf),
+            };
             staged.push((offset as u32, len));
         }
         self.flush(&mut buf, &mut staged, &records[first_staged..])
     }
 
-    /// Writes the staged records and, once written, indexes and caches them.
+    /// Writes the staged records and, once written, indexes and caches them (the cache keeps
+    /// their frames: slices of one buffer, no copy).
     fn flush(
         &mut self,
         buf: &mut Vec<u8>,
@@ -1193,19 +1298,25 @@ impl Store {
         if buf.is_empty() {
             return Ok(());
         }
-        self.write_active(buf)?;
-        buf.clear();
+        let start = self.active().len;
+        let written = Bytes::from(std::mem::take(buf));
+        self.write_active(&written)?;
         let segment = self.segments.len() - 1;
         let mut effects = Vec::new();
         for ((offset, len), record) in staged.drain(..).zip(records) {
             self.index_record(segment, offset, len, record, &mut effects);
-            self.cache_bytes += cached_size(record);
-            self.cache.push_back(record.clone());
+            let at = (u64::from(offset) - start) as usize;
+            let cached = CachedFrame {
+                sequence: record.sequence,
+                frame: written.slice(at..at + len as usize),
+            };
+            self.cache_bytes += cached.size();
+            self.cache.push_back(cached);
         }
         self.effects.extend(effects);
         while self.cache_bytes > self.cfg.cache_bytes_max && !self.cache.is_empty() {
             let old = self.cache.pop_front().expect("non-empty");
-            self.cache_bytes -= cached_size(&old);
+            self.cache_bytes -= old.size();
         }
         Ok(())
     }
@@ -1408,7 +1519,7 @@ impl Store {
         }
         while self.cache.back().is_some_and(|r| r.sequence > sequence) {
             let r = self.cache.pop_back().expect("checked");
-            self.cache_bytes -= cached_size(&r);
+            self.cache_bytes -= r.size();
         }
         let mut live_removed = 0;
         for s in &mut self.segments {
@@ -1499,11 +1610,10 @@ impl Store {
         if let Some(first) = self.cache.front() {
             if sequence >= first.sequence {
                 let i = self.cache.partition_point(|r| r.sequence < sequence);
-                return Ok(self
-                    .cache
-                    .get(i)
-                    .filter(|r| r.sequence == sequence)
-                    .cloned());
+                return match self.cache.get(i).filter(|r| r.sequence == sequence) {
+                    Some(cached) => self.decode_cached(cached).map(Some),
+                    None => Ok(None),
+                };
             }
         }
         match self.locate(sequence) {
@@ -1564,11 +1674,51 @@ impl Store {
             if full(&out, bytes) {
                 return Ok((out, cursor));
             }
-            bytes += cached_size(r);
+            let record = self.decode_cached(r)?;
+            bytes += cached_size(&record);
             cursor = r.sequence;
-            out.push(r.clone());
+            out.push(record);
         }
         Ok((out, self.last_sequence))
+    }
+
+    /// The frames of the records after position `after`, one after another as the journal
+    /// holds them, at most `max_records` and about `max_bytes` (at least one record), with the
+    /// position they account for through (as [`Store::read_from`] says) — when every one of
+    /// them is in the cache; `None` otherwise (or when there is nothing after `after`). What a
+    /// primary streams to a replica that keeps up: sent as they are, never encoded again.
+    pub fn read_frames_from(
+        &self,
+        after: u64,
+        max_records: usize,
+        max_bytes: u64,
+    ) -> Option<(Bytes, u64)> {
+        let first = self.cache.front()?.sequence;
+        if after + 1 < first || after >= self.last_sequence {
+            return None;
+        }
+        let from = self.cache.partition_point(|r| r.sequence <= after);
+        let mut out = bytes::BytesMut::new();
+        let (mut count, mut bytes, mut cursor) = (0, 0, after);
+        for r in self.cache.iter().skip(from) {
+            if count >= max_records.max(1) || (count > 0 && bytes >= max_bytes) {
+                return Some((out.freeze(), cursor));
+            }
+            out.extend_from_slice(&r.frame);
+            count += 1;
+            bytes += r.size();
+            cursor = r.sequence;
+        }
+        (count > 0).then(|| (out.freeze(), self.last_sequence))
+    }
+
+    /// Decodes a cached record (a frame this store wrote or checked).
+    fn decode_cached(&self, cached: &CachedFrame) -> Result<JournalRecord, StoreError> {
+        cached.record().map_err(|e| StoreError::Corrupt {
+            path: self.dir.clone(),
+            offset: 0,
+            reason: format!("cached record {} does not decode: {e}", cached.sequence),
+        })
     }
 
     /// Every outstanding message, every record held taken into account, in journal order:
