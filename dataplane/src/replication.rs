@@ -51,7 +51,7 @@
 //! primary is answered with its shape (the primary then synchronises it). Stale leases are
 //! dropped.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bmq_proto::client::Property;
@@ -64,7 +64,7 @@ use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use bytes::Bytes;
 use tracing::{error, info, warn};
 
-use crate::store::{guid_key, split_frames, Store, StoreError};
+use crate::store::{guid_key, split_frames, GuidSet, Store, StoreError};
 
 /// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
 pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
@@ -203,7 +203,7 @@ struct GuidWindow {
     /// `(start, GUIDs inserted from start for up to GUID_BUCKET)`, oldest first; the counts add
     /// up to `order.len()`.
     buckets: VecDeque<(Instant, usize)>,
-    set: HashSet<u128>,
+    set: GuidSet,
 }
 
 impl GuidWindow {

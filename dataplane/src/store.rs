@@ -189,6 +189,12 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
+/// A map keyed by message GUID ([`guid_key`]), with a fast hasher seeded at random per map
+/// (foldhash; GUIDs come from clients, so the seed keeps a client from choosing collisions).
+pub type GuidMap<V> = std::collections::HashMap<u128, V, foldhash::quality::RandomState>;
+/// A set of message GUIDs ([`guid_key`]), hashed as [`GuidMap`].
+pub type GuidSet = std::collections::HashSet<u128, foldhash::quality::RandomState>;
+
 /// A message GUID as a map key: its 16 bytes, big-endian (shorter ones are zero-padded,
 /// longer ones cut, so a malformed GUID can never panic here).
 pub fn guid_key(guid: &[u8]) -> u128 {
@@ -394,7 +400,7 @@ pub struct Store {
     maintenance_epoch: u64,
     durable: u64,
     /// Outstanding messages, by GUID.
-    index: HashMap<u128, Entry>,
+    index: GuidMap<Entry>,
     /// Effects of records above the base, in sequence order.
     effects: VecDeque<(u64, Effect)>,
     queues: Vec<QueueInfo>,
@@ -559,7 +565,7 @@ impl Store {
             retired: Vec::new(),
             maintenance_epoch: 0,
             durable: 0,
-            index: HashMap::new(),
+            index: GuidMap::default(),
             effects: VecDeque::new(),
             queues: Vec::new(),
             queue_ids: HashMap::new(),
