@@ -556,6 +556,38 @@ impl Partition {
         self.deliver_all(now);
     }
 
+    /// Client requests, each with the session that sent it, handled in order as one batch:
+    /// what they append is streamed to the replicas together at the end
+    /// ([`ReplicationCore::begin_batch`]). The same as [`Partition::handle_request`] for each.
+    pub fn handle_requests(
+        &mut self,
+        now: Instant,
+        requests: impl IntoIterator<Item = (SessionAddr, ClientMessage)>,
+    ) {
+        self.replication.begin_batch();
+        for (from, message) in requests {
+            self.handle_request(now, from, message);
+        }
+        self.replication.end_batch(now);
+        self.absorb_replication(now);
+    }
+
+    /// Replication traffic from `from`, handled in order as one batch (see
+    /// [`Partition::handle_requests`]). The same as [`Partition::handle_peer`] for each.
+    pub fn handle_peers(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        messages: impl IntoIterator<Item = PartitionMessage>,
+    ) {
+        self.replication.begin_batch();
+        for message in messages {
+            self.handle_peer(now, from, message);
+        }
+        self.replication.end_batch(now);
+        self.absorb_replication(now);
+    }
+
     /// A client request from session `from`.
     pub fn handle_request(&mut self, now: Instant, from: SessionAddr, message: ClientMessage) {
         if !self.replication.is_active_primary() {

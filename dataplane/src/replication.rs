@@ -295,6 +295,11 @@ pub struct ReplicationCore {
     failed: bool,
     /// The last append failed for a full disk (cleared by the next success).
     disk_full: bool,
+    /// Inside a batch of inputs ([`ReplicationCore::begin_batch`]): appends leave the
+    /// streaming to the batch's end.
+    in_batch: bool,
+    /// Something was appended in the current batch and not yet streamed.
+    pump_due: bool,
     outputs: VecDeque<Output>,
 }
 
@@ -325,6 +330,8 @@ impl ReplicationCore {
             pull_sent_at: None,
             failed: false,
             disk_full: false,
+            in_batch: false,
+            pump_due: false,
             outputs: VecDeque::new(),
         }
     }
@@ -1564,8 +1571,27 @@ impl ReplicationCore {
         if !self.wrote(result) {
             return None;
         }
-        self.pump(now);
+        if self.in_batch {
+            self.pump_due = true;
+        } else {
+            self.pump(now);
+        }
         Some(sequence)
+    }
+
+    /// Starts a batch of inputs (the PUTs and confirms of one turn): what they append is
+    /// streamed to the replicas once, at [`ReplicationCore::end_batch`], as one
+    /// `ReplicateRecords` per replica instead of one per record.
+    pub fn begin_batch(&mut self) {
+        self.in_batch = true;
+    }
+
+    /// Ends a batch: streams what it appended (see [`ReplicationCore::begin_batch`]).
+    pub fn end_batch(&mut self, now: Instant) {
+        self.in_batch = false;
+        if std::mem::take(&mut self.pump_due) {
+            self.pump(now);
+        }
     }
 }
 

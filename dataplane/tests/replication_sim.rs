@@ -755,7 +755,7 @@ impl Sim {
             })),
         };
         self.note(format!("PUT p{producer}#{seq} -> node {}", primary + 1));
-        self.input(primary, |p, now| p.handle_request(now, session, put));
+        self.input(primary, |p, now| p.handle_requests(now, [(session, put)]));
     }
 
     fn consumer_addr(&self) -> SessionAddr {
@@ -858,7 +858,7 @@ impl Sim {
             })),
         };
         let addr = self.consumer_addr();
-        self.input(n, |p, now| p.handle_request(now, addr, confirm));
+        self.input(n, |p, now| p.handle_requests(now, [(addr, confirm)]));
         let after = self.nodes[n]
             .p
             .as_ref()
@@ -959,6 +959,46 @@ impl Sim {
 
     // ---- the event loop ----
 
+    /// Removes and returns, in order, the next messages of the link `from` -> `to` (same
+    /// incarnations) due within 2 ms of now, at most 15: they arrive with the one being
+    /// delivered. Stops at the first one due later, so the link stays FIFO.
+    fn take_link_batch(
+        &mut self,
+        from: usize,
+        from_inc: u64,
+        to: usize,
+        to_inc: u64,
+    ) -> Vec<PartitionMessage> {
+        let horizon = self.now.saturating_duration_since(self.t0) + Duration::from_millis(2);
+        let mut keys = Vec::new();
+        for (key, event) in &self.events {
+            if key.0 > horizon || keys.len() >= 15 {
+                break;
+            }
+            if let Event::Peer {
+                from: f,
+                from_inc: fi,
+                to: t,
+                to_inc: ti,
+                ..
+            } = event
+            {
+                if (*f, *t) == (from, to) {
+                    if (*fi, *ti) != (from_inc, to_inc) {
+                        break;
+                    }
+                    keys.push(*key);
+                }
+            }
+        }
+        keys.into_iter()
+            .filter_map(|k| match self.events.remove(&k) {
+                Some(Event::Peer { message, .. }) => Some(message),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn handle(&mut self, event: Event) {
         match event {
             Event::Peer {
@@ -1011,8 +1051,13 @@ impl Sim {
                     }
                     _ => {}
                 }
+                // What else this link carries within the next 2 ms arrives with it, as one
+                // read of a TCP connection brings several frames: the partition handles them
+                // as one batch (as the node does), in order.
+                let mut batch = vec![message];
+                batch.extend(self.take_link_batch(from, from_inc, to, to_inc));
                 let from = NodeId(from as u32 + 1);
-                self.input(to, |p, now| p.handle_peer(now, from, message));
+                self.input(to, |p, now| p.handle_peers(now, from, batch));
             }
             Event::Sync { node, inc } => {
                 if self.nodes[node].inc != inc {

@@ -404,10 +404,7 @@ impl Handler<PartitionRequests> for PartitionActor {
 
     fn handle(&mut self, msg: PartitionRequests, ctx: &mut Self::Context) {
         if let Some(core) = self.core.as_mut() {
-            let now = Instant::now();
-            for (from, message) in msg.requests {
-                core.handle_request(now, from, message);
-            }
+            core.handle_requests(Instant::now(), msg.requests);
         }
         self.drive(ctx);
     }
@@ -451,10 +448,7 @@ impl Handler<PartitionPeerMessages> for PartitionActor {
 
     fn handle(&mut self, msg: PartitionPeerMessages, ctx: &mut Self::Context) {
         if let Some(core) = self.core.as_mut() {
-            let now = Instant::now();
-            for message in msg.messages {
-                core.handle_peer(now, msg.from, message);
-            }
+            core.handle_peers(Instant::now(), msg.from, msg.messages);
         }
         self.drive(ctx);
     }
