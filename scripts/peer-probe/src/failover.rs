@@ -351,7 +351,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<FailoverResult> {
             (victim, seen.map(|t| t - t0), 0)
         }
         Scenario::LeaderKill => leader_kill(&args, leader.leader, period, timeout).await?,
-        Scenario::PrimaryKill => primary_kill(&args, &view, period, timeout).await?,
+        Scenario::PrimaryKill => primary_kill(&args, &view, timeout).await?,
     };
     Ok(FailoverResult {
         kind: "failover".into(),
@@ -435,7 +435,6 @@ async fn leader_kill(
 async fn primary_kill(
     args: &FailoverArgs,
     view: &View,
-    period: Duration,
     timeout: Duration,
 ) -> anyhow::Result<(usize, Option<Duration>, u64)> {
     let n = args.servers.len();
@@ -506,10 +505,8 @@ async fn primary_kill(
     let mut killed: Option<Instant> = None;
     let mut in_flight = FuturesUnordered::new();
     let mut errors = 0u64;
-    let mut sent = 0u64;
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate.max(1) as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let _ = period;
     let gap = loop {
         if killed.is_none() && Instant::now() >= kill_at {
             write_killed(args, victim)?;
@@ -524,7 +521,6 @@ async fn primary_kill(
                 let sent_at = Instant::now();
                 match producer.put(measure::encode(&filler, sent_at - start)).await {
                     Ok(ack) => {
-                        sent += 1;
                         in_flight.push(async move { (sent_at, ack.await) });
                     }
                     Err(_) => errors += 1,
@@ -541,7 +537,6 @@ async fn primary_kill(
         }
     };
     drop(in_flight);
-    let _ = sent;
     producer.close().await;
     if args.system == System::Nats {
         // Free the stream's disk (best effort; a later run can also do without it).
