@@ -109,6 +109,8 @@ cleanup() {
   for p in "${ALL_PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # Addresses of each system, node order 1..3.
 BMQ_BASE=$((BASE + 100))
