@@ -1,0 +1,431 @@
+//! The message workload: P producers and C consumers on one fresh queue (ours) or stream
+//! (NATS), each with its own connection. Producer `i` dials node `i % N` first, consumer `j`
+//! node `(j + 1) % N`, so with 1/1 the producer and the consumer sit on different nodes of
+//! either system.
+//!
+//! Each producer sends payloads of `--size` bytes (its send time inside), unpaced or at
+//! `--rate` messages per second in total, for `--count` messages in total or `--duration-secs`;
+//! at most `--window` PUTs per producer are unacknowledged at once (the window is this module's
+//! semaphore, the same for both systems). ACK latency = PUT handed to the client library -> ACK
+//! future completed (each ACK is timed when it completes, not in sending order); end-to-end =
+//! send time -> message received by a consumer (one process, one monotonic clock). Consumers
+//! acknowledge every message. Throughput = messages received / (last receipt - start).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use async_nats::jetstream;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch, Mutex, Semaphore};
+
+use crate::measure::{self, Percentiles};
+use crate::systems::{self, Consumer, Producer, System};
+
+/// Arguments of `peer-probe messages`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MessagesArgs {
+    /// The system to drive (bmq or nats).
+    #[arg(long, value_enum)]
+    pub system: System,
+    /// Client addresses of the nodes, host:port, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub servers: Vec<String>,
+    /// A name for this run in the report (the same workload has the same label on every
+    /// system).
+    #[arg(long, default_value = "messages")]
+    pub label: String,
+    /// Producers (one connection each).
+    #[arg(long, default_value_t = 1)]
+    pub producers: usize,
+    /// Consumers (one connection each); 0 = produce only.
+    #[arg(long, default_value_t = 1)]
+    pub consumers: usize,
+    /// Payload size, bytes (at least 12).
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// Messages in total, shared among the producers (ignored with --duration-secs).
+    #[arg(long, default_value_t = 100_000)]
+    pub count: u64,
+    /// Produce for this many seconds instead of --count messages.
+    #[arg(long)]
+    pub duration_secs: Option<u64>,
+    /// Messages per second, all producers together; 0 = unpaced.
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Most unacknowledged PUTs per producer.
+    #[arg(long, default_value_t = 256)]
+    pub window: usize,
+    /// Most delivered-but-unacknowledged messages per consumer (ours:
+    /// max_unconfirmed_messages; NATS: the consumer's max_ack_pending, shared by its pullers).
+    #[arg(long, default_value_t = 1000)]
+    pub max_unconfirmed: u32,
+    /// Domain of our queue (bmq.test is strong consistency).
+    #[arg(long, default_value = "bmq.test")]
+    pub domain: String,
+    /// NATS stream replicas.
+    #[arg(long, default_value_t = 3)]
+    pub replicas: usize,
+    /// NATS API request and publish-ACK timeout, seconds.
+    #[arg(long, default_value_t = 10)]
+    pub nats_timeout_secs: u64,
+    /// Give up waiting for deliveries this many seconds after producing ended.
+    #[arg(long, default_value_t = 60)]
+    pub drain_timeout_secs: u64,
+}
+
+/// What one message run measured (one JSON line of the results file).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MessagesResult {
+    /// Always `"messages"`.
+    pub kind: String,
+    /// The system driven.
+    pub system: System,
+    /// The run's label.
+    pub label: String,
+    /// Producers.
+    pub producers: usize,
+    /// Consumers.
+    pub consumers: usize,
+    /// Payload size, bytes.
+    pub size: usize,
+    /// Window per producer.
+    pub window: usize,
+    /// Target rate, msgs/s (0 = unpaced).
+    pub rate: u64,
+    /// PUTs handed to the client library.
+    pub sent: u64,
+    /// ACKed.
+    pub acked: u64,
+    /// Failed PUTs (NACK, timeout, lost connection) and unparsable payloads.
+    pub errors: u64,
+    /// Messages received (redeliveries included).
+    pub received: u64,
+    /// Receipts of messages delivered before.
+    pub redeliveries: u64,
+    /// ACKed messages never received before the drain timeout.
+    pub missing: u64,
+    /// ACKed messages per second (first PUT -> last ACK).
+    pub produced_per_sec: f64,
+    /// Received messages per second (first PUT -> last receipt).
+    pub consumed_per_sec: f64,
+    /// PUT -> ACK.
+    pub ack: Percentiles,
+    /// Send -> receipt.
+    pub e2e: Percentiles,
+    /// `/proc/loadavg` (1-minute) before and after the run.
+    pub loadavg: (f64, f64),
+}
+
+#[derive(Default)]
+struct Counters {
+    sent: AtomicU64,
+    acked: AtomicU64,
+    errors: AtomicU64,
+    received: AtomicU64,
+    redeliveries: AtomicU64,
+    last_ack_ns: AtomicU64,
+    last_receipt_ns: AtomicU64,
+}
+
+/// Runs the message workload against `args.system` and returns what it measured.
+///
+/// Errors: bad arguments, no node reachable, the queue or stream refused.
+pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
+    if args.size < measure::HEADER_LEN {
+        bail!("--size must be at least {} bytes", measure::HEADER_LEN);
+    }
+    if args.producers == 0 || args.window == 0 || args.max_unconfirmed == 0 {
+        bail!("--producers, --window and --max-unconfirmed must be at least 1");
+    }
+    let loadavg_start = crate::loadavg();
+    let run_id: u32 = rand::random();
+    let timeout = Duration::from_secs(args.nats_timeout_secs.max(1));
+    let drain = Duration::from_secs(args.drain_timeout_secs.max(1));
+    let servers = &args.servers;
+
+    // The queue or stream, and the consumers first so no message waits for its consumer.
+    let uri = format!("bmq://{}/peer-{run_id:08x}", args.domain);
+    let stream = format!("PEER_{run_id:08x}");
+    let subject = format!("peer.{run_id:08x}");
+    let durable = "probe";
+    let mut consumers = Vec::new();
+    match args.system {
+        System::Bmq => {
+            for j in 0..args.consumers {
+                let c =
+                    systems::bmq_connect(systems::rotated(servers, j + 1), 1, "consumer").await?;
+                consumers.push(Consumer::bmq(c, &uri, args.max_unconfirmed).await?);
+            }
+        }
+        System::Nats => {
+            let admin = systems::nats_connect(servers).await?;
+            let js = systems::nats_js(admin.clone(), timeout);
+            let s = systems::nats_create_stream(&js, &stream, &subject, args.replicas).await?;
+            s.create_consumer(jetstream::consumer::pull::Config {
+                durable_name: Some(durable.to_string()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                max_ack_pending: i64::from(args.max_unconfirmed),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot create consumer: {e}"))?;
+            let _ = admin.drain().await;
+            for j in 0..args.consumers {
+                let c = systems::nats_connect(&systems::rotated(servers, j + 1)).await?;
+                consumers.push(Consumer::nats(c, timeout, &stream, durable).await?);
+            }
+        }
+        System::Etcd => bail!("etcd has no message workload (use `metadata`)"),
+    }
+    let mut producers = Vec::new();
+    for i in 0..args.producers {
+        let first = systems::rotated(servers, i);
+        producers.push(match args.system {
+            System::Bmq => {
+                let client = systems::bmq_connect(first, args.window, "producer").await?;
+                client
+                    .open_queue(&uri, bmq_client::OpenOptions::write())
+                    .await
+                    .with_context(|| format!("cannot open {uri} for writing"))?;
+                Producer::Bmq {
+                    client,
+                    uri: uri.clone(),
+                }
+            }
+            _ => Producer::Nats {
+                js: systems::nats_js(systems::nats_connect(&first).await?, timeout),
+                subject: subject.clone(),
+            },
+        });
+    }
+
+    let counters = Arc::new(Counters::default());
+    let e2e = Arc::new(Mutex::new(measure::histogram()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let start = Instant::now();
+    let consumer_tasks: Vec<_> = consumers
+        .into_iter()
+        .map(|c| {
+            tokio::spawn(consume(
+                c,
+                start,
+                counters.clone(),
+                e2e.clone(),
+                stop_rx.clone(),
+            ))
+        })
+        .collect();
+    let deadline = args.duration_secs.map(|s| start + Duration::from_secs(s));
+    let filler = vec![0x5a_u8; args.size];
+    let producer_tasks: Vec<_> = producers
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let n = args.count;
+            let share = args.duration_secs.is_none().then(|| {
+                n / args.producers as u64 + u64::from((i as u64) < n % args.producers as u64)
+            });
+            tokio::spawn(produce(
+                p,
+                filler.clone(),
+                share,
+                deadline,
+                args.rate as f64 / args.producers as f64,
+                args.window,
+                start,
+                counters.clone(),
+            ))
+        })
+        .collect();
+    let mut ack_hist = measure::histogram();
+    for p in producer_tasks {
+        let h = p.await.context("producer task panicked")?;
+        ack_hist.add(&h).expect("same histogram bounds");
+    }
+    let acked = counters.acked.load(Ordering::Relaxed);
+    let drain_deadline = Instant::now() + drain;
+    let first_deliveries =
+        |c: &Counters| c.received.load(Ordering::Relaxed) - c.redeliveries.load(Ordering::Relaxed);
+    if args.consumers > 0 {
+        while first_deliveries(&counters) < acked && Instant::now() < drain_deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let _ = stop_tx.send(true);
+    for c in consumer_tasks {
+        c.await.context("consumer task panicked")?;
+    }
+    if args.system == System::Nats {
+        // Free the stream's disk for the next runs (best effort).
+        if let Ok(c) = systems::nats_connect(servers).await {
+            let _ = systems::nats_js(c.clone(), timeout)
+                .delete_stream(&stream)
+                .await;
+            let _ = c.drain().await;
+        }
+    }
+    let ns = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
+    let received = counters.received.load(Ordering::Relaxed);
+    let e2e = e2e.lock().await;
+    Ok(MessagesResult {
+        kind: "messages".into(),
+        system: args.system,
+        label: args.label,
+        producers: args.producers,
+        consumers: args.consumers,
+        size: args.size,
+        window: args.window,
+        rate: args.rate,
+        sent: counters.sent.load(Ordering::Relaxed),
+        acked,
+        errors: counters.errors.load(Ordering::Relaxed),
+        received,
+        redeliveries: counters.redeliveries.load(Ordering::Relaxed),
+        missing: if args.consumers > 0 {
+            acked.saturating_sub(first_deliveries(&counters))
+        } else {
+            0
+        },
+        produced_per_sec: measure::rate(acked, ns(&counters.last_ack_ns)),
+        consumed_per_sec: measure::rate(received, ns(&counters.last_receipt_ns)),
+        ack: Percentiles::of(&ack_hist),
+        e2e: Percentiles::of(&e2e),
+        loadavg: (loadavg_start, crate::loadavg()),
+    })
+}
+
+/// One producer: sends its share (or until the deadline), paced to `rate` if not 0, with at
+/// most `window` PUTs unacknowledged; a collector times each ACK as it completes.
+#[allow(clippy::too_many_arguments)]
+async fn produce(
+    producer: Producer,
+    filler: Vec<u8>,
+    share: Option<u64>,
+    deadline: Option<Instant>,
+    rate: f64,
+    window: usize,
+    start: Instant,
+    counters: Arc<Counters>,
+) -> Histogram<u64> {
+    let window = Arc::new(Semaphore::new(window));
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, systems::AckFuture, _)>();
+    let collector = {
+        let counters = counters.clone();
+        tokio::spawn(async move {
+            let mut h = measure::histogram();
+            let mut in_flight = FuturesUnordered::new();
+            let mut open = true;
+            loop {
+                tokio::select! {
+                    m = rx.recv(), if open => match m {
+                        Some((sent_at, ack, permit)) => in_flight.push(async move {
+                            let r: anyhow::Result<()> = ack.await;
+                            (sent_at, r, permit)
+                        }),
+                        None => open = false,
+                    },
+                    Some((sent_at, r, permit)) = in_flight.next(), if !in_flight.is_empty() => {
+                        let done = Instant::now();
+                        drop(permit);
+                        match r {
+                            Ok(()) => {
+                                measure::record(&mut h, done - sent_at);
+                                counters.acked.fetch_add(1, Ordering::Relaxed);
+                                counters.last_ack_ns.fetch_max((done - start).as_nanos() as u64, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                if counters.errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                                    eprintln!("peer-probe: a PUT failed: {e:#}");
+                                }
+                            }
+                        }
+                    }
+                    else => break,
+                }
+            }
+            h
+        })
+    };
+    let mut n: u64 = 0;
+    loop {
+        if share.is_some_and(|s| n >= s) || deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        if rate > 0.0 {
+            let due = start + Duration::from_secs_f64(n as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let permit = window
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("window never closed");
+        let now = Instant::now();
+        match producer.put(measure::encode(&filler, now - start)).await {
+            Ok(ack) => {
+                counters.sent.fetch_add(1, Ordering::Relaxed);
+                let _ = tx.send((now, ack, permit));
+            }
+            Err(e) => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                eprintln!("peer-probe: put failed, producer stops: {e:#}");
+                break;
+            }
+        }
+        n += 1;
+    }
+    drop(tx);
+    let h = collector.await.unwrap_or_else(|_| measure::histogram());
+    producer.close().await;
+    h
+}
+
+/// One consumer: times and acknowledges every message until `stop` turns true.
+async fn consume(
+    mut consumer: Consumer,
+    start: Instant,
+    counters: Arc<Counters>,
+    e2e: Arc<Mutex<Histogram<u64>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut local = measure::histogram();
+    loop {
+        let next = tokio::select! {
+            m = consumer.next() => m,
+            _ = stop.changed() => break,
+        };
+        let r = match next {
+            None => break,
+            Some(Err(e)) => {
+                eprintln!("peer-probe: consumer: {e:#}");
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            Some(Ok(r)) => r,
+        };
+        let now = start.elapsed();
+        match measure::decode(&r.payload) {
+            Some(sent) => measure::record(&mut local, now.saturating_sub(sent)),
+            None => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        counters.received.fetch_add(1, Ordering::Relaxed);
+        if r.redelivered {
+            counters.redeliveries.fetch_add(1, Ordering::Relaxed);
+        }
+        counters
+            .last_receipt_ns
+            .fetch_max(now.as_nanos() as u64, Ordering::Relaxed);
+        if let Err(e) = consumer.ack(r).await {
+            eprintln!("peer-probe: ack failed: {e:#}");
+        }
+    }
+    e2e.lock().await.add(&local).expect("same histogram bounds");
+    consumer.close().await;
+}
