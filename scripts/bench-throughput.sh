@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Data-path throughput benchmark (issue 18; BENCHMARKS.md "Throughput (issue 18)"): one or more
+# release builds side by side, alternating, on a fresh local 3-node cluster per run (plain TCP,
+# strong consistency, 1 KiB messages):
+#   max     1 producer, 1 consumer, WINDOW (256) unacknowledged PUTs, COUNT (300,000) messages:
+#           msgs/s, ACK p50/p99, and the CPU time of the three broker processes together per
+#           message (utime + stime from /proc/<pid>/stat, before and after the run);
+#   paced   1 producer, 1 consumer, RATE (50,000) msgs/s for PACED_SECS (10) s: ACK p50/p99/p99.9
+#           and broker CPU per message.
+# The benchmark client runs on the same machine; its CPU is not counted. Figures depend on the
+# machine's load: compare builds within one run (the rounds alternate them) and note the load
+# average, printed at the start and the end.
+#
+#   scripts/bench-throughput.sh                              # this tree's release build
+#   scripts/bench-throughput.sh /tmp/before /tmp/after       # release directories to compare
+#   ROUNDS=3 COUNT=500000 RATE=50000 scripts/bench-throughput.sh ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-2}
+COUNT=${COUNT:-300000}
+WINDOW=${WINDOW:-256}
+RATE=${RATE:-50000}
+PACED_SECS=${PACED_SECS:-10}
+BASE=${BASE_PORT:-35500}
+DIR=${DIR:-/tmp/bmq-bench-throughput}
+BUILDS=("$@")
+if [ ${#BUILDS[@]} -eq 0 ]; then
+  cargo build --release --bins --locked
+  BUILDS=("$PWD/target/release")
+fi
+BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
+PIDS=()
+cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done; PIDS=(); }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+TICK=$(getconf CLK_TCK)
+
+start_cluster() {
+  local bin=$1
+  rm -rf "$DIR"
+  "$bin/bmqctl" cluster up --dir "$DIR" --base-port "$BASE" --no-security --no-prometheus --clean >/dev/null 2>&1 &
+  local up=$!
+  for _ in $(seq 120); do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 && break; sleep 0.5; done
+  kill -INT $up; wait $up || true
+  for i in 1 2 3; do
+    "$bin/broker" --config "$DIR/node-$i/broker.toml" >>"$DIR/node-$i/bench.log" 2>&1 &
+    PIDS+=($!)
+    disown # no "Killed" notice when the run ends
+  done
+  for _ in $(seq 120); do
+    local ok=0
+    for i in 1 2 3; do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 200 + i)) >/dev/null 2>&1 && ok=$((ok + 1)); done
+    [ $ok = 3 ] && return 0
+    sleep 0.5
+  done
+  echo "cluster of $bin not ready" >&2
+  return 1
+}
+
+# CPU ticks of every broker process so far.
+broker_ticks() {
+  local t=0
+  for p in "${PIDS[@]}"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo $t
+}
+
+# Runs one `bmqctl bench messages` and prints: msgs/s, ACK p50, p99, p99.9 (ms), broker us/msg.
+measure() {
+  local bin=$1; shift
+  local c0 c1 json
+  c0=$(broker_ticks)
+  json=$("$bin/bmqctl" bench messages "$@" --size 1024 --broker "$BROKERS" --no-tls --token "" --json --quiet)
+  c1=$(broker_ticks)
+  python3 - "$json" "$((c1 - c0))" "$TICK" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1]); ticks = int(sys.argv[2]); hz = int(sys.argv[3])
+a = r["ack_latency"]
+n = max(r["consumed"]["messages"], 1)
+ok = "" if r["missing"] == 0 and r["errors"] == 0 and not r["nacks"] else f"  (missing {r['missing']} errors {r['errors']} nacks {r['nacks']})"
+print(f'{r["consumed"]["msgs_per_sec"]:9.0f} {a["p50_us"]/1000:8.2f} {a["p99_us"]/1000:8.2f} {a["p999_us"]/1000:8.2f} {ticks / hz / n * 1e6:9.1f}{ok}')
+PY
+}
+
+echo "# bench-throughput $(date -u +%FT%TZ), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# builds: ${BUILDS[*]}"
+echo "# columns: msgs/s consumed, ACK p50 / p99 / p99.9 ms, broker CPU us per message"
+for round in $(seq "$ROUNDS"); do
+  for bin in "${BUILDS[@]}"; do
+    start_cluster "$bin"
+    # Warm-up: queue assignment, connections, caches.
+    "$bin/bmqctl" bench messages --count 20000 --size 1024 --window "$WINDOW" --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
+    printf 'round %s  %-40s max     ' "$round" "$bin"
+    measure "$bin" --count "$COUNT" --window "$WINDOW"
+    printf 'round %s  %-40s paced   ' "$round" "$bin"
+    measure "$bin" --rate "$RATE" --duration-secs "$PACED_SECS" --window 100000
+    cleanup
+  done
+done
+echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
