@@ -565,4 +565,102 @@ mod tests {
         assert!(recovered.committed_state.queues.contains_key("bmq://d/q"));
         assert_eq!(recovered.committed_lsn, lsn);
     }
+
+    /// The Records each outbound message to `peer` carries (a batch counts its records).
+    fn records_in(outbound: &[MetadataOutbound], peer: NodeId) -> Vec<usize> {
+        use bmq_proto::peer::metadata_message::Kind as Msg;
+        outbound
+            .iter()
+            .filter(|o| o.to == Some(peer))
+            .map(|o| match &o.message.kind {
+                Some(Msg::Batch(b)) => b
+                    .messages
+                    .iter()
+                    .filter(|m| matches!(m.kind, Some(Msg::Record(_))))
+                    .count(),
+                Some(Msg::Record(_)) => 1,
+                _ => 0,
+            })
+            .filter(|n| *n > 0)
+            .collect()
+    }
+
+    #[actix_rt::test]
+    async fn proposals_that_arrive_together_go_out_in_one_message_per_peer_and_commit_together() {
+        // Scenario: group commit (issue 18) — ten proposals already in the mailbox of a
+        // three-node leader are handled in one turn (so written with one fsync) and sent as one
+        // MetadataBatch per peer; one ack of the last record commits all ten.
+        use bmq_proto::peer::metadata_message::Kind as Msg;
+        let dir = tempfile::tempdir().unwrap();
+        let outbound = Arc::new(Mutex::new(Vec::new()));
+        let transport = Sink::<MetadataOutbound> {
+            seen: outbound.clone(),
+        }
+        .start()
+        .recipient();
+        let (ledger, recovered) = Ledger::open(dir.path(), FsyncPolicy::EveryRecord, 2).unwrap();
+        let members = [NodeId(1), NodeId(2), NodeId(3)];
+        let core = MetadataCore::new(NodeId(1), &members, 0, recovered);
+        let actor = MetadataActor::new(core, ledger, transport).start();
+        let inbound = |kind: Msg| MetadataInbound {
+            from: NodeId(2),
+            message: peer::MetadataMessage { kind: Some(kind) },
+        };
+        actor
+            .send(LeaderChanged {
+                term: Term(1),
+                leader: Some(NodeId(1)),
+            })
+            .await
+            .unwrap();
+        actor
+            .send(inbound(Msg::SyncStateResponse(
+                peer::LeaderSyncStateResponse {
+                    term: 1,
+                    last_lsn: None,
+                    committed_lsn: None,
+                },
+            )))
+            .await
+            .unwrap();
+        actor
+            .send(inbound(Msg::Ack(peer::AdvisoryAck {
+                lsn: Some(Lsn::new(Term(1), 1).into()),
+            })))
+            .await
+            .unwrap();
+        let status = actor.send(GetMetadataStatus).await.unwrap().status;
+        assert_eq!(status.role, MetadataRole::ActiveLeader);
+        outbound.lock().unwrap().clear();
+        // Ten proposals in the mailbox before the actor runs again.
+        let proposals: Vec<_> = (0..10u64)
+            .map(|key| {
+                actor.send(Propose {
+                    advisory: assign(&format!("bmq://d/q{key}"), 0, key),
+                })
+            })
+            .collect();
+        for p in proposals {
+            p.await.unwrap().unwrap();
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+        let sent = outbound.lock().unwrap().clone();
+        assert_eq!(records_in(&sent, NodeId(2)), vec![10], "{sent:?}");
+        assert_eq!(records_in(&sent, NodeId(3)), vec![10], "{sent:?}");
+        // Not committed yet (node 2 has not acked); one ack of the last record commits all.
+        let last = Lsn::new(Term(1), 12);
+        assert_eq!(
+            actor.send(GetMetadataStatus).await.unwrap().status.last_lsn,
+            last
+        );
+        actor
+            .send(inbound(Msg::Ack(peer::AdvisoryAck {
+                lsn: Some(last.into()),
+            })))
+            .await
+            .unwrap();
+        let snapshot = actor.send(GetMetadataStatus).await.unwrap();
+        assert_eq!(snapshot.status.committed_lsn, last);
+        assert_eq!(snapshot.state.queues.len(), 10);
+    }
 }
