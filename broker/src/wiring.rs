@@ -113,7 +113,8 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
         // Every reader of the watch (admin, the router's forwarding, opens) sees the new state
         // at once; its waiters — every client session, which routes by partition — wake only
         // when the partitions changed, not for every queue assignment. (The value is always
-        // replaced; `false` only spares the wake-ups.)
+        // replaced; `false` makes it what tokio's docs call a silent modification: visible to
+        // `borrow`, without a change notification.)
         if !Arc::ptr_eq(&before, &msg.state) {
             self.state_tx.send_if_modified(|state| {
                 *state = msg.state.clone();
