@@ -9,8 +9,9 @@
 //!
 //! The router also keeps this node's partition actors in step with the committed cluster state:
 //! every partition has an actor on every node (primary or replica, each with its journal, each
-//! on its own thread), told the committed primary and `primary_lease_id` on every commit; a node
-//! that is no longer a partition's primary steps down to replica, it does not exit.
+//! on its own thread), told the committed primary and `primary_lease_id` whenever they change; a
+//! node that is no longer a partition's primary steps down to replica, it does not exit. Opens
+//! waiting for a queue's assignment register here and are woken by the commit that assigns it.
 //! Replication traffic (`PartitionMessage` on the DATA channel) goes to the partition's actor.
 //!
 //! Built with everything it needs; it never reaches into other actors' state. Answers to
