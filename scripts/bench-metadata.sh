@@ -17,7 +17,7 @@ if [ -z "${BIN:-}" ]; then
 fi
 DIR=${DIR:-/tmp/bmq-bench-metadata}
 BASE=${BASE_PORT:-33400}
-PREFILLS=${PREFILLS:-100000}
+PREFILLS=${PREFILLS-100000}
 BROKER_BIN=${BROKER_BIN:-$BIN/broker}
 SEQ=${SEQ:-1000}
 PAR=${PAR:-20000}
