@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Failover benchmark (issue 8): leader SIGKILL -> new leader, primary SIGKILL -> first ACK.
+"""Failover benchmark (issue 8): leader SIGKILL -> new leader, primary SIGKILL -> first ACK;
+(issue 18) leader SIGKILL -> the next metadata write committed (`metadata`, see metadata_runs).
 
 Run through scripts/bench-failover.sh, which builds the release binaries first.
 
@@ -28,7 +29,7 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release")
+BIN = os.environ.get("BIN", os.path.join(ROOT, "target", "release"))
 RUNS = int(os.environ.get("RUNS", "20"))
 BASE_PORT = int(os.environ.get("BASE_PORT", "31100"))
 DIR = os.environ.get("CLUSTER_DIR_BENCH", "/tmp/bmq-bench-failover")
@@ -86,6 +87,18 @@ def settle(timeout=30):
     raise SystemExit("cluster did not settle: " + json.dumps([status(i) for i in NODES]))
 
 
+def cluster_queues(i, timeout=0.2):
+    """bmq_cluster_queues of node i (queues in its committed state), or None."""
+    try:
+        with urllib.request.urlopen(f"http://{admin(i)}/metrics", timeout=timeout) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("bmq_cluster_queues "):
+                    return int(float(line.split()[1]))
+    except Exception:
+        return None
+    return None
+
+
 def pct(values, q):
     s = sorted(values)
     return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
@@ -119,6 +132,46 @@ def leader_runs():
         out.append(ms)
         print(f"leader run {run + 1}: killed node {leader} (term {term}), "
               f"node {seen} leads after {ms:.0f} ms", flush=True)
+        start(leader)
+    return out
+
+
+def metadata_runs():
+    """Leader SIGKILL -> the next metadata write is committed (issue 18): right after the kill a
+    client opens a never-opened queue through a survivor; the figure is the time until a
+    survivor's committed state holds one more queue (its /metrics `bmq_cluster_queues`, polled
+    every POLL_S). Election + the new leader's sync + one commit; the open itself may wait
+    longer for the queue's partition primary, which is not measured here."""
+    out = []
+    for run in range(RUNS):
+        leader, term = settle()
+        survivors = [i for i in NODES if i != leader]
+        before = max(cluster_queues(i) or 0 for i in survivors)
+        t0 = time.monotonic()
+        kill(leader)
+        writer = subprocess.Popen(
+            [os.path.join(BIN, "bmqctl"), "bench", "metadata", "--queues", "1", "--broker",
+             client(survivors[0]), "--no-tls", "--token", "", "--quiet", "--json",
+             "--timeout-secs", "20"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        elected = None
+        while True:
+            if elected is None:
+                for i in survivors:
+                    d = status(i, timeout=0.2)
+                    if d and d["elector"]["state"] == "leader" and d["elector"]["term"] > term:
+                        elected = (time.monotonic() - t0) * 1000
+            if any((cluster_queues(i) or 0) > before for i in survivors):
+                break
+            if time.monotonic() - t0 > 30:
+                raise SystemExit("no metadata write committed within 30 s")
+            time.sleep(POLL_S)
+        ms = (time.monotonic() - t0) * 1000
+        out.append(ms)
+        seen = "not seen" if elected is None else f"{elected:.0f} ms"
+        print(f"metadata run {run + 1}: killed leader {leader} (term {term}), new leader seen "
+              f"after {seen}, next write committed after {ms:.0f} ms", flush=True)
+        writer.wait(timeout=30)
         start(leader)
     return out
 
@@ -173,12 +226,16 @@ def main():
         results = {}
         if which in ("all", "leader"):
             results["leader"] = leader_runs()
+        if which in ("all", "metadata"):
+            results["metadata"] = metadata_runs()
         if which in ("all", "primary"):
             results["primary"], lost = primary_runs()
             print(f"acknowledged messages lost over all primary runs: {lost}")
         for name, values in results.items():
-            summary(f"{name} SIGKILL -> " + ("new leader" if name == "leader" else "first ACK"),
-                    values)
+            what = {"leader": "leader SIGKILL -> new leader",
+                    "metadata": "leader SIGKILL -> next metadata write committed",
+                    "primary": "primary SIGKILL -> first ACK"}[name]
+            summary(what, values)
     finally:
         for p in procs.values():
             if p.poll() is None:

@@ -14,7 +14,10 @@
 //! - `bmqctl bench metadata`: opens N fresh queues for writing, `--parallel` at a time. Opening a
 //!   queue nobody opened before waits for the leader to commit its `QueueAssignmentAdvisory`
 //!   (DESIGN.md §7), so the open latency is the assignment's commit latency seen by a client,
-//!   and opens per second are committed assignments per second.
+//!   and opens per second are committed assignments per second. With `--admin` (the leader's
+//!   admin address) it also reads the leader's own commit latency (propose -> quorum commit,
+//!   `bmq_metadata_commit_latency_seconds`, compared before and after the run) and how many
+//!   queues the cluster had assigned before the run (`bmq_cluster_queues`).
 //!
 //! Both print a table, or a JSON report with `--json`; a progress bar on standard error while
 //! running (hidden with `--quiet` or when standard error is not a terminal). Benchmarks measure;
@@ -135,6 +138,11 @@ pub struct MetadataArgs {
     /// Per-open timeout, seconds.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub timeout_secs: u64,
+    /// Admin HTTP address (host:port) of the leader, to report its commit latency and the
+    /// queues assigned before the run; repeat or separate with commas (only the leader
+    /// commits, so the nodes' histograms add up).
+    #[arg(long = "admin", value_name = "HOST:PORT", value_delimiter = ',')]
+    pub admin: Vec<String>,
     /// Print a JSON report instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -144,6 +152,122 @@ pub struct MetadataArgs {
     /// TLS and token.
     #[command(flatten)]
     pub security: ClientSecurityArgs,
+}
+
+/// The leader's view of a `bmqctl bench metadata` run (`--admin`), from its `/metrics`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct LeaderCommits {
+    /// Queues assigned in the cluster before the run (`bmq_cluster_queues`, the largest of
+    /// the nodes asked).
+    pub queues_before: u64,
+    /// Advisories committed during the run (`bmq_metadata_commit_latency_seconds_count`).
+    pub commits: u64,
+    /// Upper bounds (microseconds) of the histogram buckets holding the 50th, 90th and 99th
+    /// percentile of the commit latency (propose -> quorum commit on the leader); the
+    /// buckets are 0.1, 0.25, 0.5, 1, 2.5, 5, 10 ... ms, so these are bounds, not values.
+    pub p50_le_us: u64,
+    /// See `p50_le_us`.
+    pub p90_le_us: u64,
+    /// See `p50_le_us`.
+    pub p99_le_us: u64,
+}
+
+/// The commit latency buckets and queue count read from one `/metrics` page.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct MetricsSample {
+    /// `(le in seconds, cumulative count)`, `+Inf` as `f64::INFINITY`.
+    buckets: Vec<(f64, u64)>,
+    queues: u64,
+}
+
+/// Reads `bmq_metadata_commit_latency_seconds_bucket` and `bmq_cluster_queues` from a
+/// Prometheus text page (other lines are ignored).
+fn parse_metrics(text: &str) -> MetricsSample {
+    let mut sample = MetricsSample::default();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("bmq_metadata_commit_latency_seconds_bucket{le=\"") {
+            let Some((le, count)) = rest.split_once("\"} ") else {
+                continue;
+            };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::NAN)
+            };
+            if let (false, Ok(count)) = (le.is_nan(), count.trim().parse::<f64>()) {
+                sample.buckets.push((le, count as u64));
+            }
+        } else if let Some(rest) = line.strip_prefix("bmq_cluster_queues ") {
+            sample.queues = rest.trim().parse::<f64>().map_or(0, |q| q as u64);
+        }
+    }
+    sample
+}
+
+/// Adds the samples of several nodes (same bucket bounds).
+fn sum_samples(samples: &[MetricsSample]) -> MetricsSample {
+    let mut total = MetricsSample::default();
+    for s in samples {
+        total.queues = total.queues.max(s.queues);
+        for (le, count) in &s.buckets {
+            match total.buckets.iter_mut().find(|(l, _)| l == le) {
+                Some((_, c)) => *c += count,
+                None => total.buckets.push((*le, *count)),
+            }
+        }
+    }
+    total
+        .buckets
+        .sort_by(|a, b| a.0.partial_cmp(&b.0).expect("no NaN bounds"));
+    total
+}
+
+/// The run's commits from two cumulative samples (see [`LeaderCommits`]).
+fn leader_commits(before: &MetricsSample, after: &MetricsSample) -> LeaderCommits {
+    let delta: Vec<(f64, u64)> = after
+        .buckets
+        .iter()
+        .map(|(le, count)| {
+            let was = before
+                .buckets
+                .iter()
+                .find(|(l, _)| l == le)
+                .map_or(0, |(_, c)| *c);
+            (*le, count.saturating_sub(was))
+        })
+        .collect();
+    let commits = delta.last().map_or(0, |(_, c)| *c);
+    let bound = |q: f64| -> u64 {
+        let rank = (q * commits as f64).ceil() as u64;
+        delta
+            .iter()
+            .find(|(_, c)| *c >= rank.max(1))
+            .map_or(0, |(le, _)| {
+                if le.is_finite() {
+                    (le * 1e6).round() as u64
+                } else {
+                    u64::MAX
+                }
+            })
+    };
+    LeaderCommits {
+        queues_before: before.queues,
+        commits,
+        p50_le_us: if commits == 0 { 0 } else { bound(0.50) },
+        p90_le_us: if commits == 0 { 0 } else { bound(0.90) },
+        p99_le_us: if commits == 0 { 0 } else { bound(0.99) },
+    }
+}
+
+async fn sample_metrics(admin: &[String]) -> anyhow::Result<MetricsSample> {
+    let mut samples = Vec::new();
+    for addr in admin {
+        let body = crate::http::get(addr, "/metrics")
+            .await
+            .with_context(|| format!("cannot read /metrics of {addr}"))?;
+        samples.push(parse_metrics(&String::from_utf8_lossy(&body)));
+    }
+    Ok(sum_samples(&samples))
 }
 
 /// Latency percentiles of one histogram, microseconds.
@@ -260,6 +384,8 @@ pub struct MetadataReport {
     pub assignments_per_sec: f64,
     /// Open latency of a new queue, microseconds.
     pub open_latency: Percentiles,
+    /// The leader's commits during the run (with `--admin`).
+    pub leader: Option<LeaderCommits>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -678,6 +804,11 @@ pub async fn run_metadata(args: MetadataArgs) -> anyhow::Result<MetadataReport> 
     }
     let timeout = Duration::from_secs(args.timeout_secs.max(1));
     let brokers = resolve_brokers(&args.broker);
+    let metrics_before = if args.admin.is_empty() {
+        None
+    } else {
+        Some(sample_metrics(&args.admin).await?)
+    };
     let run_id: u32 = rand::random();
     let next = Arc::new(AtomicU64::new(0));
     let bar = progress(args.quiet, args.queues as u64, "queues");
@@ -739,7 +870,12 @@ pub async fn run_metadata(args: MetadataArgs) -> anyhow::Result<MetadataReport> 
     let elapsed = start.elapsed();
     bar.finish_and_clear();
     let opened = h.len();
+    let leader = match metrics_before {
+        Some(before) => Some(leader_commits(&before, &sample_metrics(&args.admin).await?)),
+        None => None,
+    };
     Ok(MetadataReport {
+        leader,
         opened,
         errors,
         parallel: args.parallel,
@@ -816,11 +952,74 @@ fn print_metadata(r: &MetadataReport) {
         "latency (ms)", "p50", "p90", "p99", "p99.9", "max", "samples"
     );
     println!("{}", latency_row("open (commit)", &r.open_latency));
+    if let Some(l) = &r.leader {
+        let le = |us: u64| {
+            if us == u64::MAX {
+                "> 10 s".to_string()
+            } else {
+                format!("<= {}", ms(us))
+            }
+        };
+        println!(
+            "leader: {} queues assigned before the run; {} commits, commit latency (ms) p50 {}, p90 {}, p99 {}",
+            l.queues_before,
+            l.commits,
+            le(l.p50_le_us),
+            le(l.p90_le_us),
+            le(l.p99_le_us)
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leader_commit_latency_comes_from_the_bucket_deltas() {
+        // Scenario: --admin reads the leader's histogram before and after a run; the run's
+        // percentiles are the bounds of the buckets of the difference.
+        let page = |counts: [u64; 4], queues: u64| {
+            format!(
+                "# TYPE bmq_metadata_commit_latency_seconds histogram\n\
+                 bmq_metadata_commit_latency_seconds_bucket{{le=\"0.00025\"}} {}\n\
+                 bmq_metadata_commit_latency_seconds_bucket{{le=\"0.0005\"}} {}\n\
+                 bmq_metadata_commit_latency_seconds_bucket{{le=\"0.001\"}} {}\n\
+                 bmq_metadata_commit_latency_seconds_bucket{{le=\"+Inf\"}} {}\n\
+                 bmq_metadata_commit_latency_seconds_count {}\n\
+                 bmq_cluster_queues {queues}\n",
+                counts[0], counts[1], counts[2], counts[3], counts[3]
+            )
+        };
+        let before = parse_metrics(&page([1, 2, 3, 10], 100));
+        assert_eq!(before.queues, 100);
+        assert_eq!(before.buckets.len(), 4);
+        // 100 commits in the run: 10 <= 0.25 ms, 50 more <= 0.5 ms, 35 more <= 1 ms, 5 above.
+        let after = parse_metrics(&page([11, 62, 98, 110], 200));
+        let l = leader_commits(&before, &after);
+        assert_eq!(
+            l,
+            LeaderCommits {
+                queues_before: 100,
+                commits: 100,
+                p50_le_us: 500,
+                p90_le_us: 1000,
+                p99_le_us: u64::MAX,
+            }
+        );
+        // Two nodes: only the leader committed; the follower's zeros add nothing.
+        let follower = parse_metrics(&page([0, 0, 0, 0], 100));
+        assert_eq!(
+            leader_commits(
+                &sum_samples(&[before.clone(), follower.clone()]),
+                &sum_samples(&[after, follower])
+            ),
+            l
+        );
+        // Nothing committed: all zero.
+        assert_eq!(leader_commits(&before, &before).commits, 0);
+        assert_eq!(parse_metrics("garbage\n{le=}\n"), MetricsSample::default());
+    }
 
     #[test]
     fn payload_round_trip_and_rejects() {

@@ -9,8 +9,9 @@
 //!
 //! The router also keeps this node's partition actors in step with the committed cluster state:
 //! every partition has an actor on every node (primary or replica, each with its journal, each
-//! on its own thread), told the committed primary and `primary_lease_id` on every commit; a node
-//! that is no longer a partition's primary steps down to replica, it does not exit.
+//! on its own thread), told the committed primary and `primary_lease_id` whenever they change; a
+//! node that is no longer a partition's primary steps down to replica, it does not exit. Opens
+//! waiting for a queue's assignment register here and are woken by the commit that assigns it.
 //! Replication traffic (`PartitionMessage` on the DATA channel) goes to the partition's actor.
 //!
 //! Built with everything it needs; it never reaches into other actors' state. Answers to
@@ -19,7 +20,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -35,7 +36,7 @@ use bmq_proto::peer::{
     PartitionMessage, PeerMessage, PrimaryActiveNotice, SessionGone,
 };
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::debug;
 
 use crate::actors::health::PrimaryActive;
@@ -161,6 +162,9 @@ pub struct RouterParts {
     pub quorum: usize,
 }
 
+/// A partition's committed role as told to its actor: primary, lease, ACTIVE.
+type RoleTold = (Option<NodeId>, LeaseId, bool);
+
 /// The router shared by sessions, partition actors and the peer inbound path (see the module
 /// doc).
 pub struct Router {
@@ -177,6 +181,13 @@ pub struct Router {
     next_session_id: AtomicU64,
     /// "A peer link came back" notifications for sessions.
     peer_back: broadcast::Sender<NodeId>,
+    /// Opens waiting for a queue's assignment to commit, by URI ([`Router::watch_assignment`]).
+    assignment_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// The role last told to each partition actor ([`Router::sync_partitions`]).
+    roles_told: Mutex<HashMap<PartitionId, RoleTold>>,
+    /// Some partition actor may not know its committed role (at start, or after its mailbox
+    /// was full): [`Router::sync_partitions`] is due even if the partitions did not change.
+    roles_stale: AtomicBool,
 }
 
 fn forwarded(
@@ -210,6 +221,9 @@ impl Router {
             partitions: Mutex::new(HashMap::new()),
             next_session_id: AtomicU64::new(1),
             peer_back: broadcast::channel(64).0,
+            assignment_waiters: Mutex::new(HashMap::new()),
+            roles_told: Mutex::new(HashMap::new()),
+            roles_stale: AtomicBool::new(true),
         })
     }
 
@@ -237,6 +251,45 @@ impl Router {
             .is_err()
         {
             metrics::counter!("bmq_mailbox_full_total", "actor" => "metadata").increment(1);
+        }
+    }
+
+    /// A receiver that fires once a committed state containing `uri` is published on this node
+    /// (see [`Router::assignments_committed`]). Register before looking at the state, so that no
+    /// commit falls in between. A receiver dropped unfired is cleaned up at the next
+    /// registration or commit of the same URI, or by [`Router::forget_assignment_waiters`].
+    pub fn watch_assignment(&self, uri: &str) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let mut waiters = self.assignment_waiters.lock().expect("waiters lock");
+        let entry = waiters.entry(uri.to_owned()).or_default();
+        entry.retain(|w| !w.is_closed());
+        entry.push(tx);
+        rx
+    }
+
+    /// Drops the abandoned waiters of `uri` (its opens gave up).
+    pub fn forget_assignment_waiters(&self, uri: &str) {
+        let mut waiters = self.assignment_waiters.lock().expect("waiters lock");
+        if let Some(entry) = waiters.get_mut(uri) {
+            entry.retain(|w| !w.is_closed());
+            if entry.is_empty() {
+                waiters.remove(uri);
+            }
+        }
+    }
+
+    /// The committed state went from `before` to `after`: wakes the opens waiting for a queue
+    /// that is now assigned. O(changed queues) (see `ClusterState::queues_assigned_since`), and
+    /// nothing at all while no open waits.
+    pub fn assignments_committed(&self, before: &ClusterState, after: &ClusterState) {
+        let mut waiters = self.assignment_waiters.lock().expect("waiters lock");
+        if waiters.is_empty() {
+            return;
+        }
+        for uri in after.queues_assigned_since(before) {
+            for waiter in waiters.remove(uri).into_iter().flatten() {
+                let _ = waiter.send(());
+            }
         }
     }
 
@@ -644,11 +697,15 @@ impl Router {
     }
 
     /// Starts an actor (opening its journal) for every partition of `state` not yet running,
-    /// each on its own arbiter thread, and tells every actor its partition's committed primary
-    /// and lease (an actor no longer primary steps down to replica). Called on every commit. A
-    /// journal that cannot be opened (I/O error, corruption) stops the node: serving without it
-    /// could lose acknowledged messages.
+    /// each on its own arbiter thread, and tells each actor its partition's committed primary
+    /// and lease when they differ from what it was last told (an actor no longer primary steps
+    /// down to replica). Called when the committed partitions change. A journal that cannot
+    /// be opened (I/O error, corruption) stops the node: serving without it could lose
+    /// acknowledged messages. An actor whose mailbox was full is told at the next call
+    /// ([`Router::partition_roles_stale`] says one is due).
     pub fn sync_partitions(self: &Arc<Self>, state: &ClusterState) {
+        let mut all_told = true;
+        let mut told = self.roles_told.lock().expect("roles lock");
         let mut partitions = self.partitions.lock().expect("partitions lock");
         for (id, p) in &state.partitions {
             if !partitions.contains_key(id) {
@@ -670,18 +727,35 @@ impl Router {
                 partitions.insert(*id, addr);
             }
             let addr = partitions.get(id).expect("inserted above");
+            let role = (
+                p.primary,
+                LeaseId(p.primary_lease_id),
+                p.status == PrimaryStatus::Active,
+            );
+            if told.get(id) == Some(&role) {
+                continue;
+            }
             // Bounded by the commit rate; a full mailbox is caught up at the next commit.
-            if addr
-                .try_send(PartitionRoleChanged {
-                    primary: p.primary,
-                    lease: LeaseId(p.primary_lease_id),
-                    active: p.status == PrimaryStatus::Active,
-                })
-                .is_err()
-            {
+            let message = PartitionRoleChanged {
+                primary: role.0,
+                lease: role.1,
+                active: role.2,
+            };
+            if addr.try_send(message).is_err() {
                 metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
+                told.remove(id);
+                all_told = false;
+            } else {
+                told.insert(*id, role);
             }
         }
+        self.roles_stale.store(!all_told, Ordering::Relaxed);
+    }
+
+    /// Whether a partition actor may not know its committed role yet, so that
+    /// [`Router::sync_partitions`] is due at the next commit even if no partition changed.
+    pub fn partition_roles_stale(&self) -> bool {
+        self.roles_stale.load(Ordering::Relaxed)
     }
 
     /// The partition actors this node runs, for `/status`.

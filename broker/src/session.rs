@@ -622,30 +622,42 @@ impl Session {
     }
 }
 
+/// How often an open waiting for its queue's assignment asks again. The metadata core keeps a
+/// request and sends it on to each new leader, so this only covers a forwarded request lost
+/// on the way.
+const ASSIGNMENT_REASK: Duration = Duration::from_millis(500);
+
 /// Waits until `uri` is assigned to a partition in the committed state, asking the leader to
-/// assign it (again every 500 ms) until the request timeout.
+/// assign it (again every [`ASSIGNMENT_REASK`]) until the request timeout. Woken by the commit
+/// that assigns it ([`Router::watch_assignment`]), not by polling.
 async fn resolve_queue(router: &Router, uri: &str) -> Result<PartitionId, Status> {
     let timeout = router.config().limits.request_timeout();
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut cluster = router.cluster();
+    let cluster = router.cluster();
     let mut asked_at: Option<tokio::time::Instant> = None;
-    loop {
-        if let Some(q) = cluster.borrow_and_update().queues.get(uri) {
-            return Ok(q.partition);
+    let outcome = loop {
+        // Registered before the look-up, so the commit cannot fall in between.
+        let committed = router.watch_assignment(uri);
+        if let Some(q) = cluster.borrow().queues.get(uri) {
+            break Ok(q.partition);
         }
         let now = tokio::time::Instant::now();
         if now >= deadline {
-            return Err(Status {
+            break Err(Status {
                 code: StatusCode::NotReady as i32,
                 message: format!(
                     "queue {uri} could not be assigned within {timeout:?}: no active leader?"
                 ),
             });
         }
-        if asked_at.is_none_or(|t| now.duration_since(t) >= Duration::from_millis(500)) {
+        let ask_at = asked_at.map_or(now, |t| t + ASSIGNMENT_REASK);
+        if ask_at <= now {
             asked_at = Some(now);
             router.request_assignment(uri.to_string());
         }
-        let _ = tokio::time::timeout(Duration::from_millis(100), cluster.changed()).await;
-    }
+        let wake = asked_at.map_or(deadline, |t| (t + ASSIGNMENT_REASK).min(deadline));
+        let _ = tokio::time::timeout_at(wake, committed).await;
+    };
+    router.forget_assignment_waiters(uri);
+    outcome
 }

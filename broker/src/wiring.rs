@@ -3,8 +3,9 @@
 //! - [`ControlSender`]: sends the elector's and the metadata actor's outbound messages over the
 //!   peer CONTROL channel.
 //! - [`CommitFanout`]: relays leadership changes to the metadata actor, and every committed
-//!   cluster state to the router (partition roles), the state watch (sessions, admin) and the
-//!   health actor.
+//!   cluster state to the router (partition roles; opens waiting for a queue's assignment),
+//!   the state watch (sessions, admin) and the health actor. What it does per commit is
+//!   O(changes), never O(state) (issue 18).
 //! - [`PeerDemux`]: routes each frame from a peer to the actor that owns it (elector, metadata,
 //!   health, router), and peer availability to the elector and the router.
 
@@ -104,11 +105,26 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
     type Result = ();
 
     fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
-        self.router.sync_partitions(&msg.state);
-        if !Arc::ptr_eq(&self.state_tx.borrow(), &msg.state) {
-            self.state_tx.send_replace(msg.state.clone());
+        let before = self.state_tx.borrow().clone();
+        let partitions_changed = !before.same_partitions(&msg.state);
+        if partitions_changed || self.router.partition_roles_stale() {
+            self.router.sync_partitions(&msg.state);
         }
-        // Commits are rate-bounded by the metadata quorum round trips, so do_send is fine.
+        // Every reader of the watch (admin, the router's forwarding, opens) sees the new state
+        // at once; its waiters — every client session, which routes by partition — wake only
+        // when the partitions changed, not for every queue assignment. (The value is always
+        // replaced; `false` makes it what tokio's docs call a silent modification: visible to
+        // `borrow`, without a change notification.)
+        if !Arc::ptr_eq(&before, &msg.state) {
+            self.state_tx.send_if_modified(|state| {
+                *state = msg.state.clone();
+                partitions_changed
+            });
+        }
+        // Opens waiting for a queue: only the changed queues are looked at.
+        self.router.assignments_committed(&before, &msg.state);
+        // Commits are rate-bounded by the metadata quorum round trips (and published once per
+        // turn of the metadata actor), so do_send is fine.
         self.health.do_send(msg);
     }
 }

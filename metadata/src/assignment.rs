@@ -12,12 +12,11 @@ use crate::state::{ClusterState, PrimaryStatus};
 /// the fewest queues; ties go to the lowest partition id. `None` when no partition has a primary
 /// (the caller retries once primaries are assigned).
 pub fn pick_partition_for_queue(state: &ClusterState) -> Option<PartitionId> {
-    let counts = state.queue_counts();
     state
         .partitions
         .iter()
         .filter(|(_, p)| p.primary.is_some())
-        .map(|(id, _)| (counts.get(id).copied().unwrap_or(0), *id))
+        .map(|(id, _)| (state.queue_count(*id), *id))
         .min()
         .map(|(_, id)| id)
 }

@@ -13,7 +13,10 @@
 //!   a smaller or equal LSN is a duplicate (re-acked if durable), a larger one is a gap (answered
 //!   with `FollowerHello`; the leader replies with a `CatchUp`). Records of a term whose snapshot
 //!   (the `LeaderAdvisory` at `(term, 1)`) has not been seen are gated (buffered, bounded) until it
-//!   arrives. Acks go out after `on_persisted`.
+//!   arrives. Acks go out after `on_persisted`: one ack, naming the highest durable record of
+//!   the term, covers every record before it (the leader keeps acks as high-water marks), so a
+//!   shell that syncs a group of records sends one ack. A leader sync query that arrives before
+//!   the elector names its sender as leader of its (newer) term is kept and answered then.
 //! - **Passive leader**: runs leader sync (below), then proposes the `LeaderAdvisory` at
 //!   `(term, 1)`; it becomes **active** when that commits. Only an active leader accepts
 //!   proposals and queue assignment requests.
@@ -21,6 +24,12 @@
 //!   acks (its own after `on_persisted`), and at quorum persists a COMMIT record (its own LSN is
 //!   the next sequence, naming the committed LSN) and broadcasts `AdvisoryCommit`. Committing an
 //!   LSN commits every smaller one; state is applied **only** on commit.
+//! - **Queue assignment requests** are kept by the node that got them until it sees them
+//!   committed (see [`MetadataCore::request_queue_assignment`]), so none is lost to a failover.
+//! - **Batches**: a [`peer::MetadataBatch`] is handled as its messages in order.
+//!
+//! Every step costs O(changes) in the size of the state (issue 18): the states are persistent
+//! maps (see `state.rs`), commits find the quorum in O(members log members + log pending).
 //!
 //! # Why leader sync keeps the most advanced node's uncommitted advisories
 //!
@@ -77,6 +86,12 @@ pub struct MetadataConfig {
     pub uncommitted_max: usize,
     /// Records a follower gates while waiting for its term's snapshot.
     pub gated_max: usize,
+    /// Queue assignment requests a node keeps until it sees them committed (see
+    /// [`MetadataCore::request_queue_assignment`]); more are dropped and counted.
+    pub assignment_requests_max: usize,
+    /// A kept queue assignment request older than this is forgotten (whoever asked has given
+    /// up: the node's default request timeout is 10 s).
+    pub assignment_request_ttl: Duration,
 }
 
 impl Default for MetadataConfig {
@@ -89,6 +104,8 @@ impl Default for MetadataConfig {
             sync_data_attempts_max: 5,
             uncommitted_max: 1024,
             gated_max: 1024,
+            assignment_requests_max: 4096,
+            assignment_request_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -224,6 +241,17 @@ pub struct MetadataCounters {
     pub commits_refreshed: u64,
     /// FollowerHellos sent by this node.
     pub hellos_sent: u64,
+    /// Leader sync queries from a node not yet known as the leader of their (newer) term, kept
+    /// and answered once the elector names it (instead of the leader retrying later).
+    pub sync_queries_deferred: u64,
+    /// Sync data responses that held less than the node had announced (it lost unsynced
+    /// records in between): dropped, and the node asked again.
+    pub sync_data_behind: u64,
+    /// Queue assignment requests dropped because [`MetadataConfig::assignment_requests_max`]
+    /// were already kept.
+    pub assignment_requests_dropped: u64,
+    /// Batches received that contained a batch (dropped).
+    pub nested_batches: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -232,14 +260,18 @@ struct Pending {
     advisory: peer::Advisory,
     /// Leader: when the record was last sent (for re-sending).
     sent_at: Option<Instant>,
-    /// Follower: whether it was acked to the leader.
-    acked: bool,
 }
 
 #[derive(Debug, Clone)]
 enum Gated {
     Record(Lsn, peer::Advisory),
     Commit(Lsn, Lsn),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeferredQuery {
+    State,
+    Data,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,7 +310,15 @@ pub struct MetadataCore {
     tip_state: ClusterState,
     last_lsn: Lsn,
     persisted_lsn: Lsn,
+    /// Queue assignments asked on or through this node and not yet seen committed, with when
+    /// they were asked (see [`MetadataCore::request_queue_assignment`]).
+    assignment_requests: BTreeMap<String, Instant>,
     // Follower.
+    /// The highest LSN acked to the leader: an ack covers every record of the term up to it.
+    ack_sent: Lsn,
+    /// Leader sync queries (state, data) from a node this follower does not follow yet at
+    /// their newer term, answered once the elector names that leader.
+    deferred_queries: Vec<(NodeId, Term, DeferredQuery)>,
     snapshot_seen: bool,
     out_of_sync: bool,
     gated: BTreeMap<u64, Gated>,
@@ -333,7 +373,6 @@ impl MetadataCore {
                 lsn,
                 advisory,
                 sent_at: None,
-                acked: true,
             });
         }
         MetadataCore {
@@ -350,6 +389,11 @@ impl MetadataCore {
             tip_state,
             last_lsn: recovered.last_lsn,
             persisted_lsn: recovered.last_lsn,
+            assignment_requests: BTreeMap::new(),
+            // Recovered records are never acked again unprompted: a leader that still needs
+            // them re-sends, and a duplicate is re-acked.
+            ack_sent: recovered.last_lsn,
+            deferred_queries: Vec::new(),
             snapshot_seen: false,
             out_of_sync: false,
             gated: BTreeMap::new(),
@@ -364,6 +408,11 @@ impl MetadataCore {
             outputs: VecDeque::new(),
             counters: MetadataCounters::default(),
         }
+    }
+
+    /// The other members of the cluster (every node but this one), in id order.
+    pub fn peers(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.members.iter().copied().filter(|m| *m != self.self_id)
     }
 
     /// The quorum in effect (`0` resolved to a majority).
@@ -438,9 +487,10 @@ impl MetadataCore {
                         consider(sync.next_retry);
                     }
                 }
-                for p in &self.pending {
+                let lagging = self.least_matched();
+                for p in self.pending.iter().filter(|p| p.lsn > lagging) {
                     if let Some(sent_at) = p.sent_at {
-                        if p.lsn.term == self.term && !self.resend_targets(p.lsn).is_empty() {
+                        if p.lsn.term == self.term {
                             consider(sent_at + self.config.record_resend);
                         }
                     }
@@ -478,6 +528,7 @@ impl MetadataCore {
         self.commit_tail = None;
         if leader == Some(self.self_id) {
             self.role = MetadataRole::PassiveLeader;
+            self.deferred_queries.retain(|(_, t, _)| *t > term);
             self.emit_role_changed();
             if self.last_lsn.term >= term {
                 // We hold records of this term from another leader: two leaders in one term. The
@@ -509,10 +560,15 @@ impl MetadataCore {
                 self.out_of_sync = true;
             }
             self.emit_role_changed();
+            self.answer_deferred_queries();
+            if leader.is_some() {
+                self.dispatch_assignments(now);
+            }
         }
     }
 
-    /// A metadata message from peer `from`.
+    /// A metadata message from peer `from`. A [`peer::MetadataBatch`] is handled as its
+    /// messages in order (a batch inside a batch is dropped and counted).
     pub fn handle_message(&mut self, now: Instant, from: NodeId, message: peer::MetadataMessage) {
         self.last_now = Some(now);
         if from == self.self_id || !self.members.contains(&from) {
@@ -520,10 +576,22 @@ impl MetadataCore {
             debug!(from = %from, "metadata message from a non-member dropped");
             return;
         }
-        let Some(kind) = message.kind else {
-            self.counters.invalid += 1;
-            return;
-        };
+        match message.kind {
+            Some(Msg::Batch(batch)) => {
+                for message in batch.messages {
+                    match message.kind {
+                        Some(Msg::Batch(_)) => self.counters.nested_batches += 1,
+                        Some(kind) => self.handle_kind(now, from, kind),
+                        None => self.counters.invalid += 1,
+                    }
+                }
+            }
+            Some(kind) => self.handle_kind(now, from, kind),
+            None => self.counters.invalid += 1,
+        }
+    }
+
+    fn handle_kind(&mut self, now: Instant, from: NodeId, kind: Msg) {
         match kind {
             Msg::Record(record) => self.on_record(now, from, record),
             Msg::Ack(ack) => self.on_ack(now, from, ack),
@@ -533,29 +601,11 @@ impl MetadataCore {
                 debug!(from = %from, "node status ignored by the metadata core");
             }
             Msg::SyncStateQuery(query) => {
-                if self.follows(from, Term(query.term)) {
-                    let response = peer::LeaderSyncStateResponse {
-                        term: query.term,
-                        last_lsn: Some(self.last_lsn.into()),
-                        committed_lsn: Some(self.committed_lsn.into()),
-                    };
-                    self.send(from, Msg::SyncStateResponse(response));
-                } else {
-                    self.drop_not_following(from, Term(query.term), "sync state query");
-                }
+                self.on_sync_query(from, Term(query.term), DeferredQuery::State)
             }
             Msg::SyncStateResponse(response) => self.on_sync_state_response(now, from, response),
             Msg::SyncDataQuery(query) => {
-                if self.follows(from, Term(query.term)) {
-                    let response = peer::LeaderSyncDataResponse {
-                        term: query.term,
-                        last_lsn: Some(self.last_lsn.into()),
-                        state: Some(self.tip_state.to_snapshot()),
-                    };
-                    self.send(from, Msg::SyncDataResponse(response));
-                } else {
-                    self.drop_not_following(from, Term(query.term), "sync data query");
-                }
+                self.on_sync_query(from, Term(query.term), DeferredQuery::Data)
             }
             Msg::SyncDataResponse(response) => self.on_sync_data_response(now, from, response),
             Msg::FollowerHello(hello) => {
@@ -568,12 +618,66 @@ impl MetadataCore {
             }
             Msg::CatchUp(catch_up) => self.on_catch_up(now, from, catch_up),
             Msg::QueueAssignmentRequest(request) => {
-                if self.role == MetadataRole::ActiveLeader {
-                    self.request_queue_assignment(now, &request.uri);
-                } else {
+                if self.role == MetadataRole::Follower {
+                    // Only a leader takes requests from peers (a follower forwards its own), so
+                    // a request never travels in a circle.
                     self.counters.not_active += 1;
-                    debug!(from = %from, uri = %request.uri, "queue assignment request dropped: not the active leader");
+                    debug!(from = %from, uri = %request.uri, "queue assignment request dropped: not the leader");
+                } else {
+                    self.ask_assignment(now, request.uri);
                 }
+            }
+            Msg::Batch(_) => self.counters.nested_batches += 1,
+        }
+    }
+
+    /// A leader sync query (step 1 or 2 of DESIGN.md §5) from `from` for `term`. Answered if
+    /// this node follows `from` at `term`; kept (the latest per kind) if `term` is newer than
+    /// ours or ours has no leader yet — the query often overtakes the elector's news of the
+    /// new leader, and answering when that news comes saves the leader a `sync_retry`; else
+    /// dropped.
+    fn on_sync_query(&mut self, from: NodeId, term: Term, kind: DeferredQuery) {
+        if self.follows(from, term) {
+            self.answer_sync_query(from, term, kind);
+            return;
+        }
+        let later = term > self.term
+            || (term == self.term && self.leader.is_none() && self.role == MetadataRole::Follower);
+        if later {
+            self.counters.sync_queries_deferred += 1;
+            debug!(from = %from, term = %term, ?kind, "sync query kept until the elector names its sender");
+            self.deferred_queries.retain(|(_, _, k)| *k != kind);
+            self.deferred_queries.push((from, term, kind));
+        } else {
+            self.drop_not_following(from, term, "sync query");
+        }
+    }
+
+    fn answer_sync_query(&mut self, from: NodeId, term: Term, kind: DeferredQuery) {
+        let message = match kind {
+            DeferredQuery::State => Msg::SyncStateResponse(peer::LeaderSyncStateResponse {
+                term: term.0,
+                last_lsn: Some(self.last_lsn.into()),
+                committed_lsn: Some(self.committed_lsn.into()),
+            }),
+            DeferredQuery::Data => Msg::SyncDataResponse(peer::LeaderSyncDataResponse {
+                term: term.0,
+                last_lsn: Some(self.last_lsn.into()),
+                state: Some(self.tip_state.to_snapshot()),
+            }),
+        };
+        self.send(from, message);
+    }
+
+    /// After a leadership change: answers the kept sync queries of the leader this node now
+    /// follows, forgets those that can no longer be answered.
+    fn answer_deferred_queries(&mut self) {
+        let deferred = std::mem::take(&mut self.deferred_queries);
+        for (from, term, kind) in deferred {
+            if self.follows(from, term) {
+                self.answer_sync_query(from, term, kind);
+            } else if term > self.term {
+                self.deferred_queries.push((from, term, kind));
             }
         }
     }
@@ -617,18 +721,47 @@ impl MetadataCore {
                 uncommitted: self.pending.len(),
             });
         }
-        let mut next = self.tip_state.clone();
-        next.apply(&advisory)?;
-        self.tip_state = next;
+        // All or nothing: on error the tip state is unchanged.
+        self.tip_state.apply(&advisory)?;
         Ok(self.append_own(now, advisory))
     }
 
-    /// Asks for `uri` to be assigned to a partition. The active leader proposes a
-    /// `QueueAssignmentAdvisory` (partition from [`pick_partition_for_queue`], key
-    /// `next_queue_key`) unless the queue is already assigned or being assigned; a follower
-    /// forwards the request to its leader; without a leader (or while passive) nothing happens
-    /// and the caller retries.
+    /// Asks for `uri` to be assigned to a partition (a client opened a queue on this node).
+    ///
+    /// Unless the queue is already assigned (or being assigned) in the tip state, the request
+    /// is kept until this node sees the assignment committed, at most
+    /// [`MetadataConfig::assignment_request_ttl`], and sent where it can be served: the active
+    /// leader proposes a `QueueAssignmentAdvisory` (partition from
+    /// [`pick_partition_for_queue`], key `next_queue_key`); a follower forwards it to its
+    /// leader. A passive leader, or a follower without a leader, only keeps it; kept requests
+    /// go out again when the node becomes the active leader or learns a (new) leader, so an
+    /// open issued during a failover waits for the new leader, not for the caller's next retry.
+    /// The caller still asks again now and then (a forwarded request may be lost).
     pub fn request_queue_assignment(&mut self, now: Instant, uri: &str) {
+        self.last_now = Some(now);
+        self.ask_assignment(now, uri.to_owned());
+    }
+
+    fn ask_assignment(&mut self, now: Instant, uri: String) {
+        if self.tip_state.queues.contains_key(&uri) {
+            return;
+        }
+        if !self.assignment_requests.contains_key(&uri)
+            && self.assignment_requests.len() >= self.config.assignment_requests_max
+        {
+            self.expire_assignment_requests(now);
+            if self.assignment_requests.len() >= self.config.assignment_requests_max {
+                self.counters.assignment_requests_dropped += 1;
+                debug!(uri, "queue assignment request dropped: too many kept");
+                return;
+            }
+        }
+        self.assignment_requests.insert(uri.clone(), now);
+        self.dispatch_assignment(now, &uri);
+    }
+
+    /// Sends one kept request where it can be served now (see `request_queue_assignment`).
+    fn dispatch_assignment(&mut self, now: Instant, uri: &str) {
         match self.role {
             MetadataRole::ActiveLeader => {
                 if self.tip_state.queues.contains_key(uri) {
@@ -667,6 +800,29 @@ impl MetadataCore {
         }
     }
 
+    /// Sends every kept request again (the node became the active leader or found a leader),
+    /// forgetting expired ones. O(kept requests), once per leadership change.
+    fn dispatch_assignments(&mut self, now: Instant) {
+        self.expire_assignment_requests(now);
+        let uris: Vec<String> = self.assignment_requests.keys().cloned().collect();
+        for uri in uris {
+            self.dispatch_assignment(now, &uri);
+        }
+    }
+
+    fn expire_assignment_requests(&mut self, now: Instant) {
+        let ttl = self.config.assignment_request_ttl;
+        self.assignment_requests
+            .retain(|_, asked| now.saturating_duration_since(*asked) < ttl);
+    }
+
+    /// The committed state was replaced wholesale: forget kept requests it settles.
+    fn settle_assignment_requests(&mut self) {
+        let state = &self.committed_state;
+        self.assignment_requests
+            .retain(|uri, _| !state.queues.contains_key(uri));
+    }
+
     /// The record with `lsn`, and every one before it, is durable.
     pub fn on_persisted(&mut self, now: Instant, lsn: Lsn) {
         self.last_now = Some(now);
@@ -676,18 +832,22 @@ impl MetadataCore {
         match self.role {
             MetadataRole::Follower => {
                 let Some(leader) = self.leader else { return };
-                let mut acks = Vec::new();
-                for p in self.pending.iter_mut() {
-                    if !p.acked && p.lsn.term == self.term && p.lsn <= self.persisted_lsn {
-                        p.acked = true;
-                        acks.push(p.lsn);
-                    }
-                }
-                for lsn in acks {
+                // One ack for everything that became durable: the follower's log of the term
+                // is gap-free, so the highest durable record of the term stands for every one
+                // before it (the leader counts acks as a high-water mark, as Raft's
+                // matchIndex). O(log pending).
+                let durable = self
+                    .pending
+                    .partition_point(|p| p.lsn <= self.persisted_lsn);
+                let Some(highest) = durable.checked_sub(1).map(|i| self.pending[i].lsn) else {
+                    return;
+                };
+                if highest.term == self.term && highest > self.ack_sent {
+                    self.ack_sent = highest;
                     self.send(
                         leader,
                         Msg::Ack(peer::AdvisoryAck {
-                            lsn: Some(lsn.into()),
+                            lsn: Some(highest.into()),
                         }),
                     );
                 }
@@ -818,8 +978,8 @@ impl MetadataCore {
             debug!(lsn = %lsn, "dropped: a term's first record must be its LeaderAdvisory, and only it");
             return false;
         }
-        let mut tip = self.tip_state.clone();
-        match tip.apply(&advisory) {
+        // `apply` is all or nothing: on error the tip state is unchanged.
+        match self.tip_state.apply(&advisory) {
             Ok(()) => {}
             Err(error) if leader_advisory => {
                 self.counters.invalid += 1;
@@ -836,14 +996,12 @@ impl MetadataCore {
             // The new term's snapshot supersedes every older uncommitted advisory.
             self.pending.retain(|p| p.lsn.term >= lsn.term);
         }
-        self.tip_state = tip;
         self.advance_last(lsn);
         self.resync = None;
         self.pending.push_back(Pending {
             lsn,
             advisory: advisory.clone(),
             sent_at: None,
-            acked: false,
         });
         self.outputs.push_back(MetadataOutput::Persist {
             record: LedgerRecord::Update { lsn, advisory },
@@ -1009,11 +1167,12 @@ impl MetadataCore {
                 lsn: *lsn,
                 advisory: advisory.clone(),
                 sent_at: None,
-                acked: false,
             })
             .collect();
         // The new history is durable only once the ledger is reset; acks wait for on_persisted.
         self.persisted_lsn = committed;
+        self.ack_sent = committed;
+        self.settle_assignment_requests();
         self.snapshot_seen = true;
         self.out_of_sync = false;
         self.gated.clear();
@@ -1091,6 +1250,28 @@ impl MetadataCore {
             debug!(from = %from, term = response.term, "sync data response dropped");
             return;
         }
+        let announced = self
+            .sync
+            .as_ref()
+            .and_then(|s| s.responses.get(&from).copied())
+            .unwrap_or(Lsn::ZERO);
+        let last = lsn_of(response.last_lsn);
+        if last < announced {
+            // The node announced records it no longer holds (written but not yet synced when it
+            // answered, then lost in a crash): its state may lack a committed advisory that the
+            // node it outranked holds. Ask everyone again; its new answer is what it holds.
+            self.counters.sync_data_behind += 1;
+            info!(from = %from, announced = %announced, last_lsn = %last, "sync data response behind its announced LSN; collecting again");
+            let sync = self.sync.as_mut().expect("fetching");
+            sync.responses.remove(&from);
+            sync.phase = SyncPhase::Collecting;
+            sync.next_retry = now + self.config.sync_retry;
+            self.send(
+                from,
+                Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: self.term.0 }),
+            );
+            return;
+        }
         let Some(state) = response
             .state
             .as_ref()
@@ -1100,7 +1281,7 @@ impl MetadataCore {
             debug!(from = %from, "sync data response with an invalid snapshot dropped");
             return;
         };
-        info!(from = %from, last_lsn = %lsn_of(response.last_lsn), "leader sync adopted the most advanced state");
+        info!(from = %from, last_lsn = %last, "leader sync adopted the most advanced state");
         self.propose_leader_advisory(now, state);
     }
 
@@ -1240,7 +1421,6 @@ impl MetadataCore {
             lsn,
             advisory: advisory.clone(),
             sent_at: Some(now),
-            acked: false,
         });
         self.outputs.push_back(MetadataOutput::Persist {
             record: LedgerRecord::Update {
@@ -1257,15 +1437,24 @@ impl MetadataCore {
         if self.role == MetadataRole::Follower {
             return;
         }
+        // The highest LSN that a quorum holds is the quorum-th highest acked LSN (acks are
+        // high-water marks); the commit is the highest own-term advisory at or below it.
+        // O(members log members + log pending), whatever the number of records in flight.
         let quorum = self.quorum();
-        let commit = self
-            .pending
-            .iter()
-            .rev()
-            .filter(|p| p.lsn.term == self.term)
-            .find(|p| self.matched.values().filter(|m| **m >= p.lsn).count() >= quorum)
-            .map(|p| p.lsn);
-        let Some(committed) = commit else { return };
+        if quorum == 0 || self.matched.len() < quorum {
+            return;
+        }
+        let mut acked: Vec<Lsn> = self.matched.values().copied().collect();
+        acked.sort_unstable_by(|a, b| b.cmp(a));
+        let held = acked[quorum - 1];
+        let below = self.pending.partition_point(|p| p.lsn <= held);
+        let Some(committed) = below
+            .checked_sub(1)
+            .map(|i| self.pending[i].lsn)
+            .filter(|l| l.term == self.term)
+        else {
+            return;
+        };
         let lsn = self.next_lsn();
         assert!(
             lsn > self.last_lsn,
@@ -1292,6 +1481,7 @@ impl MetadataCore {
                 self.role = MetadataRole::ActiveLeader;
                 info!(term = %self.term, "metadata leader active");
                 self.emit_role_changed();
+                self.dispatch_assignments(now);
             }
         }
     }
@@ -1308,6 +1498,17 @@ impl MetadataCore {
             if let Err(error) = self.committed_state.apply(&p.advisory) {
                 self.counters.apply_failures += 1;
                 error!(lsn = %p.lsn, error = %error, "committed advisory does not apply");
+            }
+            if !self.assignment_requests.is_empty() {
+                match &p.advisory.kind {
+                    Some(peer::advisory::Kind::QueueAssignment(a)) => {
+                        for q in &a.queues {
+                            self.assignment_requests.remove(&q.uri);
+                        }
+                    }
+                    Some(peer::advisory::Kind::Leader(_)) => self.settle_assignment_requests(),
+                    _ => {}
+                }
             }
             self.outputs.push_back(MetadataOutput::Committed {
                 lsn: p.lsn,
@@ -1375,6 +1576,17 @@ impl MetadataCore {
         }));
     }
 
+    /// The lowest LSN a follower acked in this term (`0:0` if one has acked nothing): records
+    /// above it still wait for someone. O(members).
+    fn least_matched(&self) -> Lsn {
+        self.members
+            .iter()
+            .filter(|m| **m != self.self_id)
+            .map(|m| self.matched.get(m).copied().unwrap_or(Lsn::ZERO))
+            .min()
+            .unwrap_or(self.last_lsn)
+    }
+
     fn resend_targets(&self, lsn: Lsn) -> Vec<NodeId> {
         self.members
             .iter()
@@ -1385,8 +1597,9 @@ impl MetadataCore {
 
     fn resend_records(&mut self, now: Instant) {
         let resend = self.config.record_resend;
+        let lagging = self.least_matched();
         let mut sends = Vec::new();
-        for i in 0..self.pending.len() {
+        for i in self.pending.partition_point(|p| p.lsn <= lagging)..self.pending.len() {
             let p = &self.pending[i];
             let due = p.lsn.term == self.term && p.sent_at.is_some_and(|t| t + resend <= now);
             if !due {

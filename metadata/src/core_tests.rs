@@ -1181,3 +1181,335 @@ fn catch_up_behind_a_followers_trailing_commit_commits_from_its_own_log() {
     assert_eq!(drain(&mut late), vec![persist_update(lsn(1, 7), q3)]);
     assert_eq!(late.counters().gap, gaps);
 }
+
+// ---------------------------------------------------------------- issue 18: group commit,
+// batched messages, cumulative acks, and what shortens a failover.
+
+fn batch(messages: Vec<peer::MetadataMessage>) -> peer::MetadataMessage {
+    msg(Msg::Batch(peer::MetadataBatch { messages }))
+}
+
+fn assignment_request(uri: &str) -> peer::MetadataMessage {
+    msg(Msg::QueueAssignmentRequest(peer::QueueAssignmentRequest {
+        uri: uri.into(),
+    }))
+}
+
+#[test]
+fn follower_acks_a_group_of_records_once_after_their_fsync() {
+    // Scenario: group commit on a follower — three records arrive, the shell syncs them with
+    // one fsync, and one ack names the last: the leader counts acks as a high-water mark.
+    let now = Instant::now();
+    let mut f = follower(now);
+    let (a, b, c) = (assign("a", 0, 0), assign("b", 1, 1), assign("c", 0, 2));
+    f.handle_message(now, n(1), record(lsn(1, 3), a.clone()));
+    f.handle_message(now, n(1), record(lsn(1, 4), b.clone()));
+    f.handle_message(now, n(1), record(lsn(1, 5), c.clone()));
+    assert_eq!(
+        drain(&mut f),
+        vec![
+            persist_update(lsn(1, 3), a),
+            persist_update(lsn(1, 4), b),
+            persist_update(lsn(1, 5), c),
+        ]
+    );
+    f.on_persisted(now, lsn(1, 5));
+    assert_eq!(
+        drain(&mut f),
+        vec![MetadataOutput::Send {
+            to: n(1),
+            message: ack(lsn(1, 5))
+        }]
+    );
+    // Nothing new is durable: no second ack.
+    f.on_persisted(now, lsn(1, 5));
+    assert_eq!(drain(&mut f), vec![]);
+    // A partial sync acks up to what it covers.
+    f.handle_message(now, n(1), record(lsn(1, 6), assign("d", 1, 3)));
+    f.handle_message(now, n(1), record(lsn(1, 7), assign("e", 0, 4)));
+    drain(&mut f);
+    f.on_persisted(now, lsn(1, 6));
+    assert_eq!(
+        drain(&mut f),
+        vec![MetadataOutput::Send {
+            to: n(1),
+            message: ack(lsn(1, 6))
+        }]
+    );
+}
+
+#[test]
+fn leader_commits_a_group_with_one_commit_record() {
+    // Scenario: group commit on the leader — two proposals, one own fsync, one ack of the
+    // last record: one commit record covers both, and both apply in order.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    let (a, b) = (assign("a", 0, 0), assign("b", 1, 1));
+    leader.propose(now, a.clone()).unwrap();
+    leader.propose(now, b.clone()).unwrap();
+    drain(&mut leader);
+    leader.handle_message(now, n(3), ack(lsn(1, 4)));
+    // The leader's own copy is not durable yet: no quorum.
+    assert_eq!(drain(&mut leader), vec![]);
+    leader.on_persisted(now, lsn(1, 4));
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            persist_commit(lsn(1, 5), lsn(1, 4)),
+            MetadataOutput::Broadcast {
+                message: commit(lsn(1, 5), lsn(1, 4))
+            },
+            MetadataOutput::Committed {
+                lsn: lsn(1, 3),
+                advisory: a
+            },
+            MetadataOutput::Committed {
+                lsn: lsn(1, 4),
+                advisory: b
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_batch_is_handled_as_its_messages_in_order() {
+    // Scenario: records and a commit in one MetadataBatch do what they do one by one; a batch
+    // inside a batch and an empty message are dropped and counted, the rest still handled.
+    let now = Instant::now();
+    let mut f = follower(now);
+    let (a, b) = (assign("a", 0, 0), assign("b", 1, 1));
+    f.handle_message(
+        now,
+        n(1),
+        batch(vec![
+            record(lsn(1, 3), a.clone()),
+            batch(vec![record(lsn(1, 4), b.clone())]),
+            peer::MetadataMessage { kind: None },
+            record(lsn(1, 4), b.clone()),
+            commit(lsn(1, 5), lsn(1, 4)),
+        ]),
+    );
+    assert_eq!(
+        drain(&mut f),
+        vec![
+            persist_update(lsn(1, 3), a.clone()),
+            persist_update(lsn(1, 4), b.clone()),
+            persist_commit(lsn(1, 5), lsn(1, 4)),
+            MetadataOutput::Committed {
+                lsn: lsn(1, 3),
+                advisory: a
+            },
+            MetadataOutput::Committed {
+                lsn: lsn(1, 4),
+                advisory: b
+            },
+        ]
+    );
+    assert_eq!(f.counters().nested_batches, 1);
+    assert_eq!(f.counters().invalid, 1);
+    // A batch from a node we do not follow is dropped like its messages would be.
+    f.handle_message(now, n(3), batch(vec![record(lsn(1, 6), assign("c", 0, 2))]));
+    assert_eq!(drain(&mut f), vec![]);
+    assert_eq!(f.counters().wrong_leader, 1);
+}
+
+#[test]
+fn a_sync_query_that_overtakes_the_elector_is_answered_when_the_leader_is_named() {
+    // Scenario: failover — the new leader's LeaderSyncStateQuery reaches a follower before
+    // that follower's elector names the new leader. It is kept and answered at once when the
+    // elector does, instead of the new leader retrying after `sync_retry`.
+    let now = Instant::now();
+    let mut f = follower(now);
+    f.handle_leadership(now, Term(1), None);
+    drain(&mut f);
+    let query = msg(Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: 2 }));
+    f.handle_message(now, n(3), query);
+    assert_eq!(drain(&mut f), vec![]);
+    assert_eq!(f.counters().sync_queries_deferred, 1);
+    f.handle_leadership(now, Term(2), Some(n(3)));
+    let out = drain(&mut f);
+    assert!(
+        out.contains(&MetadataOutput::Send {
+            to: n(3),
+            message: sync_response(2, lsn(1, 2), lsn(1, 1))
+        }),
+        "{out:?}"
+    );
+    // Answered once: a later leadership notification does not answer it again.
+    f.handle_leadership(now, Term(2), None);
+    f.handle_leadership(now, Term(2), Some(n(3)));
+    assert!(messages_to(drain(&mut f), n(3))
+        .iter()
+        .all(|m| !matches!(m.kind, Some(Msg::SyncStateResponse(_)))));
+    // A kept query whose sender is not the leader the elector names is dropped.
+    f.handle_message(
+        now,
+        n(1),
+        msg(Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: 3 })),
+    );
+    f.handle_leadership(now, Term(3), Some(n(3)));
+    assert!(messages_to(drain(&mut f), n(1)).is_empty());
+    // A query of an older term is stale, not kept.
+    f.handle_message(
+        now,
+        n(1),
+        msg(Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: 2 })),
+    );
+    assert_eq!(f.counters().sync_queries_deferred, 2);
+}
+
+#[test]
+fn a_sync_data_response_behind_its_announced_lsn_is_refused() {
+    // Scenario: node 3 announced 1:3, but its data response holds only up to 1:2 (it lost
+    // records it had not synced yet): adopting it could lose an advisory committed by a quorum
+    // that node 1 belongs to. The leader asks again and builds its snapshot from what is held.
+    let now = Instant::now();
+    let mut base = ClusterState::new(2);
+    base.apply(&primaries(&[(0, Some(1), 1)])).unwrap();
+    let recovered = Recovered {
+        committed_state: base.clone(),
+        committed_lsn: lsn(1, 1),
+        uncommitted: vec![(lsn(1, 2), assign("committed-on-1-and-2", 0, 0))],
+        last_lsn: lsn(1, 2),
+    };
+    let mut leader = MetadataCore::new(n(1), &members(), 0, recovered);
+    leader.handle_leadership(now, Term(2), Some(n(1)));
+    drain(&mut leader);
+    leader.handle_message(now, n(3), sync_response(2, lsn(1, 3), lsn(1, 1)));
+    drain(&mut leader);
+    let behind = msg(Msg::SyncDataResponse(peer::LeaderSyncDataResponse {
+        term: 2,
+        last_lsn: Some(lsn(1, 1).into()),
+        state: Some(base.to_snapshot()),
+    }));
+    leader.handle_message(now, n(3), behind);
+    assert_eq!(
+        drain(&mut leader),
+        vec![MetadataOutput::Send {
+            to: n(3),
+            message: msg(Msg::SyncStateQuery(peer::LeaderSyncStateQuery { term: 2 }))
+        }]
+    );
+    assert_eq!(leader.counters().sync_data_behind, 1);
+    // Node 3 now says what it holds; the leader is the most advanced and uses its own tip.
+    leader.handle_message(now, n(3), sync_response(2, lsn(1, 1), lsn(1, 1)));
+    let out = drain(&mut leader);
+    let Some(MetadataOutput::Persist {
+        record: LedgerRecord::Update {
+            lsn: first,
+            advisory,
+        },
+    }) = out.first()
+    else {
+        panic!("the term's snapshot is proposed: {out:?}");
+    };
+    assert_eq!(*first, lsn(2, 1));
+    assert_eq!(*advisory, leader_advisory(leader.tip_state()));
+    assert!(leader
+        .tip_state()
+        .queues
+        .contains_key("committed-on-1-and-2"));
+}
+
+#[test]
+fn queue_assignment_requests_wait_for_an_active_leader() {
+    // Scenario: failover — requests reaching a passive leader are kept and proposed when it
+    // becomes active, instead of being dropped and asked again by the caller later.
+    let now = Instant::now();
+    let mut leader = core(1);
+    leader.handle_leadership(now, Term(1), Some(n(1)));
+    leader.handle_message(now, n(2), assignment_request("bmq://d/early"));
+    leader.request_queue_assignment(now, "bmq://d/local");
+    drain(&mut leader);
+    leader.handle_message(now, n(2), sync_response(1, Lsn::ZERO, Lsn::ZERO));
+    drain(&mut leader);
+    // No partition has a primary yet: give one, then finish the sync.
+    leader.on_persisted(now, lsn(1, 1));
+    leader.handle_message(now, n(2), ack(lsn(1, 1)));
+    assert_eq!(leader.status().role, MetadataRole::ActiveLeader);
+    leader.propose(now, primaries(&[(0, Some(1), 1)])).unwrap();
+    drain(&mut leader);
+    leader.on_persisted(now, lsn(1, 3));
+    leader.handle_message(now, n(2), ack(lsn(1, 3)));
+    drain(&mut leader);
+    // The kept requests go out at the next leadership event: here the leader asks again for
+    // one of them (as a waiting open does), which proposes it.
+    leader.request_queue_assignment(now, "bmq://d/local");
+    assert!(leader.tip_state().queues.contains_key("bmq://d/local"));
+
+    // The same on a fresh leader whose partitions already have primaries: both requests are
+    // proposed the moment the term's snapshot commits.
+    let mut state = ClusterState::new(2);
+    state
+        .apply(&primaries(&[(0, Some(1), 1), (1, Some(2), 1)]))
+        .unwrap();
+    let recovered = Recovered {
+        committed_state: state,
+        committed_lsn: lsn(1, 1),
+        uncommitted: vec![],
+        last_lsn: lsn(1, 1),
+    };
+    let mut leader = MetadataCore::new(n(1), &members(), 0, recovered);
+    leader.handle_leadership(now, Term(2), Some(n(1)));
+    leader.handle_message(now, n(2), assignment_request("bmq://d/a"));
+    leader.request_queue_assignment(now, "bmq://d/b");
+    leader.handle_message(now, n(3), sync_response(2, lsn(1, 1), lsn(1, 1)));
+    leader.on_persisted(now, lsn(2, 1));
+    drain(&mut leader);
+    leader.handle_message(now, n(3), ack(lsn(2, 1)));
+    let proposed: Vec<Lsn> = drain(&mut leader)
+        .into_iter()
+        .filter_map(|o| match o {
+            MetadataOutput::Persist {
+                record: LedgerRecord::Update { lsn, .. },
+            } => Some(lsn),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(proposed, vec![lsn(2, 3), lsn(2, 4)]);
+    assert!(leader.tip_state().queues.contains_key("bmq://d/a"));
+    assert!(leader.tip_state().queues.contains_key("bmq://d/b"));
+    // A follower forwards requests from peers nowhere (only leaders take them).
+    let mut f = follower(now);
+    f.handle_message(now, n(3), assignment_request("bmq://d/x"));
+    assert_eq!(drain(&mut f), vec![]);
+}
+
+#[test]
+fn a_follower_keeps_its_requests_for_the_next_leader_until_committed() {
+    // Scenario: a follower whose leader is gone keeps the queue assignments its clients asked
+    // for and forwards them to the next leader as soon as the elector names it; a committed
+    // assignment is forgotten, an old one expires.
+    let now = Instant::now();
+    let mut f = follower(now);
+    f.handle_leadership(now, Term(1), None);
+    drain(&mut f);
+    f.request_queue_assignment(now, "bmq://d/q");
+    f.request_queue_assignment(now, "bmq://d/r");
+    assert_eq!(drain(&mut f), vec![]);
+    f.handle_leadership(now, Term(2), Some(n(3)));
+    let forwarded = messages_to(drain(&mut f), n(3));
+    assert_eq!(
+        forwarded,
+        vec![
+            assignment_request("bmq://d/q"),
+            assignment_request("bmq://d/r")
+        ]
+    );
+    // The term-2 leader commits q (snapshot at 2:1, q at 2:2, commit 2:3).
+    let snapshot = leader_advisory(&ClusterState::new(2));
+    f.handle_message(now, n(3), record(lsn(2, 1), snapshot));
+    f.handle_message(now, n(3), record(lsn(2, 2), assign("bmq://d/q", 0, 0)));
+    f.handle_message(now, n(3), commit(lsn(2, 3), lsn(2, 2)));
+    drain(&mut f);
+    // A new leader gets only r again.
+    f.handle_leadership(now, Term(3), Some(n(1)));
+    let forwarded = messages_to(drain(&mut f), n(1));
+    assert_eq!(forwarded, vec![assignment_request("bmq://d/r")]);
+    // After the TTL, nothing is forwarded any more.
+    let later = now + MetadataConfig::default().assignment_request_ttl;
+    f.handle_leadership(later, Term(4), Some(n(3)));
+    assert!(messages_to(drain(&mut f), n(3))
+        .iter()
+        .all(|m| !matches!(m.kind, Some(Msg::QueueAssignmentRequest(_)))));
+}

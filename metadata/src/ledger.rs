@@ -11,6 +11,11 @@
 //! Record types: 1 SNAPSHOT (body `ClusterStateSnapshot`, the committed state at the header's
 //! LSN), 2 UPDATE (body `Advisory`), 3 COMMIT (body `AdvisoryCommit`), 4 reserved for ACK (skipped).
 //!
+//! Writing and syncing are separate so a node can group-commit (issue 18): [`Ledger::write`]
+//! encodes a record into a buffer, [`Ledger::sync`] writes everything buffered with one
+//! `write` and makes it durable with one `fsync` (per [`FsyncPolicy`]), and [`Ledger::append`]
+//! does both for one record. The format on disk is the same whichever is used.
+//!
 //! Rollover (and [`Ledger::reset_to`]) writes `ledger-<n+1>.bmql.tmp` = SNAPSHOT of the committed
 //! state + the still-uncommitted UPDATE records, fsyncs it, renames it, fsyncs the directory, then
 //! removes the old file. A crash at any point leaves one complete file with the highest number.
@@ -211,7 +216,12 @@ pub struct Ledger {
     max_file_size: u64,
     file: File,
     file_index: u64,
+    /// Bytes in the live file, not counting `buffer`.
     file_size: u64,
+    /// Encoded records written by [`Ledger::write`] and not yet handed to the file.
+    buffer: Vec<u8>,
+    /// Records handed to the file since the last fsync (an fsync is due).
+    unsynced: bool,
     bytes_written: u64,
     rollovers: u64,
     /// The ledger's own replay of what it wrote, for rollover snapshots.
@@ -269,6 +279,8 @@ impl Ledger {
                 file,
                 file_index: 0,
                 file_size: FILE_HEADER_LEN as u64,
+                buffer: Vec::new(),
+                unsynced: false,
                 bytes_written: 0,
                 rollovers: 0,
                 mirror: recovered.clone(),
@@ -323,6 +335,8 @@ impl Ledger {
             file,
             file_index,
             file_size,
+            buffer: Vec::new(),
+            unsynced: false,
             bytes_written: 0,
             rollovers: 0,
             mirror: scan.recovered.clone(),
@@ -335,15 +349,29 @@ impl Ledger {
         self.max_file_size = max_file_size;
     }
 
-    /// Appends one record (then fsyncs per policy), rolling over past `max_file_size`.
+    /// Appends one record and makes it durable: [`Ledger::write`] then [`Ledger::sync`].
+    ///
+    /// # Panics
+    /// As [`Ledger::write`].
+    ///
+    /// # Errors
+    /// I/O errors; the caller must stop the node.
+    pub fn append(&mut self, record: &LedgerRecord) -> Result<(), LedgerError> {
+        self.write(record)?;
+        self.sync()
+    }
+
+    /// Adds one record to the ledger, not yet durable: it is encoded into a buffer that the
+    /// next [`Ledger::sync`] (or [`Ledger::flush`]) writes out. Past `max_file_size` the ledger
+    /// rolls over at once, and the new file holds (durably) everything written so far.
     ///
     /// # Panics
     /// If the record's LSN is not above the last one written (a programmer error that would
     /// corrupt the history); SNAPSHOT records are not accepted here (use [`Ledger::reset_to`]).
     ///
     /// # Errors
-    /// I/O errors; the caller must stop the node.
-    pub fn append(&mut self, record: &LedgerRecord) -> Result<(), LedgerError> {
+    /// I/O errors of a rollover; the caller must stop the node.
+    pub fn write(&mut self, record: &LedgerRecord) -> Result<(), LedgerError> {
         assert!(
             !matches!(record, LedgerRecord::Snapshot { .. }),
             "snapshots are written by rollover and reset_to only"
@@ -354,19 +382,49 @@ impl Ledger {
             record.lsn(),
             self.mirror.last_lsn
         );
-        let bytes = encode_record(record, now_ms());
-        let path = file_path(&self.dir, self.file_index);
-        self.file.write_all(&bytes).map_err(io_err(&path))?;
-        if self.fsync == FsyncPolicy::EveryRecord {
-            self.file.sync_data().map_err(io_err(&path))?;
-        }
-        self.file_size += bytes.len() as u64;
-        self.bytes_written += bytes.len() as u64;
+        let before = self.buffer.len();
+        encode_record_into(&mut self.buffer, record, now_ms());
+        self.bytes_written += (self.buffer.len() - before) as u64;
         self.mirror.replay(record);
-        if self.file_size >= self.max_file_size {
+        if self.file_size + self.buffer.len() as u64 >= self.max_file_size {
+            // The new file is written from the mirror, which holds the buffered records.
+            self.buffer.clear();
             self.rewrite()?;
+            self.unsynced = false;
             self.rollovers += 1;
         }
+        Ok(())
+    }
+
+    /// Hands the buffered records to the file with one `write`, without an fsync: they
+    /// survive a crash of the process, not of the machine.
+    ///
+    /// # Errors
+    /// I/O errors; the caller must stop the node.
+    pub fn flush(&mut self) -> Result<(), LedgerError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let path = file_path(&self.dir, self.file_index);
+        self.file.write_all(&self.buffer).map_err(io_err(&path))?;
+        self.file_size += self.buffer.len() as u64;
+        self.buffer.clear();
+        self.unsynced = true;
+        Ok(())
+    }
+
+    /// Makes every record written so far durable: [`Ledger::flush`], then one fsync
+    /// (`File::sync_data`) unless the policy is [`FsyncPolicy::Never`] or nothing is pending.
+    ///
+    /// # Errors
+    /// I/O errors; the caller must stop the node (STYLE.md: never retry an fsync).
+    pub fn sync(&mut self) -> Result<(), LedgerError> {
+        self.flush()?;
+        if self.unsynced && self.fsync == FsyncPolicy::EveryRecord {
+            let path = file_path(&self.dir, self.file_index);
+            self.file.sync_data().map_err(io_err(&path))?;
+        }
+        self.unsynced = false;
         Ok(())
     }
 
@@ -392,7 +450,11 @@ impl Ledger {
             uncommitted: uncommitted.to_vec(),
             last_lsn,
         };
-        self.rewrite()
+        // Records still buffered belong to the history being replaced.
+        self.buffer.clear();
+        self.rewrite()?;
+        self.unsynced = false;
+        Ok(())
     }
 
     /// Writes a new file holding the mirror (snapshot + uncommitted), then drops the old one.
@@ -453,9 +515,9 @@ impl Ledger {
         self.bytes_written
     }
 
-    /// Size of the live file in bytes.
+    /// Size of the live file in bytes, records written but not yet flushed included.
     pub fn file_size(&self) -> u64 {
-        self.file_size
+        self.file_size + self.buffer.len() as u64
     }
 
     /// Rollovers since open (not counting [`Ledger::reset_to`]).
@@ -499,6 +561,13 @@ fn file_header() -> [u8; FILE_HEADER_LEN] {
 }
 
 fn encode_record(record: &LedgerRecord, timestamp_ms: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_record_into(&mut out, record, timestamp_ms);
+    out
+}
+
+/// Appends one encoded record (header, body, CRC32C) to `out`.
+fn encode_record_into(out: &mut Vec<u8>, record: &LedgerRecord, timestamp_ms: u64) {
     let (record_type, body) = match record {
         LedgerRecord::Snapshot { state, .. } => {
             (TYPE_SNAPSHOT, state.to_snapshot().encode_to_vec())
@@ -514,16 +583,16 @@ fn encode_record(record: &LedgerRecord, timestamp_ms: u64) -> Vec<u8> {
         ),
     };
     let lsn = record.lsn();
-    let mut out = Vec::with_capacity(RECORD_HEADER_LEN + body.len() + CRC_LEN);
+    let start = out.len();
+    out.reserve(RECORD_HEADER_LEN + body.len() + CRC_LEN);
     out.push(record_type);
     out.extend_from_slice(&lsn.term.0.to_le_bytes());
     out.extend_from_slice(&lsn.sequence.to_le_bytes());
     out.extend_from_slice(&timestamp_ms.to_le_bytes());
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
     out.extend_from_slice(&body);
-    let crc = crc32c::crc32c(&out);
+    let crc = crc32c::crc32c(&out[start..]);
     out.extend_from_slice(&crc.to_le_bytes());
-    out
 }
 
 /// A record whose frame (length and CRC) is intact.
@@ -872,6 +941,74 @@ mod tests {
         assert_eq!(recovered.committed_state, before.committed_state);
         assert_eq!(recovered.committed_lsn, before.committed_lsn);
         assert_eq!(recovered.uncommitted, before.uncommitted);
+    }
+
+    #[test]
+    fn a_group_of_writes_is_durable_at_the_sync() {
+        // Scenario: group commit — records written without a sync are buffered (a crash before
+        // the sync loses them, and nobody was told they were durable); one sync writes and
+        // fsyncs them all; the file reads back as if each had been appended alone.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ledger, _) = Ledger::open(dir.path(), FsyncPolicy::EveryRecord, 2).unwrap();
+        let on_disk = |dir: &Path| fs::metadata(file_path(dir, 0)).unwrap().len();
+        let empty = on_disk(dir.path());
+        ledger
+            .write(&update(lsn(1, 1), primaries(&[(0, Some(1), 1)])))
+            .unwrap();
+        ledger
+            .write(&update(lsn(1, 2), assign("q1", 0, 0)))
+            .unwrap();
+        ledger.write(&commit(lsn(1, 3), lsn(1, 2))).unwrap();
+        assert_eq!(on_disk(dir.path()), empty, "buffered until the sync");
+        assert!(ledger.file_size() > empty);
+        ledger.sync().unwrap();
+        assert_eq!(on_disk(dir.path()), ledger.file_size());
+        // A commit record alone may be flushed without an fsync; it reaches the file.
+        ledger.write(&commit(lsn(1, 4), lsn(1, 2))).unwrap();
+        ledger.flush().unwrap();
+        assert_eq!(on_disk(dir.path()), ledger.file_size());
+        // Written but never synced: lost with the process.
+        ledger
+            .write(&update(lsn(1, 5), assign("q2", 0, 1)))
+            .unwrap();
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.last_lsn, lsn(1, 4));
+        assert_eq!(recovered.committed_lsn, lsn(1, 2));
+        assert!(recovered.committed_state.queues.contains_key("q1"));
+        assert!(recovered.uncommitted.is_empty());
+    }
+
+    #[test]
+    fn a_rollover_keeps_records_still_buffered() {
+        // Scenario: the buffered records push the ledger past its maximum size: the new file
+        // holds them (snapshot + uncommitted), durably, without a sync.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ledger, _) = open(dir.path());
+        ledger.set_max_file_size(300);
+        ledger
+            .write(&update(lsn(1, 1), primaries(&[(0, Some(1), 1)])))
+            .unwrap();
+        let mut seq = 1;
+        for key in 0..8u64 {
+            seq += 1;
+            ledger
+                .write(&update(
+                    lsn(1, seq),
+                    assign(&format!("bmq://d/q{key}"), 0, key),
+                ))
+                .unwrap();
+        }
+        seq += 1;
+        ledger.write(&commit(lsn(1, seq), lsn(1, seq - 2))).unwrap();
+        assert!(ledger.rollovers() > 0);
+        let expected = ledger.recovered().clone();
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.committed_state, expected.committed_state);
+        assert_eq!(recovered.committed_lsn, expected.committed_lsn);
+        assert_eq!(recovered.uncommitted, expected.uncommitted);
+        assert_eq!(recovered.committed_state.queues.len(), 7);
     }
 
     #[test]

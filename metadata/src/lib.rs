@@ -6,6 +6,7 @@
 //! - [`assignment`]: pure placement decisions (queue -> partition, partition -> primary).
 //! - [`ledger`]: the on-disk ledger with CRC32C records, torn-tail recovery and rollover.
 //! - [`core`]: [`MetadataCore`], the replication state machine (no I/O, no clock).
+//! - [`outbox`]: [`PeerOutbox`], the shell's per-peer batching of the core's messages.
 //!
 //! The crate is pure: no actix, no tokio, no socket, no clock. The node's actor that persists,
 //! sends and publishes lives in `bmq-broker` (`actors/metadata.rs`).
@@ -15,6 +16,7 @@ pub mod assignment;
 pub mod core;
 pub mod ledger;
 pub mod lsn;
+pub mod outbox;
 pub mod state;
 
 pub use crate::assignment::{pick_partition_for_queue, plan_primary_assignment, plan_rebalance};
@@ -24,6 +26,7 @@ pub use crate::core::{
 };
 pub use crate::ledger::{FsyncPolicy, Ledger, LedgerError, LedgerRecord, Recovered};
 pub use crate::lsn::Lsn;
+pub use crate::outbox::PeerOutbox;
 pub use crate::state::{
     ApplyError, ClusterState, PartitionState, PrimaryStatus, QueueAssignment, SnapshotError,
 };

@@ -1,7 +1,17 @@
 //! The cluster state that the metadata ledger replicates, and the rule that applies an advisory
 //! to it (DESIGN.md §5, §6).
+//!
+//! The maps are persistent (structurally shared) B-trees from the `imbl` crate: cloning a state
+//! is O(1) and applying an advisory to a clone copies only the O(log n) nodes on the changed
+//! paths. That is what keeps a metadata commit O(1) in the size of the state (issue 18): the
+//! core's tip and committed states, the ledger's mirror and every published `Arc<ClusterState>`
+//! share everything an advisory did not change, and `OrdMap::diff` between two published
+//! states visits only what changed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use imbl::OrdMap;
 
 use bmq_proto::{peer, NodeId, PartitionId};
 use serde::ser::{SerializeStruct, Serializer};
@@ -63,15 +73,36 @@ pub struct QueueAssignment {
 }
 
 /// The replicated cluster state: partitions with their primaries, queues with their partitions.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+///
+/// Read the public fields freely; change the state only with [`ClusterState::apply`] (or build
+/// it with [`ClusterState::new`] / [`ClusterState::from_snapshot`]), which keep the private
+/// indexes (queue key -> URI, queues per partition) in step with `queues`. Clone is O(1) (see the
+/// module doc). Equality compares `partitions`, `queues` and `next_queue_key`.
+#[derive(Debug, Clone, Default)]
 pub struct ClusterState {
     /// Every partition, `0..partition_count`.
-    pub partitions: BTreeMap<PartitionId, PartitionState>,
+    pub partitions: OrdMap<PartitionId, PartitionState>,
     /// Every assigned queue, by URI (`bmq://domain/queue`).
-    pub queues: BTreeMap<String, QueueAssignment>,
+    pub queues: OrdMap<String, QueueAssignment>,
     /// The key the next assigned queue gets; above every assigned key.
     pub next_queue_key: u64,
+    /// Index of `queues` by key, so a reused key is found in O(log n). (`Arc<str>`: copying a
+    /// node of a shared map then costs no allocation.)
+    queue_keys: OrdMap<u64, Arc<str>>,
+    /// Number of queues in each partition (absent = 0), so placement is O(partitions).
+    queue_counts: OrdMap<PartitionId, usize>,
 }
+
+impl PartialEq for ClusterState {
+    fn eq(&self, other: &Self) -> bool {
+        // The indexes are functions of `queues`.
+        self.next_queue_key == other.next_queue_key
+            && self.partitions == other.partitions
+            && self.queues == other.queues
+    }
+}
+
+impl Eq for ClusterState {}
 
 /// Why a `ClusterStateSnapshot` is not a valid cluster state.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -205,19 +236,46 @@ impl ClusterState {
             partitions: (0..partition_count)
                 .map(|p| (PartitionId(p), PartitionState::default()))
                 .collect(),
-            queues: BTreeMap::new(),
-            next_queue_key: 0,
+            ..Default::default()
         }
     }
 
-    /// The number of queues assigned to each partition (every partition listed).
+    /// The number of queues assigned to each partition (every partition listed). O(partitions).
     pub fn queue_counts(&self) -> BTreeMap<PartitionId, usize> {
-        let mut counts: BTreeMap<PartitionId, usize> =
-            self.partitions.keys().map(|p| (*p, 0)).collect();
-        for q in self.queues.values() {
-            *counts.entry(q.partition).or_default() += 1;
-        }
-        counts
+        self.partitions
+            .keys()
+            .map(|p| (*p, self.queue_count(*p)))
+            .collect()
+    }
+
+    /// The URIs of the queues assigned (or moved) in `self` that `before` did not have so.
+    /// O(changes x log n) when `self` was derived from `before` by applying advisories — the
+    /// diff skips every subtree the two states share — and O(n) when they share nothing (a
+    /// state rebuilt from a snapshot).
+    pub fn queues_assigned_since<'a>(
+        &'a self,
+        before: &'a ClusterState,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        before
+            .queues
+            .diff(&self.queues)
+            .filter_map(|change| match change {
+                imbl::ordmap::DiffItem::Add(uri, _) => Some(uri.as_str()),
+                imbl::ordmap::DiffItem::Update { new: (uri, _), .. } => Some(uri.as_str()),
+                imbl::ordmap::DiffItem::Remove(..) => None,
+            })
+    }
+
+    /// Whether `self` and `other` have the same partitions (primaries, leases, statuses): O(1)
+    /// when one was derived from the other by queue advisories (the map is shared), else
+    /// O(partitions).
+    pub fn same_partitions(&self, other: &ClusterState) -> bool {
+        self.partitions.ptr_eq(&other.partitions) || self.partitions == other.partitions
+    }
+
+    /// The number of queues assigned to `partition`. O(log partitions).
+    pub fn queue_count(&self, partition: PartitionId) -> usize {
+        self.queue_counts.get(&partition).copied().unwrap_or(0)
     }
 
     /// The wire form of the whole state.
@@ -267,7 +325,6 @@ impl ClusterState {
                 return Err(SnapshotError::DuplicatePartition { partition });
             }
         }
-        let mut keys = BTreeSet::new();
         for q in &snapshot.queues {
             let partition = PartitionId(q.partition_id);
             if !state.partitions.contains_key(&partition) {
@@ -276,7 +333,12 @@ impl ClusterState {
                     partition,
                 });
             }
-            if q.queue_key >= snapshot.next_queue_key || !keys.insert(q.queue_key) {
+            if q.queue_key >= snapshot.next_queue_key
+                || state
+                    .queue_keys
+                    .insert(q.queue_key, Arc::from(q.uri.as_str()))
+                    .is_some()
+            {
                 return Err(SnapshotError::BadQueueKey {
                     uri: q.uri.clone(),
                     queue_key: q.queue_key,
@@ -290,6 +352,7 @@ impl ClusterState {
             if state.queues.insert(q.uri.clone(), value).is_some() {
                 return Err(SnapshotError::DuplicateQueue { uri: q.uri.clone() });
             }
+            *state.queue_counts.entry(partition).or_default() += 1;
         }
         Ok(state)
     }
@@ -384,24 +447,31 @@ impl ClusterState {
                 current.status = status;
                 Ok(())
             }
-            Kind::QueueAssignment(advisory) => {
-                let mut next = self.clone();
-                for q in &advisory.queues {
-                    next.assign_queue(q, false)?;
-                }
-                *self = next;
-                Ok(())
-            }
-            Kind::QueueUnassignment(advisory) => {
-                let mut next = self.queues.clone();
-                for uri in &advisory.uris {
-                    if next.remove(uri).is_none() {
-                        return Err(ApplyError::UnknownQueue { uri: uri.clone() });
+            // `assign_queue` and `unassign_queue` check everything before they change anything,
+            // so one queue is applied in place; several go through a clone (O(1), but every
+            // node touched is then copied) so that a bad entry leaves the state unchanged.
+            Kind::QueueAssignment(advisory) => match advisory.queues.as_slice() {
+                [q] => self.assign_queue(q, false),
+                queues => {
+                    let mut next = self.clone();
+                    for q in queues {
+                        next.assign_queue(q, false)?;
                     }
+                    *self = next;
+                    Ok(())
                 }
-                self.queues = next;
-                Ok(())
-            }
+            },
+            Kind::QueueUnassignment(advisory) => match advisory.uris.as_slice() {
+                [uri] => self.unassign_queue(uri),
+                uris => {
+                    let mut next = self.clone();
+                    for uri in uris {
+                        next.unassign_queue(uri)?;
+                    }
+                    *self = next;
+                    Ok(())
+                }
+            },
             Kind::QueueUpdate(advisory) => {
                 let q = advisory
                     .queue
@@ -410,14 +480,12 @@ impl ClusterState {
                 if !self.queues.contains_key(&q.uri) {
                     return Err(ApplyError::UnknownQueue { uri: q.uri.clone() });
                 }
-                let mut next = self.clone();
-                next.assign_queue(q, true)?;
-                *self = next;
-                Ok(())
+                self.assign_queue(q, true)
             }
         }
     }
 
+    /// Adds (or, with `replace`, moves) one queue, keeping the indexes in step. O(log n).
     fn assign_queue(&mut self, q: &peer::QueueInfo, replace: bool) -> Result<(), ApplyError> {
         let partition = PartitionId(q.partition_id);
         if !self.partitions.contains_key(&partition) {
@@ -439,20 +507,40 @@ impl ClusterState {
                 });
             }
         }
-        if let Some((other, _)) = self
-            .queues
-            .iter()
-            .find(|(uri, a)| a.queue_key == q.queue_key && **uri != q.uri)
-        {
-            return Err(ApplyError::QueueKeyInUse {
-                uri: q.uri.clone(),
-                queue_key: q.queue_key,
-                other: other.clone(),
-            });
+        if let Some(other) = self.queue_keys.get(&q.queue_key) {
+            if **other != *q.uri {
+                return Err(ApplyError::QueueKeyInUse {
+                    uri: q.uri.clone(),
+                    queue_key: q.queue_key,
+                    other: other.to_string(),
+                });
+            }
         }
-        self.queues.insert(q.uri.clone(), wanted);
+        if let Some(old) = self.queues.insert(q.uri.clone(), wanted) {
+            self.forget_indexes(&old);
+        }
+        self.queue_keys
+            .insert(q.queue_key, Arc::from(q.uri.as_str()));
+        *self.queue_counts.entry(partition).or_default() += 1;
         self.next_queue_key = self.next_queue_key.max(q.queue_key + 1);
         Ok(())
+    }
+
+    /// Removes one queue, keeping the indexes in step. O(log n).
+    fn unassign_queue(&mut self, uri: &str) -> Result<(), ApplyError> {
+        let old = self
+            .queues
+            .remove(uri)
+            .ok_or_else(|| ApplyError::UnknownQueue { uri: uri.into() })?;
+        self.forget_indexes(&old);
+        Ok(())
+    }
+
+    fn forget_indexes(&mut self, old: &QueueAssignment) {
+        self.queue_keys.remove(&old.queue_key);
+        if let Some(count) = self.queue_counts.get_mut(&old.partition) {
+            *count = count.saturating_sub(1);
+        }
     }
 }
 
@@ -678,6 +766,98 @@ pub(crate) mod tests {
         // The JSON status form exists (serde_json is not a dependency of this crate).
         fn is_serialize<T: Serialize>(_: &T) {}
         is_serialize(&s);
+    }
+
+    #[test]
+    fn indexes_follow_every_queue_change() {
+        // Scenario: the key index and the per-partition counts stay in step through
+        // assignment, update and unassignment, and a snapshot rebuilds them the same.
+        let mut s = ClusterState::new(2);
+        s.apply(&assign("a", 0, 0)).unwrap();
+        s.apply(&assign("b", 0, 1)).unwrap();
+        assert_eq!(s.queue_count(PartitionId(0)), 2);
+        let update = |uri: &str, partition: u32, key: u64| peer::Advisory {
+            kind: Some(Kind::QueueUpdate(peer::QueueUpdateAdvisory {
+                queue: Some(peer::QueueInfo {
+                    uri: uri.into(),
+                    partition_id: partition,
+                    queue_key: key,
+                }),
+            })),
+        };
+        // Move b to partition 1 with a new key: its old key is free again.
+        s.apply(&update("b", 1, 5)).unwrap();
+        assert_eq!(
+            s.queue_counts(),
+            BTreeMap::from([(PartitionId(0), 1), (PartitionId(1), 1)])
+        );
+        s.apply(&assign("c", 1, 1)).unwrap();
+        assert!(matches!(
+            s.apply(&assign("d", 1, 5)),
+            Err(ApplyError::QueueKeyInUse { .. })
+        ));
+        let unassign = peer::Advisory {
+            kind: Some(Kind::QueueUnassignment(peer::QueueUnassignmentAdvisory {
+                uris: vec!["b".into()],
+            })),
+        };
+        s.apply(&unassign).unwrap();
+        s.apply(&assign("d", 1, 5)).unwrap();
+        assert_eq!(s.queue_count(PartitionId(1)), 2);
+        let rebuilt = ClusterState::from_snapshot(&s.to_snapshot()).unwrap();
+        assert_eq!(rebuilt, s);
+        assert_eq!(rebuilt.queue_counts(), s.queue_counts());
+        assert!(matches!(
+            rebuilt.clone().apply(&assign("e", 0, 5)),
+            Err(ApplyError::QueueKeyInUse { .. })
+        ));
+        // A two-queue advisory whose second entry is bad changes nothing.
+        let before = s.clone();
+        let two = peer::Advisory {
+            kind: Some(Kind::QueueAssignment(peer::QueueAssignmentAdvisory {
+                queues: vec![
+                    peer::QueueInfo {
+                        uri: "f".into(),
+                        partition_id: 0,
+                        queue_key: 9,
+                    },
+                    peer::QueueInfo {
+                        uri: "g".into(),
+                        partition_id: 0,
+                        queue_key: 9,
+                    },
+                ],
+            })),
+        };
+        assert!(s.apply(&two).is_err());
+        assert_eq!(s, before);
+        assert_eq!(s.queue_counts(), before.queue_counts());
+    }
+
+    #[test]
+    fn a_queue_advisory_shares_everything_it_does_not_change() {
+        // Scenario: issue 18 — a published copy and the state after the next assignment share
+        // the partitions, and the diff between them names only the new queue.
+        let mut s = ClusterState::new(4);
+        s.apply(&primaries(&[(0, Some(1), 1)])).unwrap();
+        for i in 0..1000 {
+            s.apply(&assign(&format!("q{i}"), i % 4, u64::from(i)))
+                .unwrap();
+        }
+        let published = s.clone();
+        s.apply(&assign("new", 2, 1000)).unwrap();
+        assert!(s.same_partitions(&published));
+        assert!(s.partitions.ptr_eq(&published.partitions));
+        assert_eq!(
+            s.queues_assigned_since(&published).collect::<Vec<_>>(),
+            ["new"]
+        );
+        assert_eq!(published.queues.len(), 1000);
+        // A primary change is a change of partitions.
+        let before = s.clone();
+        s.apply(&primaries(&[(1, Some(2), 1)])).unwrap();
+        assert!(!s.same_partitions(&before));
+        assert_eq!(s.queues_assigned_since(&before).count(), 0);
     }
 
     #[test]

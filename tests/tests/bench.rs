@@ -91,6 +91,7 @@ async fn metadata_bench_commits_one_assignment_per_new_queue() {
         parallel: 2,
         broker: cluster.client_addrs(),
         timeout_secs: 30,
+        admin: cluster.nodes.iter().map(|n| n.admin_addr()).collect(),
         json: true,
         quiet: true,
         security: plain(),
@@ -99,6 +100,10 @@ async fn metadata_bench_commits_one_assignment_per_new_queue() {
     .expect("bench runs");
     assert_eq!((report.opened, report.errors), (20, 0), "{report:?}");
     assert_eq!(report.open_latency.count, 20);
+    // --admin: the leader's histogram counted (at least) the 20 commits.
+    let leader = report.leader.as_ref().expect("--admin given");
+    assert!(leader.commits >= 20, "{report:?}");
+    assert!(leader.p50_le_us > 0, "{report:?}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let counts: Vec<usize> = cluster

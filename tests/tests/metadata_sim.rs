@@ -12,7 +12,8 @@
 //! - **Leadership**: a schedule with strictly increasing terms and one leader per term, chosen
 //!   among live nodes and announced to each node after a random delay (the elector's own safety
 //!   is checked by `elector_sim.rs` and `elector_model.rs`; here it is an input).
-//! - **Network**: loss, duplication, delay (so reordering), one isolated node at a time.
+//! - **Network**: loss, duplication, delay (so reordering), one isolated node at a time. A
+//!   node's messages of one step travel per peer as one `MetadataBatch`, as the actor sends them.
 //! - **Crashes**: single nodes, and now and then every node at once (a power loss).
 //! - **Workload**: queue assignment requests on every node, primary changes with the next lease
 //!   proposed by the leader.
@@ -37,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use bmq_metadata::{
     ClusterState, FsyncPolicy, Ledger, Lsn, MetadataConfig, MetadataCore, MetadataOutput,
-    MetadataRole,
+    MetadataRole, PeerOutbox,
 };
 use bmq_proto::peer::{self, advisory::Kind};
 use bmq_proto::{NodeId, PartitionId, Term};
@@ -355,8 +356,16 @@ impl Sim {
         );
     }
 
-    /// Executes node `i`'s outputs, as the actor does.
+    /// Executes node `i`'s outputs, as the actor does: messages are gathered per peer and
+    /// sent at the end as one `MetadataBatch` each (a lost or delayed frame loses or delays
+    /// them all).
     fn drive(&mut self, i: usize) {
+        let peers = self
+            .members
+            .iter()
+            .copied()
+            .filter(|m| *m != self.members[i]);
+        let mut outbox = PeerOutbox::new(peers);
         loop {
             let Some(output) = self.nodes[i].core.as_mut().and_then(|c| c.poll_output()) else {
                 break;
@@ -402,16 +411,8 @@ impl Sim {
                     node.unsynced_lsn = None;
                     node.core.as_mut().expect("core").on_persisted(now, last);
                 }
-                MetadataOutput::Send { to, message } => {
-                    self.send(i, (to.0 - 1) as usize, message);
-                }
-                MetadataOutput::Broadcast { message } => {
-                    for to in 0..self.nodes.len() {
-                        if to != i {
-                            self.send(i, to, message.clone());
-                        }
-                    }
-                }
+                MetadataOutput::Send { to, message } => outbox.push(Some(to), message),
+                MetadataOutput::Broadcast { message } => outbox.push(None, message),
                 MetadataOutput::Committed { lsn, advisory } => match self.committed.get(&lsn) {
                     Some(seen) if *seen != advisory => self.fail(format!(
                         "LSN {lsn} committed with two contents: {seen:?} and {advisory:?}"
@@ -422,6 +423,9 @@ impl Sim {
                 },
                 MetadataOutput::RoleChanged { .. } => {}
             }
+        }
+        for (to, message) in outbox.drain() {
+            self.send(i, (to.0 - 1) as usize, message);
         }
         self.rearm(i);
     }
