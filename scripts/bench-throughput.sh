@@ -41,7 +41,7 @@ start_cluster() {
   "$bin/bmqctl" cluster up --dir "$DIR" --base-port "$BASE" --no-security --no-prometheus --clean >/dev/null 2>&1 &
   local up=$!
   for _ in $(seq 120); do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 && break; sleep 0.5; done
-  kill -INT $up; wait $up || true
+  kill -INT $up 2>/dev/null || true; wait $up || true
   for i in 1 2 3; do
     "$bin/broker" --config "$DIR/node-$i/broker.toml" >>"$DIR/node-$i/bench.log" 2>&1 &
     PIDS+=($!)
