@@ -6,6 +6,8 @@
 #   scripts/soak-storage.sh                                   # 10,000,000 passed, 1,000,000 outstanding
 #   MESSAGES=300000 OUTSTANDING=50000 scripts/soak-storage.sh # a short run
 #   BIN=/path/to/release scripts/soak-storage.sh              # another build (no cargo build)
+#   BASE_PORT=42000 scripts/soak-storage.sh                   # ports 42001.. (default 34100)
+#   HOLD_SECS=60 scripts/soak-storage.sh                      # hold the outstanding state longer
 #
 # Phases (the PNG marks where each begins):
 #   flow         `bmqctl bench messages --count $MESSAGES --size $SIZE` (1 producer, 1 consumer);
@@ -27,6 +29,9 @@ OUTSTANDING=${OUTSTANDING:-1000000}
 SIZE=${SIZE:-1024}
 OUT=${OUT:-/tmp/bmq-soak-storage}
 BASE=${BASE_PORT:-34100}
+# Seconds the cluster is left with the messages outstanding before the restart (time to look
+# at the nodes: gdb, heaptrack, /proc/<pid>/smaps; the pids are in $OUT/pid-<node>).
+HOLD_SECS=${HOLD_SECS:-5}
 if [ -z "${BIN:-}" ]; then
   cargo build --release --bins --locked
   BIN=$ROOT/target/release
@@ -100,7 +105,9 @@ phase outstanding
 "$BIN/bmqctl" produce --queue "$QUEUE" --count "$OUTSTANDING" --size "$SIZE" --window 1000 \
   --timeout-secs 3600 "${CLIENT[@]}" --json >"$OUT/outstanding.json"
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("outstanding:", {k: r[k] for k in r if k not in ("uri",)})' "$OUT/outstanding.json" | tee -a "$OUT/summary.txt"
-sleep 5
+echo "hold" >"$OUT/phase.hold"
+sleep "$HOLD_SECS"
+rm -f "$OUT/phase.hold"
 
 phase restart
 kill -9 "${PIDS[1]}"
