@@ -345,8 +345,7 @@ impl QueueCore {
         }
         self.bytes += u64::from(size);
         let arrival_ns = self.arrival_ns(now);
-        self.pending
-            .push_back(Held::new(guid, journal_sequence, arrival_ns, size));
+        self.push_pending(Held::new(guid, journal_sequence, arrival_ns, size));
         self.counters.puts += 1;
         PutOutcome::Accepted
     }
@@ -368,6 +367,15 @@ impl QueueCore {
         let mut held = Held::new(guid, journal_sequence, arrival_ns, size);
         held.set_failures(failures);
         held.set_out_of_order();
+        self.push_pending(held);
+    }
+
+    /// Appends to the pending deque, growing it by a quarter rather than doubling it (at most
+    /// a quarter of it unused: 1,100,000 pending messages take 44-55 MiB, not 80).
+    fn push_pending(&mut self, held: Held) {
+        if self.pending.len() == self.pending.capacity() {
+            self.pending.reserve_exact(self.pending.len() / 4 + 16);
+        }
         self.pending.push_back(held);
     }
 

@@ -11,7 +11,7 @@
 //!
 //! **What memory holds** — never the history: for each *outstanding* message (a message record
 //! some app of its queue has not confirmed, and that was not removed) a 32-byte index entry
-//! keyed by GUID; for each segment the sequence, offset, length and a live bit of each record
+//! and its GUID; for each segment the sequence, offset, length and a live bit of each record
 //! it still holds (16 bytes, so a record is read back with one `pread`); and a bounded cache
 //! of the most recent records (`cache_bytes_max`), from which deliveries and replication of
 //! fresh records are served without a read.
@@ -42,8 +42,10 @@
 //! counted in `bmq_journal_torn_tail_truncations_total`; anything else wrong is
 //! [`StoreError::Corrupt`] naming the file and offset.
 //!
-//! **Costs.** Memory: about 70 bytes per outstanding message (index entry and hash table) plus
-//! 16 per record held on disk, plus the cache. Restart: reads every retained segment once —
+//! **Costs.** Memory: 53 to 71 bytes per outstanding message in the index (entry and GUID, 48
+//! bytes, in one dense vector grown by a quarter at a time, plus 5 to 11 bytes of hash table,
+//! see `guid_index.rs`; both shrink as messages leave) plus 16 per record held on disk, plus
+//! the cache. Restart: reads every retained segment once —
 //! the outstanding data plus at most about two segments of dead records (compaction keeps the
 //! dead bytes of closed settled segments under one segment), not the history. Disk:
 //! outstanding bytes plus about two segments, plus what is not yet settled.
@@ -62,6 +64,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRun, StoredMarker};
+
+use crate::guid_index::GuidIndex;
 use bytes::Bytes;
 use prost::Message;
 use tracing::{info, warn};
@@ -374,7 +378,7 @@ pub struct Store {
     maintenance_epoch: u64,
     durable: u64,
     /// Outstanding messages, by GUID.
-    index: HashMap<u128, Entry>,
+    index: GuidIndex<Entry>,
     /// Effects of records above the base, in sequence order.
     effects: VecDeque<(u64, Effect)>,
     queues: Vec<QueueInfo>,
@@ -469,7 +473,7 @@ impl Store {
             retired: Vec::new(),
             maintenance_epoch: 0,
             durable: 0,
-            index: HashMap::new(),
+            index: GuidIndex::new(),
             effects: VecDeque::new(),
             queues: Vec::new(),
             queue_ids: HashMap::new(),
@@ -678,6 +682,7 @@ impl Store {
         }
         let s = self.segments.last_mut().expect("pushed");
         s.synced_len = s.len;
+        s.records.shrink_to_fit();
         self.bytes_total += s.len;
         if let Some(first) = s.first_sequence() {
             // Segments deleted before this one: their positions are absent.
@@ -718,12 +723,12 @@ impl Store {
                 } else {
                     (1u64 << apps) - 1
                 };
-                match self.index.get(&guid) {
+                match self.index.contains(guid) {
                     // The same GUID stored twice (a resend older than the duplicate window):
                     // the first copy stands, this one is dead.
-                    Some(_) => false,
-                    None => {
-                        self.index.insert(
+                    true => false,
+                    false => {
+                        self.index.insert_new(
                             guid,
                             Entry {
                                 sequence,
@@ -742,7 +747,7 @@ impl Store {
                     let guid = guid_key(guid);
                     let app = self
                         .index
-                        .get(&guid)
+                        .get(guid)
                         .and_then(|e| self.app_index(e.queue, app));
                     match app {
                         Some(app) => {
@@ -790,7 +795,7 @@ impl Store {
             let (guid, app) = match effect {
                 Effect::Done { guid, app } | Effect::Failed { guid, app, .. } => (guid, app),
             };
-            let Some(entry) = self.index.get_mut(&guid) else {
+            let Some(entry) = self.index.get_mut(guid) else {
                 self.kill(sequence);
                 continue;
             };
@@ -801,7 +806,7 @@ impl Store {
                         extra.failures.retain(|(a, _)| *a != app);
                     }
                     if entry.pending == 0 {
-                        let entry = self.index.remove(&guid).expect("present");
+                        let entry = self.index.remove(guid).expect("present");
                         self.retired.push(guid);
                         let mut records = entry.extra.map(|e| e.records).unwrap_or_default();
                         records.push(sequence);
@@ -992,6 +997,9 @@ impl Store {
         s.synced_len = s.len;
         let next = s.no + 1;
         self.create_segment(next)?;
+        // The closed segment's list grows no more: give its spare capacity back.
+        let closed = self.segments.len() - 2;
+        self.segments[closed].records.shrink_to_fit();
         metrics::counter!("bmq_journal_rollovers_total").increment(1);
         Ok(())
     }
@@ -1241,7 +1249,7 @@ impl Store {
 
     /// The sequence of the outstanding message `guid` ([`guid_key`]), if it is outstanding.
     pub fn outstanding_sequence(&self, guid: u128) -> Option<u64> {
-        self.index.get(&guid).map(|e| e.sequence)
+        self.index.get(guid).map(|e| e.sequence)
     }
 
     /// Raises the settled position to `through` (never above the last position held): the
@@ -1482,7 +1490,7 @@ impl Store {
     }
 
     /// Calls `f` with every outstanding message, every record held taken into account, in
-    /// journal order, borrowed from the index: memory is 24 bytes per outstanding message for
+    /// journal order, borrowed from the index: memory is 16 bytes per outstanding message for
     /// the ordering (plus the effects above the base), nothing allocated per message.
     pub fn for_each_outstanding(&self, mut f: impl FnMut(OutstandingRef<'_>)) {
         // The effects above the base, per GUID.
@@ -1501,15 +1509,17 @@ impl Store {
                 }
             }
         }
-        let mut order: Vec<(u64, u128)> = self
+        // (sequence, position in the index): the index does not change while this runs.
+        let mut order: Vec<(u64, u32)> = self
             .index
             .iter()
-            .map(|(guid, e)| (e.sequence, *guid))
+            .enumerate()
+            .map(|(i, (_, e))| (e.sequence, i as u32))
             .collect();
         order.sort_unstable();
         let mut apps: Vec<(&str, u32)> = Vec::new();
-        for (sequence, guid) in order {
-            let e = &self.index[&guid];
+        for (sequence, position) in order {
+            let (guid, e) = self.index.at(position as usize);
             let pending = e.pending & !done.get(&guid).copied().unwrap_or(0);
             if pending == 0 {
                 continue;
