@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 
 mod guid_index;
+mod guid_window;
 pub mod partition;
 pub mod policy;
 pub mod proxy;
