@@ -417,6 +417,36 @@ fn reads_agree_between_cache_and_disk() {
     }
 }
 
+/// The cache keeps its own copy of what it wrote: a record decoded from a large read buffer
+/// (a client's or a peer's frame) does not keep that buffer alive once the caller drops it
+/// (issue 17: the cache held 18 MB of frame buffers for 8 MiB of messages).
+#[test]
+fn the_cache_holds_no_slice_of_the_callers_buffers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 1 << 20);
+    let read_buffer = Bytes::from(vec![7u8; 64 * 1024]);
+    let mut record = message(1, 1, Q, 1);
+    if let Some(RecordKind::Message(m)) = &mut record.kind {
+        m.guid = read_buffer.slice(0..16);
+        m.payload = read_buffer.slice(16..1040);
+    }
+    s.append_one(&record).unwrap();
+    drop(record);
+    assert!(
+        read_buffer.is_unique(),
+        "the cache still refers to the caller's buffer"
+    );
+    let read = s.read(1).unwrap().unwrap();
+    match read.kind {
+        Some(RecordKind::Message(m)) => {
+            assert_eq!(m.payload, read_buffer.slice(16..1040));
+            assert_eq!(m.guid, read_buffer.slice(0..16));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(s.stats().cache_bytes > 1040, "counted as framed");
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Put,
