@@ -1718,51 +1718,31 @@ impl Store {
             self.kill(r);
         }
         self.segments[i].self_pinned = 0;
-        let mut kept = Vec::new();
-        let mut dropped_max = 0;
-        {
-            let s = &self.segments[i];
-            for held in &s.records {
-                if !held.live() {
-                    dropped_max = held.sequence;
-                    continue;
-                }
-                let record = read_at(s, *held)?;
-                let offset = buf.len() as u32;
-                let len = frame(&record, &mut buf);
-                kept.push(Held {
-                    sequence: held.sequence,
-                    offset,
-                    len_live: len | LIVE,
-                });
-            }
-        }
         let fsync = self.cfg.fsync;
-        let write = || -> std::io::Result<File> {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            f.write_all_at(&buf, 0)?;
-            if fsync {
-                f.sync_all()?;
-            }
-            Ok(f)
-        };
-        let file = match write() {
-            Ok(f) => f,
+        let written = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io(&tmp))
+            .and_then(|file| {
+                let (kept, dropped_max, len) =
+                    write_live_records(&self.segments[i], &file, &tmp, buf, fsync)?;
+                Ok((file, kept, dropped_max, len))
+            });
+        let (file, kept, dropped_max, len) = match written {
+            Ok(w) => w,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
-                return Err(io(&tmp)(e));
+                return Err(e);
             }
         };
         let s = &mut self.segments[i];
         std::fs::rename(&tmp, &s.path).map_err(io(&s.path))?;
-        let freed = s.len - buf.len() as u64;
+        let freed = s.len - len;
         s.file = file;
-        s.len = buf.len() as u64;
+        s.len = len;
         s.synced_len = s.len;
         s.live_bytes = kept.iter().map(|h| u64::from(h.len())).sum();
         s.records = kept;
@@ -1850,6 +1830,52 @@ fn frame(record: &JournalRecord, buf: &mut Vec<u8>) -> u32 {
     let crc = crc32c::crc32c(&buf[start + RECORD_HEADER_LEN..]);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     (buf.len() - start) as u32
+}
+
+/// Bytes of a compacted segment gathered in memory before they are written: a compaction
+/// streams the segment's live records through this much memory, not the whole segment.
+const COMPACT_CHUNK: usize = 1 << 20;
+
+/// Writes the live records of `s` to `file` (the `.compact` file at `path`) after `head`
+/// (the segment header and marker), in chunks of about [`COMPACT_CHUNK`] bytes, and fsyncs it
+/// with `fsync`. Returns the records' new places, the highest sequence dropped, and the length
+/// written.
+fn write_live_records(
+    s: &Segment,
+    file: &File,
+    path: &Path,
+    head: Vec<u8>,
+    fsync: bool,
+) -> Result<(Vec<Held>, u64, u64), StoreError> {
+    let mut buf = head;
+    let mut written = 0u64;
+    let mut kept = Vec::new();
+    let mut dropped_max = 0;
+    for held in &s.records {
+        if !held.live() {
+            dropped_max = held.sequence;
+            continue;
+        }
+        let record = read_at(s, *held)?;
+        let offset = written + buf.len() as u64;
+        let len = frame(&record, &mut buf);
+        kept.push(Held {
+            sequence: held.sequence,
+            offset: offset as u32,
+            len_live: len | LIVE,
+        });
+        if buf.len() >= COMPACT_CHUNK {
+            file.write_all_at(&buf, written).map_err(io(path))?;
+            written += buf.len() as u64;
+            buf.clear();
+        }
+    }
+    file.write_all_at(&buf, written).map_err(io(path))?;
+    written += buf.len() as u64;
+    if fsync {
+        file.sync_all().map_err(io(path))?;
+    }
+    Ok((kept, dropped_max, written))
 }
 
 /// Reads the record `held` of segment `s` with one positioned read.
