@@ -19,8 +19,9 @@
 #   idle         20 s more, to show what the disk comes back to.
 # A sampler writes `elapsed_s,phase,node,rss_bytes,journal_bytes` every second into
 # $OUT/samples.csv (RSS from /proc/<pid>/status, journal = bytes under the node's partitions
-# directory); $OUT/summary.txt has the per-phase maxima and results; $OUT/soak.png the plot
-# (scripts/soak-plot, built on demand).
+# directory); $OUT/summary.txt has the per-phase maxima and results, and every node's VmHWM
+# (peak RSS since it started, so spikes between two samples count) at the end of the
+# outstanding phase and of the run; $OUT/soak.png the plot (scripts/soak-plot, built on demand).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -56,6 +57,15 @@ start_node() {
   PIDS[$1]=$!
 }
 phase() { echo "$1" >"$OUT/phase"; echo "== $(date -u +%T) phase $1" | tee -a "$OUT/summary.txt"; }
+# Every node's peak RSS since it started (VmHWM: catches spikes shorter than the sampling
+# period) and its RSS now.
+peaks() {
+  for i in 1 2 3; do
+    awk -v what="$1" -v node="$i" '/^VmHWM/ {hwm = $2} /^VmRSS/ {rss = $2}
+      END {printf "%s: node %s VmHWM %.1f MiB, VmRSS %.1f MiB\n", what, node, hwm / 1024, rss / 1024}' \
+      /proc/"$(cat "$OUT/pid-$i")"/status
+  done | tee -a "$OUT/summary.txt"
+}
 
 # `cluster up` writes the per-node configuration files; the nodes are then run directly so one
 # can be killed and restarted and their memory read.
@@ -108,6 +118,7 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("outstanding:
 echo "hold" >"$OUT/phase.hold"
 sleep "$HOLD_SECS"
 rm -f "$OUT/phase.hold"
+peaks "outstanding (peak since start)"
 
 phase restart
 kill -9 "${PIDS[1]}"
@@ -130,6 +141,7 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("drain:", {k:
 
 phase idle
 sleep 20
+peaks "idle (peak since start; node 1 since its restart)"
 kill "$SAMPLER"; SAMPLER=
 
 python3 - "$OUT/samples.csv" <<'PY' | tee -a "$OUT/summary.txt"
