@@ -181,8 +181,9 @@ impl<V> GuidIndex<V> {
         self.give_back_memory();
     }
 
-    /// Every entry, in no meaningful but a deterministic order (it depends only on the
-    /// operations made), with its position (valid until the next change).
+    /// Every entry, in position order: the `n`-th is at position `n` for [`GuidIndex::at`]
+    /// until the next change. The order means nothing but is deterministic (it depends only on
+    /// the operations made).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u128, &V)> {
         self.slots.iter().map(|s| (s.guid(), &s.value))
     }
