@@ -67,9 +67,6 @@ impl GuidWindow {
 
     /// Remembers `guid`, finished at `now` (nothing when it is remembered already).
     pub(crate) fn insert(&mut self, now: Instant, guid: u128) {
-        if self.contains(guid) {
-            return;
-        }
         let Self {
             order,
             popped,
@@ -79,9 +76,17 @@ impl GuidWindow {
         } = self;
         let position = (*popped + order.len() as u64) as u32;
         let popped = *popped;
-        table.insert_unique(Self::hash(hasher, guid), position, |&p| {
-            Self::hash(hasher, order[Self::index(popped, p)])
-        });
+        // One probe finds the GUID or the place for it.
+        match table.entry(
+            Self::hash(hasher, guid),
+            |&p| order[Self::index(popped, p)] == guid,
+            |&p| Self::hash(hasher, order[Self::index(popped, p)]),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(_) => return,
+            hashbrown::hash_table::Entry::Vacant(place) => {
+                place.insert(position);
+            }
+        }
         self.order.push_back(guid);
         match self.buckets.back_mut() {
             Some((start, count)) if now.saturating_duration_since(*start) < GUID_BUCKET => {

@@ -34,9 +34,9 @@
 //!
 //! Memory: the queue holds no payloads — each message is its GUID, the journal position of its
 //! record (the partition reads the payload back from the journal to push it), its arrival, size
-//! and attempt count: 40 bytes per pending message, in one `VecDeque` in delivery order (no
-//! hash table: a queue of 1,000,000 pending messages takes 40 MiB, DESIGN.md §7, "Storage for
-//! months"). Only pushed, unconfirmed messages are in a table by GUID, per consumer, so that a
+//! and attempt count: 40 bytes per pending message, in one `VecDeque` in delivery order grown
+//! by a quarter at a time (no hash table: a queue of 1,000,000 pending messages takes 40 to 50
+//! MB, DESIGN.md §7, "Storage for months"). Only pushed, unconfirmed messages are in a table by GUID, per consumer, so that a
 //! confirm finds them; there are at most the consumers' `max_unconfirmed_messages` of those.
 //! The deque gives memory back once it is mostly empty.
 //!

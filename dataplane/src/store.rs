@@ -66,7 +66,7 @@ use std::sync::Arc;
 use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRun, StoredMarker};
 
 use crate::guid_index::GuidIndex;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use prost::Message;
 use tracing::{info, warn};
 
@@ -388,6 +388,8 @@ pub struct Store {
     /// The most recent records, ascending sequence, as written (see [`Cached`]).
     cache: VecDeque<Cached>,
     cache_bytes: u64,
+    /// The block the next written records are copied into for the cache (see [`Cached`]).
+    cache_block: BytesMut,
     bytes_total: u64,
     live_bytes: u64,
 }
@@ -401,19 +403,24 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// A cached record: its encoded body, a slice of the buffer that was written to the segment.
+/// A cached record: its encoded body, as written to the segment.
 ///
 /// The cache keeps what was written, not the decoded records: a decoded record's byte fields
 /// are slices of whatever buffer it was decoded from — a client's or a peer's read buffer — and
 /// each one kept alive its whole buffer (heaptrack of a primary with 8 MiB of cached messages
-/// showed 18 MB held by the peer link's frame buffers). The written buffers are exactly the
-/// records' bytes, shared by the records of one append and freed when the last of them leaves
-/// the cache; a read decodes the body (zero-copy for the payload) instead of cloning a record.
+/// showed 18 MB held by the peer link's frame buffers). The written bytes are copied into
+/// blocks of [`CACHE_BLOCK`] bytes, one after the other, so a block is one allocation for many
+/// records and is freed when the last of them leaves the cache (oldest first); a read decodes
+/// the body (zero-copy for the payload) instead of cloning a record.
 #[derive(Debug)]
 struct Cached {
     sequence: u64,
     body: Bytes,
 }
+
+/// Size of the blocks the cache copies written records into (a larger write gets a block of
+/// its own).
+const CACHE_BLOCK: usize = 256 * 1024;
 
 /// Bytes counted for a cached record besides its framed length: its entry in the cache.
 pub const CACHE_ENTRY_BYTES: u64 = std::mem::size_of::<Cached>() as u64;
@@ -498,6 +505,7 @@ impl Store {
             queue_ids: HashMap::new(),
             cache: VecDeque::new(),
             cache_bytes: 0,
+            cache_block: BytesMut::new(),
             bytes_total: 0,
             live_bytes: 0,
         };
@@ -1140,10 +1148,13 @@ impl Store {
         }
         let start = self.active().len;
         self.write_active(buf)?;
-        // The written bytes become the cache's copy of these records (see `Cached`).
-        let mut written = std::mem::take(buf);
-        written.shrink_to_fit();
-        let written = Bytes::from(written);
+        // The cache's copy of the written bytes (see `Cached`).
+        if self.cache_block.capacity() - self.cache_block.len() < buf.len() {
+            self.cache_block = BytesMut::with_capacity(CACHE_BLOCK.max(buf.len()));
+        }
+        self.cache_block.extend_from_slice(buf);
+        let written = self.cache_block.split().freeze();
+        buf.clear();
         let segment = self.segments.len() - 1;
         let mut effects = Vec::new();
         for ((offset, len), record) in staged.drain(..).zip(records) {
