@@ -6,6 +6,8 @@
 #   scripts/soak-storage.sh                                   # 10,000,000 passed, 1,000,000 outstanding
 #   MESSAGES=300000 OUTSTANDING=50000 scripts/soak-storage.sh # a short run
 #   BIN=/path/to/release scripts/soak-storage.sh              # another build (no cargo build)
+#   BASE_PORT=42000 scripts/soak-storage.sh                   # ports 42001.. (default 34100)
+#   HOLD_SECS=60 scripts/soak-storage.sh                      # hold the outstanding state longer
 #
 # Phases (the PNG marks where each begins):
 #   flow         `bmqctl bench messages --count $MESSAGES --size $SIZE` (1 producer, 1 consumer);
@@ -17,8 +19,9 @@
 #   idle         20 s more, to show what the disk comes back to.
 # A sampler writes `elapsed_s,phase,node,rss_bytes,journal_bytes` every second into
 # $OUT/samples.csv (RSS from /proc/<pid>/status, journal = bytes under the node's partitions
-# directory); $OUT/summary.txt has the per-phase maxima and results; $OUT/soak.png the plot
-# (scripts/soak-plot, built on demand).
+# directory); $OUT/summary.txt has the per-phase maxima and results, and every node's VmHWM
+# (peak RSS since it started, so spikes between two samples count) at the end of the
+# outstanding phase and of the run; $OUT/soak.png the plot (scripts/soak-plot, built on demand).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -27,6 +30,9 @@ OUTSTANDING=${OUTSTANDING:-1000000}
 SIZE=${SIZE:-1024}
 OUT=${OUT:-/tmp/bmq-soak-storage}
 BASE=${BASE_PORT:-34100}
+# Seconds the cluster is left with the messages outstanding before the restart (time to look
+# at the nodes: gdb, heaptrack, /proc/<pid>/smaps; the pids are in $OUT/pid-<node>).
+HOLD_SECS=${HOLD_SECS:-5}
 if [ -z "${BIN:-}" ]; then
   cargo build --release --bins --locked
   BIN=$ROOT/target/release
@@ -51,6 +57,15 @@ start_node() {
   PIDS[$1]=$!
 }
 phase() { echo "$1" >"$OUT/phase"; echo "== $(date -u +%T) phase $1" | tee -a "$OUT/summary.txt"; }
+# Every node's peak RSS since it started (VmHWM: catches spikes shorter than the sampling
+# period) and its RSS now.
+peaks() {
+  for i in 1 2 3; do
+    awk -v what="$1" -v node="$i" '/^VmHWM/ {hwm = $2} /^VmRSS/ {rss = $2}
+      END {printf "%s: node %s VmHWM %.1f MiB, VmRSS %.1f MiB\n", what, node, hwm / 1024, rss / 1024}' \
+      /proc/"$(cat "$OUT/pid-$i")"/status
+  done | tee -a "$OUT/summary.txt"
+}
 
 # `cluster up` writes the per-node configuration files; the nodes are then run directly so one
 # can be killed and restarted and their memory read.
@@ -100,7 +115,10 @@ phase outstanding
 "$BIN/bmqctl" produce --queue "$QUEUE" --count "$OUTSTANDING" --size "$SIZE" --window 1000 \
   --timeout-secs 3600 "${CLIENT[@]}" --json >"$OUT/outstanding.json"
 python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("outstanding:", {k: r[k] for k in r if k not in ("uri",)})' "$OUT/outstanding.json" | tee -a "$OUT/summary.txt"
-sleep 5
+echo "hold" >"$OUT/phase.hold"
+sleep "$HOLD_SECS"
+rm -f "$OUT/phase.hold"
+peaks "outstanding (peak since start)"
 
 phase restart
 kill -9 "${PIDS[1]}"
@@ -123,6 +141,7 @@ python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print("drain:", {k:
 
 phase idle
 sleep 20
+peaks "idle (peak since start; node 1 since its restart)"
 kill "$SAMPLER"; SAMPLER=
 
 python3 - "$OUT/samples.csv" <<'PY' | tee -a "$OUT/summary.txt"

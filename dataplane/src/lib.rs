@@ -15,7 +15,9 @@
 //! - [`policy`]: [`DomainPolicy`], a domain's settings as the cores use them.
 //! - [`store`]: [`Store`], a partition's journal on disk (segments, CRC32C records, torn
 //!   tails) with the index of outstanding messages, space reclamation and installs: memory
-//!   and disk bounded by what is outstanding, not by the history.
+//!   and disk bounded by what is outstanding, not by the history. Its index is a
+//!   `GuidIndex` (crate-private): GUID -> entry in a dense vector, with a table of 4-byte
+//!   positions.
 //!
 //! Every core takes `now` as an argument and returns what to do as a closed output enum,
 //! drained with `poll_output`. The partition core writes its journal itself (the store is
@@ -24,6 +26,8 @@
 //! `bmq-broker` only execute those outputs.
 #![warn(missing_docs)]
 
+mod guid_index;
+mod guid_window;
 pub mod partition;
 pub mod policy;
 pub mod proxy;

@@ -784,3 +784,38 @@ fn a_queue_rebuilt_by_a_new_primary_still_waits_for_a_quorum() {
     p.handle_peer(now, NodeId(2), receipt(2));
     assert_eq!(pushes(&drain(&mut p)), 1, "pushed once a quorum holds it");
 }
+
+#[test]
+fn a_resent_put_is_stored_and_pushed_once() {
+    // A producer resends a PUT while the message is pending, then while it is pushed and
+    // unconfirmed: the journal's index knows the GUID, so the queue never holds it twice (the
+    // queue itself does not look for duplicates), each resend is ACKed, one push is made.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    let acks = |outputs: &[PartitionOutput]| {
+        outputs
+            .iter()
+            .filter(|o| matches!(o, PartitionOutput::Reply { message, .. } if matches!(&message.kind, Some(Kind::Ack(a)) if a.status == AckStatus::Success as i32)))
+            .count()
+    };
+    p.handle_request(now, session(2), put(uri, 1));
+    // The same PUT resent through another session (the producer reconnected).
+    p.handle_request(now, session(3), put(uri, 1));
+    sync(&mut p, now);
+    assert_eq!(acks(&drain(&mut p)), 2, "both copies ACKed");
+    p.handle_request(now, session(1), open(uri, true, ""));
+    let outputs = drain(&mut p);
+    assert_eq!(pushes(&outputs), 1, "{outputs:?}");
+    p.handle_request(now, session(4), put(uri, 1));
+    let outputs = drain(&mut p);
+    assert_eq!((acks(&outputs), pushes(&outputs)), (1, 0), "{outputs:?}");
+    let messages = journal(&p)
+        .iter()
+        .filter(|r| matches!(r.kind, Some(RecordKind::Message(_))))
+        .count();
+    assert_eq!(messages, 1, "stored once");
+    let stats = p.stats();
+    assert_eq!((stats.messages, stats.unconfirmed), (1, 1));
+    assert_eq!(p.take_counters().put_duplicates, 2);
+}

@@ -64,7 +64,8 @@ use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use bytes::Bytes;
 use tracing::{error, info, warn};
 
-use crate::store::{guid_key, split_frames, GuidSet, Store, StoreError};
+use crate::guid_window::GuidWindow;
+use crate::store::{guid_key, split_frames, Store, StoreError};
 
 /// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
 pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
@@ -186,59 +187,6 @@ struct ReplicaProgress {
     install_epoch: u64,
     /// The settled position last sent to it.
     sent_settled: u64,
-}
-
-/// Width of a [`GuidWindow`] time bucket: GUIDs leave the window at most this much later than
-/// their age says (never earlier), and the window keeps one timestamp per bucket, not per GUID.
-const GUID_BUCKET: Duration = Duration::from_secs(1);
-
-/// GUIDs of recently finished messages (the index knows outstanding ones), bounded by count
-/// and age: about 50 bytes per GUID (16 in the
-/// insertion order, 16 in the hash set at its load factor), plus one `(Instant, count)` per
-/// second of traffic. With the default 1,000,000 GUIDs per partition that is ~50 MiB at most.
-#[derive(Debug, Default)]
-struct GuidWindow {
-    /// GUIDs in insertion order.
-    order: VecDeque<u128>,
-    /// `(start, GUIDs inserted from start for up to GUID_BUCKET)`, oldest first; the counts add
-    /// up to `order.len()`.
-    buckets: VecDeque<(Instant, usize)>,
-    set: GuidSet,
-}
-
-impl GuidWindow {
-    /// Forgets the oldest GUIDs while there are more than `max`, and every bucket that began
-    /// `age + GUID_BUCKET` ago or earlier.
-    fn expire(&mut self, now: Instant, max: usize, age: Duration) {
-        while let Some(&(start, count)) = self.buckets.front() {
-            let too_old = now.saturating_duration_since(start) >= age + GUID_BUCKET;
-            let excess = self.order.len().saturating_sub(max);
-            if !too_old && excess == 0 {
-                break;
-            }
-            let n = if too_old { count } else { excess.min(count) };
-            for guid in self.order.drain(..n) {
-                self.set.remove(&guid);
-            }
-            if n == count {
-                self.buckets.pop_front();
-            } else if let Some(front) = self.buckets.front_mut() {
-                front.1 -= n;
-            }
-        }
-    }
-
-    fn insert(&mut self, now: Instant, guid: u128) {
-        if self.set.insert(guid) {
-            self.order.push_back(guid);
-            match self.buckets.back_mut() {
-                Some((start, count)) if now.saturating_duration_since(*start) < GUID_BUCKET => {
-                    *count += 1
-                }
-                _ => self.buckets.push_back((now, 1)),
-            }
-        }
-    }
 }
 
 /// An install this node is receiving: the staged journal and where it completes.
@@ -1463,7 +1411,7 @@ impl ReplicationCore {
         let key = guid_key(guid);
         self.store
             .outstanding_sequence(key)
-            .or_else(|| self.guids.set.contains(&key).then_some(0))
+            .or_else(|| self.guids.contains(key).then_some(0))
     }
 
     /// A resent PUT of a message stored as record `sequence`: its ACK is released with that

@@ -826,37 +826,6 @@ fn a_new_primary_behind_the_floor_pulls_the_live_state() {
 }
 
 #[test]
-fn the_guid_window_forgets_by_count_and_by_age_never_early() {
-    let t0 = Instant::now();
-    let age = Duration::from_secs(10);
-    let mut w = GuidWindow::default();
-    // Three seconds of traffic, 4 GUIDs a second.
-    for i in 0..12u128 {
-        w.insert(t0 + Duration::from_millis(250 * i as u64), i);
-    }
-    w.insert(t0, 3); // already known: not counted twice
-    assert_eq!(w.order.len(), 12);
-    assert_eq!(w.buckets.iter().map(|b| b.1).sum::<usize>(), 12);
-    // Count bound: the oldest go first, within a bucket too.
-    w.expire(t0 + Duration::from_secs(3), 10, age);
-    assert_eq!(w.order.len(), 10);
-    assert!(!w.set.contains(&0) && !w.set.contains(&1) && w.set.contains(&2));
-    assert_eq!(w.buckets.iter().map(|b| b.1).sum::<usize>(), 10);
-    // Age bound: nothing leaves before its age...
-    w.expire(t0 + age + Duration::from_millis(999), 10, age);
-    assert!(
-        w.set.contains(&2),
-        "a GUID 10.999 s old is still remembered"
-    );
-    // ...and a whole bucket leaves at most one bucket width after it.
-    w.expire(t0 + age + GUID_BUCKET, 10, age);
-    assert!(!w.set.contains(&3) && w.set.contains(&4));
-    assert_eq!(w.order.len(), 8);
-    w.expire(t0 + Duration::from_secs(60), 10, age);
-    assert!(w.order.is_empty() && w.set.is_empty() && w.buckets.is_empty());
-}
-
-#[test]
 fn the_duplicate_window_holds_finished_messages_only() {
     // Outstanding GUIDs are known from the index: the window stays empty while messages are
     // outstanding (no memory twice for them), and takes a GUID when its message is done and
@@ -877,13 +846,13 @@ fn the_duplicate_window_holds_finished_messages_only() {
         "confirmed: a duplicate, ACKed at once"
     );
     assert_eq!(primary.duplicate_of(now, &guid(3)), None);
-    assert_eq!(primary.guids.order.len(), 1, "only the finished message");
-    assert!(primary.guids.set.contains(&guid_key(&guid(2))));
+    assert_eq!(primary.guids.len(), 1, "only the finished message");
+    assert!(primary.guids.contains(guid_key(&guid(2))));
     // Replicas remember finished messages too: a producer that resends to the next primary
     // (its ACK died with this one) gets an ACK, not a second copy.
     for replica in &cores[1..] {
-        assert_eq!(replica.guids.order.len(), 1);
-        assert!(replica.guids.set.contains(&guid_key(&guid(2))));
+        assert_eq!(replica.guids.len(), 1);
+        assert!(replica.guids.contains(guid_key(&guid(2))));
     }
 }
 
@@ -967,13 +936,7 @@ fn the_duplicate_window_stays_bounded_on_replicas() {
         put_and_confirm(now, &mut cores, n, true, &[]);
     }
     for (i, c) in cores.iter().enumerate() {
-        assert!(
-            c.guids.order.len() <= 3,
-            "node {}: {}",
-            i + 1,
-            c.guids.order.len()
-        );
-        assert!(c.guids.set.len() <= 3, "node {}", i + 1);
+        assert!(c.guids.len() <= 3, "node {}: {}", i + 1, c.guids.len());
     }
 }
 

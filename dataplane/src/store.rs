@@ -11,10 +11,10 @@
 //!
 //! **What memory holds** — never the history: for each *outstanding* message (a message record
 //! some app of its queue has not confirmed, and that was not removed) a 32-byte index entry
-//! keyed by GUID; for each segment the sequence, offset, length and a live bit of each record
+//! and its GUID; for each segment the sequence, offset, length and a live bit of each record
 //! it still holds (16 bytes, so a record is read back with one `pread`); and a bounded cache
-//! of the most recent records (`cache_bytes_max`), from which deliveries and replication of
-//! fresh records are served without a read.
+//! of the most recent records (`cache_bytes_max`), kept as they were written, from which
+//! deliveries and replication of fresh records are served without a read.
 //!
 //! **Base, floor, and what may be removed.** A record is *live* while its message is
 //! outstanding (the message record, and every confirm, failure or removal record of it); the
@@ -42,8 +42,10 @@
 //! counted in `bmq_journal_torn_tail_truncations_total`; anything else wrong is
 //! [`StoreError::Corrupt`] naming the file and offset.
 //!
-//! **Costs.** Memory: about 70 bytes per outstanding message (index entry and hash table) plus
-//! 16 per record held on disk, plus the cache. Restart: reads every retained segment once —
+//! **Costs.** Memory: 53 to 71 bytes per outstanding message in the index (entry and GUID, 48
+//! bytes, in one dense vector grown by a quarter at a time, plus 5 to 11 bytes of hash table,
+//! see `guid_index.rs`; both shrink as messages leave) plus 16 per record held on disk, plus
+//! the cache. Restart: reads every retained segment once —
 //! the outstanding data plus at most about two segments of dead records (compaction keeps the
 //! dead bytes of closed settled segments under one segment), not the history. Disk:
 //! outstanding bytes plus about two segments, plus what is not yet settled.
@@ -72,7 +74,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRun, StoredMarker};
-use bytes::Bytes;
+
+use crate::guid_index::GuidIndex;
+use bytes::{Bytes, BytesMut};
 use prost::Message;
 use tracing::{info, warn};
 
@@ -103,7 +107,8 @@ const INSTALL_COMPLETE: &str = "COMPLETE";
 pub struct StoreConfig {
     /// Size at which a segment is closed and a new one started, bytes.
     pub segment_size_max: u64,
-    /// Most payload bytes of recent records kept in memory for reads without I/O.
+    /// Most bytes of recent records (as framed on disk, plus [`CACHE_ENTRY_BYTES`] each) kept
+    /// in memory for reads without I/O.
     pub cache_bytes_max: u64,
     /// Most bytes the partition's segments may take on disk; 0 = no quota.
     pub quota_bytes: u64,
@@ -188,12 +193,6 @@ fn segment_path(dir: &Path, n: u32) -> PathBuf {
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
-
-/// A map keyed by message GUID ([`guid_key`]), with a fast hasher seeded at random per map
-/// (foldhash; GUIDs come from clients, so the seed keeps a client from choosing collisions).
-pub type GuidMap<V> = std::collections::HashMap<u128, V, foldhash::quality::RandomState>;
-/// A set of message GUIDs ([`guid_key`]), hashed as [`GuidMap`].
-pub type GuidSet = std::collections::HashSet<u128, foldhash::quality::RandomState>;
 
 /// A message GUID as a map key: its 16 bytes, big-endian (shorter ones are zero-padded,
 /// longer ones cut, so a malformed GUID can never panic here).
@@ -362,7 +361,8 @@ pub struct StoreStats {
     pub last_sequence: u64,
     /// Highest position fsynced.
     pub durable: u64,
-    /// Payload bytes of the records cached in memory.
+    /// Bytes of the records cached in memory (as framed on disk, plus [`CACHE_ENTRY_BYTES`]
+    /// each).
     pub cache_bytes: u64,
 }
 
@@ -400,7 +400,7 @@ pub struct Store {
     maintenance_epoch: u64,
     durable: u64,
     /// Outstanding messages, by GUID.
-    index: GuidMap<Entry>,
+    index: GuidIndex<Entry>,
     /// Effects of records above the base, in sequence order.
     effects: VecDeque<(u64, Effect)>,
     queues: Vec<QueueInfo>,
@@ -409,10 +409,11 @@ pub struct Store {
     /// written in one `pwrite` at the next [`Store::sync`] (or when over [`PENDING_BYTES_MAX`]),
     /// so a batch of appends costs one system call, not one each.
     pending: Vec<u8>,
-    /// The most recent records as written (framed), ascending sequence: deliveries decode
-    /// them, and replication sends them as they are ([`Store::read_frames_from`]).
-    cache: VecDeque<CachedFrame>,
+    /// The most recent records, ascending sequence, as written (see [`Cached`]).
+    cache: VecDeque<Cached>,
     cache_bytes: u64,
+    /// The block the next written records are copied into for the cache (see [`Cached`]).
+    cache_block: BytesMut,
     bytes_total: u64,
     live_bytes: u64,
 }
@@ -426,31 +427,34 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Bytes of a record that count against the cache bound and a read's byte limit.
-fn cached_size(record: &JournalRecord) -> u64 {
-    match &record.kind {
-        Some(RecordKind::Message(m)) => m.payload.len() as u64 + 64,
-        _ => 64,
-    }
-}
-
-/// A record of the cache: its sequence and its frame as written to the journal.
-#[derive(Debug, Clone)]
-struct CachedFrame {
+/// A cached record: its frame (header and body), as written to the segment.
+///
+/// The cache keeps what was written, not the decoded records: a decoded record's byte fields
+/// are slices of whatever buffer it was decoded from — a client's or a peer's read buffer — and
+/// each one kept alive its whole buffer (heaptrack of a primary with 8 MiB of cached messages
+/// showed 18 MB held by the peer link's frame buffers). The written bytes are copied into
+/// blocks of [`CACHE_BLOCK`] bytes, one after the other, so a block is one allocation for many
+/// records and is freed when the last of them leaves the cache (oldest first); a read decodes
+/// the body (zero-copy for the payload) instead of cloning a record, and a primary streams the
+/// frames to its replicas as they are ([`Store::read_frames_from`]).
+#[derive(Debug)]
+struct Cached {
     sequence: u64,
     frame: Bytes,
 }
 
-impl CachedFrame {
-    /// Bytes it counts for against the cache bound and a read's byte limit (about what
-    /// [`cached_size`] gives for the decoded record).
-    fn size(&self) -> u64 {
-        self.frame.len() as u64 + 32
-    }
+/// Size of the blocks the cache copies written records into (a larger write gets a block of
+/// its own).
+const CACHE_BLOCK: usize = 256 * 1024;
 
-    /// The record, decoded (its byte fields are slices of the frame: no copy).
-    fn record(&self) -> Result<JournalRecord, prost::DecodeError> {
-        JournalRecord::decode(self.frame.slice(RECORD_HEADER_LEN..))
+/// Bytes counted for a cached record besides its framed length: its entry in the cache.
+pub const CACHE_ENTRY_BYTES: u64 = std::mem::size_of::<Cached>() as u64;
+
+/// Bytes of a record that count against a read's byte bound ([`Store::read_from`]).
+fn cached_size(record: &JournalRecord) -> u64 {
+    match &record.kind {
+        Some(RecordKind::Message(m)) => m.payload.len() as u64 + 64,
+        _ => 64,
     }
 }
 
@@ -565,13 +569,14 @@ impl Store {
             retired: Vec::new(),
             maintenance_epoch: 0,
             durable: 0,
-            index: GuidMap::default(),
+            index: GuidIndex::new(),
             effects: VecDeque::new(),
             queues: Vec::new(),
             queue_ids: HashMap::new(),
             pending: Vec::new(),
             cache: VecDeque::new(),
             cache_bytes: 0,
+            cache_block: BytesMut::new(),
             bytes_total: 0,
             live_bytes: 0,
         };
@@ -784,6 +789,7 @@ impl Store {
             // reservation every append is written at once, as before).
             s.reserved = reserve(&s.file, segment_size_max).unwrap_or(0);
         }
+        s.records.shrink_to_fit();
         self.bytes_total += s.len;
         if let Some(first) = s.first_sequence() {
             // Segments deleted before this one: their positions are absent.
@@ -824,12 +830,12 @@ impl Store {
                 } else {
                     (1u64 << apps) - 1
                 };
-                match self.index.get(&guid) {
+                match self.index.contains(guid) {
                     // The same GUID stored twice (a resend older than the duplicate window):
                     // the first copy stands, this one is dead.
-                    Some(_) => false,
-                    None => {
-                        self.index.insert(
+                    true => false,
+                    false => {
+                        self.index.insert_new(
                             guid,
                             Entry {
                                 sequence,
@@ -848,7 +854,7 @@ impl Store {
                     let guid = guid_key(guid);
                     let app = self
                         .index
-                        .get(&guid)
+                        .get(guid)
                         .and_then(|e| self.app_index(e.queue, app));
                     match app {
                         Some(app) => {
@@ -896,7 +902,7 @@ impl Store {
             let (guid, app) = match effect {
                 Effect::Done { guid, app } | Effect::Failed { guid, app, .. } => (guid, app),
             };
-            let Some(entry) = self.index.get_mut(&guid) else {
+            let Some(entry) = self.index.get_mut(guid) else {
                 self.kill(sequence);
                 continue;
             };
@@ -907,7 +913,7 @@ impl Store {
                         extra.failures.retain(|(a, _)| *a != app);
                     }
                     if entry.pending == 0 {
-                        let entry = self.index.remove(&guid).expect("present");
+                        let entry = self.index.remove(guid).expect("present");
                         self.retired.push(guid);
                         let mut records = entry.extra.map(|e| e.records).unwrap_or_default();
                         records.push(sequence);
@@ -1144,6 +1150,9 @@ impl Store {
         s.synced_len = s.len;
         let next = s.no + 1;
         self.create_segment(next)?;
+        // The closed segment's list grows no more: give its spare capacity back.
+        let closed = self.segments.len() - 2;
+        self.segments[closed].records.shrink_to_fit();
         metrics::counter!("bmq_journal_rollovers_total").increment(1);
         Ok(())
     }
@@ -1305,26 +1314,45 @@ impl Store {
             return Ok(());
         }
         let start = self.active().len;
-        let written = Bytes::from(std::mem::take(buf));
-        self.write_active(&written)?;
+        self.write_active(buf)?;
+        // The cache's copy of the written bytes (see `Cached`).
+        if self.cache_block.capacity() - self.cache_block.len() < buf.len() {
+            self.cache_block = BytesMut::with_capacity(CACHE_BLOCK.max(buf.len()));
+        }
+        self.cache_block.extend_from_slice(buf);
+        let written = self.cache_block.split().freeze();
+        buf.clear();
         let segment = self.segments.len() - 1;
         let mut effects = Vec::new();
         for ((offset, len), record) in staged.drain(..).zip(records) {
             self.index_record(segment, offset, len, record, &mut effects);
             let at = (u64::from(offset) - start) as usize;
-            let cached = CachedFrame {
+            self.cache_bytes += u64::from(len) + CACHE_ENTRY_BYTES;
+            self.cache.push_back(Cached {
                 sequence: record.sequence,
                 frame: written.slice(at..at + len as usize),
-            };
-            self.cache_bytes += cached.size();
-            self.cache.push_back(cached);
+            });
         }
         self.effects.extend(effects);
         while self.cache_bytes > self.cfg.cache_bytes_max && !self.cache.is_empty() {
             let old = self.cache.pop_front().expect("non-empty");
-            self.cache_bytes -= old.size();
+            self.cache_bytes -= Self::cache_cost(&old);
         }
         Ok(())
+    }
+
+    /// What a cached record counts against the cache bound.
+    fn cache_cost(c: &Cached) -> u64 {
+        c.frame.len() as u64 + CACHE_ENTRY_BYTES
+    }
+
+    /// Decodes a cached record.
+    fn decode_cached(&self, c: &Cached) -> Result<JournalRecord, StoreError> {
+        JournalRecord::decode(c.frame.slice(RECORD_HEADER_LEN..)).map_err(|e| StoreError::Corrupt {
+            path: self.dir.clone(),
+            offset: 0,
+            reason: format!("cached record {} does not decode: {e}", c.sequence),
+        })
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -1447,7 +1475,7 @@ impl Store {
 
     /// The sequence of the outstanding message `guid` ([`guid_key`]), if it is outstanding.
     pub fn outstanding_sequence(&self, guid: u128) -> Option<u64> {
-        self.index.get(&guid).map(|e| e.sequence)
+        self.index.get(guid).map(|e| e.sequence)
     }
 
     /// Raises the settled position to `through` (never above the last position held): the
@@ -1525,7 +1553,7 @@ impl Store {
         }
         while self.cache.back().is_some_and(|r| r.sequence > sequence) {
             let r = self.cache.pop_back().expect("checked");
-            self.cache_bytes -= r.size();
+            self.cache_bytes -= Self::cache_cost(&r);
         }
         let mut live_removed = 0;
         for s in &mut self.segments {
@@ -1617,7 +1645,7 @@ impl Store {
             if sequence >= first.sequence {
                 let i = self.cache.partition_point(|r| r.sequence < sequence);
                 return match self.cache.get(i).filter(|r| r.sequence == sequence) {
-                    Some(cached) => self.decode_cached(cached).map(Some),
+                    Some(c) => self.decode_cached(c).map(Some),
                     None => Ok(None),
                 };
             }
@@ -1712,19 +1740,10 @@ impl Store {
             }
             out.extend_from_slice(&r.frame);
             count += 1;
-            bytes += r.size();
+            bytes += Self::cache_cost(r);
             cursor = r.sequence;
         }
         (count > 0).then(|| (out.freeze(), self.last_sequence))
-    }
-
-    /// Decodes a cached record (a frame this store wrote or checked).
-    fn decode_cached(&self, cached: &CachedFrame) -> Result<JournalRecord, StoreError> {
-        cached.record().map_err(|e| StoreError::Corrupt {
-            path: self.dir.clone(),
-            offset: 0,
-            reason: format!("cached record {} does not decode: {e}", cached.sequence),
-        })
     }
 
     /// Every outstanding message, every record held taken into account, in journal order:
@@ -1746,7 +1765,7 @@ impl Store {
     }
 
     /// Calls `f` with every outstanding message, every record held taken into account, in
-    /// journal order, borrowed from the index: memory is 24 bytes per outstanding message for
+    /// journal order, borrowed from the index: memory is 16 bytes per outstanding message for
     /// the ordering (plus the effects above the base), nothing allocated per message.
     pub fn for_each_outstanding(&self, mut f: impl FnMut(OutstandingRef<'_>)) {
         // The effects above the base, per GUID.
@@ -1765,15 +1784,17 @@ impl Store {
                 }
             }
         }
-        let mut order: Vec<(u64, u128)> = self
+        // (sequence, position in the index): the index does not change while this runs.
+        let mut order: Vec<(u64, u32)> = self
             .index
             .iter()
-            .map(|(guid, e)| (e.sequence, *guid))
+            .enumerate()
+            .map(|(i, (_, e))| (e.sequence, i as u32))
             .collect();
         order.sort_unstable();
         let mut apps: Vec<(&str, u32)> = Vec::new();
-        for (sequence, guid) in order {
-            let e = &self.index[&guid];
+        for (sequence, position) in order {
+            let (guid, e) = self.index.at(position as usize);
             let pending = e.pending & !done.get(&guid).copied().unwrap_or(0);
             if pending == 0 {
                 continue;
@@ -1931,51 +1952,31 @@ impl Store {
             self.kill(r);
         }
         self.segments[i].self_pinned = 0;
-        let mut kept = Vec::new();
-        let mut dropped_max = 0;
-        {
-            let s = &self.segments[i];
-            for held in &s.records {
-                if !held.live() {
-                    dropped_max = held.sequence;
-                    continue;
-                }
-                let record = read_at(s, *held)?;
-                let offset = buf.len() as u32;
-                let len = frame(&record, &mut buf);
-                kept.push(Held {
-                    sequence: held.sequence,
-                    offset,
-                    len_live: len | LIVE,
-                });
-            }
-        }
         let fsync = self.cfg.fsync;
-        let write = || -> std::io::Result<File> {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            f.write_all_at(&buf, 0)?;
-            if fsync {
-                f.sync_all()?;
-            }
-            Ok(f)
-        };
-        let file = match write() {
-            Ok(f) => f,
+        let written = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io(&tmp))
+            .and_then(|file| {
+                let (kept, dropped_max, len) =
+                    write_live_records(&self.segments[i], &file, &tmp, buf, fsync)?;
+                Ok((file, kept, dropped_max, len))
+            });
+        let (file, kept, dropped_max, len) = match written {
+            Ok(w) => w,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
-                return Err(io(&tmp)(e));
+                return Err(e);
             }
         };
         let s = &mut self.segments[i];
         std::fs::rename(&tmp, &s.path).map_err(io(&s.path))?;
-        let freed = s.len - buf.len() as u64;
+        let freed = s.len - len;
         s.file = file;
-        s.len = buf.len() as u64;
+        s.len = len;
         s.written = s.len;
         s.synced_len = s.len;
         s.live_bytes = kept.iter().map(|h| u64::from(h.len())).sum();
@@ -2078,6 +2079,52 @@ fn reserve(file: &File, size: u64) -> std::io::Result<u64> {
         Err(e) if e == Errno::OPNOTSUPP || e == Errno::NOSYS => Ok(0),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Bytes of a compacted segment gathered in memory before they are written: a compaction
+/// streams the segment's live records through this much memory, not the whole segment.
+const COMPACT_CHUNK: usize = 1 << 20;
+
+/// Writes the live records of `s` to `file` (the `.compact` file at `path`) after `head`
+/// (the segment header and marker), in chunks of about [`COMPACT_CHUNK`] bytes, and fsyncs it
+/// with `fsync`. Returns the records' new places, the highest sequence dropped, and the length
+/// written.
+fn write_live_records(
+    s: &Segment,
+    file: &File,
+    path: &Path,
+    head: Vec<u8>,
+    fsync: bool,
+) -> Result<(Vec<Held>, u64, u64), StoreError> {
+    let mut buf = head;
+    let mut written = 0u64;
+    let mut kept = Vec::new();
+    let mut dropped_max = 0;
+    for held in &s.records {
+        if !held.live() {
+            dropped_max = held.sequence;
+            continue;
+        }
+        let record = read_at(s, *held)?;
+        let offset = written + buf.len() as u64;
+        let len = frame(&record, &mut buf);
+        kept.push(Held {
+            sequence: held.sequence,
+            offset: offset as u32,
+            len_live: len | LIVE,
+        });
+        if buf.len() >= COMPACT_CHUNK {
+            file.write_all_at(&buf, written).map_err(io(path))?;
+            written += buf.len() as u64;
+            buf.clear();
+        }
+    }
+    file.write_all_at(&buf, written).map_err(io(path))?;
+    written += buf.len() as u64;
+    if fsync {
+        file.sync_all().map_err(io(path))?;
+    }
+    Ok((kept, dropped_max, written))
 }
 
 /// Reads the record `held` of segment `s` with one positioned read.
