@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# CPU profile of the three brokers of a local cluster under the throughput benchmark's load
+# (issue 18), drawn as a flame graph: `perf record` (cpu-clock, call graphs through frame
+# pointers) of every broker process while `bmqctl bench messages` runs 1 producer / 1 consumer,
+# 1 KiB, strong consistency, window 256; folded and drawn with inferno.
+#
+#   scripts/profile-flamegraph.sh OUT.svg                 # this tree, built with frame pointers
+#   BIN=/path/to/release scripts/profile-flamegraph.sh OUT.svg   # a build made elsewhere
+#   SECS=5 COUNT=300000 scripts/profile-flamegraph.sh OUT.svg
+#
+# Installs what it needs when missing: `perf` (Debian's linux-perf, apt-get) and inferno
+# (`cargo install inferno`). The build it makes lives in target/profile-fp (RUSTFLAGS
+# "-C force-frame-pointers=yes", release profile), so it does not disturb target/release.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: scripts/profile-flamegraph.sh OUT.svg}
+SECS=${SECS:-5}
+COUNT=${COUNT:-300000}
+BASE=${BASE_PORT:-35700}
+DIR=${DIR:-/tmp/bmq-profile}
+TITLE=${TITLE:-"bmq brokers, 1p/1c 1 KiB strong, window 256 ($(git rev-parse --short HEAD))"}
+if ! command -v perf >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
+fi
+command -v inferno-flamegraph >/dev/null 2>&1 || cargo install --locked inferno >/dev/null
+if [ -z "${BIN:-}" ]; then
+  RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=target/profile-fp cargo build --release --bins --locked
+  BIN=$PWD/target/profile-fp/release
+fi
+BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
+PIDS=()
+cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+rm -rf "$DIR"
+"$BIN/bmqctl" cluster up --dir "$DIR" --base-port "$BASE" --no-security --no-prometheus --clean >/dev/null 2>&1 &
+UP=$!
+for _ in $(seq 120); do
+  [ -f "$DIR/node-3/broker.toml" ] && "$BIN/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 && break
+  sleep 0.5
+done
+kill -INT $UP 2>/dev/null || true; wait $UP || true
+for i in 1 2 3; do
+  "$BIN/broker" --config "$DIR/node-$i/broker.toml" >>"$DIR/node-$i/profile.log" 2>&1 &
+  PIDS+=($!)
+  disown
+done
+for _ in $(seq 120); do
+  ok=0
+  for i in 1 2 3; do "$BIN/bmqctl" ready --admin 127.0.0.1:$((BASE + 200 + i)) >/dev/null 2>&1 && ok=$((ok + 1)); done
+  [ $ok = 3 ] && break
+  sleep 0.5
+done
+"$BIN/bmqctl" bench messages --count 20000 --size 1024 --window 256 --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
+PERF_DATA=$DIR/perf.data
+perf record -e cpu-clock -F 999 -g -p "$(IFS=,; echo "${PIDS[*]}")" -o "$PERF_DATA" -- sleep "$SECS" 2>/dev/null &
+REC=$!
+"$BIN/bmqctl" bench messages --count "$COUNT" --size 1024 --window 256 --broker "$BROKERS" --no-tls --token "" --quiet
+wait $REC || true
+perf script -i "$PERF_DATA" 2>/dev/null | inferno-collapse-perf >"$DIR/folded"
+inferno-flamegraph --title "$TITLE" <"$DIR/folded" >"$OUT"
+echo "flame graph: $OUT (load average $(cut -d' ' -f1-3 /proc/loadavg))"
