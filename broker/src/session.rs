@@ -55,6 +55,9 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const TLS_HANDSHAKES_MAX: usize = 256;
 /// Most frames written per flush: one flush per loop turn carries many frames.
 const FRAMES_PER_FLUSH_MAX: usize = 1024;
+/// Bytes a session gathers for its client before it must write them (it writes once per loop
+/// turn anyway).
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 type Sink = SplitSink<Framed<BoxedStream, FrameCodec<ClientMessage>>, ClientMessage>;
 type Source = SplitStream<Framed<BoxedStream, FrameCodec<ClientMessage>>>;
@@ -217,7 +220,10 @@ fn route_in(state: &ClusterState) -> impl Fn(PartitionId) -> Option<PrimaryRoute
 async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
     let codec =
         FrameCodec::<ClientMessage>::new(router.config().limits.frame_size_max_bytes as usize);
-    let (mut sink, mut stream) = Framed::new(stream, codec).split();
+    let mut framed = Framed::new(stream, codec);
+    // One write per loop turn (the session flushes after each), not one per 8 KiB.
+    framed.set_backpressure_boundary(WRITE_BATCH_BYTES);
+    let (mut sink, mut stream) = framed.split();
     let Some((hello, identity)) = handshake(&mut sink, &mut stream, &router, &remote).await else {
         return;
     };

@@ -81,6 +81,10 @@ pub struct PeerHubConfig {
 /// Most frames a connection hands over as one batch (what one read brought in).
 const INBOUND_BATCH_MAX: usize = 256;
 
+/// Bytes an outbound link gathers before it must write them (it writes once per batch of
+/// queued messages anyway): a batch of replicated records or forwarded messages is one write.
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+
 /// Receiver of what arrives from peers. Implementations must not block: they hand the messages
 /// to actors' mailboxes (`try_send`) and return.
 pub trait PeerInbound: Send + Sync + 'static {
@@ -475,6 +479,9 @@ async fn dial_loop(
         };
         backoff = cfg.reconnect_backoff_min;
         let mut framed = Framed::new(stream, FrameCodec::<PeerMessage>::new(cfg.frame_size_max));
+        // One write per batch: Framed writes as soon as its buffer passes this boundary
+        // (8 KiB by default, a few messages of 1 KiB); the loop flushes after each batch.
+        framed.set_backpressure_boundary(WRITE_BATCH_BYTES);
         let hello = PeerMessage {
             kind: Some(Kind::Hello(PeerHello {
                 cluster_name: cfg.cluster_name.clone(),
