@@ -1,11 +1,11 @@
 //! Test support for the workspace-level tests: real `broker` processes on loopback.
 //!
-//! [`Cluster`] writes one configuration per node (free ports picked by binding port 0, a
-//! temporary data directory per cluster), starts `broker` processes, and kills them all when
-//! dropped — so a failing test (a panic) cleans up too. The `broker` and `bmqctl` binaries are
-//! the ones cargo built for this profile; [`broker_binary`] builds them once (`cargo build
-//! --workspace --all-targets`, the same feature resolution as `cargo test --workspace`, so it is
-//! a no-op after the test build) if the test run did not.
+//! [`Cluster`] writes one configuration per node (free ports below the ephemeral range, see
+//! [`free_ports`]; a temporary data directory per cluster), starts `broker` processes, and
+//! kills them all when dropped — so a failing test (a panic) cleans up too. The `broker` and
+//! `bmqctl` binaries are the ones cargo built for this profile; [`broker_binary`] builds them
+//! once (`cargo build --workspace --all-targets`, the same feature resolution as `cargo test
+//! --workspace`, so it is a no-op after the test build) if the test run did not.
 #![warn(missing_docs)]
 
 pub mod history;
@@ -56,13 +56,47 @@ pub fn broker_binary() -> PathBuf {
     .clone()
 }
 
-/// Picks `n` distinct free loopback ports (bound to port 0, then released).
+/// First port [`free_ports`] hands out; with [`PORT_SPAN`], 10000-19999: below Linux's
+/// ephemeral range (`ip_local_port_range`, 32768-60999 by default), so no outgoing connection
+/// of any process can take a port between the moment it is picked and the moment the broker
+/// binds it (a port picked by binding port 0 came from that range, and an outgoing connection
+/// of another test's cluster once took one first: a node that could not bind, a failed test),
+/// and below the 20000-29999 bases that `graceful.rs` probes for `bmqctl cluster up`.
+const PORT_FIRST: u16 = 10_000;
+/// How many ports [`free_ports`] cycles through from [`PORT_FIRST`].
+const PORT_SPAN: u16 = 10_000;
+
+/// Picks `n` distinct free loopback ports in 10000-19999 (see [`PORT_FIRST`]).
+///
+/// Each candidate is bound (so a port in use anywhere is skipped) and held until all `n` are
+/// found, then released for the broker to bind. Within one test binary a counter hands out
+/// every port once per cycle, so parallel tests never pick the same one; the cycle starts at
+/// an offset derived from the process id, so consecutive test binaries start apart.
+///
+/// # Panics
+/// When fewer than `n` free ports are found in the whole span.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port"))
-        .collect();
-    listeners
-        .iter()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: OnceLock<AtomicU32> = OnceLock::new();
+    let next = NEXT.get_or_init(|| AtomicU32::new(std::process::id().wrapping_mul(7919)));
+    let mut held: Vec<TcpListener> = Vec::with_capacity(n);
+    for _ in 0..PORT_SPAN {
+        if held.len() == n {
+            break;
+        }
+        let port =
+            PORT_FIRST + (next.fetch_add(1, Ordering::Relaxed) % u32::from(PORT_SPAN)) as u16;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(listener);
+        }
+    }
+    assert!(
+        held.len() == n,
+        "only {} of {n} free ports in {PORT_FIRST}..{}",
+        held.len(),
+        PORT_FIRST + PORT_SPAN
+    );
+    held.iter()
         .map(|l| l.local_addr().expect("local addr").port())
         .collect()
 }
