@@ -136,6 +136,13 @@ pub struct Elector {
     election_deadline: Option<Instant>,
     /// Candidate and Leader: peers that sent `ElectionResponse` for `term` and are available.
     supporters: BTreeSet<NodeId>,
+    /// Candidate and Leader: peers whose `ElectionResponse` for `term` arrived while their link
+    /// was still reported down. A (re)started follower answers the first heartbeat it gets,
+    /// which can come before this node's link monitor reports it up; dropping that answer left
+    /// the follower uncounted for the whole term, and the loss of another node then cost this
+    /// leader its quorum (issue 18, seen in the failover benchmark). Counted when the link is
+    /// reported up, forgotten when it is reported down.
+    support_while_unavailable: BTreeSet<NodeId>,
     /// Following: time of the last heartbeat from the leader.
     last_heartbeat: Option<Instant>,
     heartbeats_missed_reported: u64,
@@ -193,6 +200,7 @@ impl Elector {
             scouting: None,
             election_deadline: None,
             supporters: BTreeSet::new(),
+            support_while_unavailable: BTreeSet::new(),
             last_heartbeat: None,
             heartbeats_missed_reported: 0,
             heartbeat_check_at: None,
@@ -255,6 +263,7 @@ impl Elector {
         offset(self.scouting.as_ref().map(|s| s.deadline)).hash(state);
         offset(self.election_deadline).hash(state);
         self.supporters.hash(state);
+        self.support_while_unavailable.hash(state);
         offset(self.last_heartbeat).hash(state);
         self.heartbeats_missed_reported.hash(state);
         offset(self.heartbeat_check_at).hash(state);
@@ -615,11 +624,15 @@ impl Elector {
     }
 
     fn on_election_response(&mut self, now: Instant, from: NodeId, term: Term) {
-        let counts = term == self.term
-            && self.is_available(from)
+        let applies = term == self.term
             && matches!(self.state, ElectorState::Candidate | ElectorState::Leader);
-        if !counts {
+        if !applies {
             self.drop_message(from, "election response not applicable");
+            return;
+        }
+        if !self.is_available(from) {
+            // Counted once the link is reported up (see `support_while_unavailable`).
+            self.support_while_unavailable.insert(from);
             return;
         }
         self.supporters.insert(from);
@@ -696,6 +709,10 @@ impl Elector {
     fn set_peer_available(&mut self, now: Instant, peer: NodeId, available: bool) {
         if available {
             self.unavailable.remove(&peer);
+            if self.support_while_unavailable.remove(&peer) {
+                self.supporters.insert(peer);
+                self.check_candidate_quorum(now);
+            }
             match self.state {
                 // Let a (re)connected peer discover us at once.
                 ElectorState::Leader => {
@@ -716,6 +733,7 @@ impl Elector {
         }
         self.unavailable.insert(peer);
         self.supporters.remove(&peer);
+        self.support_while_unavailable.remove(&peer);
         if let Some(s) = self.scouting.as_mut() {
             s.supporters.remove(&peer);
         }
@@ -796,8 +814,10 @@ impl Elector {
 
     fn become_leader(&mut self, now: Instant) {
         let supporters = std::mem::take(&mut self.supporters);
+        let support_while_unavailable = std::mem::take(&mut self.support_while_unavailable);
         self.clear_role();
         self.supporters = supporters;
+        self.support_while_unavailable = support_while_unavailable;
         self.state = ElectorState::Leader;
         self.reason = TransitionReason::None;
         self.counters.elections_won += 1;
@@ -899,6 +919,7 @@ impl Elector {
         self.scouting = None;
         self.election_deadline = None;
         self.supporters.clear();
+        self.support_while_unavailable.clear();
         self.last_heartbeat = None;
         self.heartbeats_missed_reported = 0;
         self.heartbeat_check_at = None;

@@ -507,6 +507,41 @@ fn leader_greets_reconnected_peer() {
     assert_eq!(drain(&mut l), vec![send(3, heartbeat(1))]);
 }
 
+/// A restarted follower's ElectionResponse that arrives before this leader's link monitor
+/// reports it up is counted once the link is up (issue 18: dropping it left the follower
+/// uncounted for the whole term, and the later loss of the other supporter cost the leader its
+/// quorum); a response from a peer whose link then goes down again is forgotten.
+#[test]
+fn support_received_while_link_down_counts_once_link_is_up() {
+    let t = Instant::now();
+    let mut l = leader_of(3, t); // supporter 2
+    l.handle_peer_available(at(t, 600), n(3), false);
+    // Node 3 restarts, follows us and answers before its link is reported up.
+    l.handle_message(at(t, 650), n(3), election_response(1));
+    assert_eq!(drain(&mut l), vec![]);
+    l.handle_peer_available(at(t, 700), n(3), true);
+    assert_eq!(drain(&mut l), vec![send(3, heartbeat(1))]);
+    l.handle_peer_available(at(t, 800), n(2), false);
+    assert_eq!(drain(&mut l), vec![], "3 and self are still a quorum");
+    assert_eq!(l.status().state, Leader);
+
+    // The same answer, but the link drops before it is reported up: it never counts.
+    let mut l = leader_of(3, t);
+    l.handle_peer_available(at(t, 600), n(3), false);
+    l.handle_message(at(t, 650), n(3), election_response(1));
+    l.handle_peer_available(at(t, 660), n(3), false);
+    l.handle_peer_available(at(t, 700), n(3), true);
+    drain(&mut l);
+    l.handle_peer_available(at(t, 800), n(2), false);
+    assert_eq!(
+        drain(&mut l),
+        vec![
+            broadcast(cession(1)),
+            changed(Follower, 1, None, None, R::QuorumNotAchieved, 5)
+        ]
+    );
+}
+
 /// With quorum 1 and no peers (initial_wait 0), a single node becomes leader right after
 /// start; raising the quorum above N makes it step down and forbids leadership.
 #[test]
