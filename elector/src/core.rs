@@ -37,6 +37,7 @@ use tracing::debug;
 
 use crate::config::ElectorConfig;
 use crate::state::{ElectorState, ElectorStatus, TransitionReason};
+use crate::successor::successor_wait_bounds;
 
 /// What the elector asks its shell to do, drained with [`Elector::poll_output`] in order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -697,7 +698,7 @@ impl Elector {
             return;
         }
         if self.leader == Some(from) {
-            let wait = self.random_wait();
+            let wait = self.successor_wait(from);
             self.become_leaderless_follower(now, TransitionReason::LeadershipCeded, wait);
         } else if self.tentative_leader == Some(from) {
             self.tentative_leader = None;
@@ -739,7 +740,7 @@ impl Elector {
         }
         match self.state {
             ElectorState::Follower if self.leader == Some(peer) => {
-                let wait = self.random_wait();
+                let wait = self.successor_wait(peer);
                 self.become_leaderless_follower(now, TransitionReason::LeaderUnavailable, wait);
             }
             ElectorState::Follower if self.tentative_leader == Some(peer) => {
@@ -887,7 +888,7 @@ impl Elector {
     }
 
     fn check_heartbeat(&mut self, now: Instant, check_at: Instant) {
-        let (Some(_), Some(last)) = (self.leader, self.last_heartbeat) else {
+        let (Some(leader), Some(last)) = (self.leader, self.last_heartbeat) else {
             self.heartbeat_check_at = None;
             return;
         };
@@ -898,17 +899,21 @@ impl Elector {
             self.counters.heartbeats_missed += missed - self.heartbeats_missed_reported;
             self.heartbeats_missed_reported = missed;
         }
-        if silent >= period * self.config.heartbeat_miss_count {
-            let wait = self.random_wait();
+        let leader_deadline = last + period * self.config.heartbeat_miss_count;
+        if now >= leader_deadline {
+            let wait = self.successor_wait(leader);
             self.become_leaderless_follower(now, TransitionReason::LeaderNoHeartbeat, wait);
             return;
         }
         let next = check_at + self.config.heartbeat_check_period;
-        self.heartbeat_check_at = Some(if next > now {
+        let next = if next > now {
             next
         } else {
             now + self.config.heartbeat_check_period
-        });
+        };
+        // The silent leader is dropped at its deadline itself, not at the first periodic check
+        // after it (issue 18: that cost up to one `heartbeat_check_period`, 50 ms by default).
+        self.heartbeat_check_at = Some(next.min(leader_deadline));
     }
 
     /// Resets everything specific to a role; keeps term, persisted term and pending write.
@@ -964,6 +969,26 @@ impl Elector {
                 status: self.status(),
             });
         }
+    }
+
+    /// The wait before scouting after losing `lost_leader`: drawn from this node's window in
+    /// [`successor_wait_bounds`], ranked by node id among itself and its available peers other
+    /// than the lost leader.
+    fn successor_wait(&mut self, lost_leader: NodeId) -> Duration {
+        let others: Vec<NodeId> = self
+            .peers
+            .iter()
+            .copied()
+            .filter(|p| *p != lost_leader && self.is_available(*p))
+            .collect();
+        let rank = others.iter().filter(|p| **p < self.self_id).count();
+        let (low, high) =
+            successor_wait_bounds(rank, others.len() + 1, self.config.random_wait_max);
+        let (low_ms, high_ms) = (low.as_millis() as u64, high.as_millis() as u64);
+        if high_ms <= low_ms {
+            return low;
+        }
+        Duration::from_millis(self.rng.gen_range(low_ms..=high_ms))
     }
 
     fn random_wait(&mut self) -> Duration {

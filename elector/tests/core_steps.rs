@@ -435,6 +435,57 @@ fn follower_drops_unavailable_or_ceding_leader() {
     );
 }
 
+/// After the leader's loss the survivors scout in node-id order (issue 18,
+/// `successor_wait_bounds`): in a cluster of 3 that lost node 1, node 2 scouts within
+/// random_wait_max / 10 and node 3 only from random_wait_max / 2 on, whatever the seed.
+#[test]
+fn survivors_scout_in_node_id_order() {
+    let t = Instant::now();
+    for seed in 0..50 {
+        let follower = |id: u32| {
+            let peers: Vec<NodeId> = (1..=3).filter(|p| *p != id).map(NodeId).collect();
+            let mut e = Elector::new(n(id), &peers, ElectorConfig::default(), Term(1), seed);
+            e.start(t);
+            e.handle_message(at(t, 100), n(1), heartbeat(1));
+            assert_eq!(e.status().leader, Some(n(1)));
+            drain(&mut e);
+            e
+        };
+        for (id, low, high) in [(2, 0, 30), (3, 150, 300)] {
+            let mut e = follower(id);
+            e.handle_peer_available(at(t, 200), n(1), false);
+            let wait = e.poll_timeout().expect("a scouting is armed") - at(t, 200);
+            assert!(
+                wait >= Duration::from_millis(low) && wait <= Duration::from_millis(high),
+                "node {id}, seed {seed}: waits {wait:?}"
+            );
+        }
+    }
+}
+
+/// A silent leader is dropped at its own deadline (last heartbeat + 800 ms), not at the next
+/// periodic check after it (issue 18): here the checks fall at t+150, t+200, ... and the last
+/// heartbeat at t+330, so the deadline t+1130 falls between two checks.
+#[test]
+fn silent_leader_dropped_at_its_deadline_between_checks() {
+    let t = Instant::now();
+    let mut f = follower_of_2(t);
+    f.handle_message(at(t, 330), n(2), heartbeat(1));
+    let mut last = None;
+    while let Some(deadline) = f.poll_timeout().filter(|d| *d < at(t, 1130)) {
+        f.handle_timeout(deadline);
+        assert_eq!(drain(&mut f), vec![]);
+        last = Some(deadline);
+    }
+    assert_eq!(last, Some(at(t, 1100)));
+    assert_eq!(f.poll_timeout(), Some(at(t, 1130)));
+    f.handle_timeout(at(t, 1130));
+    assert_eq!(
+        drain(&mut f),
+        vec![changed(Follower, 1, None, None, R::LeaderNoHeartbeat, 3)]
+    );
+}
+
 /// A leader steps down on a HeartbeatResponse with a higher term: it broadcasts
 /// LeadershipCession for its old term, persists the new term and becomes a follower.
 #[test]
