@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use crate::actors::elector::{
     ElectorActor, ElectorInbound, ElectorOutbound, LeadershipChanged, PeerAvailability,
 };
-use crate::actors::health::{HealthActor, NodeStopping};
+use crate::actors::health::{HealthActor, NodeStopping, PeersChanged};
 use crate::actors::metadata::{
     ClusterStateCommitted, LeaderChanged, MetadataActor, MetadataInbound, MetadataOutbound,
 };
@@ -213,6 +213,10 @@ impl PeerInbound for PeerDemux {
             .is_err()
         {
             mailbox_full("elector");
+        }
+        // Availability changes are rare (a link going down or up): one message each.
+        if self.health.try_send(PeersChanged).is_err() {
+            mailbox_full("health");
         }
         if available {
             self.router.handle_node_back(peer);

@@ -115,7 +115,8 @@ impl MemberConfig {
 pub struct ElectorSettings {
     /// Time a starting node waits to discover an existing leader before scouting (ms). Default 500.
     pub initial_wait_ms: u64,
-    /// Upper bound of the random wait before an ElectionScouting round (ms). Default 300.
+    /// Upper bound of the random wait before an ElectionScouting round (ms). Default 300. After
+    /// a leader's loss the survivors wait in node-id order within it (the lowest id 10-30 ms).
     pub random_wait_max_ms: u64,
     /// How long a scouting node waits for ElectionScouting responses (ms, at least 1). Default 500.
     pub scouting_result_timeout_ms: u64,

@@ -16,7 +16,10 @@ pub struct ElectorConfig {
     pub initial_wait: Duration,
     /// Upper bound of the random wait before each ElectionScouting, so that followers that lost
     /// their leader together do not scout together (the article's "random interval"; default
-    /// 300 ms; BlazingMQ 3 s). Sampled with 1 ms granularity; 0 disables the randomness.
+    /// 300 ms; BlazingMQ 3 s). Sampled with 1 ms granularity; 0 disables the randomness. After
+    /// the loss of a leader, the survivors draw from disjoint windows within this bound in
+    /// node-id order instead ([`crate::successor_wait_bounds`]), so the first scouts within
+    /// a thirtieth to a tenth of it.
     pub random_wait_max: Duration,
     /// How long a scouting node waits for a quorum of `will_vote = true` answers (default
     /// 500 ms; BlazingMQ 4 s).

@@ -37,6 +37,7 @@ use tracing::debug;
 
 use crate::config::ElectorConfig;
 use crate::state::{ElectorState, ElectorStatus, TransitionReason};
+use crate::successor::successor_wait_bounds;
 
 /// What the elector asks its shell to do, drained with [`Elector::poll_output`] in order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -136,6 +137,13 @@ pub struct Elector {
     election_deadline: Option<Instant>,
     /// Candidate and Leader: peers that sent `ElectionResponse` for `term` and are available.
     supporters: BTreeSet<NodeId>,
+    /// Candidate and Leader: peers whose `ElectionResponse` for `term` arrived while their link
+    /// was still reported down. A (re)started follower answers the first heartbeat it gets,
+    /// which can come before this node's link monitor reports it up; dropping that answer left
+    /// the follower uncounted for the whole term, and the loss of another node then cost this
+    /// leader its quorum (issue 18, seen in the failover benchmark). Counted when the link is
+    /// reported up, forgotten when it is reported down.
+    support_while_unavailable: BTreeSet<NodeId>,
     /// Following: time of the last heartbeat from the leader.
     last_heartbeat: Option<Instant>,
     heartbeats_missed_reported: u64,
@@ -193,6 +201,7 @@ impl Elector {
             scouting: None,
             election_deadline: None,
             supporters: BTreeSet::new(),
+            support_while_unavailable: BTreeSet::new(),
             last_heartbeat: None,
             heartbeats_missed_reported: 0,
             heartbeat_check_at: None,
@@ -255,6 +264,7 @@ impl Elector {
         offset(self.scouting.as_ref().map(|s| s.deadline)).hash(state);
         offset(self.election_deadline).hash(state);
         self.supporters.hash(state);
+        self.support_while_unavailable.hash(state);
         offset(self.last_heartbeat).hash(state);
         self.heartbeats_missed_reported.hash(state);
         offset(self.heartbeat_check_at).hash(state);
@@ -615,11 +625,15 @@ impl Elector {
     }
 
     fn on_election_response(&mut self, now: Instant, from: NodeId, term: Term) {
-        let counts = term == self.term
-            && self.is_available(from)
+        let applies = term == self.term
             && matches!(self.state, ElectorState::Candidate | ElectorState::Leader);
-        if !counts {
+        if !applies {
             self.drop_message(from, "election response not applicable");
+            return;
+        }
+        if !self.is_available(from) {
+            // Counted once the link is reported up (see `support_while_unavailable`).
+            self.support_while_unavailable.insert(from);
             return;
         }
         self.supporters.insert(from);
@@ -684,7 +698,7 @@ impl Elector {
             return;
         }
         if self.leader == Some(from) {
-            let wait = self.random_wait();
+            let wait = self.successor_wait(from);
             self.become_leaderless_follower(now, TransitionReason::LeadershipCeded, wait);
         } else if self.tentative_leader == Some(from) {
             self.tentative_leader = None;
@@ -696,6 +710,10 @@ impl Elector {
     fn set_peer_available(&mut self, now: Instant, peer: NodeId, available: bool) {
         if available {
             self.unavailable.remove(&peer);
+            if self.support_while_unavailable.remove(&peer) {
+                self.supporters.insert(peer);
+                self.check_candidate_quorum(now);
+            }
             match self.state {
                 // Let a (re)connected peer discover us at once.
                 ElectorState::Leader => {
@@ -716,12 +734,13 @@ impl Elector {
         }
         self.unavailable.insert(peer);
         self.supporters.remove(&peer);
+        self.support_while_unavailable.remove(&peer);
         if let Some(s) = self.scouting.as_mut() {
             s.supporters.remove(&peer);
         }
         match self.state {
             ElectorState::Follower if self.leader == Some(peer) => {
-                let wait = self.random_wait();
+                let wait = self.successor_wait(peer);
                 self.become_leaderless_follower(now, TransitionReason::LeaderUnavailable, wait);
             }
             ElectorState::Follower if self.tentative_leader == Some(peer) => {
@@ -796,8 +815,10 @@ impl Elector {
 
     fn become_leader(&mut self, now: Instant) {
         let supporters = std::mem::take(&mut self.supporters);
+        let support_while_unavailable = std::mem::take(&mut self.support_while_unavailable);
         self.clear_role();
         self.supporters = supporters;
+        self.support_while_unavailable = support_while_unavailable;
         self.state = ElectorState::Leader;
         self.reason = TransitionReason::None;
         self.counters.elections_won += 1;
@@ -867,7 +888,7 @@ impl Elector {
     }
 
     fn check_heartbeat(&mut self, now: Instant, check_at: Instant) {
-        let (Some(_), Some(last)) = (self.leader, self.last_heartbeat) else {
+        let (Some(leader), Some(last)) = (self.leader, self.last_heartbeat) else {
             self.heartbeat_check_at = None;
             return;
         };
@@ -878,17 +899,21 @@ impl Elector {
             self.counters.heartbeats_missed += missed - self.heartbeats_missed_reported;
             self.heartbeats_missed_reported = missed;
         }
-        if silent >= period * self.config.heartbeat_miss_count {
-            let wait = self.random_wait();
+        let leader_deadline = last + period * self.config.heartbeat_miss_count;
+        if now >= leader_deadline {
+            let wait = self.successor_wait(leader);
             self.become_leaderless_follower(now, TransitionReason::LeaderNoHeartbeat, wait);
             return;
         }
         let next = check_at + self.config.heartbeat_check_period;
-        self.heartbeat_check_at = Some(if next > now {
+        let next = if next > now {
             next
         } else {
             now + self.config.heartbeat_check_period
-        });
+        };
+        // The silent leader is dropped at its deadline itself, not at the first periodic check
+        // after it (issue 18: that cost up to one `heartbeat_check_period`, 50 ms by default).
+        self.heartbeat_check_at = Some(next.min(leader_deadline));
     }
 
     /// Resets everything specific to a role; keeps term, persisted term and pending write.
@@ -899,6 +924,7 @@ impl Elector {
         self.scouting = None;
         self.election_deadline = None;
         self.supporters.clear();
+        self.support_while_unavailable.clear();
         self.last_heartbeat = None;
         self.heartbeats_missed_reported = 0;
         self.heartbeat_check_at = None;
@@ -943,6 +969,26 @@ impl Elector {
                 status: self.status(),
             });
         }
+    }
+
+    /// The wait before scouting after losing `lost_leader`: drawn from this node's window in
+    /// [`successor_wait_bounds`], ranked by node id among itself and its available peers other
+    /// than the lost leader.
+    fn successor_wait(&mut self, lost_leader: NodeId) -> Duration {
+        let others: Vec<NodeId> = self
+            .peers
+            .iter()
+            .copied()
+            .filter(|p| *p != lost_leader && self.is_available(*p))
+            .collect();
+        let rank = others.iter().filter(|p| **p < self.self_id).count();
+        let (low, high) =
+            successor_wait_bounds(rank, others.len() + 1, self.config.random_wait_max);
+        let (low_ms, high_ms) = (low.as_millis() as u64, high.as_millis() as u64);
+        if high_ms <= low_ms {
+            return low;
+        }
+        Duration::from_millis(self.rng.gen_range(low_ms..=high_ms))
     }
 
     fn random_wait(&mut self) -> Duration {

@@ -6,6 +6,8 @@
 //! - [`ElectorConfig`] (`config.rs`): timings and quorum, validated at start-up.
 //! - [`ElectorState`], [`TransitionReason`], [`ElectorStatus`] (`state.rs`): what is published.
 //! - [`TermStore`] (`term_store.rs`): the fsynced term file.
+//! - [`successor_wait_bounds`] (`successor.rs`): after a leader's loss, the survivors scout in
+//!   node-id order, each within its own window.
 //!
 //! The crate is pure: no actix, no tokio, no socket, no clock. The node's actor that executes
 //! the outputs lives in `bmq-broker` (`actors/elector.rs`).
@@ -14,9 +16,11 @@
 pub mod config;
 pub mod core;
 pub mod state;
+pub mod successor;
 pub mod term_store;
 
 pub use crate::config::{ConfigError, ElectorConfig};
 pub use crate::core::{Elector, ElectorCounters, ElectorOutput};
 pub use crate::state::{ElectorState, ElectorStatus, TransitionReason};
+pub use crate::successor::successor_wait_bounds;
 pub use crate::term_store::TermStore;

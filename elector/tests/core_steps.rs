@@ -435,6 +435,57 @@ fn follower_drops_unavailable_or_ceding_leader() {
     );
 }
 
+/// After the leader's loss the survivors scout in node-id order (issue 18,
+/// `successor_wait_bounds`): in a cluster of 3 that lost node 1, node 2 scouts within
+/// random_wait_max / 30 .. / 10 and node 3 only from random_wait_max / 2 on, whatever the seed.
+#[test]
+fn survivors_scout_in_node_id_order() {
+    let t = Instant::now();
+    for seed in 0..50 {
+        let follower = |id: u32| {
+            let peers: Vec<NodeId> = (1..=3).filter(|p| *p != id).map(NodeId).collect();
+            let mut e = Elector::new(n(id), &peers, ElectorConfig::default(), Term(1), seed);
+            e.start(t);
+            e.handle_message(at(t, 100), n(1), heartbeat(1));
+            assert_eq!(e.status().leader, Some(n(1)));
+            drain(&mut e);
+            e
+        };
+        for (id, low, high) in [(2, 10, 30), (3, 150, 300)] {
+            let mut e = follower(id);
+            e.handle_peer_available(at(t, 200), n(1), false);
+            let wait = e.poll_timeout().expect("a scouting is armed") - at(t, 200);
+            assert!(
+                wait >= Duration::from_millis(low) && wait <= Duration::from_millis(high),
+                "node {id}, seed {seed}: waits {wait:?}"
+            );
+        }
+    }
+}
+
+/// A silent leader is dropped at its own deadline (last heartbeat + 800 ms), not at the next
+/// periodic check after it (issue 18): here the checks fall at t+150, t+200, ... and the last
+/// heartbeat at t+330, so the deadline t+1130 falls between two checks.
+#[test]
+fn silent_leader_dropped_at_its_deadline_between_checks() {
+    let t = Instant::now();
+    let mut f = follower_of_2(t);
+    f.handle_message(at(t, 330), n(2), heartbeat(1));
+    let mut last = None;
+    while let Some(deadline) = f.poll_timeout().filter(|d| *d < at(t, 1130)) {
+        f.handle_timeout(deadline);
+        assert_eq!(drain(&mut f), vec![]);
+        last = Some(deadline);
+    }
+    assert_eq!(last, Some(at(t, 1100)));
+    assert_eq!(f.poll_timeout(), Some(at(t, 1130)));
+    f.handle_timeout(at(t, 1130));
+    assert_eq!(
+        drain(&mut f),
+        vec![changed(Follower, 1, None, None, R::LeaderNoHeartbeat, 3)]
+    );
+}
+
 /// A leader steps down on a HeartbeatResponse with a higher term: it broadcasts
 /// LeadershipCession for its old term, persists the new term and becomes a follower.
 #[test]
@@ -505,6 +556,41 @@ fn leader_greets_reconnected_peer() {
     assert_eq!(drain(&mut l), vec![]);
     l.handle_peer_available(at(t, 700), n(3), true);
     assert_eq!(drain(&mut l), vec![send(3, heartbeat(1))]);
+}
+
+/// A restarted follower's ElectionResponse that arrives before this leader's link monitor
+/// reports it up is counted once the link is up (issue 18: dropping it left the follower
+/// uncounted for the whole term, and the later loss of the other supporter cost the leader its
+/// quorum); a response from a peer whose link then goes down again is forgotten.
+#[test]
+fn support_received_while_link_down_counts_once_link_is_up() {
+    let t = Instant::now();
+    let mut l = leader_of(3, t); // supporter 2
+    l.handle_peer_available(at(t, 600), n(3), false);
+    // Node 3 restarts, follows us and answers before its link is reported up.
+    l.handle_message(at(t, 650), n(3), election_response(1));
+    assert_eq!(drain(&mut l), vec![]);
+    l.handle_peer_available(at(t, 700), n(3), true);
+    assert_eq!(drain(&mut l), vec![send(3, heartbeat(1))]);
+    l.handle_peer_available(at(t, 800), n(2), false);
+    assert_eq!(drain(&mut l), vec![], "3 and self are still a quorum");
+    assert_eq!(l.status().state, Leader);
+
+    // The same answer, but the link drops before it is reported up: it never counts.
+    let mut l = leader_of(3, t);
+    l.handle_peer_available(at(t, 600), n(3), false);
+    l.handle_message(at(t, 650), n(3), election_response(1));
+    l.handle_peer_available(at(t, 660), n(3), false);
+    l.handle_peer_available(at(t, 700), n(3), true);
+    drain(&mut l);
+    l.handle_peer_available(at(t, 800), n(2), false);
+    assert_eq!(
+        drain(&mut l),
+        vec![
+            broadcast(cession(1)),
+            changed(Follower, 1, None, None, R::QuorumNotAchieved, 5)
+        ]
+    );
 }
 
 /// With quorum 1 and no peers (initial_wait 0), a single node becomes leader right after

@@ -1,11 +1,14 @@
 //! `HealthActor`: turns node failures into new partition primaries (DESIGN.md §6).
 //!
 //! Receives every `ClusterStateCommitted` from the metadata actor (role + committed state) and
-//! reads peer availability from the [`PeerHub`]. Every `CHECK_PERIOD`, on the **active leader**
-//! only, it computes `plan_primary_assignment(state, available)` — the pure decision in
-//! `bmq_metadata` — and proposes the resulting `PartitionPrimaryAdvisory` (lease + 1 for each
-//! moved partition) through the metadata actor. One proposal is in flight at a time; it is
-//! considered settled at the next commit, or retried after `PROPOSAL_TIMEOUT`.
+//! [`PeersChanged`] when a peer's availability changes, and reads peer availability from the
+//! [`PeerHub`]. On the **active leader** only, it computes `plan_primary_assignment(state,
+//! available)` — the pure decision in `bmq_metadata` — and proposes the resulting
+//! `PartitionPrimaryAdvisory` (lease + 1 for each moved partition) through the metadata actor:
+//! at once on each commit and each availability change (a primary's loss is acted on without
+//! waiting for a timer, issue 18), and every `CHECK_PERIOD` as a fallback. One proposal is in
+//! flight at a time; it is considered settled at the next commit, or retried after
+//! `PROPOSAL_TIMEOUT`.
 //!
 //! A node that announces it is stopping (`NodeStopping`, from its `NodeStatusAdvisory
 //! { STOPPING }` or from this node's own graceful stop) is never chosen as a new primary. It
@@ -36,7 +39,8 @@ use tracing::{info, warn};
 use crate::actors::metadata::{ClusterStateCommitted, MetadataActor, Propose};
 use crate::net::peers::PeerHub;
 
-/// How often the active leader re-evaluates primary assignments.
+/// How often the active leader re-evaluates primary assignments when nothing prompts it (a
+/// commit or an availability change does at once).
 const CHECK_PERIOD: Duration = Duration::from_millis(50);
 /// A proposal not committed within this time is considered lost and may be made again.
 const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -63,6 +67,11 @@ pub struct NodeStopping {
     /// It has drained: move its primaries now.
     pub drained: bool,
 }
+
+/// A peer's availability changed (from the peer links' monitor): re-evaluate at once.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PeersChanged;
 
 /// Asks which peers announced a graceful stop and are still connected (this node excluded).
 #[derive(Message)]
@@ -292,12 +301,26 @@ impl Handler<GetStoppingPeers> for HealthActor {
 impl Handler<ClusterStateCommitted> for HealthActor {
     type Result = ();
 
-    fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: ClusterStateCommitted, ctx: &mut Self::Context) {
         let was_active = self.active_leader;
         self.active_leader = msg.status.role == MetadataRole::ActiveLeader;
-        if !Arc::ptr_eq(&self.state, &msg.state) || was_active != self.active_leader {
+        let changed = !Arc::ptr_eq(&self.state, &msg.state) || was_active != self.active_leader;
+        if changed {
             self.in_flight_since = None;
         }
         self.state = msg.state;
+        if changed {
+            // A new active leader replaces the primaries of the nodes that are gone right after
+            // its sync; a commit settles the proposal in flight, so the next step can go.
+            self.check(ctx);
+        }
+    }
+}
+
+impl Handler<PeersChanged> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: PeersChanged, ctx: &mut Self::Context) {
+        self.check(ctx);
     }
 }

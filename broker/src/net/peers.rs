@@ -10,8 +10,9 @@
 //! Liveness: the dialer sends a `LinkHeartbeat` every `link.heartbeat_period`; a peer is
 //! *available* while our control connection to it is up and its control connection to us has
 //! delivered a frame within `link.heartbeat_timeout`. Changes are reported through
-//! [`PeerInbound::on_availability`]; a killed peer is noticed at once (the socket closes), a
-//! paused one after the timeout.
+//! [`PeerInbound::on_availability`]; a killed peer is noticed at once (the socket closes and the
+//! monitor recomputes availability right then, not at its next tick), a paused one after the
+//! timeout.
 //!
 //! Limits: each outbound link has a bounded queue; a message that does not fit is dropped and
 //! counted (`bmq_peer_messages_dropped_total`) — every protocol above retries on its own timer.
@@ -117,6 +118,10 @@ pub struct PeerHub {
     outbound: HashMap<(NodeId, i32), mpsc::Sender<Outbound>>,
     links: Mutex<HashMap<NodeId, LinkState>>,
     stopping: AtomicBool,
+    /// Wakes the liveness monitor when a control connection opens or closes, so a killed peer's
+    /// loss is reported at once instead of at the monitor's next tick (issue 18: up to half a
+    /// heartbeat period, 50 ms by default, on every failover).
+    links_changed: tokio::sync::Notify,
     /// Permits for connections not yet authenticated ([`PEER_UNAUTHENTICATED_MAX`]).
     unauthenticated: Arc<tokio::sync::Semaphore>,
 }
@@ -151,6 +156,7 @@ impl PeerHub {
             outbound,
             links: Mutex::new(links),
             stopping: AtomicBool::new(false),
+            links_changed: tokio::sync::Notify::new(),
             unauthenticated: Arc::new(tokio::sync::Semaphore::new(PEER_UNAUTHENTICATED_MAX)),
         });
         (hub, PendingLinks { receivers })
@@ -353,6 +359,7 @@ impl PeerHub {
                 l.inbound_control_open += 1;
                 l.last_inbound_control = Some(Instant::now());
             });
+            self.links_changed.notify_one();
         }
         let mut batch = Vec::new();
         let result = loop {
@@ -395,6 +402,7 @@ impl PeerHub {
             self.with_link(from, |l| {
                 l.inbound_control_open = l.inbound_control_open.saturating_sub(1)
             });
+            self.links_changed.notify_one();
         }
         result
     }
@@ -496,6 +504,7 @@ async fn dial_loop(
         info!(peer = %peer, channel = channel_label(channel), "peer link up");
         if channel == Channel::Control {
             hub.with_link(peer, |l| l.outbound_control_up = true);
+            hub.links_changed.notify_one();
         }
         let mut heartbeat = tokio::time::interval(cfg.heartbeat_period);
         let started = Instant::now();
@@ -538,6 +547,7 @@ async fn dial_loop(
         };
         if channel == Channel::Control {
             hub.with_link(peer, |l| l.outbound_control_up = false);
+            hub.links_changed.notify_one();
         }
         if let Err(reason) = outcome {
             info!(peer = %peer, channel = channel_label(channel), %reason, "peer link down");
@@ -561,11 +571,15 @@ async fn feed(
     }
 }
 
-/// Recomputes every peer's availability every half heartbeat period and reports changes.
+/// Recomputes every peer's availability every half heartbeat period (a silent peer's
+/// heartbeats age out) and whenever a control connection opens or closes, and reports changes.
 async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
     let mut tick = tokio::time::interval(hub.config.heartbeat_period / 2);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = hub.links_changed.notified() => {}
+        }
         let now = Instant::now();
         let mut changes = Vec::new();
         {
