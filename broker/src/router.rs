@@ -482,16 +482,40 @@ impl Router {
         }
     }
 
-    /// Tells the local health actor that `node` healed `partition` at `lease`.
-    fn primary_active_seen(&self, node: NodeId, partition: PartitionId, lease: LeaseId) {
+    /// Tells the local health actor that `node` healed `partition` at `lease` (or, with
+    /// `renew_lease`, asks for a higher lease: see `PrimaryActiveNotice`).
+    fn primary_active_seen(
+        &self,
+        node: NodeId,
+        partition: PartitionId,
+        lease: LeaseId,
+        renew_lease: bool,
+    ) {
         let msg = PrimaryActive {
             node,
             partition,
             lease,
+            renew_lease,
         };
         if self.primary_active_sink.try_send(msg).is_err() {
             metrics::counter!("bmq_mailbox_full_total", "actor" => "health").increment(1);
         }
+    }
+
+    /// Sends every peer, and this node's health actor, a `PrimaryActiveNotice` for
+    /// `partition` at `lease` (`renew_lease`: asking for a higher lease instead).
+    fn notify_primary_status(&self, partition: PartitionId, lease: LeaseId, renew_lease: bool) {
+        for peer in self.config.peers() {
+            let msg = PeerMessage {
+                kind: Some(PeerKind::PrimaryActive(PrimaryActiveNotice {
+                    partition_id: partition.0,
+                    lease: lease.0,
+                    renew_lease,
+                })),
+            };
+            self.peers.send(NodeId(peer.id), Channel::Data, msg);
+        }
+        self.primary_active_seen(self.self_id, partition, lease, renew_lease);
     }
 
     /// Handles frames from a peer's DATA channel, in order (see the module doc): client
@@ -503,7 +527,12 @@ impl Router {
             match message.kind {
                 Some(PeerKind::Forwarded(f)) => self.handle_forwarded(&mut dispatch, from, f),
                 Some(PeerKind::PrimaryActive(n)) => {
-                    self.primary_active_seen(from, PartitionId(n.partition_id), LeaseId(n.lease));
+                    self.primary_active_seen(
+                        from,
+                        PartitionId(n.partition_id),
+                        LeaseId(n.lease),
+                        n.renew_lease,
+                    );
                 }
                 Some(PeerKind::Partition(m)) => match partition_of(&m) {
                     Some(partition) => dispatch.replication(partition, from, m),
@@ -790,16 +819,11 @@ impl PartitionOutbox for Router {
     }
 
     fn primary_active(&self, partition: PartitionId, lease: LeaseId) {
-        for peer in self.config.peers() {
-            let msg = PeerMessage {
-                kind: Some(PeerKind::PrimaryActive(PrimaryActiveNotice {
-                    partition_id: partition.0,
-                    lease: lease.0,
-                })),
-            };
-            self.peers.send(NodeId(peer.id), Channel::Data, msg);
-        }
-        self.primary_active_seen(self.self_id, partition, lease);
+        self.notify_primary_status(partition, lease, false);
+    }
+
+    fn request_new_lease(&self, partition: PartitionId, lease: LeaseId) {
+        self.notify_primary_status(partition, lease, true);
     }
 }
 

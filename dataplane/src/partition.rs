@@ -23,7 +23,8 @@
 //! Outputs, drained in order with [`Partition::poll_output`]: [`PartitionOutput`] — messages
 //! to peers, answers and pushes to sessions, the announcement that this node healed the
 //! partition and is its active primary (repeated every [`ANNOUNCE_PERIOD`] until the leader
-//! has committed it), and a journal failure that must stop the node. Counts for the node's metrics accumulate in
+//! has committed it), the request for a new lease of a primary named again at a lease it
+//! served before a restart, and a journal failure that must stop the node. Counts for the node's metrics accumulate in
 //! [`PartitionCounters`] ([`Partition::take_counters`]).
 //!
 //! Request rules:
@@ -149,6 +150,14 @@ pub enum PartitionOutput {
     /// commits `PrimaryStatusAdvisory { ACTIVE }`).
     AnnounceActive {
         /// The lease served.
+        lease: LeaseId,
+    },
+    /// This node is named primary at `lease` but its journal holds records of `lease` from
+    /// before a restart ([`crate::replication::Output::LeaseReused`]): tell every node (the
+    /// leader names this node again at a higher lease). Repeated every [`ANNOUNCE_PERIOD`]
+    /// while the role stays at `lease`.
+    RequestNewLease {
+        /// The lease this node will not serve again.
         lease: LeaseId,
     },
     /// The journal failed (an I/O error or corruption, not a full disk): stop the node.
@@ -298,6 +307,9 @@ pub struct Partition {
     announcing: Option<LeaseId>,
     /// When to repeat the announcement.
     announce_at: Option<Instant>,
+    /// The lease this node asks the leader to replace ([`PartitionOutput::RequestNewLease`]),
+    /// and when to ask again.
+    renewing: Option<(LeaseId, Instant)>,
     /// The deliverable marks last applied to the queues: (strong: committed, eventual:
     /// persisted).
     deliverable: (u64, u64),
@@ -338,6 +350,7 @@ impl Partition {
             queues: BTreeMap::new(),
             announcing: None,
             announce_at: None,
+            renewing: None,
             deliverable: (0, 0),
             stop_delivering: false,
             counters: PartitionCounters::default(),
@@ -417,15 +430,31 @@ impl Partition {
 
     /// When [`Partition::handle_timeout`] should be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.replication.poll_timeout(), self.announce_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.replication.poll_timeout(),
+            self.announce_at,
+            self.renewing.map(|(_, at)| at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
-    /// Timers: replication resends, and the repeated ACTIVE announcement.
+    /// Timers: replication resends, the repeated ACTIVE announcement and the repeated
+    /// request for a new lease.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.replication.handle_timeout(now);
+        if let Some((lease, at)) = self.renewing {
+            if now >= at {
+                if self.replication.lease() == lease && self.replication.phase().is_none() {
+                    self.outputs
+                        .push_back(PartitionOutput::RequestNewLease { lease });
+                    self.renewing = Some((lease, now + ANNOUNCE_PERIOD));
+                } else {
+                    self.renewing = None;
+                }
+            }
+        }
         if self.announce_at.is_some_and(|t| now >= t) {
             match self.announcing {
                 Some(lease)
@@ -1033,6 +1062,13 @@ impl Partition {
                     self.reply(producer, ack(uri, guid, AckStatus::Success, String::new()));
                 }
                 Output::Active { lease } => self.become_active(now, lease),
+                Output::LeaseReused { lease } => {
+                    if self.renewing.map(|(l, _)| l) != Some(lease) {
+                        self.renewing = Some((lease, now + ANNOUNCE_PERIOD));
+                        self.outputs
+                            .push_back(PartitionOutput::RequestNewLease { lease });
+                    }
+                }
             }
         }
     }

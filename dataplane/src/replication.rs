@@ -123,6 +123,16 @@ pub enum Output {
         /// The lease.
         lease: LeaseId,
     },
+    /// The committed state names this node primary at `lease`, but its journal already holds
+    /// records of `lease` that an earlier run of this process wrote (the node restarted before
+    /// the leader moved the partition): it does not heal at that lease and asks the leader for
+    /// a higher one. Healing again at the same lease could append, at positions a replica
+    /// already holds durably under that lease, records other than the replica's — and
+    /// same-lease journals must be prefixes of each other (see the module doc).
+    LeaseReused {
+        /// The lease it will not serve again.
+        lease: LeaseId,
+    },
     /// The journal failed in a way that is not a full disk (an I/O error, corruption): the
     /// node must stop (never retry an fsync).
     Fatal {
@@ -241,6 +251,9 @@ pub struct ReplicationCore {
     pull_sent_at: Option<Instant>,
     /// The journal failed: nothing more is written or sent.
     failed: bool,
+    /// The lease at which this core (this run of the process) last became primary: the only
+    /// lease of its own journal's records it may heal at again (see [`Output::LeaseReused`]).
+    primary_lease_this_run: Option<LeaseId>,
     /// The last append failed for a full disk (cleared by the next success).
     disk_full: bool,
     /// Inside a batch of inputs ([`ReplicationCore::begin_batch`]): appends leave the
@@ -277,6 +290,7 @@ impl ReplicationCore {
             next_tick: None,
             pull_sent_at: None,
             failed: false,
+            primary_lease_this_run: None,
             disk_full: false,
             in_batch: false,
             pump_due: false,
@@ -332,6 +346,12 @@ impl ReplicationCore {
     /// Per replica: the highest position it has receipted (primary only).
     pub fn replica_receipts(&self) -> Vec<(NodeId, u64)> {
         self.replicas.iter().map(|(n, p)| (*n, p.receipt)).collect()
+    }
+
+    /// Whether the journal holds (or held: lease runs cover compacted positions too) a
+    /// position written under `lease`.
+    fn journal_holds_lease(&self, lease: LeaseId) -> bool {
+        self.store.runs().iter().any(|run| run.lease == lease.0)
     }
 
     /// The shape of this node's journal.
@@ -524,6 +544,15 @@ impl ReplicationCore {
             if self.phase.is_some() && self.lease == lease {
                 return;
             }
+            if self.primary_lease_this_run != Some(lease) && self.journal_holds_lease(lease) {
+                // Written by an earlier run of this node as primary of `lease`: ask for a new
+                // lease instead of healing at this one (see `Output::LeaseReused`).
+                warn!(partition = %self.cfg.partition, %lease, "named primary at a lease this node's journal already holds from before a restart: asking the leader for a new lease");
+                self.step_down(lease, primary);
+                self.outputs.push_back(Output::LeaseReused { lease });
+                return;
+            }
+            self.primary_lease_this_run = Some(lease);
             self.become_primary(now, lease);
         } else {
             if self.lease == lease && self.primary == primary && self.phase.is_none() {

@@ -989,3 +989,63 @@ fn a_replica_drops_frames_that_do_not_check() {
         .any(|o| matches!(o, Output::Send { message, .. }
         if matches!(&message.kind, Some(MsgKind::Receipt(r)) if r.sequence == 4))));
 }
+
+#[test]
+fn a_primary_named_again_at_a_lease_it_served_before_a_restart_asks_for_a_new_one() {
+    // Scenario: node 1 wrote records as primary of lease 2, then restarted (a new core over
+    // the same journal) and the committed state still names it at lease 2. Healing again at
+    // lease 2 could append, at positions a replica holds durably under lease 2, records other
+    // than the replica's, so it refuses: no healing, PUTs NOT_READY, one LeaseReused. Named at
+    // lease 3 it heals as usual.
+    let now = Instant::now();
+    let mut core = node(1, journal(&[(1, 2), (2, 3)]));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    assert!(
+        core.phase().is_none(),
+        "no healing at a lease served before the restart"
+    );
+    let outputs = drain(&mut core);
+    assert!(
+        matches!(outputs.as_slice(), [Output::LeaseReused { lease }] if *lease == LeaseId(2)),
+        "{outputs:?}"
+    );
+    let r = core.handle_put(
+        now,
+        producer(),
+        "bmq://d/q".into(),
+        guid(9),
+        Bytes::new(),
+        vec![],
+        true,
+        0,
+    );
+    assert_eq!(r, PutResult::NotReady);
+
+    core.handle_role(now, Some(NodeId(1)), LeaseId(3));
+    assert!(core.phase().is_some(), "heals at the new lease");
+    let outputs = drain(&mut core);
+    assert!(
+        outputs
+            .iter()
+            .any(|o| matches!(o, Output::Send { message, .. } if matches!(message.kind, Some(MsgKind::StateQuery(_))))),
+        "queries the members: {outputs:?}"
+    );
+}
+
+#[test]
+fn a_primary_heals_at_a_lease_its_journal_does_not_hold_and_again_after_stepping_down() {
+    // A lease the journal holds no record of is served at once; and a primary that stepped
+    // down and is named again at the lease it served in this run heals again (nothing was
+    // lost: the same process wrote those records).
+    let now = Instant::now();
+    let mut core = node(1, journal(&[(1, 2)]));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    assert!(core.phase().is_some());
+    assert!(!drain(&mut core)
+        .iter()
+        .any(|o| matches!(o, Output::LeaseReused { .. })));
+    core.handle_role(now, None, LeaseId(2));
+    assert!(core.phase().is_none());
+    core.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    assert!(core.phase().is_some(), "same run: heals again at lease 2");
+}

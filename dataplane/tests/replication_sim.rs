@@ -527,6 +527,22 @@ impl Sim {
                     self.announce_role();
                 }
             }
+            PartitionOutput::RequestNewLease { lease } => {
+                if Some(n) == self.primary && lease.0 == self.lease {
+                    // The leader names the same node at the next lease (a
+                    // PartitionPrimaryAdvisory), PASSIVE until it heals again.
+                    self.lease += 1;
+                    self.active = false;
+                    self.note(format!(
+                        "node {} restarted at lease {}: primary -> node {} lease {}",
+                        n + 1,
+                        lease.0,
+                        n + 1,
+                        self.lease
+                    ));
+                    self.announce_role();
+                }
+            }
             PartitionOutput::Fatal { error } => {
                 self.fail(format!("node {} journal failed: {error}", n + 1))
             }

@@ -45,7 +45,9 @@ const CHECK_PERIOD: Duration = Duration::from_millis(50);
 /// A proposal not committed within this time is considered lost and may be made again.
 const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// `node` healed `partition` at `lease` and asks for `PrimaryStatusAdvisory { ACTIVE }`.
+/// `node` healed `partition` at `lease` and asks for `PrimaryStatusAdvisory { ACTIVE }`; or,
+/// with `renew_lease`, `node` is named primary at `lease` but served that lease before a
+/// restart and asks to be named at a higher one (`PrimaryActiveNotice.renew_lease`).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct PrimaryActive {
@@ -55,6 +57,8 @@ pub struct PrimaryActive {
     pub partition: bmq_proto::PartitionId,
     /// Its `primary_lease_id`.
     pub lease: LeaseId,
+    /// Asks for a higher lease instead of ACTIVE.
+    pub renew_lease: bool,
 }
 
 /// `node` announced a graceful stop: never give it a primary; once `drained`, move its
@@ -225,11 +229,51 @@ impl Actor for HealthActor {
     }
 }
 
+impl HealthActor {
+    /// `msg.node`, named primary of `msg.partition` at `msg.lease`, found records of that lease
+    /// in its journal from before a restart and will not heal at it: name it again at the next
+    /// lease (a `PartitionPrimaryAdvisory`, PASSIVE until it heals), so that records of one
+    /// lease always come from one run of one primary. Ignored unless the committed state still
+    /// names that node at that lease (the request is resent until the lease changes).
+    fn renew_lease(&mut self, ctx: &mut Context<Self>, msg: PrimaryActive) {
+        let current = self
+            .state
+            .partitions
+            .get(&msg.partition)
+            .is_some_and(|p| p.primary == Some(msg.node) && p.primary_lease_id == msg.lease.0);
+        if !current {
+            return;
+        }
+        let lease = msg.lease.0 + 1;
+        info!(partition = %msg.partition, primary = %msg.node, from = %msg.lease, lease, "primary restarted at a lease it served before: proposing the next lease");
+        let advisory = Advisory {
+            kind: Some(AdvisoryKind::PartitionPrimary(PartitionPrimaryAdvisory {
+                partitions: vec![bmq_proto::peer::PartitionInfo {
+                    partition_id: msg.partition.0,
+                    primary_node_id: Some(msg.node.0),
+                    primary_lease_id: lease,
+                    status: bmq_proto::peer::PrimaryStatus::Passive as i32,
+                }],
+            })),
+        };
+        ctx.spawn(
+            self.metadata
+                .send(Propose { advisory })
+                .into_actor(self)
+                .map(|_, _, _| ()),
+        );
+    }
+}
+
 impl Handler<PrimaryActive> for HealthActor {
     type Result = ();
 
     fn handle(&mut self, msg: PrimaryActive, ctx: &mut Self::Context) {
         if !self.active_leader {
+            return;
+        }
+        if msg.renew_lease {
+            self.renew_lease(ctx, msg);
             return;
         }
         let current = self.state.partitions.get(&msg.partition).is_some_and(|p| {

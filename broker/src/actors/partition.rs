@@ -58,6 +58,9 @@ pub trait PartitionOutbox: Send + Sync + 'static {
     fn to_peers(&self, messages: Vec<(NodeId, PartitionMessage)>);
     /// This node healed `partition` and serves it at `lease`: tell every node.
     fn primary_active(&self, partition: PartitionId, lease: LeaseId);
+    /// This node is named primary of `partition` at `lease` but served that lease before a
+    /// restart: tell every node (the leader names a primary at a higher lease).
+    fn request_new_lease(&self, partition: PartitionId, lease: LeaseId);
 }
 
 /// Client requests routed to this partition, in order, each with the session that sent it
@@ -209,6 +212,9 @@ impl PartitionActor {
                 PartitionOutput::Reply { to, message } => replies.push((to, message)),
                 PartitionOutput::AnnounceActive { lease } => {
                     self.outbox.primary_active(self.id, lease);
+                }
+                PartitionOutput::RequestNewLease { lease } => {
+                    self.outbox.request_new_lease(self.id, lease);
                 }
                 PartitionOutput::Fatal { error } => {
                     fatal = Some(error);
