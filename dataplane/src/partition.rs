@@ -114,6 +114,12 @@ mod defects {
 /// How often a healed primary repeats its ACTIVE announcement until the leader commits it.
 pub const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
 
+/// How often a primary named at a lease it served before a restart repeats its request for a
+/// new lease ([`PartitionOutput::RequestNewLease`]). Shorter than [`ANNOUNCE_PERIOD`]: the
+/// partition serves nothing until the new lease comes, and right after a restart the first
+/// request often reaches a leader that is not active yet. Rare, so the traffic is nothing.
+pub const RENEW_PERIOD: Duration = Duration::from_millis(100);
+
 /// What a partition needs to know at creation.
 #[derive(Debug, Clone)]
 pub struct PartitionConfig {
@@ -154,7 +160,7 @@ pub enum PartitionOutput {
     },
     /// This node is named primary at `lease` but its journal holds records of `lease` from
     /// before a restart ([`crate::replication::Output::LeaseReused`]): tell every node (the
-    /// leader names this node again at a higher lease). Repeated every [`ANNOUNCE_PERIOD`]
+    /// leader names this node again at a higher lease). Repeated every [`RENEW_PERIOD`]
     /// while the role stays at `lease`.
     RequestNewLease {
         /// The lease this node will not serve again.
@@ -449,7 +455,7 @@ impl Partition {
                 if self.replication.lease() == lease && self.replication.phase().is_none() {
                     self.outputs
                         .push_back(PartitionOutput::RequestNewLease { lease });
-                    self.renewing = Some((lease, now + ANNOUNCE_PERIOD));
+                    self.renewing = Some((lease, now + RENEW_PERIOD));
                 } else {
                     self.renewing = None;
                 }
@@ -1064,7 +1070,7 @@ impl Partition {
                 Output::Active { lease } => self.become_active(now, lease),
                 Output::LeaseReused { lease } => {
                     if self.renewing.map(|(l, _)| l) != Some(lease) {
-                        self.renewing = Some((lease, now + ANNOUNCE_PERIOD));
+                        self.renewing = Some((lease, now + RENEW_PERIOD));
                         self.outputs
                             .push_back(PartitionOutput::RequestNewLease { lease });
                     }
