@@ -120,6 +120,31 @@ pub const ANNOUNCE_PERIOD: Duration = Duration::from_millis(500);
 /// request often reaches a leader that is not active yet. Rare, so the traffic is nothing.
 pub const RENEW_PERIOD: Duration = Duration::from_millis(100);
 
+/// What a partition repeats to the leader until the committed state answers it: at most one
+/// at a time (a primary is either healed at its lease or refusing it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Notice {
+    /// Healed and serving at the lease: commit ACTIVE ([`PartitionOutput::AnnounceActive`]).
+    Active(LeaseId),
+    /// Named at a lease served before a restart: name a higher one
+    /// ([`PartitionOutput::RequestNewLease`]).
+    RenewLease(LeaseId),
+}
+
+impl Notice {
+    /// Whether the notice must still be repeated: the role it speaks for is still this node's.
+    fn still_due(self, replication: &ReplicationCore) -> bool {
+        match self {
+            Notice::Active(lease) => {
+                replication.is_active_primary() && replication.lease() == lease
+            }
+            Notice::RenewLease(lease) => {
+                replication.phase().is_none() && replication.lease() == lease
+            }
+        }
+    }
+}
+
 /// What a partition needs to know at creation.
 #[derive(Debug, Clone)]
 pub struct PartitionConfig {
@@ -309,13 +334,9 @@ pub struct Partition {
     wall_clock_anchor: (Instant, u64),
     /// By URI; ordered, so deliveries across queues happen in a deterministic order.
     queues: BTreeMap<String, QueueEntry>,
-    /// The lease this node healed and announces ACTIVE for, until the commit shows it.
-    announcing: Option<LeaseId>,
-    /// When to repeat the announcement.
-    announce_at: Option<Instant>,
-    /// The lease this node asks the leader to replace ([`PartitionOutput::RequestNewLease`]),
-    /// and when to ask again.
-    renewing: Option<(LeaseId, Instant)>,
+    /// The notice this node repeats to the leader until the committed state answers it, and
+    /// when to repeat it next.
+    notice: Option<(Notice, Instant)>,
     /// The deliverable marks last applied to the queues: (strong: committed, eventual:
     /// persisted).
     deliverable: (u64, u64),
@@ -354,9 +375,7 @@ impl Partition {
             consumer_defaults: cfg.consumer_defaults,
             wall_clock_anchor: cfg.wall_clock_anchor,
             queues: BTreeMap::new(),
-            announcing: None,
-            announce_at: None,
-            renewing: None,
+            notice: None,
             deliverable: (0, 0),
             stop_delivering: false,
             counters: PartitionCounters::default(),
@@ -436,45 +455,24 @@ impl Partition {
 
     /// When [`Partition::handle_timeout`] should be called next.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [
+        match (
             self.replication.poll_timeout(),
-            self.announce_at,
-            self.renewing.map(|(_, at)| at),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+            self.notice.map(|(_, at)| at),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Timers: replication resends, the repeated ACTIVE announcement and the repeated
     /// request for a new lease.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.replication.handle_timeout(now);
-        if let Some((lease, at)) = self.renewing {
-            if now >= at {
-                if self.replication.lease() == lease && self.replication.phase().is_none() {
-                    self.outputs
-                        .push_back(PartitionOutput::RequestNewLease { lease });
-                    self.renewing = Some((lease, now + RENEW_PERIOD));
-                } else {
-                    self.renewing = None;
-                }
-            }
-        }
-        if self.announce_at.is_some_and(|t| now >= t) {
-            match self.announcing {
-                Some(lease)
-                    if self.replication.is_active_primary()
-                        && self.replication.lease() == lease =>
-                {
-                    self.outputs
-                        .push_back(PartitionOutput::AnnounceActive { lease });
-                    self.announce_at = Some(now + ANNOUNCE_PERIOD);
-                }
-                _ => {
-                    self.announcing = None;
-                    self.announce_at = None;
-                }
+        if let Some((notice, _)) = self.notice.filter(|(_, at)| now >= *at) {
+            if notice.still_due(&self.replication) {
+                self.send_notice(now, notice);
+            } else {
+                self.notice = None;
             }
         }
         self.absorb_replication(now);
@@ -524,9 +522,11 @@ impl Partition {
         let was_primary = self.replication.phase().is_some();
         self.replication.handle_role(now, primary, lease);
         let is_primary = self.replication.phase().is_some();
-        if active && primary == Some(self.self_id) && self.announcing == Some(lease) {
-            self.announcing = None;
-            self.announce_at = None;
+        if active
+            && primary == Some(self.self_id)
+            && self.notice.map(|(n, _)| n) == Some(Notice::Active(lease))
+        {
+            self.notice = None;
         }
         if was_primary && !is_primary {
             info!(partition = %self.id, %lease, "no longer primary: stepping down to replica");
@@ -1069,14 +1069,23 @@ impl Partition {
                 }
                 Output::Active { lease } => self.become_active(now, lease),
                 Output::LeaseReused { lease } => {
-                    if self.renewing.map(|(l, _)| l) != Some(lease) {
-                        self.renewing = Some((lease, now + RENEW_PERIOD));
-                        self.outputs
-                            .push_back(PartitionOutput::RequestNewLease { lease });
+                    if self.notice.map(|(n, _)| n) != Some(Notice::RenewLease(lease)) {
+                        self.send_notice(now, Notice::RenewLease(lease));
                     }
                 }
             }
         }
+    }
+
+    /// Sends `notice` to the leader (through every node) and repeats it after its period
+    /// until [`Notice::still_due`] says the committed state has answered it.
+    fn send_notice(&mut self, now: Instant, notice: Notice) {
+        let (output, period) = match notice {
+            Notice::Active(lease) => (PartitionOutput::AnnounceActive { lease }, ANNOUNCE_PERIOD),
+            Notice::RenewLease(lease) => (PartitionOutput::RequestNewLease { lease }, RENEW_PERIOD),
+        };
+        self.outputs.push_back(output);
+        self.notice = Some((notice, now + period));
     }
 
     /// Healing finished: rebuild the queues from the journal, push what they hold, announce.
@@ -1086,10 +1095,7 @@ impl Partition {
             policies.resolve(uri).cloned()
         });
         info!(partition = %self.id, %lease, last_sequence = self.replication.last_sequence(), queues = self.queues.len(), "partition primary healed: active");
-        self.announcing = Some(lease);
-        self.announce_at = Some(now + ANNOUNCE_PERIOD);
-        self.outputs
-            .push_back(PartitionOutput::AnnounceActive { lease });
+        self.send_notice(now, Notice::Active(lease));
         // Healing ended with the whole journal on a quorum: every rebuilt message is safe.
         self.deliverable = (0, 0);
     }

@@ -256,6 +256,12 @@ impl HealthActor {
                 }],
             })),
         };
+        self.propose_answer(ctx, advisory);
+    }
+
+    /// Proposes `advisory`, the answer to a primary's notice, without tracking it: the primary
+    /// resends its notice until the commit shows, so a lost proposal is made again.
+    fn propose_answer(&mut self, ctx: &mut Context<Self>, advisory: Advisory) {
         ctx.spawn(
             self.metadata
                 .send(Propose { advisory })
@@ -293,13 +299,7 @@ impl Handler<PrimaryActive> for HealthActor {
                 status: bmq_proto::peer::PrimaryStatus::Active as i32,
             })),
         };
-        // The primary resends its notice until the commit shows; a lost proposal is retried.
-        ctx.spawn(
-            self.metadata
-                .send(Propose { advisory })
-                .into_actor(self)
-                .map(|_, _, _| ()),
-        );
+        self.propose_answer(ctx, advisory);
     }
 }
 
