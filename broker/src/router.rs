@@ -76,7 +76,7 @@ pub struct Dispatch {
     /// Client requests for local partitions, with the session that sent each.
     requests: Vec<(PartitionId, Vec<(SessionAddr, ClientMessage)>)>,
     /// Replication traffic for local partitions, by sender.
-    replication: Vec<(PartitionId, NodeId, Vec<PartitionMessage>)>,
+    replication: Vec<((PartitionId, NodeId), Vec<PartitionMessage>)>,
     /// Answers and deliveries for local sessions.
     sessions: Vec<(u64, Vec<ClientMessage>)>,
     /// Frames for peers' DATA channels.
@@ -101,14 +101,7 @@ impl Dispatch {
     }
 
     fn replication(&mut self, partition: PartitionId, from: NodeId, message: PartitionMessage) {
-        match self
-            .replication
-            .iter()
-            .position(|(p, f, _)| *p == partition && *f == from)
-        {
-            Some(i) => self.replication[i].2.push(message),
-            None => self.replication.push((partition, from, vec![message])),
-        }
+        list_for(&mut self.replication, (partition, from)).push(message);
     }
 
     fn session(&mut self, session_id: u64, message: ClientMessage) {
@@ -413,7 +406,7 @@ impl Router {
                 }
             }
         }
-        for (partition, from, messages) in dispatch.replication.drain(..) {
+        for ((partition, from), messages) in dispatch.replication.drain(..) {
             match self.partition(partition) {
                 Some(addr) => {
                     if addr
