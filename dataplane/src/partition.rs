@@ -72,7 +72,7 @@ use tracing::{info, warn};
 use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy};
 use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
 use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
-use crate::store::{guid_key, Store, StoreError, StoreStats};
+use crate::store::{guid_key, Store, StoreError, StoreStats, SyncTicket};
 
 /// Old defects the replication simulator must find (issue 16), put back on purpose; compiled
 /// only with the `defect-injection` feature (see `docs/REPLICATION_VERIFICATION.md`).
@@ -478,6 +478,12 @@ impl Partition {
         self.absorb_replication(now);
     }
 
+    /// The files of journal segments removed since the last call, for the shell to close on
+    /// another thread (see [`Store::set_defer_close`]).
+    pub fn take_closed_files(&mut self) -> Vec<std::sync::Arc<std::fs::File>> {
+        self.replication.take_closed_files()
+    }
+
     /// Whether journal writes wait for [`Partition::sync`].
     pub fn needs_sync(&self) -> bool {
         self.replication.needs_sync()
@@ -489,6 +495,29 @@ impl Partition {
     /// (also reported as [`PartitionOutput::Fatal`]).
     pub fn sync(&mut self, now: Instant) -> Result<(), StoreError> {
         let result = self.replication.sync(now);
+        self.absorb_replication(now);
+        result
+    }
+
+    /// [`Partition::sync`] in two steps, so the fsync runs off the partition's thread (see
+    /// [`ReplicationCore::begin_sync`]): writes the journal's buffer and returns the fsync to
+    /// run, or `None` when nothing needed one (what waited has been released). Issue at most
+    /// one ticket at a time; call [`Partition::complete_sync`] with its outcome.
+    pub fn begin_sync(&mut self, now: Instant) -> Result<Option<SyncTicket>, StoreError> {
+        let result = self.replication.begin_sync(now);
+        self.absorb_replication(now);
+        result
+    }
+
+    /// The fsync of `ticket` finished with `result`: releases what it made durable (receipts,
+    /// ACKs, deliveries) and reclaims settled dead records. An error is fatal for the node.
+    pub fn complete_sync(
+        &mut self,
+        now: Instant,
+        ticket: SyncTicket,
+        result: std::io::Result<()>,
+    ) -> Result<(), StoreError> {
+        let result = self.replication.complete_sync(now, ticket, result);
         self.absorb_replication(now);
         result
     }

@@ -65,7 +65,7 @@ use bytes::Bytes;
 use tracing::{error, info, warn};
 
 use crate::guid_window::GuidWindow;
-use crate::store::{guid_key, split_frames, Store, StoreError};
+use crate::store::{guid_key, split_frames, Store, StoreError, SyncTicket};
 
 /// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
 pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
@@ -298,6 +298,12 @@ impl ReplicationCore {
         }
     }
 
+    /// The files of journal segments removed since the last call, for the shell to close on
+    /// another thread ([`Store::set_defer_close`], [`Store::take_closed_files`]).
+    pub fn take_closed_files(&mut self) -> Vec<std::sync::Arc<std::fs::File>> {
+        self.store.take_closed_files()
+    }
+
     /// The journal.
     pub fn store(&self) -> &Store {
         &self.store
@@ -399,20 +405,62 @@ impl ReplicationCore {
     /// eventual ACKs, commits), and removes settled dead records ([`Store::maintain`]). An
     /// error is also reported as [`Output::Fatal`].
     pub fn sync(&mut self, now: Instant) -> Result<(), StoreError> {
+        match self.begin_sync(now)? {
+            None => Ok(()),
+            Some(ticket) => {
+                let result = ticket.run();
+                self.complete_sync(now, ticket, result)
+            }
+        }
+    }
+
+    /// [`ReplicationCore::sync`] in two steps, so the fsync can run on another thread while
+    /// this core takes more inputs: writes what waits in the journal's buffer and returns the
+    /// fsync still to run ([`SyncTicket::run`]), whose outcome goes to
+    /// [`ReplicationCore::complete_sync`]; until then nothing it covers counts as durable (no
+    /// receipt, no ACK). `None`: nothing needed an fsync, and what waited for durability has
+    /// been released already. Issue at most one ticket at a time. An error is also reported
+    /// as [`Output::Fatal`].
+    pub fn begin_sync(&mut self, now: Instant) -> Result<Option<SyncTicket>, StoreError> {
         if self.failed {
-            return Ok(());
+            return Ok(None);
         }
         self.remember_retired(now);
         if !self.writes_pending() {
             // Only settled dead records to reclaim: no fsync, nothing newly durable.
-            return self.maintain_store();
+            self.maintain_store()?;
+            return Ok(None);
         }
         if let Some(i) = self.installing.as_mut() {
+            // An install's staged journal (rare: a replica far behind) syncs in place.
             if let Err(e) = i.staged.sync() {
                 return Err(self.fail(e));
             }
         }
-        let durable = match self.store.sync() {
+        match self.store.begin_sync() {
+            Ok(Some(ticket)) => Ok(Some(ticket)),
+            Ok(None) => {
+                self.on_persisted(now, self.store.durable());
+                self.maintain_store()?;
+                Ok(None)
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// The fsync of `ticket` ([`ReplicationCore::begin_sync`]) finished with `result`: what it
+    /// made durable is released (receipts, ACKs, commits) and settled dead records removed. A
+    /// failed fsync is fatal ([`Output::Fatal`]); it is never retried.
+    pub fn complete_sync(
+        &mut self,
+        now: Instant,
+        ticket: SyncTicket,
+        result: std::io::Result<()>,
+    ) -> Result<(), StoreError> {
+        if self.failed {
+            return Ok(());
+        }
+        let durable = match self.store.complete_sync(ticket, result) {
             Ok(d) => d,
             Err(e) => return Err(self.fail(e)),
         };

@@ -48,12 +48,17 @@ fn apps() -> AppsOf {
 
 /// Node `me` whose journal holds `records` (durable), in segments of `segment` bytes.
 fn node_with(me: u32, records: Vec<JournalRecord>, segment: u64) -> Node {
+    node_on_disk(me, records, segment, false)
+}
+
+/// [`node_with`], with real fsyncs when `fsync` (so that a sync leaves a [`SyncTicket`]).
+fn node_on_disk(me: u32, records: Vec<JournalRecord>, segment: u64, fsync: bool) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let cfg_store = StoreConfig {
         segment_size_max: segment,
         cache_bytes_max: 1 << 20,
         quota_bytes: 0,
-        fsync: false,
+        fsync,
     };
     let mut store = Store::open(dir.path(), cfg_store, apps()).unwrap();
     store.append(&records, 0, 0, None).unwrap();
@@ -299,6 +304,64 @@ fn strong_put_is_acked_at_quorum_receipt() {
     );
     assert_eq!(core.committed(), 1);
     assert_eq!(core.store().base(), 1);
+}
+
+/// A replica receipts a record only once its fsync has finished when the fsync runs off the
+/// core (`begin_sync` / `complete_sync`, the shell's sync thread), and records that arrive
+/// while it runs wait for the next fsync (DESIGN.md §7: a receipt means durable).
+#[test]
+fn replica_receipts_only_after_its_fsync_ticket_completes() {
+    let now = Instant::now();
+    let mut cores: Vec<Node> = (1..=3)
+        .map(|n| node_on_disk(n, vec![], 1 << 20, n == 2))
+        .collect();
+    for c in cores.iter_mut() {
+        c.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    }
+    assert_eq!(
+        settle(now, &mut cores, &[]),
+        vec![Output::Active { lease: LeaseId(1) }]
+    );
+    let mut put_to_node_2 = |cores: &mut [Node], n: u8| {
+        cores[0].handle_put(
+            now,
+            producer(),
+            "bmq://d/q".into(),
+            guid(n),
+            Bytes::from_static(b"x"),
+            vec![],
+            true,
+            0,
+        );
+        for o in drain(&mut cores[0]) {
+            if let Output::Send { to, message } = o {
+                if to == NodeId(2) {
+                    cores[1].handle_message(now, NodeId(1), message);
+                }
+            }
+        }
+    };
+    put_to_node_2(&mut cores, 1);
+    assert_eq!(drain(&mut cores[1]), vec![], "no receipt before an fsync");
+    let ticket = cores[1].begin_sync(now).unwrap().expect("an fsync to run");
+    assert_eq!(ticket.through(), 1);
+    assert_eq!(
+        drain(&mut cores[1]),
+        vec![],
+        "no receipt while the fsync runs"
+    );
+    put_to_node_2(&mut cores, 2);
+    assert_eq!(drain(&mut cores[1]), vec![]);
+    let result = ticket.run();
+    cores[1].complete_sync(now, ticket, result).unwrap();
+    let receipt_to_1 = |sequence| Output::Send {
+        to: NodeId(1),
+        message: receipt(sequence, 1),
+    };
+    assert_eq!(drain(&mut cores[1]), vec![receipt_to_1(1)]);
+    assert!(cores[1].needs_sync(), "record 2 waits for the next fsync");
+    cores[1].sync(now).unwrap();
+    assert_eq!(drain(&mut cores[1]), vec![receipt_to_1(2)]);
 }
 
 #[test]

@@ -183,6 +183,32 @@ fn dead_settled_segments_are_deleted() {
     );
 }
 
+/// With deferred closing, the files of deleted segments are handed to the caller (to close on
+/// another thread) instead of being closed by `maintain`; their names are gone already.
+#[test]
+fn deleted_segments_files_are_handed_over_when_closing_is_deferred() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 1024);
+    s.set_defer_close(true);
+    let mut seq = 0;
+    for n in 1..=20 {
+        seq += 1;
+        s.append_one(&message(seq, 1, Q, n)).unwrap();
+        seq += 1;
+        s.append_one(&confirm(seq, 1, Q, n, "")).unwrap();
+    }
+    s.sync().unwrap();
+    let segments = s.stats().segments;
+    assert!(segments > 2, "{segments}");
+    assert!(s.take_closed_files().is_empty());
+    s.set_base(seq);
+    let m = s.maintain().unwrap();
+    assert_eq!(m.deleted, segments - 1);
+    assert_eq!(s.take_closed_files().len(), segments - 1);
+    let names = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(names, 1, "only the active segment is left on disk");
+}
+
 /// A closed segment holding a few live records among many dead ones is compacted once the dead
 /// bytes pass a segment; the live records stay readable, across a restart too.
 #[test]
@@ -317,6 +343,76 @@ fn truncate_after_forgets_the_tail() {
     let s = open(dir.path(), 512);
     assert_eq!(outstanding_guids(&s), vec![1, 2, 3, 40]);
     assert_eq!(s.last_sequence(), 4);
+}
+
+/// An fsync run off the store (a ticket) makes durable what was held when it began, not the
+/// appends made while it ran; those wait for the next one.
+#[test]
+fn a_sync_ticket_covers_what_was_held_when_it_began() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        fsync: true,
+        ..cfg(1 << 20)
+    };
+    let mut s = Store::open(dir.path(), cfg, apps()).unwrap();
+    for n in 1..=3 {
+        s.append_one(&message(n, 1, Q, n)).unwrap();
+    }
+    let ticket = s.begin_sync().unwrap().expect("records to fsync");
+    assert_eq!(ticket.through(), 3);
+    assert_eq!(s.durable(), 0, "nothing is durable before the fsync ran");
+    s.append_one(&message(4, 1, Q, 4)).unwrap();
+    let result = ticket.run();
+    assert_eq!(s.complete_sync(ticket, result).unwrap(), 3);
+    assert_eq!(s.durable(), 3);
+    assert!(s.needs_sync(), "position 4 still waits for an fsync");
+    assert_eq!(s.sync().unwrap(), 4);
+    assert!(!s.needs_sync());
+    assert!(s.begin_sync().unwrap().is_none(), "nothing left to fsync");
+}
+
+/// A truncation while a ticket's fsync runs voids the ticket: the positions it named may
+/// hold other records by the time it finishes, so it makes nothing durable.
+#[test]
+fn a_truncation_voids_a_sync_ticket_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        fsync: true,
+        ..cfg(1 << 20)
+    };
+    let mut s = Store::open(dir.path(), cfg, apps()).unwrap();
+    for n in 1..=5 {
+        s.append_one(&message(n, 1, Q, n)).unwrap();
+    }
+    let ticket = s.begin_sync().unwrap().expect("records to fsync");
+    s.truncate_after(2).unwrap();
+    assert_eq!(s.durable(), 2);
+    s.append_one(&message(3, 2, Q, 30)).unwrap();
+    s.append_one(&message(4, 2, Q, 40)).unwrap();
+    let result = ticket.run();
+    assert_eq!(s.complete_sync(ticket, result).unwrap(), 2);
+    assert!(s.needs_sync());
+    assert_eq!(s.sync().unwrap(), 4);
+}
+
+/// A failed fsync is an error and makes nothing durable (the caller stops the node: an fsync
+/// is never retried).
+#[test]
+fn a_failed_sync_ticket_makes_nothing_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        fsync: true,
+        ..cfg(1 << 20)
+    };
+    let mut s = Store::open(dir.path(), cfg, apps()).unwrap();
+    s.append_one(&message(1, 1, Q, 1)).unwrap();
+    let ticket = s.begin_sync().unwrap().expect("a record to fsync");
+    let failed = Err(std::io::Error::other("EIO"));
+    assert!(matches!(
+        s.complete_sync(ticket, failed),
+        Err(StoreError::Io { .. })
+    ));
+    assert_eq!(s.durable(), 0);
 }
 
 /// A torn last record is cut at open; a bad record followed by more data is corruption.

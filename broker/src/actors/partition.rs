@@ -24,22 +24,27 @@
 //!
 //! Journal and fsync (group commit): the core writes records as it accepts them; when it
 //! needs an fsync the actor sends itself a [`FlushJournal`], so every request already in the
-//! mailbox is written first, then one fsync ([`Partition::sync`]) covers them all and releases
-//! receipts, ACKs and deliveries. A journal failure other than a full disk stops the node
-//! (never retry an fsync); a full disk makes the partition refuse PUTs until writes succeed
-//! again.
+//! mailbox is written first, then one fsync covers them all and releases receipts, ACKs and
+//! deliveries. The fsync runs on the partition's *sync thread* ([`Partition::begin_sync`]
+//! hands it a [`SyncTicket`], the thread answers [`JournalSynced`], then
+//! [`Partition::complete_sync`]): while the disk works, the partition goes on taking PUTs,
+//! replicating them and counting receipts, and the next fsync covers everything written
+//! meanwhile. At most one fsync is in flight per partition. A journal failure other than a
+//! full disk stops the node (never retry an fsync); a full disk makes the partition refuse
+//! PUTs until writes succeed again.
 //!
 //! Timers: one, re-armed from the core's `poll_timeout` after every input.
 //!
-//! Thread: each partition actor runs on its own arbiter thread (started by the router), so a
-//! journal fsync never delays heartbeats, sessions or another partition.
+//! Threads: each partition actor runs on its own arbiter thread (started by the router), so
+//! its work never delays heartbeats, sessions or another partition; its fsyncs run on its own
+//! sync thread (`bmq-sync-<id>`), so they delay nothing but what waits for durability.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use bmq_dataplane::{
-    Partition, PartitionConfig, PartitionOutput, PartitionStats, Store, StoreConfig,
+    Partition, PartitionConfig, PartitionOutput, PartitionStats, Store, StoreConfig, SyncTicket,
 };
 use bmq_proto::client::ClientMessage;
 use bmq_proto::peer::PartitionMessage;
@@ -138,6 +143,14 @@ pub struct PurgeQueue {
 #[rtype(result = "()")]
 struct FlushJournal;
 
+/// Sent by the partition's sync thread: the fsync of `ticket` finished with `result`.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct JournalSynced {
+    ticket: SyncTicket,
+    result: std::io::Result<()>,
+}
+
 /// Asks for the partition's figures (for `/status` and the gauges); `None` while its journal
 /// is not open.
 #[derive(Message)]
@@ -157,6 +170,13 @@ pub struct PartitionActor {
     timer_at: Option<Instant>,
     /// A `FlushJournal` is in the mailbox.
     flush_queued: bool,
+    /// The sync thread's queue (one fsync at a time: see `sync_in_flight`).
+    syncer: Option<std::sync::mpsc::Sender<SyncTicket>>,
+    /// A ticket is with the sync thread; the next fsync starts when it answers.
+    sync_in_flight: bool,
+    /// The closer thread's queue: files of deleted journal segments, whose last close frees
+    /// their pages and blocks (tens of milliseconds for a segment).
+    closer: Option<std::sync::mpsc::Sender<Vec<Arc<std::fs::File>>>>,
     /// A journal write or fsync failed: the node is stopping; nothing more is written or sent.
     failed: bool,
 }
@@ -190,6 +210,9 @@ impl PartitionActor {
             mailbox_capacity,
             timer_at: None,
             flush_queued: false,
+            syncer: None,
+            sync_in_flight: false,
+            closer: None,
             failed: false,
         }
     }
@@ -232,10 +255,17 @@ impl PartitionActor {
         if !replies.is_empty() {
             self.outbox.to_sessions(replies);
         }
+        let closed = core.take_closed_files();
+        if !closed.is_empty() {
+            // Without the closer thread (it failed to start), they close here.
+            if let Some(closer) = &self.closer {
+                let _ = closer.send(closed);
+            }
+        }
         let needs_sync = core.needs_sync();
         let timeout = core.poll_timeout();
         self.publish_counters();
-        if needs_sync && !self.flush_queued {
+        if needs_sync && !self.flush_queued && !self.sync_in_flight {
             // Group commit: the flush goes to the back of the mailbox, so every request
             // already waiting is written before the one fsync. A full mailbox flushes now.
             if ctx.address().try_send(FlushJournal).is_ok() {
@@ -350,18 +380,34 @@ impl PartitionActor {
         Some(s)
     }
 
-    /// fsyncs what was written, then lets the core release what waited for it (receipts,
-    /// ACKs, deliveries) and reclaim space.
+    /// Writes what waits in the journal's buffer and hands the fsync to the sync thread;
+    /// when it answers ([`JournalSynced`]) the core releases what waited for it (receipts,
+    /// ACKs, deliveries) and reclaims space. While one fsync runs, the next waits for it.
     fn flush(&mut self, ctx: &mut Context<Self>) {
         self.flush_queued = false;
-        if self.failed {
+        if self.failed || self.sync_in_flight {
             return;
         }
         let Some(core) = self.core.as_mut() else {
             return;
         };
         // A failure is also a `Fatal` output, which `drive` acts on.
-        let _ = core.sync(Instant::now());
+        if let Ok(Some(ticket)) = core.begin_sync(Instant::now()) {
+            match &self.syncer {
+                Some(syncer) => match syncer.send(ticket) {
+                    Ok(()) => self.sync_in_flight = true,
+                    Err(std::sync::mpsc::SendError(ticket)) => {
+                        // The sync thread is gone (it only ends with the actor): sync here.
+                        let result = ticket.run();
+                        let _ = core.complete_sync(Instant::now(), ticket, result);
+                    }
+                },
+                None => {
+                    let result = ticket.run();
+                    let _ = core.complete_sync(Instant::now(), ticket, result);
+                }
+            }
+        }
         self.drive(ctx);
     }
 
@@ -377,12 +423,47 @@ impl Actor for PartitionActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.mailbox_capacity);
+        // The sync thread: runs one fsync at a time and answers each. It ends when the actor
+        // (the only sender) is dropped. `do_send` is rate-bounded: one answer per ticket, and
+        // a ticket is issued only after the previous one was answered.
+        let (tx, rx) = std::sync::mpsc::channel::<SyncTicket>();
+        let addr = ctx.address();
+        match std::thread::Builder::new()
+            .name(format!("bmq-sync-{}", self.id))
+            .spawn(move || {
+                while let Ok(ticket) = rx.recv() {
+                    let result = ticket.run();
+                    addr.do_send(JournalSynced { ticket, result });
+                }
+            }) {
+            Ok(_) => self.syncer = Some(tx),
+            Err(e) => {
+                // Without it the actor syncs on its own thread, as it did before.
+                tracing::warn!(partition = %self.id, error = %e, "cannot start the sync thread: fsyncs run on the partition thread");
+            }
+        }
+        // The closer thread: closes the files of deleted journal segments (dropping the last
+        // reference closes a file), so the partition never waits while the kernel frees them.
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Arc<std::fs::File>>>();
+        match std::thread::Builder::new()
+            .name(format!("bmq-close-{}", self.id))
+            .spawn(move || {
+                while let Ok(files) = rx.recv() {
+                    drop(files);
+                }
+            }) {
+            Ok(_) => self.closer = Some(tx),
+            Err(e) => {
+                tracing::warn!(partition = %self.id, error = %e, "cannot start the closer thread: deleted segments close on the partition thread");
+            }
+        }
         let Some((dir, store, cfg)) = self.opening.take() else {
             return;
         };
         let started = Instant::now();
         match Store::open(&dir, store, cfg.policies.apps_of()) {
-            Ok(store) => {
+            Ok(mut store) => {
+                store.set_defer_close(self.closer.is_some());
                 let stats = store.stats();
                 tracing::info!(
                     partition = %self.id,
@@ -490,6 +571,23 @@ impl Handler<FlushJournal> for PartitionActor {
         if self.flush_queued {
             self.flush(ctx);
         }
+    }
+}
+
+impl Handler<JournalSynced> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: JournalSynced, ctx: &mut Self::Context) {
+        self.sync_in_flight = false;
+        if self.failed {
+            return;
+        }
+        if let Some(core) = self.core.as_mut() {
+            // A failure is also a `Fatal` output, which `drive` acts on.
+            let _ = core.complete_sync(Instant::now(), msg.ticket, msg.result);
+        }
+        // More may have been written meanwhile: `drive` queues the next flush.
+        self.drive(ctx);
     }
 }
 
