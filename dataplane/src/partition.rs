@@ -480,7 +480,7 @@ impl Partition {
 
     /// The files of journal segments removed since the last call, for the shell to close on
     /// another thread (see [`Store::set_defer_close`]).
-    pub fn take_closed_files(&mut self) -> Vec<std::sync::Arc<std::fs::File>> {
+    pub fn take_closed_files(&mut self) -> crate::store::ClosedFiles {
         self.replication.take_closed_files()
     }
 

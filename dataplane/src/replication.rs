@@ -300,7 +300,7 @@ impl ReplicationCore {
 
     /// The files of journal segments removed since the last call, for the shell to close on
     /// another thread ([`Store::set_defer_close`], [`Store::take_closed_files`]).
-    pub fn take_closed_files(&mut self) -> Vec<std::sync::Arc<std::fs::File>> {
+    pub fn take_closed_files(&mut self) -> crate::store::ClosedFiles {
         self.store.take_closed_files()
     }
 

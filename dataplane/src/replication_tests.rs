@@ -322,7 +322,7 @@ fn replica_receipts_only_after_its_fsync_ticket_completes() {
         settle(now, &mut cores, &[]),
         vec![Output::Active { lease: LeaseId(1) }]
     );
-    let mut put_to_node_2 = |cores: &mut [Node], n: u8| {
+    let put_to_node_2 = |cores: &mut [Node], n: u8| {
         cores[0].handle_put(
             now,
             producer(),

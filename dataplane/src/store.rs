@@ -245,6 +245,9 @@ struct Segment {
     reserved: u64,
     /// Bytes made durable by the last fsync (for simulated crashes).
     synced_len: u64,
+    /// Created, but its inode and directory entry are not known durable yet: the next sync
+    /// (a [`SyncTicket`] with `full`) fsyncs both before anything in it counts as durable.
+    fresh: bool,
     /// Records held, ascending sequence (markers excluded).
     records: Vec<Held>,
     live: u64,
@@ -378,6 +381,53 @@ pub struct Maintenance {
     pub freed_bytes: u64,
 }
 
+/// What a file of a deleted segment is renamed to until it is removed ([`ClosedFiles`]).
+const DELETED_SUFFIX: &str = ".bmqj.deleted";
+
+fn deleted_path(path: &Path) -> PathBuf {
+    let mut name = path.file_stem().unwrap_or_default().to_os_string();
+    name.push(DELETED_SUFFIX);
+    path.with_file_name(name)
+}
+
+/// Segment files a store with deferred closing let go of ([`Store::take_closed_files`]): to
+/// remove and close on another thread with [`ClosedFiles::finish`], so the partition never
+/// waits while the kernel frees a segment's pages and blocks.
+#[derive(Debug, Default)]
+pub struct ClosedFiles {
+    files: Vec<Arc<File>>,
+    /// Renamed files of deleted segments, to remove.
+    unlink: Vec<PathBuf>,
+    /// The directory to fsync once they are removed.
+    sync_dir: Option<PathBuf>,
+}
+
+impl ClosedFiles {
+    /// Whether there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.unlink.is_empty()
+    }
+
+    /// Removes the deleted segments' files, closes every file and fsyncs the directory.
+    /// Errors: the first removal or fsync that failed (the space is then reclaimed at the
+    /// next open, which removes `.deleted` files); the rest is still done.
+    pub fn finish(self) -> std::io::Result<()> {
+        let mut result = Ok(());
+        for path in &self.unlink {
+            if let Err(e) = std::fs::remove_file(path) {
+                result = result.and(Err(e));
+            }
+        }
+        drop(self.files);
+        if let Some(dir) = &self.sync_dir {
+            if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+}
+
 /// An fsync of a journal segment that [`Store::begin_sync`] left to the caller, so that it
 /// can run on another thread while the store takes more appends (group commit without
 /// stopping the partition; see [`Store::complete_sync`]). Covers every position held when
@@ -391,13 +441,24 @@ pub struct SyncTicket {
     len: u64,
     /// The last position held when the ticket was issued.
     through: u64,
+    /// The base of the last marker written when the ticket was issued.
+    marked_base: u64,
     epoch: u64,
+    /// The segment is new (`Segment::fresh`): fsync its inode too, then this directory.
+    new_segment_dir: Option<PathBuf>,
 }
 
 impl SyncTicket {
-    /// Runs the fsync (`fdatasync`); blocks for as long as the disk takes.
+    /// Runs the fsync (`fdatasync`; for a new segment `fsync` of the file and of its
+    /// directory); blocks for as long as the disk takes.
     pub fn run(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+        match &self.new_segment_dir {
+            None => self.file.sync_data(),
+            Some(dir) => {
+                self.file.sync_all()?;
+                File::open(dir)?.sync_all()
+            }
+        }
     }
 
     /// The last position this ticket makes durable.
@@ -435,7 +496,12 @@ pub struct Store {
     /// closed here ([`Store::set_defer_close`]).
     defer_close: bool,
     /// Files of removed or replaced segments, for the caller to close elsewhere.
-    closed_files: Vec<Arc<File>>,
+    closed_files: ClosedFiles,
+    /// The base of the newest marker known durable (see [`Store::maintain`]).
+    durable_marked_base: u64,
+    /// Segments found dead at a base whose marker is not durable yet: `(base, numbers)`,
+    /// deleted once it is.
+    pending_deletion: Option<(u64, Vec<u32>)>,
     /// Outstanding messages, by GUID.
     index: GuidIndex<Entry>,
     /// Effects of records above the base, in sequence order.
@@ -572,6 +638,12 @@ impl Store {
             let entry = entry.map_err(io(dir))?;
             let name = entry.file_name();
             let name = name.to_string_lossy();
+            if name.ends_with(DELETED_SUFFIX) {
+                // A deleted segment whose file the node had not removed yet.
+                let path = entry.path();
+                std::fs::remove_file(&path).map_err(io(&path))?;
+                continue;
+            }
             if name.ends_with(".bmqj.compact") {
                 // A compaction the node did not finish: the segment it was to replace is
                 // intact.
@@ -608,7 +680,9 @@ impl Store {
             durable: 0,
             sync_epoch: 0,
             defer_close: false,
-            closed_files: Vec::new(),
+            closed_files: ClosedFiles::default(),
+            durable_marked_base: 0,
+            pending_deletion: None,
             index: GuidIndex::new(),
             effects: VecDeque::new(),
             queues: Vec::new(),
@@ -633,6 +707,7 @@ impl Store {
         store.apply_effects_through(store.base);
         store.durable = store.last_sequence;
         store.marked = (store.base, store.last_sequence);
+        store.durable_marked_base = store.base;
         info!(
             dir = %dir.display(),
             segments = store.segments.len(),
@@ -729,6 +804,7 @@ impl Store {
             written: HEADER_LEN,
             reserved: 0,
             synced_len: 0,
+            fresh: false,
             records: Vec::new(),
             live: 0,
             live_bytes: 0,
@@ -1058,8 +1134,8 @@ impl Store {
         }
     }
 
-    /// Creates segment `n` with its header and a marker of where the journal stands, durably
-    /// (the directory entry too).
+    /// Creates segment `n` with its header and a marker of where the journal stands; the next
+    /// sync makes it durable, with its directory entry (see `Segment::fresh`).
     fn create_segment(&mut self, n: u32) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, n);
         let mut buf = Vec::with_capacity(64);
@@ -1077,9 +1153,6 @@ impl Store {
             // The segment's space, reserved now: a full disk shows here, where the append that
             // needs the segment can still be refused, and never in a write-behind.
             let reserved = reserve(&file, self.cfg.segment_size_max)?;
-            if self.cfg.fsync {
-                file.sync_all()?;
-            }
             Ok((file, reserved))
         })();
         let (file, reserved) = match made {
@@ -1089,9 +1162,9 @@ impl Store {
                 return Err(io(&path)(e));
             }
         };
-        if self.cfg.fsync {
-            sync_dir(&self.dir)?;
-        }
+        // Its inode and directory entry become durable with the next sync (see `fresh`), off
+        // the partition's thread: a roll-over does not wait for two fsyncs.
+        let fresh = self.cfg.fsync;
         self.bytes_total += buf.len() as u64;
         self.segments.push(Segment {
             no: n,
@@ -1100,7 +1173,8 @@ impl Store {
             len: buf.len() as u64,
             written: buf.len() as u64,
             reserved,
-            synced_len: buf.len() as u64,
+            synced_len: if fresh { 0 } else { buf.len() as u64 },
+            fresh,
             records: Vec::new(),
             live: 0,
             live_bytes: 0,
@@ -1108,6 +1182,9 @@ impl Store {
             self_pinned: 0,
         });
         self.marked = (self.base, self.last_sequence);
+        if !fresh {
+            self.durable_marked_base = self.durable_marked_base.max(self.base);
+        }
         Ok(())
     }
 
@@ -1185,10 +1262,19 @@ impl Store {
         let fsync = self.cfg.fsync;
         let s = self.active();
         if fsync {
-            s.file.sync_data().map_err(io(&s.path))?;
+            // Before the next segment exists: its marker says how far this one goes.
+            if s.fresh {
+                s.file.sync_all().map_err(io(&s.path))?;
+            } else {
+                s.file.sync_data().map_err(io(&s.path))?;
+            }
         }
+        let was_fresh = std::mem::take(&mut s.fresh);
         s.synced_len = s.len;
         let next = s.no + 1;
+        if fsync && was_fresh {
+            sync_dir(&self.dir)?;
+        }
         self.create_segment(next)?;
         // The closed segment's list grows no more: give its spare capacity back.
         let closed = self.segments.len() - 2;
@@ -1457,19 +1543,24 @@ impl Store {
         let fsync = self.cfg.fsync;
         let through = self.last_sequence;
         let epoch = self.sync_epoch;
+        let marked_base = self.marked.0;
+        let dir = self.dir.clone();
         let s = self.active();
-        if fsync && s.synced_len < s.len {
+        if fsync && (s.synced_len < s.len || s.fresh) {
             return Ok(Some(SyncTicket {
                 file: s.file.clone(),
                 path: s.path.clone(),
                 segment: s.no,
                 len: s.len,
                 through,
+                marked_base,
                 epoch,
+                new_segment_dir: s.fresh.then_some(dir),
             }));
         }
         s.synced_len = s.len;
         self.durable = through;
+        self.durable_marked_base = self.durable_marked_base.max(marked_base);
         Ok(None)
     }
 
@@ -1492,9 +1583,13 @@ impl Store {
         if let Some(s) = self.segments.last_mut() {
             if s.no == ticket.segment && ticket.len <= s.len {
                 s.synced_len = s.synced_len.max(ticket.len);
+                if ticket.new_segment_dir.is_some() {
+                    s.fresh = false;
+                }
             }
         }
         self.durable = self.durable.max(ticket.through.min(self.last_sequence));
+        self.durable_marked_base = self.durable_marked_base.max(ticket.marked_base);
         Ok(self.durable)
     }
 
@@ -1516,15 +1611,15 @@ impl Store {
     }
 
     /// The files of segments removed or replaced since the last call (see
-    /// [`Store::set_defer_close`]); dropping them closes them. Their names are gone already:
-    /// nothing reads them again.
-    pub fn take_closed_files(&mut self) -> Vec<Arc<File>> {
+    /// [`Store::set_defer_close`]), to finish with [`ClosedFiles::finish`] on another thread.
+    /// Nothing reads them again.
+    pub fn take_closed_files(&mut self) -> ClosedFiles {
         std::mem::take(&mut self.closed_files)
     }
 
     fn retire_file(&mut self, file: Arc<File>) {
         if self.defer_close {
-            self.closed_files.push(file);
+            self.closed_files.files.push(file);
         }
     }
 
@@ -1955,21 +2050,50 @@ impl Store {
         let mut report = Maintenance::default();
         let base = self.base;
         let settled = |s: &Segment| s.last_sequence().is_none_or(|l| l <= base);
-        let mut marked = false;
+        let dead_and_settled = |s: &Segment| s.live == s.self_pinned && settled(s);
+        // A segment goes only once a durable marker has a base at which it was dead: a
+        // restart then knows its positions are absent on purpose, and no confirm that made
+        // its messages dead can be truncated away. The marker is written here without an
+        // fsync (the partition does not wait for the disk); the segments found dead at this
+        // base are deleted by a later call, once the next sync has made the marker durable.
+        // The newest durable marker must also outlive the deletion: it is in the active
+        // segment (its header's or a later one) once the active segment itself is durable.
+        let active_fresh = self.segments.last().is_some_and(|s| s.fresh);
+        if let Some((at, _)) = &self.pending_deletion {
+            if self.durable_marked_base < *at || active_fresh {
+                self.maintenance_due = true;
+                return Ok(report);
+            }
+            let (_, nos) = self.pending_deletion.take().expect("checked");
+            for no in nos {
+                // Still there and still dead (deadness only grows while the process runs).
+                if let Some(i) = self.segments.iter().position(|s| s.no == no) {
+                    if i + 1 < self.segments.len()
+                        && self.segments[i].live == self.segments[i].self_pinned
+                    {
+                        self.delete_segment(i, &mut report)?;
+                    }
+                }
+            }
+        }
         // Deleting a segment releases the records it pinned, which may free the next one.
         loop {
             let closed = self.segments.len().saturating_sub(1);
             let deletable: Vec<u32> = self.segments[..closed]
                 .iter()
-                .filter(|s| s.live == s.self_pinned && settled(s))
+                .filter(|s| dead_and_settled(s))
                 .map(|s| s.no)
                 .collect();
             if deletable.is_empty() {
                 break;
             }
-            if !marked {
-                self.mark_durably()?;
-                marked = true;
+            if self.durable_marked_base < base || active_fresh {
+                if self.marked.0 < base {
+                    self.write_marker()?;
+                }
+                self.pending_deletion = Some((base, deletable));
+                self.maintenance_due = true;
+                break;
             }
             for no in deletable {
                 let i = self
@@ -1977,31 +2101,23 @@ impl Store {
                     .iter()
                     .position(|s| s.no == no)
                     .expect("listed");
-                let s = self.segments.remove(i);
-                std::fs::remove_file(&s.path).map_err(io(&s.path))?;
-                self.retire_file(s.file.clone());
-                // Its only live records were confirms of its own dead messages.
-                self.live_bytes = self.live_bytes.saturating_sub(s.live_bytes);
-                self.floor = self.floor.max(s.last_sequence().unwrap_or(0));
-                self.bytes_total = self.bytes_total.saturating_sub(s.len);
-                report.deleted += 1;
-                report.freed_bytes += s.len;
-                // The dead messages are gone from disk: their confirms are no longer needed.
-                for r in s.pins {
-                    self.kill(r);
-                }
+                self.delete_segment(i, &mut report)?;
             }
         }
         let closed = self.segments.len().saturating_sub(1);
+        let sparse = |s: &Segment| settled(s) && s.live > 0;
         let dead_closed: u64 = self.segments[..closed]
             .iter()
-            .filter(|s| settled(s) && s.live > 0)
+            .filter(|s| sparse(s))
             .map(Segment::dead_bytes)
             .sum();
-        let compact = if dead_closed > self.cfg.segment_size_max {
+        // Deleting what waits for its marker releases records it pins elsewhere: decide on
+        // compaction after that.
+        let compact = if self.pending_deletion.is_none() && dead_closed > self.cfg.segment_size_max
+        {
             self.segments[..closed]
                 .iter()
-                .filter(|s| settled(s) && s.live > 0)
+                .filter(|s| sparse(s))
                 .max_by_key(|s| s.dead_bytes())
                 .map(|s| s.no)
         } else {
@@ -2010,14 +2126,13 @@ impl Store {
         if report.deleted == 0 && compact.is_none() {
             return Ok(report);
         }
-        if !marked {
-            self.mark_durably()?;
-        }
         if let Some(no) = compact {
+            // Compaction is rare (sparse closed segments) and waits for its own fsyncs.
+            self.mark_durably()?;
             report.freed_bytes += self.compact(no)?;
             report.compacted += 1;
         }
-        if self.cfg.fsync {
+        if self.cfg.fsync && (report.compacted > 0 || !self.defer_close) {
             sync_dir(&self.dir)?;
         }
         self.maintenance_epoch += 1;
@@ -2026,6 +2141,36 @@ impl Store {
                 .increment(report.deleted as u64);
         }
         Ok(report)
+    }
+
+    /// Deletes closed segment `i` (every record dead and settled, a durable marker saying so):
+    /// with deferred closing its file is renamed now and removed by the caller's thread with
+    /// the close (which frees its pages and blocks: tens of milliseconds); a crash in between
+    /// leaves a `.deleted` file, removed at open.
+    fn delete_segment(&mut self, i: usize, report: &mut Maintenance) -> Result<(), StoreError> {
+        let s = self.segments.remove(i);
+        if self.defer_close {
+            let deleted = deleted_path(&s.path);
+            std::fs::rename(&s.path, &deleted).map_err(io(&s.path))?;
+            self.closed_files.unlink.push(deleted);
+            if self.cfg.fsync {
+                self.closed_files.sync_dir = Some(self.dir.clone());
+            }
+        } else {
+            std::fs::remove_file(&s.path).map_err(io(&s.path))?;
+        }
+        self.retire_file(s.file.clone());
+        // Its only live records were confirms of its own dead messages.
+        self.live_bytes = self.live_bytes.saturating_sub(s.live_bytes);
+        self.floor = self.floor.max(s.last_sequence().unwrap_or(0));
+        self.bytes_total = self.bytes_total.saturating_sub(s.len);
+        report.deleted += 1;
+        report.freed_bytes += s.len;
+        // The dead messages are gone from disk: their confirms are no longer needed.
+        for r in s.pins {
+            self.kill(r);
+        }
+        Ok(())
     }
 
     /// Appends and syncs a marker with the current base, unless one is already durable.

@@ -44,7 +44,8 @@ use std::time::{Instant, SystemTime};
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use bmq_dataplane::{
-    Partition, PartitionConfig, PartitionOutput, PartitionStats, Store, StoreConfig, SyncTicket,
+    ClosedFiles, Partition, PartitionConfig, PartitionOutput, PartitionStats, Store, StoreConfig,
+    SyncTicket,
 };
 use bmq_proto::client::ClientMessage;
 use bmq_proto::peer::PartitionMessage;
@@ -174,11 +175,20 @@ pub struct PartitionActor {
     syncer: Option<std::sync::mpsc::Sender<SyncTicket>>,
     /// A ticket is with the sync thread; the next fsync starts when it answers.
     sync_in_flight: bool,
-    /// The closer thread's queue: files of deleted journal segments, whose last close frees
-    /// their pages and blocks (tens of milliseconds for a segment).
-    closer: Option<std::sync::mpsc::Sender<Vec<Arc<std::fs::File>>>>,
+    /// The closer thread's queue: files of deleted journal segments, to remove and close (the
+    /// last close frees their pages and blocks: tens of milliseconds for a segment).
+    closer: Option<std::sync::mpsc::Sender<ClosedFiles>>,
     /// A journal write or fsync failed: the node is stopping; nothing more is written or sent.
     failed: bool,
+}
+
+/// Removes and closes the files of deleted journal segments; a failure only delays the
+/// reclaiming of their space (the next open removes what is left), so it is logged and counted.
+fn finish_closed(partition: PartitionId, closed: ClosedFiles) {
+    if let Err(e) = closed.finish() {
+        metrics::counter!("bmq_journal_delete_errors_total").increment(1);
+        tracing::warn!(%partition, error = %e, "cannot remove a deleted journal segment: its space returns at the next start");
+    }
 }
 
 /// Wall-clock milliseconds since the Unix epoch (the anchor of the core's record timestamps).
@@ -257,9 +267,10 @@ impl PartitionActor {
         }
         let closed = core.take_closed_files();
         if !closed.is_empty() {
-            // Without the closer thread (it failed to start), they close here.
             if let Some(closer) = &self.closer {
-                let _ = closer.send(closed);
+                if let Err(std::sync::mpsc::SendError(closed)) = closer.send(closed) {
+                    finish_closed(self.id, closed);
+                }
             }
         }
         let needs_sync = core.needs_sync();
@@ -442,14 +453,15 @@ impl Actor for PartitionActor {
                 tracing::warn!(partition = %self.id, error = %e, "cannot start the sync thread: fsyncs run on the partition thread");
             }
         }
-        // The closer thread: closes the files of deleted journal segments (dropping the last
-        // reference closes a file), so the partition never waits while the kernel frees them.
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<Arc<std::fs::File>>>();
+        // The closer thread: removes and closes the files of deleted journal segments, in
+        // order, so the partition never waits while the kernel frees them.
+        let (tx, rx) = std::sync::mpsc::channel::<ClosedFiles>();
+        let id = self.id;
         match std::thread::Builder::new()
             .name(format!("bmq-close-{}", self.id))
             .spawn(move || {
-                while let Ok(files) = rx.recv() {
-                    drop(files);
+                while let Ok(closed) = rx.recv() {
+                    finish_closed(id, closed);
                 }
             }) {
             Ok(_) => self.closer = Some(tx),
