@@ -1406,48 +1406,54 @@ impl Store {
             self.base = gap_bound;
             self.write_marker()?;
         }
-        let mut buf: Vec<u8> = Vec::new();
+        // The frames are staged in the cache's block (see `Cached`), so a record is copied
+        // once into memory the cache keeps and once into the write-behind buffer.
+        self.cache_block.clear();
         let mut staged: Vec<(u32, u32)> = Vec::new();
         let mut first_staged = 0;
         for (i, record) in records.iter().enumerate() {
-            if self.active().len + buf.len() as u64 >= self.cfg.segment_size_max {
-                self.flush(&mut buf, &mut staged, &records[first_staged..i])?;
+            if self.active().len + self.cache_block.len() as u64 >= self.cfg.segment_size_max {
+                self.flush(&mut staged, &records[first_staged..i])?;
                 first_staged = i;
                 self.roll_over()?;
             }
-            let offset = self.active().len + buf.len() as u64;
+            let offset = self.active().len + self.cache_block.len() as u64;
+            let need = match frames {
+                Some(frames) => frames[i].len(),
+                None => RECORD_HEADER_LEN + record.encoded_len(),
+            };
+            if self.cache_block.capacity() - self.cache_block.len() < need {
+                if self.cache_block.is_empty() {
+                    self.cache_block = BytesMut::with_capacity(CACHE_BLOCK.max(need));
+                } else {
+                    self.cache_block.reserve(need);
+                }
+            }
             let len = match frames {
                 Some(frames) => {
-                    buf.extend_from_slice(&frames[i]);
+                    self.cache_block.extend_from_slice(&frames[i]);
                     frames[i].len() as u32
                 }
-                None => frame(record, &mut buf),
+                None => frame(record, &mut self.cache_block),
             };
             staged.push((offset as u32, len));
         }
-        self.flush(&mut buf, &mut staged, &records[first_staged..])
+        self.flush(&mut staged, &records[first_staged..])
     }
 
-    /// Writes the staged records and, once written, indexes and caches them (the cache keeps
-    /// their frames: slices of one buffer, no copy).
+    /// Writes the records staged in the cache's block and, once written, indexes and caches
+    /// them (the cache keeps their frames: slices of one block, no copy).
     fn flush(
         &mut self,
-        buf: &mut Vec<u8>,
         staged: &mut Vec<(u32, u32)>,
         records: &[JournalRecord],
     ) -> Result<(), StoreError> {
-        if buf.is_empty() {
+        if self.cache_block.is_empty() {
             return Ok(());
         }
         let start = self.active().len;
-        self.write_active(buf)?;
-        // The cache's copy of the written bytes (see `Cached`).
-        if self.cache_block.capacity() - self.cache_block.len() < buf.len() {
-            self.cache_block = BytesMut::with_capacity(CACHE_BLOCK.max(buf.len()));
-        }
-        self.cache_block.extend_from_slice(buf);
         let written = self.cache_block.split().freeze();
-        buf.clear();
+        self.write_active(&written)?;
         let segment = self.segments.len() - 1;
         let mut effects = Vec::new();
         for ((offset, len), record) in staged.drain(..).zip(records) {
@@ -2325,13 +2331,17 @@ fn recover_install(dir: &Path) -> Result<(), StoreError> {
 }
 
 /// Appends `record` framed (length, CRC32C, body) to `buf`; returns the framed length.
-fn frame(record: &JournalRecord, buf: &mut Vec<u8>) -> u32 {
+fn frame<B>(record: &JournalRecord, buf: &mut B) -> u32
+where
+    B: bytes::BufMut + std::ops::DerefMut<Target = [u8]>,
+{
     let len = record.encoded_len();
     let start = buf.len();
-    buf.reserve(RECORD_HEADER_LEN + len);
-    buf.extend_from_slice(&(len as u32).to_le_bytes());
-    buf.extend_from_slice(&[0; 4]);
-    record.encode(buf).expect("a Vec grows to hold the record");
+    buf.put_slice(&(len as u32).to_le_bytes());
+    buf.put_slice(&[0; 4]);
+    record
+        .encode(buf)
+        .expect("the buffer grows to hold the record");
     let crc = crc32c::crc32c(&buf[start + RECORD_HEADER_LEN..]);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     (buf.len() - start) as u32

@@ -1562,7 +1562,7 @@ impl MetadataCore {
     }
 
     fn refresh_commit(&mut self, now: Instant) {
-        if !self.commit_refresh_due().is_some_and(|at| at <= now) {
+        if self.commit_refresh_due().is_none_or(|at| at > now) {
             return;
         }
         let Some((lsn, committed, _)) = self.commit_tail else {
