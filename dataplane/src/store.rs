@@ -381,6 +381,109 @@ pub struct Maintenance {
     pub freed_bytes: u64,
 }
 
+/// The write-behind buffer of the active segment: the frames appended since the last write,
+/// kept as the slices of the cache's blocks they were staged in (no copy), written with
+/// `pwritev`.
+#[derive(Debug, Default)]
+struct WriteBehind {
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+/// Most buffers one `pwritev` takes (Linux's `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+impl WriteBehind {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn push(&mut self, chunk: Bytes) {
+        if !chunk.is_empty() {
+            self.len += chunk.len();
+            self.chunks.push(chunk);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.chunks.clear();
+        self.len = 0;
+    }
+
+    /// Keeps the first `keep` bytes.
+    fn truncate(&mut self, keep: usize) {
+        let mut total = 0;
+        let mut n = 0;
+        while n < self.chunks.len() && total + self.chunks[n].len() <= keep {
+            total += self.chunks[n].len();
+            n += 1;
+        }
+        if n < self.chunks.len() && total < keep {
+            self.chunks[n].truncate(keep - total);
+            total = keep;
+            n += 1;
+        }
+        self.chunks.truncate(n);
+        self.len = total;
+    }
+
+    /// A copy of bytes `start..end`, or `None` when they are not all here.
+    fn copy_range(&self, start: usize, end: usize) -> Option<Vec<u8>> {
+        if start > end || end > self.len {
+            return None;
+        }
+        let mut out = Vec::with_capacity(end - start);
+        let mut at = 0;
+        for chunk in &self.chunks {
+            let (from, to) = (at, at + chunk.len());
+            at = to;
+            if to <= start {
+                continue;
+            }
+            if from >= end {
+                break;
+            }
+            out.extend_from_slice(&chunk[start.max(from) - from..end.min(to) - from]);
+        }
+        Some(out)
+    }
+
+    /// Writes every byte at `offset` of `file` (`pwritev`, as many calls as it takes).
+    fn write_at(&self, file: &File, mut offset: u64) -> std::io::Result<()> {
+        let (mut chunk, mut skip) = (0, 0);
+        while chunk < self.chunks.len() {
+            let mut slices = Vec::with_capacity((self.chunks.len() - chunk).min(IOV_MAX));
+            slices.push(std::io::IoSlice::new(&self.chunks[chunk][skip..]));
+            for c in self.chunks[chunk + 1..].iter().take(IOV_MAX - 1) {
+                slices.push(std::io::IoSlice::new(c));
+            }
+            let mut written = match rustix::io::pwritev(file, &slices, offset) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            offset += written as u64;
+            while written > 0 {
+                let left = self.chunks[chunk].len() - skip;
+                if written >= left {
+                    written -= left;
+                    chunk += 1;
+                    skip = 0;
+                } else {
+                    skip += written;
+                    written = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a file of a deleted segment is renamed to until it is removed ([`ClosedFiles`]).
 const DELETED_SUFFIX: &str = ".bmqj.deleted";
 
@@ -509,9 +612,9 @@ pub struct Store {
     queues: Vec<QueueInfo>,
     queue_ids: HashMap<String, u32>,
     /// Framed records of the active segment not yet written to its file (offsets `written..len`):
-    /// written in one `pwrite` at the next [`Store::sync`] (or when over [`PENDING_BYTES_MAX`]),
+    /// written in one `pwritev` at the next [`Store::sync`] (or when over [`PENDING_BYTES_MAX`]),
     /// so a batch of appends costs one system call, not one each.
-    pending: Vec<u8>,
+    pending: WriteBehind,
     /// The most recent records, ascending sequence, as written (see [`Cached`]).
     cache: VecDeque<Cached>,
     cache_bytes: u64,
@@ -687,7 +790,7 @@ impl Store {
             effects: VecDeque::new(),
             queues: Vec::new(),
             queue_ids: HashMap::new(),
-            pending: Vec::new(),
+            pending: WriteBehind::default(),
             cache: VecDeque::new(),
             cache_bytes: 0,
             cache_block: BytesMut::new(),
@@ -1192,14 +1295,14 @@ impl Store {
     /// in the write-behind buffer for the next [`Store::sync`] (one write for many appends);
     /// beyond it they are written at once, and a failed write cuts the segment back, so it
     /// leaves nothing behind.
-    fn write_active(&mut self, buf: &[u8]) -> Result<(), StoreError> {
+    fn write_active(&mut self, buf: Bytes) -> Result<(), StoreError> {
         let add = buf.len() as u64;
         let s = self.segments.last().expect("a segment is open");
         if s.len + add <= s.reserved {
             if self.pending.len() + buf.len() > PENDING_BYTES_MAX {
                 self.write_pending()?;
             }
-            self.pending.extend_from_slice(buf);
+            self.pending.push(buf);
             self.active().len += add;
             self.bytes_total += add;
             return Ok(());
@@ -1207,7 +1310,7 @@ impl Store {
         self.write_pending()?;
         let s = self.active();
         let at = s.len;
-        match s.file.write_all_at(buf, at) {
+        match s.file.write_all_at(&buf, at) {
             Ok(()) => {
                 s.len += add;
                 s.written = s.len;
@@ -1224,7 +1327,7 @@ impl Store {
         }
     }
 
-    /// Writes the write-behind buffer to the active segment's file (one `pwrite`). On failure
+    /// Writes the write-behind buffer to the active segment's file (one `pwritev`). On failure
     /// the file is cut back to what was written before and the buffer kept, so a later call
     /// writes it again.
     fn write_pending(&mut self) -> Result<(), StoreError> {
@@ -1233,7 +1336,7 @@ impl Store {
         }
         let s = self.segments.last_mut().expect("a segment is open");
         let at = s.written;
-        match s.file.write_all_at(&self.pending, at) {
+        match self.pending.write_at(&s.file, at) {
             Ok(()) => {
                 s.written += self.pending.len() as u64;
                 debug_assert_eq!(s.written, s.len, "the buffer holds the segment's tail");
@@ -1252,7 +1355,7 @@ impl Store {
     fn write_marker(&mut self) -> Result<(), StoreError> {
         let mut buf = Vec::new();
         frame(&self.marker(), &mut buf);
-        self.write_active(&buf)?;
+        self.write_active(Bytes::from(buf))?;
         self.marked = (self.base, self.last_sequence);
         Ok(())
     }
@@ -1453,7 +1556,7 @@ impl Store {
         }
         let start = self.active().len;
         let written = self.cache_block.split().freeze();
-        self.write_active(&written)?;
+        self.write_active(written.clone())?;
         let segment = self.segments.len() - 1;
         let mut effects = Vec::new();
         for ((offset, len), record) in staged.drain(..).zip(records) {
@@ -1851,8 +1954,8 @@ impl Store {
         }
         let start = (offset - s.written) as usize;
         let end = start + held.len() as usize;
-        match self.pending.get(start..end) {
-            Some(data) => decode_framed(s, held, data.to_vec()),
+        match self.pending.copy_range(start, end) {
+            Some(data) => decode_framed(s, held, data),
             None => Err(StoreError::Corrupt {
                 path: s.path.clone(),
                 offset,
