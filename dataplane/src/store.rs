@@ -1526,11 +1526,12 @@ impl Store {
                 None => RECORD_HEADER_LEN + record.encoded_len(),
             };
             if self.cache_block.capacity() - self.cache_block.len() < need {
-                if self.cache_block.is_empty() {
-                    self.cache_block = BytesMut::with_capacity(CACHE_BLOCK.max(need));
-                } else {
-                    self.cache_block.reserve(need);
-                }
+                // The block is full: what is staged goes now, the rest into a new block (a
+                // `reserve` would copy the staged bytes into a new allocation, again and again
+                // for a large batch).
+                self.flush(&mut staged, &records[first_staged..i])?;
+                first_staged = i;
+                self.cache_block = BytesMut::with_capacity(CACHE_BLOCK.max(need));
             }
             let len = match frames {
                 Some(frames) => {
