@@ -25,6 +25,15 @@ fn open(dir: &Path, segment: u64) -> Store {
     Store::open(dir, cfg(segment), apps()).expect("open")
 }
 
+/// A store in `dir` with real fsyncs (so that a sync leaves a [`SyncTicket`]).
+fn open_fsync(dir: &Path, segment: u64) -> Store {
+    let cfg = StoreConfig {
+        fsync: true,
+        ..cfg(segment)
+    };
+    Store::open(dir, cfg, apps()).expect("open")
+}
+
 fn guid(n: u64) -> Bytes {
     Bytes::copy_from_slice(&u128::from(n).to_be_bytes())
 }
@@ -68,6 +77,18 @@ fn maintain(s: &mut Store) -> Maintenance {
         m.freed_bytes += more.freed_bytes;
     }
     m
+}
+
+/// Appends `count` messages, each followed by its confirm; returns the last position.
+fn put_and_confirm(s: &mut Store, count: u64) -> u64 {
+    let mut seq = 0;
+    for n in 1..=count {
+        seq += 1;
+        s.append_one(&message(seq, 1, Q, n)).unwrap();
+        seq += 1;
+        s.append_one(&confirm(seq, 1, Q, n, "")).unwrap();
+    }
+    seq
 }
 
 fn outstanding_guids(store: &Store) -> Vec<u128> {
@@ -204,13 +225,7 @@ fn deleted_segments_files_are_handed_over_when_closing_is_deferred() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path(), 1024);
     s.set_defer_close(true);
-    let mut seq = 0;
-    for n in 1..=20 {
-        seq += 1;
-        s.append_one(&message(seq, 1, Q, n)).unwrap();
-        seq += 1;
-        s.append_one(&confirm(seq, 1, Q, n, "")).unwrap();
-    }
+    let seq = put_and_confirm(&mut s, 20);
     s.sync().unwrap();
     let segments = s.stats().segments;
     assert!(segments > 2, "{segments}");
@@ -237,19 +252,9 @@ fn deleted_segments_files_are_handed_over_when_closing_is_deferred() {
 #[test]
 fn segments_go_only_after_a_durable_marker_and_leftovers_go_at_open() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = StoreConfig {
-        fsync: true,
-        ..cfg(1024)
-    };
-    let mut s = Store::open(dir.path(), cfg, apps()).unwrap();
+    let mut s = open_fsync(dir.path(), 1024);
     s.set_defer_close(true);
-    let mut seq = 0;
-    for n in 1..=20 {
-        seq += 1;
-        s.append_one(&message(seq, 1, Q, n)).unwrap();
-        seq += 1;
-        s.append_one(&confirm(seq, 1, Q, n, "")).unwrap();
-    }
+    let seq = put_and_confirm(&mut s, 20);
     s.sync().unwrap();
     let segments = s.stats().segments;
     s.set_base(seq);
@@ -272,7 +277,7 @@ fn segments_go_only_after_a_durable_marker_and_leftovers_go_at_open() {
         })
         .count();
     assert_eq!(leftovers, segments - 1);
-    let s = Store::open(dir.path(), cfg, apps()).unwrap();
+    let s = open_fsync(dir.path(), 1024);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     assert_eq!(s.last_sequence(), seq);
     assert!(outstanding_guids(&s).is_empty());
@@ -419,11 +424,7 @@ fn truncate_after_forgets_the_tail() {
 #[test]
 fn a_sync_ticket_covers_what_was_held_when_it_began() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = StoreConfig {
-        fsync: true,
-        ..cfg(1 << 20)
-    };
-    let mut s = Store::open(dir.path(), cfg, apps()).unwrap();
+    let mut s = open_fsync(dir.path(), 1 << 20);
     for n in 1..=3 {
         s.append_one(&message(n, 1, Q, n)).unwrap();
     }
@@ -445,11 +446,7 @@ fn a_sync_ticket_covers_what_was_held_when_it_began() {
 #[test]
 fn a_truncation_voids_a_sync_ticket_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = StoreConfig {
-        fsync: true,
-        ..cfg(1 << 20)
-    };
-    let mut s = Store::open(dir.path(), cfg, apps()).unwrap();
+    let mut s = open_fsync(dir.path(), 1 << 20);
     for n in 1..=5 {
         s.append_one(&message(n, 1, Q, n)).unwrap();
     }
@@ -469,11 +466,7 @@ fn a_truncation_voids_a_sync_ticket_in_flight() {
 #[test]
 fn a_failed_sync_ticket_makes_nothing_durable() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = StoreConfig {
-        fsync: true,
-        ..cfg(1 << 20)
-    };
-    let mut s = Store::open(dir.path(), cfg, apps()).unwrap();
+    let mut s = open_fsync(dir.path(), 1 << 20);
     s.append_one(&message(1, 1, Q, 1)).unwrap();
     let ticket = s.begin_sync().unwrap().expect("a record to fsync");
     let failed = Err(std::io::Error::other("EIO"));
