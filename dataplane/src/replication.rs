@@ -388,7 +388,16 @@ impl ReplicationCore {
     /// settled position that rose since the last reclaim (the last confirms of a burst settle
     /// after its last write; their space is reclaimed without waiting for more traffic).
     pub fn needs_sync(&self) -> bool {
-        self.writes_pending() || (!self.failed && self.store.maintenance_due())
+        self.writes_pending()
+            || (!self.failed && (self.store.maintenance_due() || self.durable_unreleased()))
+    }
+
+    /// Whether the journal holds positions durably that this core has not released yet: a
+    /// truncation syncs in place (healing), and may do so while no fsync of the core's own is
+    /// due (found by the replication simulator once fsyncs ran off the core: a new primary
+    /// stayed passive with its journal durable to the end).
+    fn durable_unreleased(&self) -> bool {
+        self.store.durable().min(self.store.last_sequence()) > self.persisted
     }
 
     /// Whether records were written and not yet made durable.
@@ -427,7 +436,10 @@ impl ReplicationCore {
         }
         self.remember_retired(now);
         if !self.writes_pending() {
-            // Only settled dead records to reclaim: no fsync, nothing newly durable.
+            // No fsync to run: release what is durable already, reclaim settled dead records.
+            if self.durable_unreleased() {
+                self.on_persisted(now, self.store.durable());
+            }
             self.maintain_store()?;
             return Ok(None);
         }

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use bmq_dataplane::store::guid_key;
 use bmq_dataplane::{
     ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy, Partition, PartitionConfig,
-    PartitionOutput, QueueLimits, ReplicationConfig, Store, StoreConfig,
+    PartitionOutput, QueueLimits, ReplicationConfig, Store, StoreConfig, SyncTicket,
 };
 use bmq_proto::client::client_message::Kind;
 use bmq_proto::client::{
@@ -90,6 +90,11 @@ enum Event {
         message: PartitionMessage,
     },
     Sync {
+        node: usize,
+        inc: u64,
+    },
+    /// The fsync a `Sync` started (a ticket, as the node's sync thread runs it) finished.
+    SyncDone {
         node: usize,
         inc: u64,
     },
@@ -133,6 +138,9 @@ struct SimNode {
     p: Option<Partition>,
     inc: u64,
     sync_queued: bool,
+    /// The fsync in flight: inputs go on meanwhile, nothing it covers is durable until
+    /// `SyncDone` (as on a node, whose sync thread runs it).
+    ticket: Option<SyncTicket>,
     /// GUIDs whose message record was durable when the node crashed (it is down).
     durable_when_down: HashSet<u128>,
     stopping: bool,
@@ -288,6 +296,7 @@ impl Sim {
                 p: None,
                 inc: 0,
                 sync_queued: false,
+                ticket: None,
                 durable_when_down: HashSet::new(),
                 stopping: false,
             });
@@ -481,7 +490,7 @@ impl Sim {
         }
         let inc = self.nodes[n].inc;
         let needs = self.nodes[n].p.as_ref().is_some_and(|p| p.needs_sync());
-        if needs && !self.nodes[n].sync_queued {
+        if needs && !self.nodes[n].sync_queued && self.nodes[n].ticket.is_none() {
             self.nodes[n].sync_queued = true;
             let d = self.ms(0, 5);
             self.schedule(d, Event::Sync { node: n, inc });
@@ -718,6 +727,8 @@ impl Sim {
         node.durable_when_down = durable;
         node.inc += 1;
         node.sync_queued = false;
+        // An fsync that had not finished made nothing durable.
+        node.ticket = None;
         node.stopping = false;
         if let Some((at, _, _)) = self.consumer.attached {
             if at == n {
@@ -1083,7 +1094,28 @@ impl Sim {
                 self.nodes[node].sync_queued = false;
                 let now = self.now;
                 if let Some(p) = self.nodes[node].p.as_mut() {
-                    if let Err(e) = p.sync(now) {
+                    match p.begin_sync(now) {
+                        Ok(Some(ticket)) => {
+                            self.nodes[node].ticket = Some(ticket);
+                            let d = self.ms(0, 3);
+                            self.schedule(d, Event::SyncDone { node, inc });
+                        }
+                        Ok(None) => {}
+                        Err(e) => self.fail(format!("node {} sync failed: {e}", node + 1)),
+                    }
+                }
+                self.after_input(node);
+            }
+            Event::SyncDone { node, inc } => {
+                if self.nodes[node].inc != inc {
+                    return;
+                }
+                self.note(format!("node {} sync done", node + 1));
+                let now = self.now;
+                let ticket = self.nodes[node].ticket.take();
+                if let (Some(p), Some(ticket)) = (self.nodes[node].p.as_mut(), ticket) {
+                    let result = ticket.run();
+                    if let Err(e) = p.complete_sync(now, ticket, result) {
                         self.fail(format!("node {} sync failed: {e}", node + 1));
                     }
                 }
@@ -1154,7 +1186,12 @@ impl Sim {
                 self.move_primary();
                 // A clean exit once the move is out: everything written is synced first.
                 let now = self.now;
+                let ticket = self.nodes[node].ticket.take();
                 if let Some(p) = self.nodes[node].p.as_mut() {
+                    if let Some(ticket) = ticket {
+                        let result = ticket.run();
+                        let _ = p.complete_sync(now, ticket, result);
+                    }
                     if p.needs_sync() {
                         let _ = p.sync(now);
                     }
