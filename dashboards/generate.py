@@ -263,6 +263,10 @@ def queues():
             "bmq_queue_ack_latency_seconds: from a PUT received from the client to its ACK "
             "sent back, on the node the producer is connected to.",
             quantiles("bmq_queue_ack_latency_seconds"), unit="s")
+    d.panel("Journal fsync latency",
+            "bmq_journal_fsync_seconds: each group-commit fsync of a partition journal, on its "
+            "sync thread. Receipts and ACKs wait for it: a slow disk shows here first.",
+            quantiles("bmq_journal_fsync_seconds"), unit="s")
     d.panel("Redeliveries",
             "bmq_queue_redeliveries_total: pushes with delivery attempt > 1 (a consumer failed "
             "this message before).",

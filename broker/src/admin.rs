@@ -155,6 +155,7 @@ fn register_counters_at_zero() {
     // Registering the handle renders the histogram with empty buckets.
     let _ = metrics::histogram!("bmq_metadata_commit_latency_seconds");
     let _ = metrics::histogram!("bmq_queue_ack_latency_seconds");
+    let _ = metrics::histogram!("bmq_journal_fsync_seconds");
 }
 
 /// `# HELP` texts of the gauges [`refresh_scrape_gauges`] sets (the reference for every metric

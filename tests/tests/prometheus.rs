@@ -49,6 +49,8 @@ const MUST_BE_POSITIVE: &[(&str, &str)] = &[
     ("bmq-queues", "NACKs by reason"),
     ("bmq-queues", "Depth per partition"),
     ("bmq-queues", "Unconfirmed per partition"),
+    ("bmq-queues", "ACK latency"),
+    ("bmq-queues", "Journal fsync latency"),
     ("bmq-node", "Rejected client input"),
     ("bmq-node", "Client sessions"),
     ("bmq-cluster", "Elections"),

@@ -443,7 +443,10 @@ impl Actor for PartitionActor {
             .name(format!("bmq-sync-{}", self.id))
             .spawn(move || {
                 while let Ok(ticket) = rx.recv() {
+                    let started = Instant::now();
                     let result = ticket.run();
+                    metrics::histogram!("bmq_journal_fsync_seconds")
+                        .record(started.elapsed().as_secs_f64());
                     addr.do_send(JournalSynced { ticket, result });
                 }
             }) {
