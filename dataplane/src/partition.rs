@@ -72,7 +72,7 @@ use tracing::{info, warn};
 use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy};
 use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
 use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
-use crate::store::{guid_key, Store, StoreError, StoreStats, SyncTicket};
+use crate::store::{guid_key, ClosedFiles, Store, StoreError, StoreStats, SyncTicket};
 
 /// Old defects the replication simulator must find (issue 16), put back on purpose; compiled
 /// only with the `defect-injection` feature (see `docs/REPLICATION_VERIFICATION.md`).
@@ -480,7 +480,7 @@ impl Partition {
 
     /// The files of journal segments removed since the last call, for the shell to close on
     /// another thread (see [`Store::set_defer_close`]).
-    pub fn take_closed_files(&mut self) -> crate::store::ClosedFiles {
+    pub fn take_closed_files(&mut self) -> ClosedFiles {
         self.replication.take_closed_files()
     }
 

@@ -65,7 +65,7 @@ use bytes::Bytes;
 use tracing::{error, info, warn};
 
 use crate::guid_window::GuidWindow;
-use crate::store::{guid_key, split_frames, Store, StoreError, SyncTicket};
+use crate::store::{guid_key, split_frames, ClosedFiles, Store, StoreError, SyncTicket};
 
 /// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
 pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
@@ -300,7 +300,7 @@ impl ReplicationCore {
 
     /// The files of journal segments removed since the last call, for the shell to close on
     /// another thread ([`Store::set_defer_close`], [`Store::take_closed_files`]).
-    pub fn take_closed_files(&mut self) -> crate::store::ClosedFiles {
+    pub fn take_closed_files(&mut self) -> ClosedFiles {
         self.store.take_closed_files()
     }
 

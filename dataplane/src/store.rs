@@ -191,7 +191,24 @@ fn segment_path(dir: &Path, n: u32) -> PathBuf {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+    fsync_dir(dir).map_err(io(dir))
+}
+
+/// fsyncs directory `dir` (its entries: files created, renamed or removed in it).
+fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// fsyncs a segment's data; for a segment new since its directory was last fsynced
+/// (`new_in`: that directory), its inode and the directory entry too.
+fn fsync_segment(file: &File, new_in: Option<&Path>) -> std::io::Result<()> {
+    match new_in {
+        None => file.sync_data(),
+        Some(dir) => {
+            file.sync_all()?;
+            fsync_dir(dir)
+        }
+    }
 }
 
 /// A message GUID as a map key: its 16 bytes, big-endian (shorter ones are zero-padded,
@@ -246,7 +263,8 @@ struct Segment {
     /// Bytes made durable by the last fsync (for simulated crashes).
     synced_len: u64,
     /// Created, but its inode and directory entry are not known durable yet: the next sync
-    /// (a [`SyncTicket`] with `full`) fsyncs both before anything in it counts as durable.
+    /// (its [`SyncTicket`] names the directory) fsyncs both before anything in it counts as
+    /// durable.
     fresh: bool,
     /// Records held, ascending sequence (markers excluded).
     records: Vec<Held>,
@@ -523,7 +541,7 @@ impl ClosedFiles {
         }
         drop(self.files);
         if let Some(dir) = &self.sync_dir {
-            if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+            if let Err(e) = fsync_dir(dir) {
                 result = result.and(Err(e));
             }
         }
@@ -560,13 +578,7 @@ impl SyncTicket {
         if !self.fsync {
             return Ok(());
         }
-        match &self.new_segment_dir {
-            None => self.file.sync_data(),
-            Some(dir) => {
-                self.file.sync_all()?;
-                File::open(dir)?.sync_all()
-            }
-        }
+        fsync_segment(&self.file, self.new_segment_dir.as_deref())
     }
 
     /// The last position this ticket makes durable.
@@ -1368,21 +1380,15 @@ impl Store {
     fn roll_over(&mut self) -> Result<(), StoreError> {
         self.write_pending()?;
         let fsync = self.cfg.fsync;
+        let dir = self.dir.clone();
         let s = self.active();
         if fsync {
             // Before the next segment exists: its marker says how far this one goes.
-            if s.fresh {
-                s.file.sync_all().map_err(io(&s.path))?;
-            } else {
-                s.file.sync_data().map_err(io(&s.path))?;
-            }
+            fsync_segment(&s.file, s.fresh.then_some(dir.as_path())).map_err(io(&s.path))?;
         }
-        let was_fresh = std::mem::take(&mut s.fresh);
+        s.fresh = false;
         s.synced_len = s.len;
         let next = s.no + 1;
-        if fsync && was_fresh {
-            sync_dir(&self.dir)?;
-        }
         self.create_segment(next)?;
         // The closed segment's list grows no more: give its spare capacity back.
         let closed = self.segments.len() - 2;
@@ -1648,12 +1654,12 @@ impl Store {
     }
 
     /// Starts making everything appended so far durable without waiting for the disk: the
-    /// write-behind buffer goes to the file (one `pwrite`), and the fsync that remains is
+    /// write-behind buffer goes to the file (one `pwritev`), and the fsync that remains is
     /// returned as a [`SyncTicket`] for another thread to run ([`SyncTicket::run`]); hand its
     /// outcome to [`Store::complete_sync`] (also with fsync off, when `run` does nothing).
     /// `None`: nothing needed an fsync, and [`Store::durable`] already covers every position
-    /// held. Appends may go on while a
-    /// ticket runs; they are covered by the next one. Errors: the write failed.
+    /// held. Appends may go on while a ticket runs; they are covered by the next one. Errors:
+    /// the write failed.
     pub fn begin_sync(&mut self) -> Result<Option<SyncTicket>, StoreError> {
         self.write_pending()?;
         let fsync = self.cfg.fsync;
@@ -2185,9 +2191,7 @@ impl Store {
             for no in nos {
                 // Still there and still dead (deadness only grows while the process runs).
                 if let Some(i) = self.segments.iter().position(|s| s.no == no) {
-                    if i + 1 < self.segments.len()
-                        && self.segments[i].live == self.segments[i].self_pinned
-                    {
+                    if i + 1 < self.segments.len() && dead_and_settled(&self.segments[i]) {
                         self.delete_segment(i, &mut report)?;
                     }
                 }

@@ -182,6 +182,39 @@ pub struct PartitionActor {
     failed: bool,
 }
 
+/// Starts the partition's thread `bmq-<role>-<partition>`, which hands every item sent to the
+/// returned queue to `work`, in order, and ends when the queue's sender (the actor) is
+/// dropped. `None` when the thread cannot start (logged): the actor then does the work itself.
+fn spawn_worker<T: Send + 'static>(
+    partition: PartitionId,
+    role: &str,
+    mut work: impl FnMut(T) + Send + 'static,
+) -> Option<std::sync::mpsc::Sender<T>> {
+    let (tx, rx) = std::sync::mpsc::channel::<T>();
+    let spawned = std::thread::Builder::new()
+        .name(format!("bmq-{role}-{partition}"))
+        .spawn(move || {
+            while let Ok(item) = rx.recv() {
+                work(item);
+            }
+        });
+    match spawned {
+        Ok(_) => Some(tx),
+        Err(e) => {
+            tracing::warn!(%partition, role, error = %e, "cannot start a partition thread: the partition thread does its work");
+            None
+        }
+    }
+}
+
+/// Runs the fsync of `ticket` and records its duration (`bmq_journal_fsync_seconds`).
+fn run_ticket(ticket: &SyncTicket) -> std::io::Result<()> {
+    let started = Instant::now();
+    let result = ticket.run();
+    metrics::histogram!("bmq_journal_fsync_seconds").record(started.elapsed().as_secs_f64());
+    result
+}
+
 /// Removes and closes the files of deleted journal segments; a failure only delays the
 /// reclaiming of their space (the next open removes what is left), so it is logged and counted.
 fn finish_closed(partition: PartitionId, closed: ClosedFiles) {
@@ -267,10 +300,13 @@ impl PartitionActor {
         }
         let closed = core.take_closed_files();
         if !closed.is_empty() {
-            if let Some(closer) = &self.closer {
-                if let Err(std::sync::mpsc::SendError(closed)) = closer.send(closed) {
-                    finish_closed(self.id, closed);
-                }
+            // Without the closer thread they close here.
+            let unsent = match &self.closer {
+                Some(closer) => closer.send(closed).err().map(|e| e.0),
+                None => Some(closed),
+            };
+            if let Some(closed) = unsent {
+                finish_closed(self.id, closed);
             }
         }
         let needs_sync = core.needs_sync();
@@ -404,17 +440,15 @@ impl PartitionActor {
         };
         // A failure is also a `Fatal` output, which `drive` acts on.
         if let Ok(Some(ticket)) = core.begin_sync(Instant::now()) {
-            match &self.syncer {
-                Some(syncer) => match syncer.send(ticket) {
-                    Ok(()) => self.sync_in_flight = true,
-                    Err(std::sync::mpsc::SendError(ticket)) => {
-                        // The sync thread is gone (it only ends with the actor): sync here.
-                        let result = ticket.run();
-                        let _ = core.complete_sync(Instant::now(), ticket, result);
-                    }
-                },
-                None => {
-                    let result = ticket.run();
+            // Without the sync thread (it failed to start) the fsync runs here.
+            let unsent = match &self.syncer {
+                Some(syncer) => syncer.send(ticket).err().map(|e| e.0),
+                None => Some(ticket),
+            };
+            match unsent {
+                None => self.sync_in_flight = true,
+                Some(ticket) => {
+                    let result = run_ticket(&ticket);
                     let _ = core.complete_sync(Instant::now(), ticket, result);
                 }
             }
@@ -434,44 +468,18 @@ impl Actor for PartitionActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(self.mailbox_capacity);
-        // The sync thread: runs one fsync at a time and answers each. It ends when the actor
-        // (the only sender) is dropped. `do_send` is rate-bounded: one answer per ticket, and
-        // a ticket is issued only after the previous one was answered.
-        let (tx, rx) = std::sync::mpsc::channel::<SyncTicket>();
+        // The sync thread: runs one fsync at a time and answers each. `do_send` is
+        // rate-bounded: one answer per ticket, and a ticket is issued only after the previous
+        // one was answered.
         let addr = ctx.address();
-        match std::thread::Builder::new()
-            .name(format!("bmq-sync-{}", self.id))
-            .spawn(move || {
-                while let Ok(ticket) = rx.recv() {
-                    let started = Instant::now();
-                    let result = ticket.run();
-                    metrics::histogram!("bmq_journal_fsync_seconds")
-                        .record(started.elapsed().as_secs_f64());
-                    addr.do_send(JournalSynced { ticket, result });
-                }
-            }) {
-            Ok(_) => self.syncer = Some(tx),
-            Err(e) => {
-                // Without it the actor syncs on its own thread, as it did before.
-                tracing::warn!(partition = %self.id, error = %e, "cannot start the sync thread: fsyncs run on the partition thread");
-            }
-        }
+        self.syncer = spawn_worker(self.id, "sync", move |ticket: SyncTicket| {
+            let result = run_ticket(&ticket);
+            addr.do_send(JournalSynced { ticket, result });
+        });
         // The closer thread: removes and closes the files of deleted journal segments, in
         // order, so the partition never waits while the kernel frees them.
-        let (tx, rx) = std::sync::mpsc::channel::<ClosedFiles>();
         let id = self.id;
-        match std::thread::Builder::new()
-            .name(format!("bmq-close-{}", self.id))
-            .spawn(move || {
-                while let Ok(closed) = rx.recv() {
-                    finish_closed(id, closed);
-                }
-            }) {
-            Ok(_) => self.closer = Some(tx),
-            Err(e) => {
-                tracing::warn!(partition = %self.id, error = %e, "cannot start the closer thread: deleted segments close on the partition thread");
-            }
-        }
+        self.closer = spawn_worker(self.id, "close", move |closed| finish_closed(id, closed));
         let Some((dir, store, cfg)) = self.opening.take() else {
             return;
         };
