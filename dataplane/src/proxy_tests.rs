@@ -195,3 +195,62 @@ fn put_before_assignment_waits_for_the_attach() {
         ]
     );
 }
+
+fn pending(n: u32) -> PendingPut {
+    PendingPut {
+        put: Put {
+            uri: URI.into(),
+            guid: Bytes::from(n.to_le_bytes().repeat(4)),
+            payload: Bytes::new(),
+            properties: vec![],
+        },
+        sent_at: None,
+        received_at: Instant::now(),
+    }
+}
+
+fn order(buffer: &mut RetransmitBuffer) -> Vec<u32> {
+    buffer
+        .values_mut()
+        .map(|p| u32::from_le_bytes(p.put.guid[..4].try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn retransmit_buffer_keeps_arrival_order_through_holes_and_resends() {
+    let mut b = RetransmitBuffer::default();
+    for n in 0..5 {
+        b.insert(pending(n));
+    }
+    assert!(b.remove(&pending(2).put.guid).is_some());
+    assert!(b.remove(&pending(2).put.guid).is_none(), "removed once");
+    assert!(b.remove(&pending(0).put.guid).is_some());
+    // A GUID sent again goes to the back.
+    b.insert(pending(1));
+    assert_eq!(order(&mut b), vec![3, 4, 1]);
+    assert_eq!(b.len(), 3);
+    assert!(b.get_mut(&pending(4).put.guid).is_some());
+    assert!(b.get_mut(&pending(0).put.guid).is_none());
+}
+
+#[test]
+fn retransmit_buffer_stays_within_twice_what_is_unacknowledged_behind_an_old_put() {
+    let mut b = RetransmitBuffer::default();
+    b.insert(pending(0)); // never acknowledged: every later ACK leaves a hole behind it
+    for n in 1..10_000 {
+        b.insert(pending(n));
+        if n > 3 {
+            assert!(b.remove(&pending(n - 3).put.guid).is_some());
+        }
+        assert!(b.slots.len() <= (2 * b.len()).max(COMPACT_MIN + 1));
+    }
+    assert_eq!(order(&mut b), vec![0, 9_997, 9_998, 9_999]);
+    for n in [0, 9_997, 9_998, 9_999] {
+        assert!(b.get_mut(&pending(n).put.guid).is_some(), "{n} still found");
+    }
+    for n in [9_998, 0, 9_999, 9_997] {
+        assert!(b.remove(&pending(n).put.guid).is_some(), "{n} removed");
+    }
+    assert_eq!(b.len(), 0);
+    assert!(b.slots.is_empty());
+}

@@ -51,6 +51,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use foldhash::quality::RandomState;
+
 use bmq_proto::client::AckStatus;
 use bmq_proto::{NodeId, SessionAddr};
 
@@ -237,8 +239,10 @@ impl Held {
 struct Consumer {
     options: ConsumerOptions,
     unconfirmed_bytes: u64,
-    /// The messages pushed to this consumer and not yet confirmed, by GUID.
-    unconfirmed: HashMap<u128, Held>,
+    /// The messages pushed to this consumer and not yet confirmed, by GUID (hashed with
+    /// foldhash's keyed `quality::RandomState`, as the GUID index: one insert and one remove per
+    /// message, where std's SipHash cost ~2% of the primary's partition thread).
+    unconfirmed: HashMap<u128, Held, RandomState>,
 }
 
 impl Consumer {
@@ -406,7 +410,7 @@ impl QueueCore {
             .or_insert_with(|| Consumer {
                 options,
                 unconfirmed_bytes: 0,
-                unconfirmed: HashMap::new(),
+                unconfirmed: HashMap::default(),
             });
         self.recompute_active();
     }

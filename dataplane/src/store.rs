@@ -627,7 +627,8 @@ pub struct Store {
     /// Effects of records above the base, in sequence order.
     effects: VecDeque<(u64, Effect)>,
     queues: Vec<QueueInfo>,
-    queue_ids: HashMap<String, u32>,
+    /// `queues` positions by URI (foldhash: one look-up per record appended or loaded).
+    queue_ids: HashMap<String, u32, foldhash::quality::RandomState>,
     /// Framed records of the active segment not yet written to its file (offsets `written..len`):
     /// written in one `pwritev` at the next [`Store::sync`] (or when over [`PENDING_BYTES_MAX`]),
     /// so a batch of appends costs one system call, not one each.
@@ -806,7 +807,7 @@ impl Store {
             index: GuidIndex::new(),
             effects: VecDeque::new(),
             queues: Vec::new(),
-            queue_ids: HashMap::new(),
+            queue_ids: HashMap::default(),
             pending: WriteBehind::default(),
             cache: VecDeque::new(),
             cache_bytes: 0,
