@@ -10,10 +10,19 @@
 # The benchmark client runs on the same machine; its CPU is not counted. Figures depend on the
 # machine's load: compare builds within one run (the rounds alternate them) and note the load
 # average, printed at the start and the end.
+# Placement (PLACEMENT): every run of a round uses one queue (bench-tp-000000b7-0, through
+# `bmqctl bench messages --run-id`); after the warm-up
+# assigned it, the client attaches to a node that is not its primary (`proxy`, the default: a
+# proxy hop each way, as for most queues of a real cluster), to its primary (`primary`), or to
+# node 1 whatever the queue's primary (`any`, the method before 2026-11-26, whose figures swung
+# by ~20% with where the queue landed).
 #
 #   scripts/bench-throughput.sh                              # this tree's release build
 #   scripts/bench-throughput.sh /tmp/before /tmp/after       # release directories to compare
 #   ROUNDS=3 COUNT=500000 RATE=50000 scripts/bench-throughput.sh ...
+#   PLACEMENT=primary scripts/bench-throughput.sh ...
+# The client is one `bmqctl` for every build (BMQCTL, default: the last build's), so only the
+# brokers differ.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
@@ -21,6 +30,7 @@ COUNT=${COUNT:-300000}
 WINDOW=${WINDOW:-256}
 RATE=${RATE:-50000}
 PACED_SECS=${PACED_SECS:-10}
+PLACEMENT=${PLACEMENT:-proxy}
 BASE=${BASE_PORT:-35500}
 DIR=${DIR:-/tmp/bmq-bench-throughput}
 BUILDS=("$@")
@@ -28,6 +38,7 @@ if [ ${#BUILDS[@]} -eq 0 ]; then
   cargo build --release --bins --locked
   BUILDS=("$PWD/target/release")
 fi
+BMQCTL=${BMQCTL:-${BUILDS[${#BUILDS[@]}-1]}/bmqctl}
 BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
 PIDS=()
 # Kills the nodes and waits until they are gone (their ports are free for the next cluster).
@@ -78,12 +89,29 @@ broker_ticks() {
   echo $t
 }
 
+# The client address the measured runs attach to (see PLACEMENT), and the primary of the
+# queue, on stderr.
+client_broker() {
+  local primary node
+  primary=$("$BMQCTL" status --admin 127.0.0.1:$((BASE + 201)) --json | python3 -c '
+import json, sys
+s = json.load(sys.stdin)[0]["status"]
+p = next(q["partition_id"] for q in s["queues"] if q["uri"].endswith("/bench-tp-000000b7-0"))
+print(next(x["primary"] for x in s["partitions"] if x["partition_id"] == p))')
+  case $PLACEMENT in
+    proxy) node=$((primary % 3 + 1)) ;;
+    primary) node=$primary ;;
+    *) node=1 ;;
+  esac
+  echo "127.0.0.1:$((BASE + node))"
+}
+
 # Runs one `bmqctl bench messages` and prints: msgs/s, ACK p50, p99, p99.9 (ms), broker us/msg.
 measure() {
   local bin=$1; shift
   local c0 c1 json
   c0=$(broker_ticks)
-  json=$("$bin/bmqctl" bench messages "$@" --size 1024 --broker "$BROKERS" --no-tls --token "" --json --quiet)
+  json=$("$BMQCTL" bench messages "$@" --size 1024 --queue-prefix bench-tp --run-id b7 --broker "$CLIENT_BROKER" --no-tls --token "" --json --quiet)
   c1=$(broker_ticks)
   python3 - "$json" "$((c1 - c0))" "$TICK" <<'PY'
 import json, sys
@@ -96,13 +124,14 @@ PY
 }
 
 echo "# bench-throughput $(date -u +%FT%TZ), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# builds: ${BUILDS[*]}"
-echo "# columns: msgs/s consumed, ACK p50 / p99 / p99.9 ms, broker CPU us per message"
+echo "# builds: ${BUILDS[*]}; client: $BMQCTL"
+echo "# placement: $PLACEMENT; columns: msgs/s consumed, ACK p50 / p99 / p99.9 ms, broker CPU us per message"
 for round in $(seq "$ROUNDS"); do
   for bin in "${BUILDS[@]}"; do
     start_cluster "$bin"
     # Warm-up: queue assignment, connections, caches.
-    "$bin/bmqctl" bench messages --count 20000 --size 1024 --window "$WINDOW" --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
+    "$BMQCTL" bench messages --count 20000 --size 1024 --window "$WINDOW" --queue-prefix bench-tp --run-id b7 --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
+    CLIENT_BROKER=$(client_broker)
     printf 'round %s  %-40s max     ' "$round" "$bin"
     measure "$bin" --count "$COUNT" --window "$WINDOW"
     printf 'round %s  %-40s paced   ' "$round" "$bin"

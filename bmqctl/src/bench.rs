@@ -58,6 +58,11 @@ pub enum BenchCommand {
     Metadata(MetadataArgs),
 }
 
+/// A run id given in hexadecimal, as the queue names show it.
+fn parse_run_id(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 16).map_err(|e| format!("{text:?} is not a hexadecimal u32: {e}"))
+}
+
 /// Arguments of `bmqctl bench messages`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = "Examples:\n  \
@@ -72,6 +77,10 @@ pub struct MessagesArgs {
     /// run starts from empty queues.
     #[arg(long, default_value = "bench")]
     pub queue_prefix: String,
+    /// The run id in the queue names (hexadecimal, default random): give the same one to runs
+    /// that should reuse their queues, e.g. to measure with the queue's primary known.
+    #[arg(long, value_parser = parse_run_id)]
+    pub run_id: Option<u32>,
     /// Number of queues.
     #[arg(long, default_value_t = 1)]
     pub queues: usize,
@@ -500,7 +509,7 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
     if args.max_unconfirmed == 0 {
         bail!("--max-unconfirmed must be at least 1");
     }
-    let run_id: u32 = rand::random();
+    let run_id: u32 = args.run_id.unwrap_or_else(rand::random);
     let queues: Vec<String> = (0..args.queues)
         .map(|i| {
             format!(

@@ -27,6 +27,7 @@ async fn message_bench_reports_every_message_produced_and_consumed() {
     let report = bench::run_messages(MessagesArgs {
         domain: "bmq.test".into(),
         queue_prefix: "bench-test".into(),
+        run_id: None,
         queues: 2,
         producers: 2,
         consumers: 2,
