@@ -31,12 +31,12 @@ use bmq_proto::client::{
     OpenQueue, OpenQueueResponse, Status, StatusCode,
 };
 use bmq_proto::uri::QueueUri;
-use bmq_proto::{BoxedStream, FrameCodec, LeaseId, PartitionId, PROTOCOL_VERSION};
-use futures::stream::{SplitSink, SplitStream};
-use futures::{FutureExt, SinkExt, StreamExt};
+use bmq_proto::{BoxedStream, FrameCodec, FrameWriter, LeaseId, PartitionId, PROTOCOL_VERSION};
+use futures::{FutureExt, StreamExt};
+use tokio::io::{ReadHalf, WriteHalf};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
-use tokio_util::codec::Framed;
+use tokio_util::codec::FramedRead;
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, ClientIdentity};
@@ -59,8 +59,26 @@ const FRAMES_PER_FLUSH_MAX: usize = 1024;
 /// turn anyway).
 const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
-type Sink = SplitSink<Framed<BoxedStream, FrameCodec<ClientMessage>>, ClientMessage>;
-type Source = SplitStream<Framed<BoxedStream, FrameCodec<ClientMessage>>>;
+type Source = FramedRead<ReadHalf<BoxedStream>, FrameCodec<ClientMessage>>;
+
+/// The write side of a client connection: frames gathered by a [`FrameWriter`] and written
+/// with vectored writes (a PUSH's payload is written from the buffer it arrived in).
+struct Sink {
+    io: WriteHalf<BoxedStream>,
+    out: FrameWriter,
+}
+
+impl Sink {
+    /// Writes `message` now. Errors: the message is over the frame size limit, or the write
+    /// failed.
+    async fn send(&mut self, message: &ClientMessage) -> Result<(), String> {
+        self.out.push(message).map_err(|e| e.to_string())?;
+        self.out
+            .flush_to(&mut self.io)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
 
 /// Accepts client connections on `listener` until the process ends; with `tls`, each
 /// connection is TLS (handshake in the connection's own task, bounded by
@@ -175,7 +193,7 @@ async fn handshake(
         _ => {
             metrics::counter!("bmq_client_protocol_errors_total").increment(1);
             let why = "the first frame must be Hello";
-            let _ = sink.send(error(StatusCode::ProtocolError, why)).await;
+            let _ = sink.send(&error(StatusCode::ProtocolError, why)).await;
             return None;
         }
     };
@@ -187,7 +205,7 @@ async fn handshake(
                 hello.protocol_version
             ),
         };
-        let _ = sink.send(hello_response(router, status)).await;
+        let _ = sink.send(&hello_response(router, status)).await;
         return None;
     }
     match authenticate(&router.config().auth, &hello.token) {
@@ -199,7 +217,7 @@ async fn handshake(
                 code: StatusCode::NotAuthorized as i32,
                 message: e.to_string(),
             };
-            let _ = sink.send(hello_response(router, status)).await;
+            let _ = sink.send(&hello_response(router, status)).await;
             None
         }
     }
@@ -218,12 +236,16 @@ fn route_in(state: &ClusterState) -> impl Fn(PartitionId) -> Option<PrimaryRoute
 }
 
 async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
-    let codec =
-        FrameCodec::<ClientMessage>::new(router.config().limits.frame_size_max_bytes as usize);
-    let mut framed = Framed::new(stream, codec);
-    // One write per loop turn (the session flushes after each), not one per 8 KiB.
-    framed.set_backpressure_boundary(WRITE_BATCH_BYTES);
-    let (mut sink, mut stream) = framed.split();
+    let frame_size_max = router.config().limits.frame_size_max_bytes as usize;
+    let codec = FrameCodec::<ClientMessage>::new(frame_size_max);
+    let (reader, writer) = tokio::io::split(stream);
+    let mut stream = FramedRead::new(reader, codec);
+    // One write per loop turn (the session flushes after each), or sooner past
+    // `WRITE_BATCH_BYTES`.
+    let mut sink = Sink {
+        io: writer,
+        out: FrameWriter::new(frame_size_max),
+    };
     let Some((hello, identity)) = handshake(&mut sink, &mut stream, &router, &remote).await else {
         return;
     };
@@ -334,15 +356,22 @@ impl ClientWire for ProtoWire {
     }
 
     async fn flush(&mut self) -> Result<(), String> {
+        let sink = &mut self.sink;
         for m in self.out.drain(..) {
-            if self.sink.feed(m).await.is_err() {
-                return Err("write to client failed".into());
+            sink.out
+                .push(&m)
+                .map_err(|e| format!("write to client failed: {e}"))?;
+            if sink.out.buffered() >= WRITE_BATCH_BYTES {
+                sink.out
+                    .flush_to(&mut sink.io)
+                    .await
+                    .map_err(|e| format!("write to client failed: {e}"))?;
             }
         }
-        self.sink
-            .flush()
+        sink.out
+            .flush_to(&mut sink.io)
             .await
-            .map_err(|_| "write to client failed".to_string())
+            .map_err(|e| format!("write to client failed: {e}"))
     }
 }
 

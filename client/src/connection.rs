@@ -14,14 +14,15 @@ use bmq_proto::client::{
     client_message::Kind, Ack, ClientMessage, CloseQueue, Confirm, Disconnect, Hello, OpenQueue,
     Put, StatusCode,
 };
-use bmq_proto::FrameCodec;
+use bmq_proto::{FrameCodec, FrameError, FrameWriter};
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use rand::Rng;
+use tokio::io::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
-use tokio_util::codec::Framed;
+use tokio_util::codec::FramedRead;
 use tracing::{debug, info, warn};
 
 use bmq_proto::BoxedStream;
@@ -34,7 +35,51 @@ const COMMAND_BATCH_MAX: usize = 256;
 /// Buffered bytes after which a write is flushed before the next frame is added.
 const WRITE_BUFFER_BYTES: usize = 64 * 1024;
 
-type Transport = Framed<BoxedStream, FrameCodec<ClientMessage>>;
+/// A connection to a broker: frames read with the codec, written through a [`FrameWriter`]
+/// (vectored writes: a PUT's payload is written from the application's buffer, not copied into
+/// a write buffer).
+struct Transport {
+    read: FramedRead<ReadHalf<BoxedStream>, FrameCodec<ClientMessage>>,
+    write: WriteHalf<BoxedStream>,
+    out: FrameWriter,
+}
+
+impl Transport {
+    fn new(stream: BoxedStream, frame_size_max: usize) -> Self {
+        let (read, write) = tokio::io::split(stream);
+        Transport {
+            read: FramedRead::new(read, FrameCodec::new(frame_size_max)),
+            write,
+            out: FrameWriter::new(frame_size_max),
+        }
+    }
+
+    /// The next frame from the broker (cancel-safe), `None` once the connection closed.
+    async fn next(&mut self) -> Option<Result<ClientMessage, FrameError>> {
+        self.read.next().await
+    }
+
+    /// Adds a frame to the write buffer, writing what it holds first when over
+    /// [`WRITE_BUFFER_BYTES`]. Errors: the frame is over the size limit, or a write failed.
+    async fn feed(&mut self, message: ClientMessage) -> Result<(), FrameError> {
+        self.out.push(&message)?;
+        if self.out.buffered() >= WRITE_BUFFER_BYTES {
+            self.out.flush_to(&mut self.write).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes everything buffered. Errors: a write failed.
+    async fn flush(&mut self) -> Result<(), FrameError> {
+        Ok(self.out.flush_to(&mut self.write).await?)
+    }
+
+    /// [`Transport::feed`] then [`Transport::flush`].
+    async fn send(&mut self, message: ClientMessage) -> Result<(), FrameError> {
+        self.feed(message).await?;
+        self.flush().await
+    }
+}
 
 /// Why a connection attempt failed.
 struct ConnectFailure {
@@ -169,9 +214,8 @@ async fn connect_one(
                 )
             }
         };
-        let mut transport = Framed::new(stream, FrameCodec::new(config.frame_size_max));
-        // Batch small PUTs into larger writes; the task flushes after each batch anyway.
-        transport.set_backpressure_boundary(WRITE_BUFFER_BYTES);
+        // Small PUTs are batched into larger writes; the task flushes after each batch.
+        let mut transport = Transport::new(stream, config.frame_size_max);
         let hello = Hello {
             client_id: config.client_id.clone(),
             protocol_version: bmq_proto::PROTOCOL_VERSION,

@@ -13,7 +13,8 @@ use tokio_util::codec::{Decoder, Encoder};
 /// Default maximum frame body size: 64 MiB.
 pub const FRAME_SIZE_MAX_DEFAULT: usize = 64 * 1024 * 1024;
 
-const LENGTH_PREFIX_BYTES: usize = 4;
+/// Bytes of the length prefix of every frame.
+pub(crate) const LENGTH_PREFIX_BYTES: usize = 4;
 
 /// Why a frame could not be read or written.
 #[derive(Debug, thiserror::Error)]

@@ -16,6 +16,8 @@
 #![warn(missing_docs)]
 
 pub mod admin_doc;
+#[cfg(feature = "codec")]
+pub mod frame_writer;
 pub mod framing;
 pub mod ids;
 #[cfg(feature = "codec")]
@@ -34,6 +36,8 @@ pub mod peer {
     include!(concat!(env!("OUT_DIR"), "/bmq.peer.rs"));
 }
 
+#[cfg(feature = "codec")]
+pub use frame_writer::FrameWriter;
 pub use framing::{FrameCodec, FrameError, FRAME_SIZE_MAX_DEFAULT};
 pub use ids::{member_name, LeaseId, NodeId, PartitionId, SessionAddr, Term};
 #[cfg(feature = "codec")]

@@ -33,12 +33,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bmq_proto::peer::{peer_message::Kind, Channel, LinkHeartbeat, PeerHello, PeerMessage};
-use bmq_proto::{FrameCodec, NodeId, PROTOCOL_VERSION};
-use futures::{FutureExt, SinkExt, StreamExt};
+use bmq_proto::{FrameCodec, FrameWriter, NodeId, PROTOCOL_VERSION};
+use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::codec::Framed;
+use tokio_util::codec::{Framed, FramedRead};
 use tracing::{debug, info, warn};
 
 use bmq_proto::{member_name, BoxedStream};
@@ -486,10 +486,14 @@ async fn dial_loop(
             }
         };
         backoff = cfg.reconnect_backoff_min;
-        let mut framed = Framed::new(stream, FrameCodec::<PeerMessage>::new(cfg.frame_size_max));
-        // One write per batch: Framed writes as soon as its buffer passes this boundary
-        // (8 KiB by default, a few messages of 1 KiB); the loop flushes after each batch.
-        framed.set_backpressure_boundary(WRITE_BATCH_BYTES);
+        // Frames go out through a `FrameWriter` (vectored writes: replicated journal frames
+        // and forwarded payloads are written from the buffers they arrived in, not copied),
+        // once per batch of queued messages, or sooner past `WRITE_BATCH_BYTES`. The peer
+        // never writes on a connection we dialed: the read half only tells when it closes.
+        let (reader, mut writer) = tokio::io::split(stream);
+        let mut closed =
+            FramedRead::new(reader, FrameCodec::<PeerMessage>::new(cfg.frame_size_max));
+        let mut out = FrameWriter::new(cfg.frame_size_max);
         let hello = PeerMessage {
             kind: Some(Kind::Hello(PeerHello {
                 cluster_name: cfg.cluster_name.clone(),
@@ -498,7 +502,7 @@ async fn dial_loop(
                 protocol_version: PROTOCOL_VERSION,
             })),
         };
-        if framed.send(hello).await.is_err() {
+        if out.push(&hello).is_err() || out.flush_to(&mut writer).await.is_err() {
             continue;
         }
         info!(peer = %peer, channel = channel_label(channel), "peer link up");
@@ -512,34 +516,39 @@ async fn dial_loop(
             tokio::select! {
                 item = rx.recv() => {
                     let Some(item) = item else { return };
-                    if let Err(e) = feed(&mut framed, item).await { break Err(e.to_string()); }
-                    // Batch whatever else is already queued into the same flush.
+                    // Batch whatever else is already queued into the same write.
+                    let mut next = Some(item);
                     let mut batch = 0;
                     let mut failed = None;
-                    while batch < 1024 {
-                        match rx.try_recv() {
-                            Ok(item) => {
-                                if let Err(e) = feed(&mut framed, item).await {
-                                    failed = Some(e);
-                                    break;
-                                }
-                                batch += 1;
+                    while let Some(item) = next.take() {
+                        if let Err(e) = push_outbound(&mut out, item) {
+                            failed = Some(e.to_string());
+                            break;
+                        }
+                        if out.buffered() >= WRITE_BATCH_BYTES {
+                            if let Err(e) = out.flush_to(&mut writer).await {
+                                failed = Some(e.to_string());
+                                break;
                             }
-                            Err(_) => break,
+                        }
+                        batch += 1;
+                        if batch <= 1024 {
+                            next = rx.try_recv().ok();
                         }
                     }
-                    if let Some(e) = failed { break Err(e.to_string()); }
-                    if let Err(e) = framed.flush().await { break Err(e.to_string()); }
+                    if let Some(e) = failed { break Err(e); }
+                    if let Err(e) = out.flush_to(&mut writer).await { break Err(e.to_string()); }
                 }
                 _ = heartbeat.tick() => {
                     let hb = PeerMessage { kind: Some(Kind::LinkHeartbeat(LinkHeartbeat {
                         sent_at_ms: started.elapsed().as_millis() as u64,
                     })) };
-                    if let Err(e) = framed.send(hb).await { break Err(e.to_string()); }
+                    if let Err(e) = out.push(&hb) { break Err(e.to_string()); }
+                    if let Err(e) = out.flush_to(&mut writer).await { break Err(e.to_string()); }
                 }
-                // The peer never writes on a connection we dialed: a read completing means it
-                // closed (or sent garbage); either way the link is gone.
-                _ = framed.next() => break Err("closed by peer".into()),
+                // A read completing means the peer closed (or sent garbage); either way the
+                // link is gone.
+                _ = closed.next() => break Err("closed by peer".into()),
             }
             if hub.stopping.load(Ordering::SeqCst) {
                 break Ok(());
@@ -555,19 +564,12 @@ async fn dial_loop(
     }
 }
 
-/// Adds an outbound item's messages to the connection's write buffer.
-async fn feed(
-    framed: &mut Framed<BoxedStream, FrameCodec<PeerMessage>>,
-    item: Outbound,
-) -> Result<(), bmq_proto::FrameError> {
+/// Adds an outbound item's messages to the connection's [`FrameWriter`]. Errors: a message
+/// over the frame size limit (the link is dropped and dialed again, as for any write error).
+fn push_outbound(out: &mut FrameWriter, item: Outbound) -> Result<(), bmq_proto::FrameError> {
     match item {
-        Outbound::One(m) => framed.feed(m).await,
-        Outbound::Many(ms) => {
-            for m in ms {
-                framed.feed(m).await?;
-            }
-            Ok(())
-        }
+        Outbound::One(m) => out.push(&m),
+        Outbound::Many(ms) => ms.iter().try_for_each(|m| out.push(m)),
     }
 }
 
