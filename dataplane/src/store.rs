@@ -1183,7 +1183,14 @@ impl Store {
         // Segments without records (only markers) sort anywhere; search back from `i`.
         for si in (0..i).rev() {
             let s = &self.segments[si];
-            if s.first_sequence().is_some_and(|f| f <= sequence) {
+            if let Some(first) = s.first_sequence().filter(|f| *f <= sequence) {
+                // A segment's records are usually consecutive positions (gaps come only from
+                // compaction and installs): try the direct index before the binary search,
+                // which took ~1.7% of the brokers' CPU (2-3 look-ups per message per node).
+                let guess = (sequence - first) as usize;
+                if s.records.get(guess).is_some_and(|h| h.sequence == sequence) {
+                    return Some((si, guess));
+                }
                 let r = s.records.partition_point(|h| h.sequence < sequence);
                 return s
                     .records
