@@ -10,12 +10,11 @@
 # The benchmark client runs on the same machine; its CPU is not counted. Figures depend on the
 # machine's load: compare builds within one run (the rounds alternate them) and note the load
 # average, printed at the start and the end.
-# Placement (PLACEMENT): every run of a round uses one queue (bench-tp-000000b7-0, through
-# `bmqctl bench messages --run-id`); after the warm-up
-# assigned it, the client attaches to a node that is not its primary (`proxy`, the default: a
-# proxy hop each way, as for most queues of a real cluster), to its primary (`primary`), or to
-# node 1 whatever the queue's primary (`any`, the method before 2026-11-26, whose figures swung
-# by ~20% with where the queue landed).
+# Placement (PLACEMENT): every run of a round uses one queue (`bmqctl bench messages
+# --run-id`); after the warm-up assigned it, the client attaches to a node that is not its
+# primary (`proxy`, the default: a proxy hop each way, as for most queues of a real cluster),
+# to its primary (`primary`), or to node 1 whatever the queue's primary (`any`, the method
+# before 2026-11-26, whose figures swung by ~20% with where the queue landed).
 #
 #   scripts/bench-throughput.sh                              # this tree's release build
 #   scripts/bench-throughput.sh /tmp/before /tmp/after       # release directories to compare
@@ -31,6 +30,8 @@ WINDOW=${WINDOW:-256}
 RATE=${RATE:-50000}
 PACED_SECS=${PACED_SECS:-10}
 PLACEMENT=${PLACEMENT:-proxy}
+# The run id (hexadecimal) of every run, so all use the queue bench-tp-<RUN_ID as 8 digits>-0.
+RUN_ID=b7
 BASE=${BASE_PORT:-35500}
 DIR=${DIR:-/tmp/bmq-bench-throughput}
 BUILDS=("$@")
@@ -89,15 +90,15 @@ broker_ticks() {
   echo $t
 }
 
-# The client address the measured runs attach to (see PLACEMENT), and the primary of the
-# queue, on stderr.
+# The client address the measured runs attach to (see PLACEMENT).
 client_broker() {
   local primary node
   primary=$("$BMQCTL" status --admin 127.0.0.1:$((BASE + 201)) --json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)[0]["status"]
-p = next(q["partition_id"] for q in s["queues"] if q["uri"].endswith("/bench-tp-000000b7-0"))
-print(next(x["primary"] for x in s["partitions"] if x["partition_id"] == p))')
+queue = "/bench-tp-%08x-0" % int(sys.argv[1], 16)
+p = next(q["partition_id"] for q in s["queues"] if q["uri"].endswith(queue))
+print(next(x["primary"] for x in s["partitions"] if x["partition_id"] == p))' "$RUN_ID")
   case $PLACEMENT in
     proxy) node=$((primary % 3 + 1)) ;;
     primary) node=$primary ;;
@@ -111,7 +112,7 @@ measure() {
   local bin=$1; shift
   local c0 c1 json
   c0=$(broker_ticks)
-  json=$("$BMQCTL" bench messages "$@" --size 1024 --queue-prefix bench-tp --run-id b7 --broker "$CLIENT_BROKER" --no-tls --token "" --json --quiet)
+  json=$("$BMQCTL" bench messages "$@" --size 1024 --queue-prefix bench-tp --run-id "$RUN_ID" --broker "$CLIENT_BROKER" --no-tls --token "" --json --quiet)
   c1=$(broker_ticks)
   python3 - "$json" "$((c1 - c0))" "$TICK" <<'PY'
 import json, sys
@@ -130,7 +131,7 @@ for round in $(seq "$ROUNDS"); do
   for bin in "${BUILDS[@]}"; do
     start_cluster "$bin"
     # Warm-up: queue assignment, connections, caches.
-    "$BMQCTL" bench messages --count 20000 --size 1024 --window "$WINDOW" --queue-prefix bench-tp --run-id b7 --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
+    "$BMQCTL" bench messages --count 20000 --size 1024 --window "$WINDOW" --queue-prefix bench-tp --run-id "$RUN_ID" --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
     CLIENT_BROKER=$(client_broker)
     printf 'round %s  %-40s max     ' "$round" "$bin"
     measure "$bin" --count "$COUNT" --window "$WINDOW"

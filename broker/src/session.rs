@@ -68,18 +68,6 @@ struct Sink {
     out: FrameWriter,
 }
 
-impl Sink {
-    /// Writes `message` now. Errors: the message is over the frame size limit, or the write
-    /// failed.
-    async fn send(&mut self, message: &ClientMessage) -> Result<(), String> {
-        self.out.push(message).map_err(|e| e.to_string())?;
-        self.out
-            .flush_to(&mut self.io)
-            .await
-            .map_err(|e| e.to_string())
-    }
-}
-
 /// Accepts client connections on `listener` until the process ends; with `tls`, each
 /// connection is TLS (handshake in the connection's own task, bounded by
 /// `TLS_HANDSHAKE_TIMEOUT`, 10 s).
@@ -193,7 +181,8 @@ async fn handshake(
         _ => {
             metrics::counter!("bmq_client_protocol_errors_total").increment(1);
             let why = "the first frame must be Hello";
-            let _ = sink.send(&error(StatusCode::ProtocolError, why)).await;
+            let message = error(StatusCode::ProtocolError, why);
+            let _ = sink.out.send(&mut sink.io, &message).await;
             return None;
         }
     };
@@ -205,7 +194,10 @@ async fn handshake(
                 hello.protocol_version
             ),
         };
-        let _ = sink.send(&hello_response(router, status)).await;
+        let _ = sink
+            .out
+            .send(&mut sink.io, &hello_response(router, status))
+            .await;
         return None;
     }
     match authenticate(&router.config().auth, &hello.token) {
@@ -217,7 +209,10 @@ async fn handshake(
                 code: StatusCode::NotAuthorized as i32,
                 message: e.to_string(),
             };
-            let _ = sink.send(&hello_response(router, status)).await;
+            let _ = sink
+                .out
+                .send(&mut sink.io, &hello_response(router, status))
+                .await;
             None
         }
     }
@@ -244,7 +239,7 @@ async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
     // `WRITE_BATCH_BYTES`.
     let mut sink = Sink {
         io: writer,
-        out: FrameWriter::new(frame_size_max),
+        out: FrameWriter::new(frame_size_max, WRITE_BATCH_BYTES),
     };
     let Some((hello, identity)) = handshake(&mut sink, &mut stream, &router, &remote).await else {
         return;
@@ -359,14 +354,9 @@ impl ClientWire for ProtoWire {
         let sink = &mut self.sink;
         for m in self.out.drain(..) {
             sink.out
-                .push(&m)
+                .feed(&mut sink.io, &m)
+                .await
                 .map_err(|e| format!("write to client failed: {e}"))?;
-            if sink.out.buffered() >= WRITE_BATCH_BYTES {
-                sink.out
-                    .flush_to(&mut sink.io)
-                    .await
-                    .map_err(|e| format!("write to client failed: {e}"))?;
-            }
         }
         sink.out
             .flush_to(&mut sink.io)

@@ -50,7 +50,7 @@ impl Transport {
         Transport {
             read: FramedRead::new(read, FrameCodec::new(frame_size_max)),
             write,
-            out: FrameWriter::new(frame_size_max),
+            out: FrameWriter::new(frame_size_max, WRITE_BUFFER_BYTES),
         }
     }
 
@@ -62,11 +62,7 @@ impl Transport {
     /// Adds a frame to the write buffer, writing what it holds first when over
     /// [`WRITE_BUFFER_BYTES`]. Errors: the frame is over the size limit, or a write failed.
     async fn feed(&mut self, message: ClientMessage) -> Result<(), FrameError> {
-        self.out.push(&message)?;
-        if self.out.buffered() >= WRITE_BUFFER_BYTES {
-            self.out.flush_to(&mut self.write).await?;
-        }
-        Ok(())
+        self.out.feed(&mut self.write, &message).await
     }
 
     /// Writes everything buffered. Errors: a write failed.
@@ -74,10 +70,9 @@ impl Transport {
         Ok(self.out.flush_to(&mut self.write).await?)
     }
 
-    /// [`Transport::feed`] then [`Transport::flush`].
+    /// Writes `message` and everything before it now.
     async fn send(&mut self, message: ClientMessage) -> Result<(), FrameError> {
-        self.feed(message).await?;
-        self.flush().await
+        self.out.send(&mut self.write, &message).await
     }
 }
 

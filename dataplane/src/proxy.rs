@@ -147,6 +147,9 @@ struct PendingPut {
     received_at: Instant,
 }
 
+/// Below this many slots the retransmission ring is never compacted.
+const COMPACT_MIN: usize = 64;
+
 /// The retransmission buffer: unacknowledged PUTs in arrival order, found by GUID. Resends walk
 /// it in arrival order so a producer's messages reach a new primary in the order it sent them.
 ///
@@ -156,9 +159,6 @@ struct PendingPut {
 /// and removal are O(1) (a `BTreeMap` by arrival moved its nodes' entries on every insert and
 /// removal: ~3% of a proxy's thread under load). The GUID map uses foldhash's keyed
 /// `quality::RandomState` (GUIDs are chosen by the client).
-/// Below this many slots the ring is never compacted.
-const COMPACT_MIN: usize = 64;
-
 #[derive(Debug, Default)]
 struct RetransmitBuffer {
     slots: VecDeque<Option<PendingPut>>,

@@ -39,6 +39,8 @@ const ENCODE_BLOCK: usize = 16 * 1024;
 #[derive(Debug)]
 pub struct FrameWriter {
     frame_size_max: usize,
+    /// [`FrameWriter::feed`] writes once this many bytes wait.
+    write_batch_bytes: usize,
     /// Encoded bytes not yet sealed into `chunks`.
     head: BytesMut,
     /// What waits to be written, in order: runs of encoded bytes and shared large fields. The
@@ -48,42 +50,29 @@ pub struct FrameWriter {
     sealed: usize,
 }
 
-/// The `BufMut` prost encodes into: small writes go to `head`, a large `Buf` (prost writes a
-/// `Bytes` field with `put(bytes.clone())`) becomes a chunk of its own without a copy
-/// (`Bytes::copy_to_bytes` is a slice of the same buffer).
-struct Gather<'a> {
-    head: &'a mut BytesMut,
-    chunks: &'a mut VecDeque<Bytes>,
-    sealed: &'a mut usize,
-}
-
-impl Gather<'_> {
-    fn seal(&mut self) {
-        if !self.head.is_empty() {
-            let run = self.head.split().freeze();
-            *self.sealed += run.len();
-            self.chunks.push_back(run);
-        }
-    }
-}
+/// The `BufMut` prost encodes a message into: small writes go to the writer's `head`, a large
+/// `Buf` (prost writes a `Bytes` field with `put(bytes.clone())`) becomes a chunk of its own
+/// without a copy (`Bytes::copy_to_bytes` is a slice of the same buffer).
+struct Gather<'a>(&'a mut FrameWriter);
 
 // SAFETY: every method delegates to `BytesMut`'s own implementation on `head`; `put` only adds
 // whole chunks or delegates.
 unsafe impl BufMut for Gather<'_> {
     fn remaining_mut(&self) -> usize {
-        self.head.remaining_mut()
+        self.0.head.remaining_mut()
     }
 
     unsafe fn advance_mut(&mut self, cnt: usize) {
         // SAFETY: the caller initialised `cnt` bytes of `chunk_mut()`, which is `head`'s.
-        unsafe { self.head.advance_mut(cnt) }
+        unsafe { self.0.head.advance_mut(cnt) }
     }
 
     fn chunk_mut(&mut self) -> &mut UninitSlice {
-        if self.head.capacity() == self.head.len() {
-            self.head.reserve(ENCODE_BLOCK);
+        let head = &mut self.0.head;
+        if head.capacity() == head.len() {
+            head.reserve(ENCODE_BLOCK);
         }
-        self.head.chunk_mut()
+        head.chunk_mut()
     }
 
     fn put<T: Buf>(&mut self, mut src: T)
@@ -91,26 +80,29 @@ unsafe impl BufMut for Gather<'_> {
         Self: Sized,
     {
         if src.remaining() >= ZERO_COPY_MIN {
-            self.seal();
+            self.0.seal();
             let len = src.remaining();
             let shared = src.copy_to_bytes(len);
-            *self.sealed += shared.len();
-            self.chunks.push_back(shared);
+            self.0.sealed += shared.len();
+            self.0.chunks.push_back(shared);
         } else {
-            self.head.put(src);
+            self.0.head.put(src);
         }
     }
 
     fn put_slice(&mut self, src: &[u8]) {
-        self.head.put_slice(src);
+        self.0.head.put_slice(src);
     }
 }
 
 impl FrameWriter {
-    /// A writer that refuses messages whose body exceeds `frame_size_max` bytes.
-    pub fn new(frame_size_max: usize) -> Self {
+    /// A writer that refuses messages whose body exceeds `frame_size_max` bytes, and whose
+    /// [`FrameWriter::feed`] writes once `write_batch_bytes` bytes wait (the caller writes the
+    /// rest with [`FrameWriter::flush_to`] at the end of its batch).
+    pub fn new(frame_size_max: usize, write_batch_bytes: usize) -> Self {
         FrameWriter {
             frame_size_max,
+            write_batch_bytes,
             head: BytesMut::new(),
             chunks: VecDeque::new(),
             sealed: 0,
@@ -127,21 +119,49 @@ impl FrameWriter {
                 max: self.frame_size_max,
             });
         }
-        let mut gather = Gather {
-            head: &mut self.head,
-            chunks: &mut self.chunks,
-            sealed: &mut self.sealed,
-        };
-        if gather.head.capacity() - gather.head.len() < LENGTH_PREFIX_BYTES + length.min(1024) {
-            gather
-                .head
-                .reserve(ENCODE_BLOCK.max(LENGTH_PREFIX_BYTES + length.min(1024)));
+        if self.head.capacity() - self.head.len() < LENGTH_PREFIX_BYTES + length.min(1024) {
+            self.head.reserve(ENCODE_BLOCK);
         }
+        let mut gather = Gather(self);
         gather.put_u32(length as u32);
         message
             .encode(&mut gather)
             .expect("a BytesMut-backed buffer has room for any message");
         Ok(())
+    }
+
+    /// [`FrameWriter::push`], then, once the batch boundary (`write_batch_bytes`) is reached,
+    /// [`FrameWriter::flush_to`]. Errors: those of either.
+    pub async fn feed<M: prost::Message, W: AsyncWrite + Unpin + ?Sized>(
+        &mut self,
+        io: &mut W,
+        message: &M,
+    ) -> Result<(), FrameError> {
+        self.push(message)?;
+        if self.buffered() >= self.write_batch_bytes {
+            self.flush_to(io).await?;
+        }
+        Ok(())
+    }
+
+    /// [`FrameWriter::push`], then [`FrameWriter::flush_to`]: `message` and everything before
+    /// it are written now. Errors: those of either.
+    pub async fn send<M: prost::Message, W: AsyncWrite + Unpin + ?Sized>(
+        &mut self,
+        io: &mut W,
+        message: &M,
+    ) -> Result<(), FrameError> {
+        self.push(message)?;
+        Ok(self.flush_to(io).await?)
+    }
+
+    /// Moves what `head` holds into `chunks`.
+    fn seal(&mut self) {
+        if !self.head.is_empty() {
+            let run = self.head.split().freeze();
+            self.sealed += run.len();
+            self.chunks.push_back(run);
+        }
     }
 
     /// Bytes waiting to be written.
@@ -162,12 +182,7 @@ impl FrameWriter {
         &mut self,
         io: &mut W,
     ) -> std::io::Result<()> {
-        Gather {
-            head: &mut self.head,
-            chunks: &mut self.chunks,
-            sealed: &mut self.sealed,
-        }
-        .seal();
+        self.seal();
         while !self.chunks.is_empty() {
             let mut slices = [IoSlice::new(&[]); IOVECS_PER_WRITE];
             let n = self.chunks.len().min(IOVECS_PER_WRITE);
@@ -312,7 +327,7 @@ mod tests {
     async fn writes_exactly_what_the_codec_writes_whatever_the_write_sizes() {
         let messages = messages();
         for max in [1, 7, 100, 1500, 1 << 20] {
-            let mut w = FrameWriter::new(1 << 20);
+            let mut w = FrameWriter::new(1 << 20, usize::MAX);
             for m in &messages {
                 w.push(m).unwrap();
             }
@@ -334,7 +349,7 @@ mod tests {
     #[tokio::test]
     async fn frames_pushed_between_flushes_follow_in_order() {
         let messages = messages();
-        let mut w = FrameWriter::new(1 << 20);
+        let mut w = FrameWriter::new(1 << 20, usize::MAX);
         let mut sink = Trickle {
             out: Vec::new(),
             max: 333,
@@ -346,10 +361,33 @@ mod tests {
         assert_eq!(sink.out, codec_bytes(&messages));
     }
 
+    #[tokio::test]
+    async fn feed_writes_once_the_batch_boundary_is_reached_and_send_at_once() {
+        let m = messages();
+        let mut w = FrameWriter::new(1 << 20, 2048);
+        let mut sink = Trickle {
+            out: Vec::new(),
+            max: 1 << 20,
+        };
+        w.feed(&mut sink, &m[1]).await.unwrap();
+        w.feed(&mut sink, &m[0]).await.unwrap();
+        assert!(sink.out.is_empty(), "below the boundary nothing is written");
+        assert!(w.buffered() < 2048);
+        w.feed(&mut sink, &m[4]).await.unwrap();
+        assert!(w.is_empty(), "past the boundary everything is written");
+        let fed = [m[1].clone(), m[0].clone(), m[4].clone()];
+        assert_eq!(sink.out, codec_bytes(&fed));
+        w.push(&m[2]).unwrap();
+        w.send(&mut sink, &m[3]).await.unwrap();
+        assert!(w.is_empty());
+        let all = [fed.to_vec(), vec![m[2].clone(), m[3].clone()]].concat();
+        assert_eq!(sink.out, codec_bytes(&all));
+    }
+
     #[test]
     fn a_large_payload_is_shared_not_copied() {
         let payload = Bytes::from(vec![5u8; 4096]);
-        let mut w = FrameWriter::new(1 << 20);
+        let mut w = FrameWriter::new(1 << 20, usize::MAX);
         w.push(&put(payload.clone())).unwrap();
         let shared = w
             .chunks
@@ -360,14 +398,14 @@ mod tests {
             "the payload is one of the chunks, at its own address"
         );
         let small = Bytes::from(vec![6u8; ZERO_COPY_MIN - 1]);
-        let mut w = FrameWriter::new(1 << 20);
+        let mut w = FrameWriter::new(1 << 20, usize::MAX);
         w.push(&put(small.clone())).unwrap();
         assert!(w.chunks.iter().all(|c| c.as_ptr() != small.as_ptr()));
     }
 
     #[test]
     fn an_oversized_message_is_refused_and_adds_nothing() {
-        let mut w = FrameWriter::new(100);
+        let mut w = FrameWriter::new(100, usize::MAX);
         w.push(&put(Bytes::from_static(b"fits"))).unwrap();
         let before = w.buffered();
         let err = w.push(&put(Bytes::from(vec![0u8; 200]))).unwrap_err();
@@ -396,7 +434,7 @@ mod tests {
                 Poll::Ready(Ok(()))
             }
         }
-        let mut w = FrameWriter::new(1 << 20);
+        let mut w = FrameWriter::new(1 << 20, usize::MAX);
         w.push(&put(Bytes::from_static(b"x"))).unwrap();
         let e = w.flush_to(&mut Full).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::WriteZero);

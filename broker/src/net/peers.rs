@@ -493,7 +493,7 @@ async fn dial_loop(
         let (reader, mut writer) = tokio::io::split(stream);
         let mut closed =
             FramedRead::new(reader, FrameCodec::<PeerMessage>::new(cfg.frame_size_max));
-        let mut out = FrameWriter::new(cfg.frame_size_max);
+        let mut out = FrameWriter::new(cfg.frame_size_max, WRITE_BATCH_BYTES);
         let hello = PeerMessage {
             kind: Some(Kind::Hello(PeerHello {
                 cluster_name: cfg.cluster_name.clone(),
@@ -502,7 +502,7 @@ async fn dial_loop(
                 protocol_version: PROTOCOL_VERSION,
             })),
         };
-        if out.push(&hello).is_err() || out.flush_to(&mut writer).await.is_err() {
+        if out.send(&mut writer, &hello).await.is_err() {
             continue;
         }
         info!(peer = %peer, channel = channel_label(channel), "peer link up");
@@ -521,30 +521,23 @@ async fn dial_loop(
                     let mut batch = 0;
                     let mut failed = None;
                     while let Some(item) = next.take() {
-                        if let Err(e) = push_outbound(&mut out, item) {
-                            failed = Some(e.to_string());
+                        if let Err(e) = feed(&mut out, &mut writer, item).await {
+                            failed = Some(e);
                             break;
-                        }
-                        if out.buffered() >= WRITE_BATCH_BYTES {
-                            if let Err(e) = out.flush_to(&mut writer).await {
-                                failed = Some(e.to_string());
-                                break;
-                            }
                         }
                         batch += 1;
                         if batch <= 1024 {
                             next = rx.try_recv().ok();
                         }
                     }
-                    if let Some(e) = failed { break Err(e); }
+                    if let Some(e) = failed { break Err(e.to_string()); }
                     if let Err(e) = out.flush_to(&mut writer).await { break Err(e.to_string()); }
                 }
                 _ = heartbeat.tick() => {
                     let hb = PeerMessage { kind: Some(Kind::LinkHeartbeat(LinkHeartbeat {
                         sent_at_ms: started.elapsed().as_millis() as u64,
                     })) };
-                    if let Err(e) = out.push(&hb) { break Err(e.to_string()); }
-                    if let Err(e) = out.flush_to(&mut writer).await { break Err(e.to_string()); }
+                    if let Err(e) = out.send(&mut writer, &hb).await { break Err(e.to_string()); }
                 }
                 // A read completing means the peer closed (or sent garbage); either way the
                 // link is gone.
@@ -564,12 +557,22 @@ async fn dial_loop(
     }
 }
 
-/// Adds an outbound item's messages to the connection's [`FrameWriter`]. Errors: a message
-/// over the frame size limit (the link is dropped and dialed again, as for any write error).
-fn push_outbound(out: &mut FrameWriter, item: Outbound) -> Result<(), bmq_proto::FrameError> {
+/// Adds an outbound item's messages to the connection's [`FrameWriter`] (written once a batch's
+/// worth waits). Errors: a message over the frame size limit, or a failed write (the link is
+/// dropped and dialed again).
+async fn feed<W: tokio::io::AsyncWrite + Unpin>(
+    out: &mut FrameWriter,
+    writer: &mut W,
+    item: Outbound,
+) -> Result<(), bmq_proto::FrameError> {
     match item {
-        Outbound::One(m) => out.push(&m),
-        Outbound::Many(ms) => ms.iter().try_for_each(|m| out.push(m)),
+        Outbound::One(m) => out.feed(writer, &m).await,
+        Outbound::Many(ms) => {
+            for m in &ms {
+                out.feed(writer, m).await?;
+            }
+            Ok(())
+        }
     }
 }
 
