@@ -9,7 +9,10 @@
 //! position `popped`, and a position is stored modulo 2^32 (the ring never holds 2^32 GUIDs).
 //! Ages are kept per second of traffic, not per GUID: one `(Instant, count)` per
 //! [`GUID_BUCKET`]. With the default 1,000,000 GUIDs per partition the window takes 16 MiB of
-//! ring and 10 MiB of table at most, and both shrink as GUIDs leave.
+//! ring and 10 MiB of table at most, and both shrink as GUIDs leave. The table resizes
+//! incrementally ([`PositionTable`]: a few positions move to the new table with every insert
+//! and every GUID forgotten, oldest first), so no insert stops to rehash the whole window —
+//! which took 69 ms at 918,000 GUIDs, on every node at once.
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -17,14 +20,11 @@ use std::hash::BuildHasher;
 use foldhash::quality::RandomState;
 use std::time::{Duration, Instant};
 
-use hashbrown::HashTable;
+use crate::position_table::{PositionTable, MIGRATE_PER_OP, SHRINK_FLOOR};
 
 /// Width of a [`GuidWindow`] time bucket: GUIDs leave the window at most this much later than
 /// their age says (never earlier), and the window keeps one timestamp per bucket, not per GUID.
 pub(crate) const GUID_BUCKET: Duration = Duration::from_secs(1);
-
-/// Below this capacity neither the ring nor the table is shrunk.
-const SHRINK_FLOOR: usize = 1024;
 
 /// GUIDs of recently finished messages (see the module doc).
 #[derive(Debug, Default)]
@@ -37,7 +37,11 @@ pub(crate) struct GuidWindow {
     /// up to `order.len()`.
     buckets: VecDeque<(Instant, usize)>,
     /// Positions (modulo 2^32) of the GUIDs in `order`, hashed by GUID.
-    table: HashTable<u32>,
+    table: PositionTable,
+    /// While the table resizes: positions below `migrated` are in its new table, and the old
+    /// one holds only positions below `resize_end` (absolute positions, like `popped`).
+    migrated: u64,
+    resize_end: u64,
     hasher: RandomState,
 }
 
@@ -61,35 +65,56 @@ impl GuidWindow {
     pub(crate) fn contains(&self, guid: u128) -> bool {
         let (order, popped) = (&self.order, self.popped);
         self.table
-            .find(Self::hash(&self.hasher, guid), |&p| {
+            .find(Self::hash(&self.hasher, guid), |p| {
                 order[Self::index(popped, p)] == guid
             })
             .is_some()
     }
 
+    /// Notes a resize that the table just started: every GUID held is in the old table.
+    fn resize_started(&mut self, was_resizing: bool) {
+        if !was_resizing && self.table.resizing() {
+            self.migrated = self.popped;
+            self.resize_end = self.popped + self.order.len() as u64;
+        }
+    }
+
+    /// Moves the next few positions of a running resize to the new table, oldest first.
+    fn migrate_some(&mut self) {
+        for _ in 0..MIGRATE_PER_OP {
+            if !self.table.resizing() {
+                return;
+            }
+            let p = self.migrated.max(self.popped);
+            if p >= self.resize_end {
+                debug_assert!(false, "a resize outlived its walk");
+                return;
+            }
+            let (order, popped, hasher) = (&self.order, self.popped, &self.hasher);
+            let hash = Self::hash(hasher, order[(p - popped) as usize]);
+            self.table.migrate(hash, p as u32, |q| {
+                Self::hash(hasher, order[Self::index(popped, q)])
+            });
+            self.migrated = p + 1;
+        }
+    }
+
     /// Remembers `guid`, finished at `now` (nothing when it is remembered already).
     pub(crate) fn insert(&mut self, now: Instant, guid: u128) {
-        let Self {
-            order,
-            popped,
-            table,
-            hasher,
-            ..
-        } = self;
-        let position = (*popped + order.len() as u64) as u32;
-        let popped = *popped;
-        // One probe finds the GUID or the place for it.
-        match table.entry(
+        let position = (self.popped + self.order.len() as u64) as u32;
+        let was_resizing = self.table.resizing();
+        let (order, popped, hasher) = (&self.order, self.popped, &self.hasher);
+        if !self.table.insert_if_absent(
             Self::hash(hasher, guid),
-            |&p| order[Self::index(popped, p)] == guid,
-            |&p| Self::hash(hasher, order[Self::index(popped, p)]),
+            position,
+            |p| order[Self::index(popped, p)] == guid,
+            |p| Self::hash(hasher, order[Self::index(popped, p)]),
         ) {
-            hashbrown::hash_table::Entry::Occupied(_) => return,
-            hashbrown::hash_table::Entry::Vacant(place) => {
-                place.insert(position);
-            }
+            return;
         }
+        self.resize_started(was_resizing);
         self.order.push_back(guid);
+        self.migrate_some();
         match self.buckets.back_mut() {
             Some((start, count)) if now.saturating_duration_since(*start) < GUID_BUCKET => {
                 *count += 1
@@ -129,13 +154,10 @@ impl GuidWindow {
             return;
         };
         let position = self.popped as u32;
-        if let Ok(entry) = self
-            .table
-            .find_entry(Self::hash(&self.hasher, key), |&p| p == position)
-        {
-            entry.remove();
-        }
+        self.table
+            .remove(Self::hash(&self.hasher, key), |p| p == position);
         self.popped += 1;
+        self.migrate_some();
     }
 
     /// Shrinks the ring and the table to twice what they hold once they are less than a
@@ -145,26 +167,16 @@ impl GuidWindow {
         if self.order.capacity() > SHRINK_FLOOR && self.order.capacity() / 4 > len {
             self.order.shrink_to((2 * len).max(SHRINK_FLOOR));
         }
-        if self.table.capacity() > SHRINK_FLOOR && self.table.capacity() / 4 > len {
-            let Self {
-                order,
-                popped,
-                table,
-                hasher,
-                ..
-            } = self;
-            let popped = *popped;
-            table.shrink_to((2 * len).max(SHRINK_FLOOR), |&p| {
-                Self::hash(hasher, order[Self::index(popped, p)])
-            });
+        let was_resizing = self.table.resizing();
+        if self.table.maybe_shrink() {
+            self.resize_started(was_resizing);
         }
     }
 
     /// Bytes held by the ring and the table (capacity, not length).
     #[cfg(test)]
     pub(crate) fn allocated_bytes(&self) -> usize {
-        let buckets = (self.table.capacity() * 8 / 7).next_power_of_two();
-        self.order.capacity() * 16 + buckets * 5
+        self.order.capacity() * 16 + self.table.allocated_bytes()
     }
 
     /// The GUID counts of the time buckets, oldest first.
@@ -232,6 +244,50 @@ mod tests {
         );
         w.expire(t0 + age + GUID_BUCKET, 1_000_000, age);
         assert_eq!(w.len(), 0);
+        assert!(
+            w.allocated_bytes() <= 64 << 10,
+            "{} bytes",
+            w.allocated_bytes()
+        );
+    }
+
+    #[test]
+    fn resizes_a_little_at_a_time_through_bursts_and_lulls() {
+        // Bursts of 40,000 GUIDs a second, then lulls that let them age out, four times:
+        // the window grows and shrinks through many resizes, always remembers exactly the GUIDs
+        // younger than its age bound, and no insert makes hashbrown rehash everything at once
+        // (its hasher panics in debug builds).
+        let t0 = Instant::now();
+        let age = Duration::from_secs(10);
+        let mut w = GuidWindow::default();
+        let guid = |n: u64| u128::from(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) << 64 | u128::from(n);
+        let mut n = 0u64;
+        let mut resizes = 0;
+        let mut was = false;
+        for cycle in 0..4u64 {
+            let start = t0 + Duration::from_secs(100 * cycle);
+            let first = n;
+            for ms in 0..2_000u64 {
+                let now = start + Duration::from_millis(ms);
+                for _ in 0..40 {
+                    w.insert(now, guid(n));
+                    n += 1;
+                    resizes += usize::from(!was && w.table.resizing());
+                    was = w.table.resizing();
+                }
+                w.expire(now, 1_000_000, age);
+            }
+            assert_eq!(w.len() as u64, n - first);
+            assert!(w.contains(guid(first)) && w.contains(guid(n - 1)));
+            assert!(
+                first == 0 || !w.contains(guid(first - 1)),
+                "the last cycle aged out"
+            );
+            // The lull: everything ages out, and the memory goes back.
+            w.expire(start + Duration::from_secs(60), 1_000_000, age);
+            assert_eq!(w.len(), 0);
+        }
+        assert!(resizes >= 16, "{resizes} resizes");
         assert!(
             w.allocated_bytes() <= 64 << 10,
             "{} bytes",

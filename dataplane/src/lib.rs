@@ -29,7 +29,10 @@
 mod guid_index;
 mod guid_window;
 pub mod partition;
+#[cfg(test)]
+mod pause_bench;
 pub mod policy;
+mod position_table;
 pub mod proxy;
 pub mod queue;
 pub mod replication;

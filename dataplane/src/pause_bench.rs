@@ -1,0 +1,84 @@
+//! The longest single call of the duplicate window and of the index of outstanding messages
+//! while they grow to 1,000,000+ GUIDs and shrink again (BENCHMARKS.md, "No stop-the-world
+//! rehash"). A benchmark, not a test: it asserts nothing and is ignored by default.
+//!
+//! ```text
+//! cargo test --release -p bmq-dataplane --lib pause_bench -- --ignored --nocapture
+//! ```
+
+use std::time::{Duration, Instant};
+
+use crate::guid_index::GuidIndex;
+use crate::guid_window::GuidWindow;
+
+/// Times each call of `op(i)` for `i` in `range`; returns (total, longest, index of the
+/// longest, calls over 1 ms).
+fn time_each(
+    range: std::ops::Range<u64>,
+    mut op: impl FnMut(u64),
+) -> (Duration, Duration, u64, usize) {
+    let (mut total, mut worst, mut at, mut slow) = (Duration::ZERO, Duration::ZERO, 0, 0);
+    for i in range {
+        let t = Instant::now();
+        op(i);
+        let d = t.elapsed();
+        total += d;
+        slow += usize::from(d > Duration::from_millis(1));
+        if d > worst {
+            (worst, at) = (d, i);
+        }
+    }
+    (total, worst, at, slow)
+}
+
+fn guid(n: u64) -> u128 {
+    u128::from(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) << 64 | u128::from(n ^ 0x5851_f42d)
+}
+
+fn report(what: &str, n: u64, (total, worst, at, slow): (Duration, Duration, u64, usize)) {
+    println!(
+        "{what:<48} {n:>9} calls, {:>6.0} ns/call, longest {:>9.3} ms (call {at}), {slow} calls over 1 ms",
+        total.as_nanos() as f64 / n as f64,
+        worst.as_secs_f64() * 1e3,
+    );
+}
+
+#[test]
+#[ignore]
+fn pause_bench() {
+    let t0 = Instant::now();
+    let age = Duration::from_secs(3600);
+    let mut w = GuidWindow::default();
+    // The default window: 1,000,000 GUIDs; expired every 32 inserts as a partition's timer
+    // would (its turns are shorter than that at 100,000 msgs/s).
+    let n = 3_000_000;
+    report(
+        "window: insert (+ expire every 32), to 1M and on",
+        n,
+        time_each(0..n, |i| {
+            w.insert(t0, guid(i));
+            if i % 32 == 0 {
+                w.expire(t0, 1_000_000, age);
+            }
+        }),
+    );
+    report(
+        "window: age out all at once",
+        1,
+        time_each(0..1, |_| w.expire(t0 + age * 2, 1_000_000, age)),
+    );
+    let mut index: GuidIndex<[u64; 4]> = GuidIndex::new();
+    let n = 1_500_000;
+    report(
+        "index: insert to 1.5M (a backlog builds)",
+        n,
+        time_each(0..n, |i| index.insert_new(guid(i), [i; 4])),
+    );
+    report(
+        "index: remove all (the backlog drains)",
+        n,
+        time_each(0..n, |i| {
+            index.remove(guid(i));
+        }),
+    );
+}
