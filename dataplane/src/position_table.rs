@@ -74,7 +74,25 @@ impl PositionTable {
     }
 
     /// Removes the position whose key `eq` accepts, among those hashed to `hash`.
-    pub(crate) fn remove(&mut self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
+    pub(crate) fn remove(&mut self, hash: u64, eq: impl FnMut(u32) -> bool) -> Option<u32> {
+        self.remove_hinted(hash, eq, false)
+    }
+
+    /// As [`PositionTable::remove`], probing the old table first when the caller knows the
+    /// position is still there (`in_old`): one probe instead of two.
+    pub(crate) fn remove_hinted(
+        &mut self,
+        hash: u64,
+        mut eq: impl FnMut(u32) -> bool,
+        in_old: bool,
+    ) -> Option<u32> {
+        if in_old {
+            if let Ok(entry) = self.old.find_entry(hash, |&p| eq(p)) {
+                let removed = entry.remove().0;
+                self.drop_old_if_empty();
+                return Some(removed);
+            }
+        }
         if let Ok(entry) = self.table.find_entry(hash, |&p| eq(p)) {
             return Some(entry.remove().0);
         }
