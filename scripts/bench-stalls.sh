@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
 RATE=${RATE:-30000}
 SECS=${SECS:-40}
-BASE0=${BASE_PORT:-36500}
+BASE=${BASE_PORT:-36500}
 DIR=${DIR:-/tmp/bmq-bench-stalls}
 BUILDS=("$@")
 if [ ${#BUILDS[@]} -eq 0 ]; then
@@ -26,49 +26,14 @@ if [ ${#BUILDS[@]} -eq 0 ]; then
   BUILDS=("$PWD/target/release")
 fi
 CTL=${BMQCTL:-${BUILDS[-1]}/bmqctl}
-PIDS=()
-UP=
-cleanup() {
-  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  PIDS=()
-  if [ -n "$UP" ]; then kill -INT "$UP" 2>/dev/null || true; wait "$UP" 2>/dev/null || true; UP=; fi
-}
-trap 'cleanup; rm -rf "$DIR"' EXIT
+# shellcheck source=lib/cluster.sh
+. scripts/lib/cluster.sh
+trap 'stop_cluster; rm -rf "$DIR"' EXIT
 trap 'exit 130' INT TERM
-RUN=0
 run() { # build-dir scenario
   local build=$1 scenario=$2
-  cleanup
-  rm -rf "$DIR"
-  # A new port range per run: the last run's sockets may still be closing.
-  RUN=$((RUN + 1))
-  local base=$((BASE0 + 10 * (RUN % 20)))
-  local brokers=127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2)),127.0.0.1:$((base + 3))
-  "$CTL" cluster up --dir "$DIR" --base-port "$base" --no-security --no-prometheus --clean \
-    --broker-bin "$build/broker" >/dev/null 2>&1 &
-  UP=$!
-  for _ in $(seq 120); do
-    [ -f "$DIR/node-3/broker.toml" ] && "$CTL" ready --admin 127.0.0.1:$((base + 201)) >/dev/null 2>&1 && break
-    sleep 0.5
-  done
-  # The cluster's configuration stays; its brokers are restarted by this script, so their
-  # pids are known and they are killed on every exit.
-  kill -INT "$UP" 2>/dev/null || true
-  wait "$UP" 2>/dev/null || true
-  UP=
-  for i in 1 2 3; do
-    "$build/broker" --config "$DIR/node-$i/broker.toml" >>"$DIR/node-$i/bench.log" 2>&1 &
-    PIDS+=($!)
-    disown
-  done
-  for _ in $(seq 120); do
-    local ok=0
-    for i in 1 2 3; do
-      "$CTL" ready --admin 127.0.0.1:$((base + 200 + i)) >/dev/null 2>&1 && ok=$((ok + 1))
-    done
-    [ $ok = 3 ] && break
-    sleep 0.5
-  done
+  local brokers=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
+  start_cluster "$build" || return 0
   local consumers=1
   [ "$scenario" = backlog ] && consumers=0
   local out

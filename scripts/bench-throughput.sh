@@ -41,47 +41,11 @@ if [ ${#BUILDS[@]} -eq 0 ]; then
 fi
 BMQCTL=${BMQCTL:-${BUILDS[${#BUILDS[@]}-1]}/bmqctl}
 BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
-PIDS=()
-# Kills the nodes and waits until they are gone (their ports are free for the next cluster).
-cleanup() {
-  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]:-}"; do
-    while [ -n "$p" ] && kill -0 "$p" 2>/dev/null; do sleep 0.05; done
-  done
-  PIDS=()
-}
-trap cleanup EXIT
+# shellcheck source=lib/cluster.sh
+. scripts/lib/cluster.sh
+trap stop_cluster EXIT
 trap 'exit 130' INT TERM
 TICK=$(getconf CLK_TCK)
-
-start_cluster() {
-  local bin=$1
-  rm -rf "$DIR"
-  "$bin/bmqctl" cluster up --dir "$DIR" --base-port "$BASE" --no-security --no-prometheus --clean >/dev/null 2>&1 &
-  local up=$!
-  # `cluster up` writes every node's configuration, then starts them; once node 1 is ready
-  # the files are all there.
-  for _ in $(seq 120); do
-    [ -f "$DIR/node-3/broker.toml" ] && "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 && break
-    sleep 0.5
-  done
-  kill -INT $up 2>/dev/null || true; wait $up || true
-  # Its nodes stop on the interrupt: wait until node 1's admin port no longer answers.
-  for _ in $(seq 100); do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 || break; sleep 0.1; done
-  for i in 1 2 3; do
-    "$bin/broker" --config "$DIR/node-$i/broker.toml" >>"$DIR/node-$i/bench.log" 2>&1 &
-    PIDS+=($!)
-    disown # no "Killed" notice when the run ends
-  done
-  for _ in $(seq 120); do
-    local ok=0
-    for i in 1 2 3; do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 200 + i)) >/dev/null 2>&1 && ok=$((ok + 1)); done
-    [ $ok = 3 ] && return 0
-    sleep 0.5
-  done
-  echo "cluster of $bin not ready" >&2
-  return 1
-}
 
 # CPU ticks of every broker process so far.
 broker_ticks() {
@@ -137,7 +101,7 @@ for round in $(seq "$ROUNDS"); do
     measure "$bin" --count "$COUNT" --window "$WINDOW"
     printf 'round %s  %-40s paced   ' "$round" "$bin"
     measure "$bin" --rate "$RATE" --duration-secs "$PACED_SECS" --window 100000
-    cleanup
+    stop_cluster
   done
 done
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

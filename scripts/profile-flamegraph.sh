@@ -28,29 +28,11 @@ if [ -z "${BIN:-}" ]; then
   BIN=$PWD/target/profile-fp/release
 fi
 BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
-PIDS=()
-cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
+# shellcheck source=lib/cluster.sh
+. scripts/lib/cluster.sh
+trap stop_cluster EXIT
 trap 'exit 130' INT TERM
-rm -rf "$DIR"
-"$BIN/bmqctl" cluster up --dir "$DIR" --base-port "$BASE" --no-security --no-prometheus --clean >/dev/null 2>&1 &
-UP=$!
-for _ in $(seq 120); do
-  [ -f "$DIR/node-3/broker.toml" ] && "$BIN/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 && break
-  sleep 0.5
-done
-kill -INT $UP 2>/dev/null || true; wait $UP || true
-for i in 1 2 3; do
-  "$BIN/broker" --config "$DIR/node-$i/broker.toml" >>"$DIR/node-$i/profile.log" 2>&1 &
-  PIDS+=($!)
-  disown
-done
-for _ in $(seq 120); do
-  ok=0
-  for i in 1 2 3; do "$BIN/bmqctl" ready --admin 127.0.0.1:$((BASE + 200 + i)) >/dev/null 2>&1 && ok=$((ok + 1)); done
-  [ $ok = 3 ] && break
-  sleep 0.5
-done
+start_cluster "$BIN"
 "$BIN/bmqctl" bench messages --count 20000 --size 1024 --window 256 --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
 PERF_DATA=$DIR/perf.data
 perf record -e cpu-clock -F 999 -g -p "$(IFS=,; echo "${PIDS[*]}")" -o "$PERF_DATA" -- sleep "$SECS" 2>/dev/null &

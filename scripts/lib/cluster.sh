@@ -1,0 +1,48 @@
+# Sourced by the benchmark scripts (bench-throughput.sh, bench-stalls.sh,
+# profile-flamegraph.sh): a local 3-node cluster of one build whose broker processes the script
+# starts itself, so it knows their pids (to read their CPU time, to profile them) and kills them
+# on every exit. Reads DIR (the cluster's directory, replaced) and BASE (its base port: clients
+# BASE+1..3, admin BASE+201..203); sets PIDS. The caller traps EXIT with stop_cluster.
+
+PIDS=()
+
+# Kills the nodes and waits until they are gone (their ports are free for the next cluster).
+stop_cluster() {
+  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]:-}"; do
+    while [ -n "$p" ] && kill -0 "$p" 2>/dev/null; do sleep 0.05; done
+  done
+  PIDS=()
+}
+
+# start_cluster BIN: a fresh cluster of BIN/broker (configuration written by BIN/bmqctl's
+# `cluster up` with its defaults, plain TCP), every node ready; 1 if it does not get ready.
+start_cluster() {
+  local bin=$1
+  stop_cluster
+  rm -rf "$DIR"
+  "$bin/bmqctl" cluster up --dir "$DIR" --base-port "$BASE" --no-security --no-prometheus --clean >/dev/null 2>&1 &
+  local up=$!
+  # `cluster up` writes every node's configuration, then starts them; once node 1 is ready
+  # the files are all there.
+  for _ in $(seq 120); do
+    [ -f "$DIR/node-3/broker.toml" ] && "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  kill -INT $up 2>/dev/null || true; wait $up || true
+  # Its nodes stop on the interrupt: wait until node 1's admin port no longer answers.
+  for _ in $(seq 100); do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 || break; sleep 0.1; done
+  for i in 1 2 3; do
+    "$bin/broker" --config "$DIR/node-$i/broker.toml" >>"$DIR/node-$i/bench.log" 2>&1 &
+    PIDS+=($!)
+    disown # no "Killed" notice when the run ends
+  done
+  for _ in $(seq 120); do
+    local ok=0
+    for i in 1 2 3; do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 200 + i)) >/dev/null 2>&1 && ok=$((ok + 1)); done
+    [ $ok = 3 ] && return 0
+    sleep 0.5
+  done
+  echo "cluster of $bin not ready" >&2
+  return 1
+}
