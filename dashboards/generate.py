@@ -134,7 +134,7 @@ def rate(metric, by, extra=""):
 
 def quantiles(metric, qs=(0.5, 0.9, 0.99)):
     return [(f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{SEL}}}"
-             f"[$__rate_interval])))", f"p{int(q * 100)}") for q in qs]
+             f"[$__rate_interval])))", f"p{q * 100:g}") for q in qs]
 
 
 ELECTOR_STATES = [(0, "dormant"), (1, "follower"), (2, "candidate"), (3, "leader")]
@@ -267,6 +267,12 @@ def queues():
             "bmq_journal_fsync_seconds: each group-commit fsync of a partition journal, on its "
             "sync thread. Receipts and ACKs wait for it: a slow disk shows here first.",
             quantiles("bmq_journal_fsync_seconds"), unit="s")
+    d.panel("Partition thread turns",
+            "bmq_partition_turn_seconds: how long a partition's thread spent on one input (a "
+            "batch of requests or peer messages, a timer, a sync's completion), maintenance "
+            "included. Every ACK and delivery of the partition waits behind a long turn: a "
+            "compaction or another stall shows as a high p99.9.",
+            quantiles("bmq_partition_turn_seconds", qs=(0.5, 0.99, 0.999)), unit="s")
     d.panel("Redeliveries",
             "bmq_queue_redeliveries_total: pushes with delivery attempt > 1 (a consumer failed "
             "this message before).",

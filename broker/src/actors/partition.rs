@@ -180,6 +180,33 @@ pub struct PartitionActor {
     closer: Option<std::sync::mpsc::Sender<ClosedFiles>>,
     /// A journal write or fsync failed: the node is stopping; nothing more is written or sent.
     failed: bool,
+    /// `bmq_partition_turn_seconds{partition}`: how long each input held the thread.
+    turn_seconds: metrics::Histogram,
+}
+
+/// Records, when dropped, how long the partition's thread has spent since it was made: one
+/// turn, the handling of one input with what it set off (journal writes, maintenance —
+/// deletions, compaction —, replication, answers). Every request of the partition waits behind
+/// a long one, so a stall (a compaction, a resize) shows here before it shows in the ACK
+/// latency.
+struct Turn {
+    started: Instant,
+    histogram: metrics::Histogram,
+}
+
+impl Turn {
+    fn start(histogram: &metrics::Histogram) -> Self {
+        Turn {
+            started: Instant::now(),
+            histogram: histogram.clone(),
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.histogram.record(self.started.elapsed().as_secs_f64());
+    }
 }
 
 /// Starts the partition's thread `bmq-<role>-<partition>`, which hands every item sent to the
@@ -257,6 +284,7 @@ impl PartitionActor {
             sync_in_flight: false,
             closer: None,
             failed: false,
+            turn_seconds: metrics::histogram!("bmq_partition_turn_seconds", "partition" => id.to_string()),
         }
     }
 
@@ -329,6 +357,7 @@ impl PartitionActor {
                 self.timer_at = Some(at);
                 let wait = at.saturating_duration_since(Instant::now());
                 ctx.run_later(wait, |actor, ctx| {
+                    let _turn = Turn::start(&actor.turn_seconds);
                     actor.timer_at = None;
                     if let Some(core) = actor.core.as_mut() {
                         core.handle_timeout(Instant::now());
@@ -513,6 +542,7 @@ impl Handler<PartitionRequests> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionRequests, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
             core.handle_requests(Instant::now(), msg.requests);
         }
@@ -524,6 +554,7 @@ impl Handler<PartitionSessionGone> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionSessionGone, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
             core.handle_session_gone(Instant::now(), msg.session);
         }
@@ -535,6 +566,7 @@ impl Handler<StopDelivering> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, _msg: StopDelivering, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
             core.handle_stop_delivering(Instant::now());
         }
@@ -546,6 +578,7 @@ impl Handler<PartitionNodeGone> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionNodeGone, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
             core.handle_node_gone(Instant::now(), msg.node);
         }
@@ -557,6 +590,7 @@ impl Handler<PartitionPeerMessages> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionPeerMessages, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
             core.handle_peers(Instant::now(), msg.from, msg.messages);
         }
@@ -568,6 +602,7 @@ impl Handler<PartitionRoleChanged> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionRoleChanged, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
             core.handle_role(Instant::now(), msg.primary, msg.lease, msg.active);
         }
@@ -580,6 +615,7 @@ impl Handler<SetPartitionQuorum> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: SetPartitionQuorum, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
             core.set_quorum(Instant::now(), msg.quorum);
         }
@@ -591,6 +627,7 @@ impl Handler<FlushJournal> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, _msg: FlushJournal, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         if self.flush_queued {
             self.flush(ctx);
         }
@@ -601,6 +638,7 @@ impl Handler<JournalSynced> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: JournalSynced, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
         self.sync_in_flight = false;
         if self.failed {
             return;
@@ -634,6 +672,7 @@ impl Handler<PurgeQueue> for PartitionActor {
     type Result = Option<usize>;
 
     fn handle(&mut self, msg: PurgeQueue, ctx: &mut Self::Context) -> Option<usize> {
+        let _turn = Turn::start(&self.turn_seconds);
         let core = self.core.as_mut()?;
         if core.role() != bmq_dataplane::PartitionRole::Active {
             return None;
