@@ -580,6 +580,7 @@ async fn check_rules(prom: &PrometheusServer) -> anyhow::Result<Vec<String>> {
         "BmqMetadataReplicationLag",
         "BmqNoLeader",
         "BmqNodeDown",
+        "BmqPartitionThreadStalls",
         "BmqPartitionWithoutActivePrimary",
         "BmqQuorumLost",
     ];
@@ -617,7 +618,12 @@ async fn check_reference(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
     for expr in exprs {
         for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
             if word.starts_with("bmq_") || word.starts_with("process_") {
-                let base = word.strip_suffix("_bucket").unwrap_or(word);
+                // A histogram's series are documented under the histogram's name.
+                let base = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|suffix| word.strip_suffix(suffix))
+                    .filter(|base| base.ends_with("_seconds"))
+                    .unwrap_or(word);
                 if !used.contains(&base.to_string()) {
                     used.push(base.to_string());
                 }
