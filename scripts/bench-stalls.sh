@@ -33,7 +33,10 @@ trap 'exit 130' INT TERM
 run() { # build-dir scenario
   local build=$1 scenario=$2
   local brokers=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
-  start_cluster "$build" || return 0
+  if ! start_cluster "$build"; then
+    printf 'round %s  %-8s %-40s (cluster not ready)\n' "$ROUND" "$scenario" "$build"
+    return 0
+  fi
   local consumers=1
   [ "$scenario" = backlog ] && consumers=0
   local out

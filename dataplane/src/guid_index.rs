@@ -189,12 +189,11 @@ impl<V> GuidIndex<V> {
             .map(|i| i as usize)
     }
 
-    /// Notes a resize that the table just started: every entry held is in the old table.
-    fn resize_started(&mut self, was_resizing: bool) {
-        if !was_resizing && self.table.resizing() {
-            self.migrated = 0;
-            self.resize_end = self.slots.len();
-        }
+    /// Begins the walk of a resize the table just started: every entry held is in the old
+    /// table.
+    fn begin_walk(&mut self) {
+        self.migrated = 0;
+        self.resize_end = self.slots.len();
     }
 
     /// Moves the next few positions of a running resize to the new table.
@@ -249,12 +248,12 @@ impl<V> GuidIndex<V> {
     pub(crate) fn insert_new(&mut self, guid: u128, value: V) {
         debug_assert!(!self.contains(guid), "guid {guid:032x} already indexed");
         let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 entries");
-        let was_resizing = self.table.resizing();
         let (slots, hasher) = (&self.slots, &self.hasher);
-        self.table.insert(Self::hash(hasher, guid), i, |j| {
+        if self.table.insert(Self::hash(hasher, guid), i, |j| {
             Self::hash(hasher, slots[j as usize].guid())
-        });
-        self.resize_started(was_resizing);
+        }) {
+            self.begin_walk();
+        }
         self.slots.push(Slot {
             guid: [(guid >> 64) as u64, guid as u64],
             value,
@@ -327,9 +326,8 @@ impl<V> GuidIndex<V> {
     /// Shrinks the table to twice what it holds once it is less than a quarter full (the
     /// entries give their chunks back as they empty): amortised O(1) per removal.
     fn give_back_memory(&mut self) {
-        let was_resizing = self.table.resizing();
         if self.table.maybe_shrink() {
-            self.resize_started(was_resizing);
+            self.begin_walk();
         }
     }
 

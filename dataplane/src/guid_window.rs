@@ -76,12 +76,11 @@ impl GuidWindow {
             .is_some()
     }
 
-    /// Notes a resize that the table just started: every GUID held is in the old table.
-    fn resize_started(&mut self, was_resizing: bool) {
-        if !was_resizing && self.table.resizing() {
-            self.migrated = self.popped;
-            self.resize_end = self.popped + self.order.len() as u64;
-        }
+    /// Begins the walk of a resize the table just started: every GUID held is in the old
+    /// table.
+    fn begin_walk(&mut self) {
+        self.migrated = self.popped;
+        self.resize_end = self.popped + self.order.len() as u64;
     }
 
     /// Moves the next few positions of a running resize to the new table, oldest first.
@@ -107,17 +106,18 @@ impl GuidWindow {
     /// Remembers `guid`, finished at `now` (nothing when it is remembered already).
     pub(crate) fn insert(&mut self, now: Instant, guid: u128) {
         let position = (self.popped + self.order.len() as u64) as u32;
-        let was_resizing = self.table.resizing();
         let (order, popped, hasher) = (&self.order, self.popped, &self.hasher);
-        if !self.table.insert_if_absent(
+        let Some(resize_started) = self.table.insert_if_absent(
             Self::hash(hasher, guid),
             position,
             |p| order[Self::index(popped, p)] == guid,
             |p| Self::hash(hasher, order[Self::index(popped, p)]),
-        ) {
+        ) else {
             return;
+        };
+        if resize_started {
+            self.begin_walk();
         }
-        self.resize_started(was_resizing);
         self.order.push_back(guid);
         self.migrate_some();
         match self.buckets.back_mut() {
@@ -184,9 +184,8 @@ impl GuidWindow {
         if self.order.capacity() > SHRINK_FLOOR && self.order.capacity() / 4 > len {
             self.order.shrink_to((2 * len).max(SHRINK_FLOOR));
         }
-        let was_resizing = self.table.resizing();
         if self.table.maybe_shrink() {
-            self.resize_started(was_resizing);
+            self.begin_walk();
         }
     }
 

@@ -104,41 +104,49 @@ impl PositionTable {
     /// Adds `position` (its key hashes to `hash`; the caller checked that the key is not
     /// held). A full table starts a resize to twice what is held. `hash_of` gives the hash of
     /// the key at a held position (here and below: used only if hashbrown had to rehash).
-    pub(crate) fn insert(&mut self, hash: u64, position: u32, hash_of: impl Fn(u32) -> u64) {
-        if self.table.len() >= self.table.capacity() && !self.resizing() {
-            self.start_resize((2 * self.len()).max(8));
-        }
+    /// Returns whether a resize started: every position held before this one is in the old
+    /// table, and the caller's walk begins.
+    pub(crate) fn insert(
+        &mut self,
+        hash: u64,
+        position: u32,
+        hash_of: impl Fn(u32) -> u64,
+    ) -> bool {
+        let started = self.table.len() >= self.table.capacity()
+            && !self.resizing()
+            && self.start_resize((2 * self.len()).max(8));
         self.table
             .insert_unique(hash, position, rehash_with(&hash_of));
+        started
     }
 
     /// Adds `position` unless a position whose key `eq` accepts is held (one probe of each
     /// table, as [`PositionTable::find`] then [`PositionTable::insert`] would take two of the
-    /// new one). Returns whether it was added.
+    /// new one). `None` when the key is held; otherwise whether a resize started, as
+    /// [`PositionTable::insert`] returns.
     pub(crate) fn insert_if_absent(
         &mut self,
         hash: u64,
         position: u32,
         mut eq: impl FnMut(u32) -> bool,
         hash_of: impl Fn(u32) -> u64,
-    ) -> bool {
+    ) -> Option<bool> {
         if self.old.find(hash, |&p| eq(p)).is_some() {
-            return false;
+            return None;
         }
         if self.table.len() < self.table.capacity() {
             return match self.table.entry(hash, |&p| eq(p), rehash_with(&hash_of)) {
-                hashbrown::hash_table::Entry::Occupied(_) => false,
+                hashbrown::hash_table::Entry::Occupied(_) => None,
                 hashbrown::hash_table::Entry::Vacant(place) => {
                     place.insert(position);
-                    true
+                    Some(false)
                 }
             };
         }
         if self.table.find(hash, |&p| eq(p)).is_some() {
-            return false;
+            return None;
         }
-        self.insert(hash, position, hash_of);
-        true
+        Some(self.insert(hash, position, hash_of))
     }
 
     /// Points the entry of the key hashed to `hash` from position `from` to position `to`
@@ -182,14 +190,14 @@ impl PositionTable {
     }
 
     /// Starts shrinking to twice what is held once less than a quarter of the capacity is
-    /// used (not while a resize runs). Returns whether it started.
+    /// used (not while a resize runs). Returns whether a resize started, as
+    /// [`PositionTable::insert`] returns.
     pub(crate) fn maybe_shrink(&mut self) -> bool {
         let cap = self.table.capacity();
         if self.resizing() || cap <= SHRINK_FLOOR || cap / 4 <= self.len() {
             return false;
         }
-        self.start_resize((2 * self.len()).max(SHRINK_FLOOR));
-        true
+        self.start_resize((2 * self.len()).max(SHRINK_FLOOR))
     }
 
     /// Empties the table (both halves of a running resize).
@@ -210,10 +218,13 @@ impl PositionTable {
             .insert_unique(hash, position, rehash_with(&hash_of));
     }
 
-    fn start_resize(&mut self, capacity: usize) {
+    /// Moves every position to the old table behind a new one of `capacity`; returns whether
+    /// a resize runs (not when nothing was held).
+    fn start_resize(&mut self, capacity: usize) -> bool {
         debug_assert!(!self.resizing());
         self.old = std::mem::replace(&mut self.table, HashTable::with_capacity(capacity));
         self.drop_old_if_empty();
+        self.resizing()
     }
 
     fn drop_old_if_empty(&mut self) {
