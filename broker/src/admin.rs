@@ -156,6 +156,7 @@ fn register_counters_at_zero() {
     let _ = metrics::histogram!("bmq_metadata_commit_latency_seconds");
     let _ = metrics::histogram!("bmq_queue_ack_latency_seconds");
     let _ = metrics::histogram!("bmq_journal_fsync_seconds");
+    let _ = metrics::histogram!("bmq_journal_compaction_seconds");
 }
 
 /// `# HELP` texts of the gauges [`refresh_scrape_gauges`] sets (the reference for every metric

@@ -45,4 +45,7 @@ pub use policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, Domain
 pub use proxy::{PrimaryRoute, Proxy, ProxyConfig, ProxyCounters, ProxyOutput};
 pub use queue::{ConsumerOptions, Delivery, PutOutcome, QueueCore, QueueCounters, QueueLimits};
 pub use replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
-pub use store::{AppsOf, ClosedFiles, Store, StoreConfig, StoreError, StoreStats, SyncTicket};
+pub use store::{
+    AppsOf, ClosedFiles, CompactionDone, CompactionTicket, Store, StoreConfig, StoreError,
+    StoreStats, SyncTicket,
+};

@@ -72,7 +72,10 @@ use tracing::{info, warn};
 use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy};
 use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
 use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
-use crate::store::{guid_key, ClosedFiles, Store, StoreError, StoreStats, SyncTicket};
+use crate::store::{
+    guid_key, ClosedFiles, CompactionDone, CompactionTicket, Store, StoreError, StoreStats,
+    SyncTicket,
+};
 
 /// Old defects the replication simulator must find (issue 16), put back on purpose; compiled
 /// only with the `defect-injection` feature (see `docs/REPLICATION_VERIFICATION.md`).
@@ -482,6 +485,25 @@ impl Partition {
     /// another thread (see [`Store::set_defer_close`]).
     pub fn take_closed_files(&mut self) -> ClosedFiles {
         self.replication.take_closed_files()
+    }
+
+    /// The copy of a journal compaction, to run on another thread (see
+    /// [`Store::set_background_compaction`]); its outcome goes to
+    /// [`Partition::complete_compaction`].
+    pub fn take_compaction(&mut self) -> Option<CompactionTicket> {
+        self.replication.take_compaction()
+    }
+
+    /// A compaction's copy finished: see [`ReplicationCore::complete_compaction`]. An error
+    /// other than a full disk is also reported as [`PartitionOutput::Fatal`].
+    pub fn complete_compaction(
+        &mut self,
+        now: Instant,
+        done: CompactionDone,
+    ) -> Result<(), StoreError> {
+        let result = self.replication.complete_compaction(done);
+        self.absorb_replication(now);
+        result
     }
 
     /// Whether journal writes wait for [`Partition::sync`].

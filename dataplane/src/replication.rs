@@ -65,7 +65,10 @@ use bytes::Bytes;
 use tracing::{error, info, warn};
 
 use crate::guid_window::GuidWindow;
-use crate::store::{guid_key, split_frames, ClosedFiles, Store, StoreError, SyncTicket};
+use crate::store::{
+    guid_key, split_frames, ClosedFiles, CompactionDone, CompactionTicket, Maintenance, Store,
+    StoreError, SyncTicket,
+};
 
 /// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
 pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;
@@ -304,6 +307,24 @@ impl ReplicationCore {
         self.store.take_closed_files()
     }
 
+    /// The copy of a journal compaction, for the shell to run on another thread
+    /// ([`Store::set_background_compaction`], [`Store::take_compaction`]); its outcome goes to
+    /// [`ReplicationCore::complete_compaction`].
+    pub fn take_compaction(&mut self) -> Option<CompactionTicket> {
+        self.store.take_compaction()
+    }
+
+    /// A compaction's copy finished ([`CompactionTicket::run`]): it replaces its segment now
+    /// or after the next sync ([`Store::complete_compaction`]). A full disk gives it up for
+    /// now; another failure is fatal ([`Output::Fatal`]).
+    pub fn complete_compaction(&mut self, done: CompactionDone) -> Result<(), StoreError> {
+        if self.failed {
+            return Ok(());
+        }
+        let result = self.store.complete_compaction(done);
+        self.reclaimed(result)
+    }
+
     /// The journal.
     pub fn store(&self) -> &Store {
         &self.store
@@ -499,7 +520,13 @@ impl ReplicationCore {
     /// Removes settled dead records ([`Store::maintain`]); a full disk defers it, another
     /// error is fatal.
     fn maintain_store(&mut self) -> Result<(), StoreError> {
-        match self.store.maintain() {
+        let result = self.store.maintain();
+        self.reclaimed(result)
+    }
+
+    /// Logs what a maintenance reclaimed; a full disk defers it, another error is fatal.
+    fn reclaimed(&mut self, result: Result<Maintenance, StoreError>) -> Result<(), StoreError> {
+        match result {
             Ok(m) if m.deleted + m.compacted > 0 => {
                 info!(partition = %self.cfg.partition, deleted = m.deleted, compacted = m.compacted, freed_bytes = m.freed_bytes, floor = self.store.floor(), "journal space reclaimed");
             }

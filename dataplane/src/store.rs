@@ -32,9 +32,10 @@
 //!
 //! **Crash safety.** Before anything is deleted or compacted, a marker with the current base
 //! is appended and made durable, so a restarted node knows that absent positions below it were
-//! dead. A compaction writes `journal-<n>.bmqj.compact`, fsyncs it, renames it over the segment
-//! and fsyncs the directory: a power loss leaves the old or the new segment, never neither (a
-//! leftover `.compact` file is removed at open). Deleting a segment is an unlink plus a
+//! dead. A compaction writes `journal-<n>.<id>.bmqj.compact`, fsyncs it, renames it over the
+//! segment and fsyncs the directory: a power loss leaves the old or the new segment, never
+//! neither (a leftover `.compact` file is removed at open). The copy can run on another thread
+//! while the partition goes on (`store_compaction.rs`). Deleting a segment is an unlink plus a
 //! directory fsync. An install is written to `<dir>/install/`; a `COMPLETE` file there, made
 //! durable, is the commit point: at open, a complete install replaces the journal, an
 //! incomplete one is discarded. At open, a *torn tail* (an incomplete record, or a last record
@@ -77,6 +78,8 @@ use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRu
 
 use crate::guid_index::GuidIndex;
 use bytes::{Bytes, BytesMut};
+use compaction::Compacting;
+pub use compaction::{CompactionDone, CompactionTicket};
 use prost::Message;
 use tracing::{info, warn};
 
@@ -622,6 +625,13 @@ pub struct Store {
     /// Segments found dead at a base whose marker is not durable yet: `(base, numbers)`,
     /// deleted once it is.
     pending_deletion: Option<(u64, Vec<u32>)>,
+    /// Whether a compaction's copy is left to the caller ([`Store::take_compaction`]) instead
+    /// of run in the call that starts it ([`Store::set_background_compaction`]).
+    background_compaction: bool,
+    /// The compaction under way, if any (see `store_compaction.rs`).
+    compacting: Option<Compacting>,
+    /// Its copy, until the caller takes it.
+    compaction_out: Option<CompactionTicket>,
     /// Outstanding messages, by GUID.
     index: GuidIndex<Entry>,
     /// Effects of records above the base, in sequence order.
@@ -765,7 +775,7 @@ impl Store {
                 std::fs::remove_file(&path).map_err(io(&path))?;
                 continue;
             }
-            if name.ends_with(".bmqj.compact") {
+            if compaction::is_copy(&name) {
                 // A compaction the node did not finish: the segment it was to replace is
                 // intact.
                 let path = entry.path();
@@ -804,6 +814,9 @@ impl Store {
             closed_files: ClosedFiles::default(),
             durable_marked_base: 0,
             pending_deletion: None,
+            background_compaction: false,
+            compacting: None,
+            compaction_out: None,
             index: GuidIndex::new(),
             effects: VecDeque::new(),
             queues: Vec::new(),
@@ -1852,6 +1865,7 @@ impl Store {
         {
             let s = self.segments.pop().expect("checked");
             self.bytes_total = self.bytes_total.saturating_sub(s.len);
+            self.live_bytes -= s.live_bytes;
             std::fs::remove_file(&s.path).map_err(io(&s.path))?;
             self.retire_file(s.file);
         }
@@ -1950,6 +1964,8 @@ impl Store {
         }
         staged.dir = self.dir.clone();
         staged.defer_close = self.defer_close;
+        staged.background_compaction = self.background_compaction;
+        self.forget_compaction();
         staged.closed_files = std::mem::take(&mut self.closed_files);
         for s in &self.segments {
             staged.retire_file(s.file.clone());
@@ -2174,14 +2190,21 @@ impl Store {
 
     /// Deletes the closed segments whose records are all dead and settled, and compacts the
     /// settled closed segment with the most dead bytes while the dead bytes of closed settled
-    /// segments exceed one segment. A marker with the current base is made durable first (see
-    /// the module doc). Bounded work per call: at most one compaction.
+    /// segments exceed one segment. Removed records must be dead at the base of a durable
+    /// marker (see the module doc): the marker is written here and made durable by a later
+    /// sync, after which a later call removes them. Bounded work per call: at most one
+    /// compaction, whose copy runs here, or — with [`Store::set_background_compaction`] — on
+    /// the caller's other thread ([`Store::take_compaction`]); a finished copy is put in
+    /// place by the first call that finds its marker durable.
     pub fn maintain(&mut self) -> Result<Maintenance, StoreError> {
         self.maintenance_due = false;
-        let mut report = Maintenance::default();
+        let mut report = self.install_compaction()?;
+        let compacting = self.compacting.as_ref().map(|c| c.segment());
         let base = self.base;
         let settled = |s: &Segment| s.last_sequence().is_none_or(|l| l <= base);
-        let dead_and_settled = |s: &Segment| s.live == s.self_pinned && settled(s);
+        // The segment under compaction stays until its copy is in place or given up.
+        let dead_and_settled =
+            |s: &Segment| s.live == s.self_pinned && settled(s) && Some(s.no) != compacting;
         // A segment goes only once a durable marker has a base at which it was dead: a
         // restart then knows its positions are absent on purpose, and no confirm that made
         // its messages dead can be truncated away. The marker is written here without an
@@ -2242,7 +2265,9 @@ impl Store {
             .sum();
         // Deleting what waits for its marker releases records it pins elsewhere: decide on
         // compaction after that.
-        let compact = if self.pending_deletion.is_none() && dead_closed > self.cfg.segment_size_max
+        let compact = if self.compacting.is_none()
+            && self.pending_deletion.is_none()
+            && dead_closed > self.cfg.segment_size_max
         {
             self.segments[..closed]
                 .iter()
@@ -2252,24 +2277,38 @@ impl Store {
         } else {
             None
         };
-        if report.deleted == 0 && compact.is_none() {
-            return Ok(report);
-        }
         if let Some(no) = compact {
-            // Compaction is rare (sparse closed segments) and waits for its own fsyncs.
-            self.mark_durably()?;
-            report.freed_bytes += self.compact(no)?;
-            report.compacted += 1;
+            if self.background_compaction {
+                // The copy runs while the marker becomes durable.
+                if self.marked.0 < base {
+                    self.write_marker()?;
+                }
+                self.compaction_out = Some(self.begin_compaction(no));
+            } else {
+                self.mark_durably()?;
+                let done = self.begin_compaction(no).run();
+                let more = self.complete_compaction(done)?;
+                report.compacted += more.compacted;
+                report.freed_bytes += more.freed_bytes;
+            }
         }
-        if self.cfg.fsync && (report.compacted > 0 || !self.defer_close) {
-            sync_dir(&self.dir)?;
-        }
-        self.maintenance_epoch += 1;
         if report.deleted > 0 {
+            if self.cfg.fsync && !self.defer_close {
+                sync_dir(&self.dir)?;
+            }
+            self.maintenance_epoch += 1;
             metrics::counter!("bmq_journal_segments_deleted_total")
                 .increment(report.deleted as u64);
         }
         Ok(report)
+    }
+
+    /// Leaves the copy of each compaction to the caller ([`Store::take_compaction`], to run
+    /// on another thread and hand back to [`Store::complete_compaction`]) instead of running
+    /// it inside [`Store::maintain`]: the copy reads and writes the segment's live records
+    /// and fsyncs them, tens of milliseconds during which the partition would stop.
+    pub fn set_background_compaction(&mut self, background: bool) {
+        self.background_compaction = background;
     }
 
     /// Deletes closed segment `i` (every record dead and settled, a durable marker saying so):
@@ -2313,81 +2352,31 @@ impl Store {
         Ok(())
     }
 
-    /// Rewrites closed segment `no` with only its live records; returns the bytes freed.
-    fn compact(&mut self, no: u32) -> Result<u64, StoreError> {
-        let i = self
-            .segments
-            .iter()
-            .position(|s| s.no == no)
-            .expect("listed");
-        let tmp = self.dir.join(format!("journal-{no:010}.bmqj.compact"));
-        let mut buf = Vec::new();
-        buf.extend_from_slice(MAGIC);
-        buf.extend_from_slice(&VERSION.to_le_bytes());
-        // The segment now has gaps: it opens with the base that makes them legitimate (not
-        // the covered position, which later segments establish).
-        frame(
-            &JournalRecord {
-                lease: 0,
-                sequence: 0,
-                timestamp_ms: 0,
-                kind: Some(RecordKind::Marker(StoredMarker {
-                    base: self.base,
-                    covered_through: 0,
-                    runs: Vec::new(),
-                })),
-            },
-            &mut buf,
-        );
-        // Confirms pinned by dead messages of this segment go with them; those pinned in other
-        // segments are released once the rewrite is in place.
-        let pins = std::mem::take(&mut self.segments[i].pins);
-        let (own, others): (Vec<u64>, Vec<u64>) = pins
-            .into_iter()
-            .partition(|r| self.locate(*r).is_some_and(|(ri, _)| ri == i));
-        for r in own {
-            self.kill(r);
-        }
-        self.segments[i].self_pinned = 0;
-        let fsync = self.cfg.fsync;
-        let written = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io(&tmp))
-            .and_then(|file| {
-                let (kept, dropped_max, len) =
-                    write_live_records(&self.segments[i], &file, &tmp, buf, fsync)?;
-                Ok((file, kept, dropped_max, len))
-            });
-        let (file, kept, dropped_max, len) = match written {
-            Ok(w) => w,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
+    /// Checks that each segment's live count and live bytes agree with the live bits of its
+    /// records, and the store's live bytes with the segments' (tests).
+    #[cfg(test)]
+    fn check_accounting(&self) -> Result<(), String> {
+        let mut total = 0;
+        for s in &self.segments {
+            let live = s.records.iter().filter(|h| h.live()).count() as u64;
+            let bytes: u64 = s
+                .records
+                .iter()
+                .filter(|h| h.live())
+                .map(|h| u64::from(h.len()))
+                .sum();
+            if (live, bytes) != (s.live, s.live_bytes) {
+                return Err(format!(
+                    "segment {}: {live} live records of {bytes} bytes, counted {} of {}",
+                    s.no, s.live, s.live_bytes
+                ));
             }
-        };
-        let s = &mut self.segments[i];
-        std::fs::rename(&tmp, &s.path).map_err(io(&s.path))?;
-        let freed = s.len - len;
-        let replaced = std::mem::replace(&mut s.file, Arc::new(file));
-        self.retire_file(replaced);
-        let s = &mut self.segments[i];
-        s.len = len;
-        s.written = s.len;
-        s.synced_len = s.len;
-        s.live_bytes = kept.iter().map(|h| u64::from(h.len())).sum();
-        s.records = kept;
-        self.floor = self.floor.max(dropped_max);
-        self.bytes_total = self.bytes_total.saturating_sub(freed);
-        // The dead messages are gone from disk: their confirms are no longer needed.
-        for r in others {
-            self.kill(r);
+            total += bytes;
         }
-        metrics::counter!("bmq_journal_compactions_total").increment(1);
-        Ok(freed)
+        if total != self.live_bytes {
+            return Err(format!("{total} live bytes, counted {}", self.live_bytes));
+        }
+        Ok(())
     }
 
     /// Counts, for gauges and `/status`.
@@ -2484,52 +2473,6 @@ fn reserve(file: &File, size: u64) -> std::io::Result<u64> {
     }
 }
 
-/// Bytes of a compacted segment gathered in memory before they are written: a compaction
-/// streams the segment's live records through this much memory, not the whole segment.
-const COMPACT_CHUNK: usize = 1 << 20;
-
-/// Writes the live records of `s` to `file` (the `.compact` file at `path`) after `head`
-/// (the segment header and marker), in chunks of about [`COMPACT_CHUNK`] bytes, and fsyncs it
-/// with `fsync`. Returns the records' new places, the highest sequence dropped, and the length
-/// written.
-fn write_live_records(
-    s: &Segment,
-    file: &File,
-    path: &Path,
-    head: Vec<u8>,
-    fsync: bool,
-) -> Result<(Vec<Held>, u64, u64), StoreError> {
-    let mut buf = head;
-    let mut written = 0u64;
-    let mut kept = Vec::new();
-    let mut dropped_max = 0;
-    for held in &s.records {
-        if !held.live() {
-            dropped_max = held.sequence;
-            continue;
-        }
-        let record = read_at(s, *held)?;
-        let offset = written + buf.len() as u64;
-        let len = frame(&record, &mut buf);
-        kept.push(Held {
-            sequence: held.sequence,
-            offset: offset as u32,
-            len_live: len | LIVE,
-        });
-        if buf.len() >= COMPACT_CHUNK {
-            file.write_all_at(&buf, written).map_err(io(path))?;
-            written += buf.len() as u64;
-            buf.clear();
-        }
-    }
-    file.write_all_at(&buf, written).map_err(io(path))?;
-    written += buf.len() as u64;
-    if fsync {
-        file.sync_all().map_err(io(path))?;
-    }
-    Ok((kept, dropped_max, written))
-}
-
 /// Reads the record `held` of segment `s` with one positioned read.
 fn read_at(s: &Segment, held: Held) -> Result<JournalRecord, StoreError> {
     let mut data = vec![0u8; held.len() as usize];
@@ -2556,6 +2499,9 @@ fn decode_framed(s: &Segment, held: Held, data: Vec<u8>) -> Result<JournalRecord
     }
     JournalRecord::decode(body).map_err(|e| corrupt(format!("record does not decode: {e}")))
 }
+
+#[path = "store_compaction.rs"]
+mod compaction;
 
 #[cfg(test)]
 #[path = "store_tests.rs"]

@@ -385,6 +385,178 @@ fn a_compaction_larger_than_its_write_chunk_keeps_every_live_record() {
     check(&s);
 }
 
+/// A store in background-compaction mode whose closed segments are sparse: 60 messages, every
+/// tenth left outstanding, the rest confirmed, all settled. Returns the store, the kept
+/// `(guid, sequence)` pairs and the last position.
+fn sparse_store(dir: &Path) -> (Store, Vec<(u128, u64)>, u64) {
+    let mut s = open(dir, 2048);
+    s.set_background_compaction(true);
+    let mut seq = 0;
+    let mut kept = Vec::new();
+    for n in 1..=60 {
+        seq += 1;
+        s.append_one(&message(seq, 1, Q, n)).unwrap();
+        if n % 10 == 0 {
+            kept.push((u128::from(n), seq));
+        } else {
+            seq += 1;
+            s.append_one(&confirm(seq, 1, Q, n, "")).unwrap();
+        }
+    }
+    s.sync().unwrap();
+    s.set_base(seq);
+    (s, kept, seq)
+}
+
+/// Names of the compactions' copies left in `dir`.
+fn copies_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".compact"))
+        .collect()
+}
+
+/// In the background, a compaction's copy runs while the store goes on: records are read
+/// from the old file meanwhile, a message confirmed during the copy is dead in the new
+/// segment (and its confirm kept with it), the copy waits for the marker of its base to be
+/// durable, and once in place every live record reads back, across a restart too.
+#[test]
+fn a_background_compaction_is_put_in_place_while_the_store_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, mut kept, mut seq) = sparse_store(dir.path());
+    let bytes = s.stats().bytes;
+    let mut ticket = None;
+    for _ in 0..5 {
+        s.maintain().unwrap();
+        ticket = s.take_compaction();
+        if ticket.is_some() {
+            break;
+        }
+        s.sync().unwrap();
+    }
+    let ticket = ticket.expect("a sparse segment is compacted");
+    assert!(s.take_compaction().is_none(), "taken once");
+    // Meanwhile: all but the last kept message are confirmed (settled after the copy,
+    // before it is put in place), one more is written, and the kept ones still read from
+    // the old file.
+    for (gone, _) in kept.drain(..kept.len() - 1) {
+        seq += 1;
+        s.append_one(&confirm(seq, 1, Q, gone as u64, "")).unwrap();
+    }
+    seq += 1;
+    s.append_one(&message(seq, 1, Q, 1000)).unwrap();
+    kept.push((1000, seq));
+    for (_, sequence) in &kept {
+        assert!(s.read(*sequence).unwrap().is_some());
+    }
+    let done = ticket.run();
+    assert_eq!(copies_in(dir.path()).len(), 1);
+    // The marker of the copy's base is not durable yet: the copy waits.
+    let waiting = s.complete_compaction(done).unwrap();
+    assert_eq!(waiting.compacted, 0);
+    assert!(s.maintenance_due());
+    s.sync().unwrap();
+    s.set_base(seq);
+    s.check_accounting().unwrap();
+    let installed = s.maintain().unwrap();
+    assert_eq!(installed.compacted, 1, "{installed:?}");
+    assert!(installed.freed_bytes > 0);
+    assert!(copies_in(dir.path()).is_empty());
+    assert!(s.stats().bytes < bytes, "{:?} from {bytes}", s.stats());
+    s.check_accounting().unwrap();
+    for (n, sequence) in &kept {
+        let r = s.read(*sequence).unwrap().expect("live record kept");
+        let Some(RecordKind::Message(m)) = r.kind else {
+            panic!("a message")
+        };
+        assert_eq!(guid_key(&m.guid), *n);
+    }
+    let want: Vec<u128> = kept.iter().map(|(n, _)| *n).collect();
+    assert_eq!(outstanding_guids(&s), want);
+    // The rest compacts and deletes in turn, each copy run as the partition would.
+    for _ in 0..40 {
+        s.maintain().unwrap();
+        if let Some(t) = s.take_compaction() {
+            s.complete_compaction(t.run()).unwrap();
+        }
+        s.sync().unwrap();
+        s.check_accounting().unwrap();
+    }
+    assert_eq!(outstanding_guids(&s), want);
+    drop(s);
+    let s = open(dir.path(), 2048);
+    assert_eq!(outstanding_guids(&s), want);
+    for (_, sequence) in &kept {
+        assert!(s.read(*sequence).unwrap().is_some());
+    }
+}
+
+/// A copy that finds a record no longer checking out fails with the corruption named; its
+/// file is removed and the segment stays as it was (chosen again later).
+#[test]
+fn a_failed_compaction_copy_leaves_the_segment_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, kept, _) = sparse_store(dir.path());
+    let mut ticket = None;
+    for _ in 0..5 {
+        s.maintain().unwrap();
+        ticket = s.take_compaction();
+        if ticket.is_some() {
+            break;
+        }
+        s.sync().unwrap();
+    }
+    let ticket = ticket.expect("a sparse segment is compacted");
+    // Flip a byte of every kept record on disk (the copy reads the file, not the cache).
+    for (_, sequence) in &kept {
+        let (si, ri) = s.locate(*sequence).unwrap();
+        let seg = &s.segments[si];
+        let held = seg.records[ri];
+        let at = u64::from(held.offset) + u64::from(held.len()) - 1;
+        let mut b = [0u8];
+        seg.file.read_exact_at(&mut b, at).unwrap();
+        seg.file.write_all_at(&[b[0] ^ 0xff], at).unwrap();
+    }
+    let err = s.complete_compaction(ticket.run()).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(copies_in(dir.path()).is_empty());
+    s.check_accounting().unwrap();
+    s.sync().unwrap();
+    s.maintain().unwrap();
+    assert!(s.take_compaction().is_some(), "chosen again");
+}
+
+/// A copy that finishes after an install replaced the journal is discarded: its file is
+/// removed and nothing of the new journal changes.
+#[test]
+fn a_compaction_copy_outlived_by_an_install_is_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut s, _, _) = sparse_store(dir.path());
+    let mut ticket = None;
+    for _ in 0..5 {
+        s.maintain().unwrap();
+        ticket = s.take_compaction();
+        if ticket.is_some() {
+            break;
+        }
+        s.sync().unwrap();
+    }
+    let ticket = ticket.expect("a sparse segment is compacted");
+    let mut staged = s.begin_install().unwrap();
+    staged
+        .append(&[message(500, 2, Q, 5)], 500, 499, None)
+        .unwrap();
+    s.finish_install(staged).unwrap();
+    let report = s.complete_compaction(ticket.run()).unwrap();
+    assert_eq!(report, Maintenance::default());
+    assert!(copies_in(dir.path()).is_empty());
+    assert_eq!(outstanding_guids(&s), vec![5]);
+    drop(s);
+    let s = open(dir.path(), 2048);
+    assert_eq!(outstanding_guids(&s), vec![5]);
+}
+
 /// Healing's truncation drops the positions after the cut, their effects included, durably.
 #[test]
 fn truncate_after_forgets_the_tail() {
@@ -772,6 +944,10 @@ enum Op {
     CompleteSync,
     Truncate(u64),
     Reopen,
+    /// Run the copy of the compaction that is out (as the compaction thread does), if any.
+    CopyCompaction,
+    /// Hand the finished copy back, if any.
+    CompleteCompaction,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -783,6 +959,26 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Sync),
         2 => Just(Op::BeginSync),
         2 => Just(Op::CompleteSync),
+        1 => any::<u64>().prop_map(Op::Truncate),
+        1 => Just(Op::Reopen),
+        2 => Just(Op::CopyCompaction),
+        2 => Just(Op::CompleteCompaction),
+    ]
+}
+
+/// [`op`] weighted towards what leads to compactions: messages confirmed, the base raised,
+/// maintenance, and the copy run and handed back at any point between other operations.
+fn compaction_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => Just(Op::Put),
+        6 => (0usize..64).prop_map(Op::Confirm),
+        2 => Just(Op::Settle),
+        3 => any::<bool>().prop_map(Op::Maintain),
+        2 => Just(Op::Sync),
+        1 => Just(Op::BeginSync),
+        1 => Just(Op::CompleteSync),
+        3 => Just(Op::CopyCompaction),
+        3 => Just(Op::CompleteCompaction),
         1 => any::<u64>().prop_map(Op::Truncate),
         1 => Just(Op::Reopen),
     ]
@@ -797,16 +993,24 @@ proptest! {
     /// run as the partition runs them (a ticket out while appends go on, deleted segments
     /// removed later by another thread or not at all before the crash).
     #[test]
-    fn crash_keeps_durable_state(ops in proptest::collection::vec(op(), 1..200), cut in any::<u64>(), defer in any::<bool>()) {
-        crash_model(ops, cut, defer)?;
+    fn crash_keeps_durable_state(ops in proptest::collection::vec(op(), 1..200), cut in any::<u64>(), defer in any::<bool>(), background in any::<bool>()) {
+        crash_model(ops, cut, defer, background)?;
+    }
+
+    /// The same with compactions copied on "another thread": the copy runs and is handed back
+    /// at any point between appends, confirms, syncs, truncations and restarts.
+    #[test]
+    fn crash_keeps_durable_state_with_background_compactions(ops in proptest::collection::vec(compaction_op(), 100..500), cut in any::<u64>(), defer in any::<bool>()) {
+        crash_model(ops, cut, defer, true)?;
     }
 }
 
 /// The crash model of `crash_keeps_durable_state`: runs `ops` on a store with real fsyncs
-/// (`defer`: deleted segments' files handed over, as the partition does), crashes (files cut
-/// back at random between what was fsynced and what was written, from `cut`), reopens and
-/// checks.
-fn crash_model(ops: Vec<Op>, cut: u64, defer: bool) -> Result<(), TestCaseError> {
+/// (`defer`: deleted segments' files handed over, as the partition does; `background`:
+/// compactions copied when the ops say, as the partition's compaction thread does), crashes
+/// (files cut back at random between what was fsynced and what was written, from `cut`),
+/// reopens and checks.
+fn crash_model(ops: Vec<Op>, cut: u64, defer: bool, background: bool) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let cfg = StoreConfig {
         fsync: true,
@@ -815,10 +1019,13 @@ fn crash_model(ops: Vec<Op>, cut: u64, defer: bool) -> Result<(), TestCaseError>
     let open = |dir: &Path, _| {
         let mut s = Store::open(dir, cfg, apps()).expect("open");
         s.set_defer_close(defer);
+        s.set_background_compaction(background);
         s
     };
     let mut s = open(dir.path(), 700);
     let mut ticket: Option<SyncTicket> = None;
+    let mut copy: Option<CompactionTicket> = None;
+    let mut copied: Option<CompactionDone> = None;
     let mut unfinished = Vec::new();
     let mut seq = 0;
     let mut next = 1u64;
@@ -846,6 +1053,13 @@ fn crash_model(ops: Vec<Op>, cut: u64, defer: bool) -> Result<(), TestCaseError>
             Op::Settle => s.set_base(s.durable()),
             Op::Maintain(finish) => {
                 s.maintain().unwrap();
+                if let Some(t) = s.take_compaction() {
+                    prop_assert!(
+                        copy.is_none() && copied.is_none(),
+                        "one compaction at a time"
+                    );
+                    copy = Some(t);
+                }
                 let closed = s.take_closed_files();
                 if finish {
                     closed.finish().unwrap();
@@ -879,7 +1093,20 @@ fn crash_model(ops: Vec<Op>, cut: u64, defer: bool) -> Result<(), TestCaseError>
                     }
                 }
             }
+            Op::CopyCompaction => {
+                if let Some(t) = copy.take() {
+                    copied = Some(t.run());
+                }
+            }
+            Op::CompleteCompaction => {
+                if let Some(done) = copied.take() {
+                    s.complete_compaction(done).unwrap();
+                }
+            }
             Op::Reopen => {
+                // The process ends: a copy under way is lost (its file removed at open).
+                copy = None;
+                copied = None;
                 if let Some(t) = ticket.take() {
                     let result = t.run();
                     s.complete_sync(t, result).unwrap();
@@ -890,6 +1117,7 @@ fn crash_model(ops: Vec<Op>, cut: u64, defer: bool) -> Result<(), TestCaseError>
                 prop_assert_eq!(s.last_sequence(), seq);
             }
         }
+        prop_assert_eq!(s.check_accounting(), Ok(()));
     }
     let durable = s.durable();
     let mut rng = cut;
@@ -1039,7 +1267,7 @@ fn crash_model_deletion_waits_for_a_marker_at_its_base() {
         Put,
         Truncate(11896809042770883180),
     ];
-    crash_model(ops, 0, false).unwrap();
+    crash_model(ops, 0, false, false).unwrap();
 }
 
 /// Found by the crash model: segments were deleted while the active segment (holding the
@@ -1080,7 +1308,7 @@ fn crash_model_deletion_waits_for_a_durable_active_segment() {
         Put,
         Maintain(false),
     ];
-    crash_model(ops, 458394826046, false).unwrap();
+    crash_model(ops, 458394826046, false, false).unwrap();
 }
 
 /// The write-behind buffer keeps its chunks in order: a range read across chunk boundaries,

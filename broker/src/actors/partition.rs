@@ -37,15 +37,18 @@
 //!
 //! Threads: each partition actor runs on its own arbiter thread (started by the router), so
 //! its work never delays heartbeats, sessions or another partition; its fsyncs run on its own
-//! sync thread (`bmq-sync-<id>`), so they delay nothing but what waits for durability.
+//! sync thread (`bmq-sync-<id>`), so they delay nothing but what waits for durability; the
+//! files of deleted segments are closed on `bmq-close-<id>`, and the copy of a compaction
+//! (reading, writing and fsyncing a sparse segment's live records: tens of milliseconds) runs
+//! on `bmq-compact-<id>` ([`JournalCompacted`] brings it back; the partition puts it in place).
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use bmq_dataplane::{
-    ClosedFiles, Partition, PartitionConfig, PartitionOutput, PartitionStats, Store, StoreConfig,
-    SyncTicket,
+    ClosedFiles, CompactionDone, CompactionTicket, Partition, PartitionConfig, PartitionOutput,
+    PartitionStats, Store, StoreConfig, SyncTicket,
 };
 use bmq_proto::client::ClientMessage;
 use bmq_proto::peer::PartitionMessage;
@@ -152,6 +155,13 @@ struct JournalSynced {
     result: std::io::Result<()>,
 }
 
+/// Sent by the partition's compaction thread: a journal compaction's copy finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct JournalCompacted {
+    done: CompactionDone,
+}
+
 /// Asks for the partition's figures (for `/status` and the gauges); `None` while its journal
 /// is not open.
 #[derive(Message)]
@@ -178,6 +188,9 @@ pub struct PartitionActor {
     /// The closer thread's queue: files of deleted journal segments, to remove and close (the
     /// last close frees their pages and blocks: tens of milliseconds for a segment).
     closer: Option<std::sync::mpsc::Sender<ClosedFiles>>,
+    /// The compaction thread's queue: copies of compacted journal segments (reading, writing
+    /// and fsyncing a segment's live records: tens of milliseconds), one at a time.
+    compactor: Option<std::sync::mpsc::Sender<CompactionTicket>>,
     /// A journal write or fsync failed: the node is stopping; nothing more is written or sent.
     failed: bool,
     /// `bmq_partition_turn_seconds{partition}`: how long each input held the thread.
@@ -283,6 +296,7 @@ impl PartitionActor {
             syncer: None,
             sync_in_flight: false,
             closer: None,
+            compactor: None,
             failed: false,
             turn_seconds: metrics::histogram!("bmq_partition_turn_seconds", "partition" => id.to_string()),
         }
@@ -335,6 +349,18 @@ impl PartitionActor {
             };
             if let Some(closed) = unsent {
                 finish_closed(self.id, closed);
+            }
+        }
+        if let Some(ticket) = core.take_compaction() {
+            // Only issued with the compaction thread running; should it have ended, the copy
+            // runs here and its outcome comes back like the thread's.
+            let unsent = match &self.compactor {
+                Some(compactor) => compactor.send(ticket).err().map(|e| e.0),
+                None => Some(ticket),
+            };
+            if let Some(ticket) = unsent {
+                ctx.address()
+                    .do_send(JournalCompacted { done: ticket.run() });
             }
         }
         let needs_sync = core.needs_sync();
@@ -509,6 +535,12 @@ impl Actor for PartitionActor {
         // order, so the partition never waits while the kernel frees them.
         let id = self.id;
         self.closer = spawn_worker(self.id, "close", move |closed| finish_closed(id, closed));
+        // The compaction thread: copies the live records of a segment being compacted while
+        // the partition goes on; the copy is put in place on the partition's thread.
+        let addr = ctx.address();
+        self.compactor = spawn_worker(self.id, "compact", move |ticket: CompactionTicket| {
+            addr.do_send(JournalCompacted { done: ticket.run() });
+        });
         let Some((dir, store, cfg)) = self.opening.take() else {
             return;
         };
@@ -516,6 +548,7 @@ impl Actor for PartitionActor {
         match Store::open(&dir, store, cfg.policies.apps_of()) {
             Ok(mut store) => {
                 store.set_defer_close(self.closer.is_some());
+                store.set_background_compaction(self.compactor.is_some());
                 let stats = store.stats();
                 tracing::info!(
                     partition = %self.id,
@@ -648,6 +681,22 @@ impl Handler<JournalSynced> for PartitionActor {
             let _ = core.complete_sync(Instant::now(), msg.ticket, msg.result);
         }
         // More may have been written meanwhile: `drive` queues the next flush.
+        self.drive(ctx);
+    }
+}
+
+impl Handler<JournalCompacted> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: JournalCompacted, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
+        if self.failed {
+            return;
+        }
+        if let Some(core) = self.core.as_mut() {
+            // A failure is also a `Fatal` output, which `drive` acts on.
+            let _ = core.complete_compaction(Instant::now(), msg.done);
+        }
         self.drive(ctx);
     }
 }
