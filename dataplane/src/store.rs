@@ -1887,6 +1887,9 @@ impl Store {
         if fsync {
             sync_dir(&self.dir)?;
         }
+        // Not reached (`maintain` compacts only segments that stay closed), but a segment
+        // under compaction must never take appends.
+        self.abandon_compaction_of_active();
         self.forget_after(sequence);
         self.last_sequence = sequence;
         self.durable = self.durable.min(sequence);
@@ -2258,6 +2261,16 @@ impl Store {
         }
         let closed = self.segments.len().saturating_sub(1);
         let sparse = |s: &Segment| settled(s) && s.live > 0;
+        // A healing truncation cuts above the base and removes the segments that start above
+        // the cut: a segment followed only by such ones would become the active segment and
+        // take appends while its copy is made. Compacted are only segments whose next one
+        // starts at or below the base (which never falls), so they stay closed.
+        let stays_closed = |i: usize| {
+            self.segments
+                .get(i + 1)
+                .and_then(Segment::first_sequence)
+                .is_some_and(|f| f <= base)
+        };
         let dead_closed: u64 = self.segments[..closed]
             .iter()
             .filter(|s| sparse(s))
@@ -2271,9 +2284,10 @@ impl Store {
         {
             self.segments[..closed]
                 .iter()
-                .filter(|s| sparse(s))
-                .max_by_key(|s| s.dead_bytes())
-                .map(|s| s.no)
+                .enumerate()
+                .filter(|(i, s)| sparse(s) && stays_closed(*i))
+                .max_by_key(|(_, s)| s.dead_bytes())
+                .map(|(_, s)| s.no)
         } else {
             None
         };

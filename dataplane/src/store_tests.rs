@@ -527,6 +527,67 @@ fn a_failed_compaction_copy_leaves_the_segment_as_it_was() {
     assert!(s.take_compaction().is_some(), "chosen again");
 }
 
+/// Only segments that a healing truncation cannot make active are compacted; and should a
+/// segment under compaction become active all the same, its copy is given up, so nothing
+/// appended there is lost when the copy completes.
+#[test]
+fn a_segment_a_truncation_makes_active_is_not_replaced_by_its_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 2048);
+    s.set_background_compaction(true);
+    let mut seq = 0;
+    let mut n = 0;
+    // Sparse segments, until a fresh active segment holds exactly one message.
+    while s.segments.len() < 5 || s.segments.last().unwrap().records.len() != 1 {
+        n += 1;
+        seq += 1;
+        s.append_one(&message(seq, 1, Q, n)).unwrap();
+        if n % 10 != 0 && s.segments.len() < 5 {
+            seq += 1;
+            s.append_one(&confirm(seq, 1, Q, n, "")).unwrap();
+        }
+    }
+    s.sync().unwrap();
+    // Settled up to the end of the last closed segment; the active one starts above.
+    let closed = s.segments.len() - 2;
+    let last_closed = s.segments[closed].last_sequence().unwrap();
+    s.set_base(last_closed);
+    for _ in 0..4 {
+        s.maintain().unwrap();
+        s.sync().unwrap();
+        if let Some(t) = s.take_compaction() {
+            let no = s.compacting.as_ref().unwrap().segment();
+            assert_ne!(
+                no, s.segments[closed].no,
+                "the last closed segment stays as it is"
+            );
+            s.complete_compaction(t.run()).unwrap();
+        }
+    }
+    // Compacting it anyway, then a truncation at the base removes the active segment.
+    let no = s.segments[closed].no;
+    let ticket = s.begin_compaction(no);
+    s.truncate_after(last_closed).unwrap();
+    assert_eq!(
+        s.segments.last().unwrap().no,
+        no,
+        "the compacted segment is active"
+    );
+    s.append_one(&message(last_closed + 1, 2, Q, 9999)).unwrap();
+    s.sync().unwrap();
+    let report = s.complete_compaction(ticket.run()).unwrap();
+    assert_eq!(report, Maintenance::default());
+    s.maintain().unwrap();
+    assert!(copies_in(dir.path()).is_empty());
+    s.check_accounting().unwrap();
+    assert!(s.read(last_closed + 1).unwrap().is_some());
+    let want = outstanding_guids(&s);
+    assert!(want.contains(&9999));
+    drop(s);
+    let s = open(dir.path(), 2048);
+    assert_eq!(outstanding_guids(&s), want);
+}
+
 /// A copy that finishes after an install replaced the journal is discarded: its file is
 /// removed and nothing of the new journal changes.
 #[test]
