@@ -271,8 +271,19 @@ def queues():
             "bmq_partition_turn_seconds: how long a partition's thread spent on one input (a "
             "batch of requests or peer messages, a timer, a sync's completion), maintenance "
             "included. Every ACK and delivery of the partition waits behind a long turn: a "
-            "compaction or another stall shows as a high p99.9.",
+            "stall shows as a high p99.9 (alert BmqPartitionThreadStalls).",
             quantiles("bmq_partition_turn_seconds", qs=(0.5, 0.99, 0.999)), unit="s")
+    d.panel("Journal space reclaimed",
+            "Segments closed (bmq_journal_rollovers_total), deleted because every record in "
+            "them was dead and settled (bmq_journal_segments_deleted_total), and compacted: "
+            "rewritten with their live records on the partition's compaction thread "
+            "(bmq_journal_compactions_total; each copy's duration is "
+            "bmq_journal_compaction_seconds). Deletions and compactions keep pace with "
+            "rollovers while consumers keep up.",
+            [(rate("bmq_journal_rollovers_total", "node"), "closed {{node}}"),
+             (rate("bmq_journal_segments_deleted_total", "node"), "deleted {{node}}"),
+             (rate("bmq_journal_compactions_total", "node"), "compacted {{node}}")],
+            unit="ops")
     d.panel("Redeliveries",
             "bmq_queue_redeliveries_total: pushes with delivery attempt > 1 (a consumer failed "
             "this message before).",

@@ -1,8 +1,9 @@
 # Sourced by the benchmark scripts (bench-throughput.sh, bench-stalls.sh,
 # profile-flamegraph.sh): a local 3-node cluster of one build whose broker processes the script
 # starts itself, so it knows their pids (to read their CPU time, to profile them) and kills them
-# on every exit. Reads DIR (the cluster's directory, replaced) and BASE (its base port: clients
-# BASE+1..3, admin BASE+201..203); sets PIDS. The caller traps EXIT with stop_cluster.
+# on every exit. Reads DIR (the cluster's directory, replaced), BASE (its base port: clients
+# BASE+1..3, admin BASE+201..203) and PARTITIONS (if set: the nodes' partition_count instead of
+# the default, on fresh state); sets PIDS. The caller traps EXIT with stop_cluster.
 
 PIDS=()
 
@@ -32,6 +33,13 @@ start_cluster() {
   kill -INT $up 2>/dev/null || true; wait $up || true
   # Its nodes stop on the interrupt: wait until node 1's admin port no longer answers.
   for _ in $(seq 100); do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 || break; sleep 0.1; done
+  if [ -n "${PARTITIONS:-}" ]; then
+    # Another partition count needs a fresh cluster state: the ledger assigned the default's.
+    for i in 1 2 3; do
+      sed -i "s/^partition_count = .*/partition_count = $PARTITIONS/" "$DIR/node-$i/broker.toml"
+      rm -rf "$DIR/node-$i/partitions" "$DIR/node-$i/elector" "$DIR/node-$i/ledger"
+    done
+  fi
   for i in 1 2 3; do
     "$bin/broker" --config "$DIR/node-$i/broker.toml" >>"$DIR/node-$i/bench.log" 2>&1 &
     PIDS+=($!)
