@@ -45,9 +45,9 @@ use super::{
 /// and the most read at once from the old segment: a compaction streams the live records
 /// through about twice this much memory, not the whole segment. Measured (issue 18, one
 /// partition compacting about once a second per node beside 24,000 msgs/s): one fsync of the
-/// whole copy (1 MiB writes) put 2.0-2.6% of the journal's fsyncs over 5 ms against 0.6-1.1%
-/// before the copy left the partition's thread, and the producer fell short of its rate;
-/// 256 KiB chunks each fdatasynced: 0.8%, and the full rate.
+/// whole copy (1 MiB writes) put 1.1-2.6% of the journal's fsyncs over 5 ms against 0.5-1.7%
+/// before the copy left the partition's thread, and the producer fell short of its rate in
+/// some runs; 256 KiB chunks each fdatasynced: 0.8%, and the full rate.
 const COMPACT_CHUNK: usize = 256 << 10;
 
 /// Numbers the copies of this process, so that a discarded copy's file can never be another
