@@ -288,21 +288,7 @@ fn segments_go_only_after_a_durable_marker_and_leftovers_go_at_open() {
 #[test]
 fn sparse_segments_are_compacted() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path(), 2048);
-    let mut seq = 0;
-    let mut kept = Vec::new();
-    for n in 1..=60 {
-        seq += 1;
-        s.append_one(&message(seq, 1, Q, n)).unwrap();
-        if n % 10 == 0 {
-            kept.push((u128::from(n), seq));
-        } else {
-            seq += 1;
-            s.append_one(&confirm(seq, 1, Q, n, "")).unwrap();
-        }
-    }
-    s.sync().unwrap();
-    s.set_base(seq);
+    let (mut s, kept, _) = sparse_store(dir.path(), false);
     let bytes = s.stats().bytes;
     let mut compacted = 0;
     for _ in 0..20 {
@@ -314,7 +300,15 @@ fn sparse_segments_are_compacted() {
     }
     assert!(compacted > 0);
     assert!(s.stats().bytes < bytes / 2, "{:?} from {bytes}", s.stats());
-    for (n, sequence) in &kept {
+    check_kept(&s, &kept);
+    drop(s);
+    check_kept(&open(dir.path(), 2048), &kept);
+}
+
+/// The outstanding messages of `s` are exactly `kept` (`(guid, sequence)`), each readable at
+/// its sequence.
+fn check_kept(s: &Store, kept: &[(u128, u64)]) {
+    for (n, sequence) in kept {
         let r = s.read(*sequence).unwrap().expect("live record kept");
         let Some(RecordKind::Message(m)) = r.kind else {
             panic!("a message")
@@ -322,13 +316,7 @@ fn sparse_segments_are_compacted() {
         assert_eq!(guid_key(&m.guid), *n);
     }
     let want: Vec<u128> = kept.iter().map(|(n, _)| *n).collect();
-    assert_eq!(outstanding_guids(&s), want);
-    drop(s);
-    let s = open(dir.path(), 2048);
-    assert_eq!(outstanding_guids(&s), want);
-    for (_, sequence) in &kept {
-        assert!(s.read(*sequence).unwrap().is_some());
-    }
+    assert_eq!(outstanding_guids(s), want);
 }
 
 /// A compaction whose live records pass the chunk it writes at a time (megabytes of them)
@@ -339,24 +327,7 @@ fn a_compaction_larger_than_its_write_chunk_keeps_every_live_record() {
     let dir = tempfile::tempdir().unwrap();
     let segment = 8 << 20;
     let mut s = open(dir.path(), segment);
-    let mut seq = 0;
-    let mut kept = Vec::new();
-    for n in 1..=2400u64 {
-        seq += 1;
-        let mut m = message(seq, 1, Q, n);
-        if let Some(RecordKind::Message(msg)) = &mut m.kind {
-            msg.payload = Bytes::from(vec![n as u8; 10_000]);
-        }
-        s.append_one(&m).unwrap();
-        if n % 3 == 0 {
-            kept.push((u128::from(n), seq));
-        } else {
-            seq += 1;
-            s.append_one(&confirm(seq, 1, Q, n, "")).unwrap();
-        }
-    }
-    s.sync().unwrap();
-    s.set_base(seq);
+    let (kept, _) = fill_sparse(&mut s, 2400, 3, 10_000);
     let mut compacted = 0;
     for _ in 0..20 {
         let m = maintain(&mut s);
@@ -385,18 +356,35 @@ fn a_compaction_larger_than_its_write_chunk_keeps_every_live_record() {
     check(&s);
 }
 
-/// A store in background-compaction mode whose closed segments are sparse: 60 messages, every
-/// tenth left outstanding, the rest confirmed, all settled. Returns the store, the kept
-/// `(guid, sequence)` pairs and the last position.
-fn sparse_store(dir: &Path) -> (Store, Vec<(u128, u64)>, u64) {
+/// A store (compacting in the background or not) whose closed segments are sparse: 60
+/// messages, every tenth left outstanding, the rest confirmed, all settled. Returns the store,
+/// the kept `(guid, sequence)` pairs and the last position.
+fn sparse_store(dir: &Path, background: bool) -> (Store, Vec<(u128, u64)>, u64) {
     let mut s = open(dir, 2048);
-    s.set_background_compaction(true);
+    s.set_background_compaction(background);
+    let (kept, seq) = fill_sparse(&mut s, 60, 10, 100);
+    (s, kept, seq)
+}
+
+/// Appends `count` messages of `payload` bytes to an empty store, each followed by its confirm
+/// but every `keep_every`-th, syncs and settles everything. Returns the kept
+/// `(guid, sequence)` pairs and the last position.
+fn fill_sparse(
+    s: &mut Store,
+    count: u64,
+    keep_every: u64,
+    payload: usize,
+) -> (Vec<(u128, u64)>, u64) {
     let mut seq = 0;
     let mut kept = Vec::new();
-    for n in 1..=60 {
+    for n in 1..=count {
         seq += 1;
-        s.append_one(&message(seq, 1, Q, n)).unwrap();
-        if n % 10 == 0 {
+        let mut m = message(seq, 1, Q, n);
+        if let Some(RecordKind::Message(msg)) = &mut m.kind {
+            msg.payload = Bytes::from(vec![n as u8; payload]);
+        }
+        s.append_one(&m).unwrap();
+        if n % keep_every == 0 {
             kept.push((u128::from(n), seq));
         } else {
             seq += 1;
@@ -405,7 +393,20 @@ fn sparse_store(dir: &Path) -> (Store, Vec<(u128, u64)>, u64) {
     }
     s.sync().unwrap();
     s.set_base(seq);
-    (s, kept, seq)
+    (kept, seq)
+}
+
+/// The first compaction `maintain` leaves to the caller, with the syncs that make its marker
+/// durable in between, as a partition runs them.
+fn first_compaction(s: &mut Store) -> CompactionTicket {
+    for _ in 0..5 {
+        s.maintain().unwrap();
+        if let Some(ticket) = s.take_compaction() {
+            return ticket;
+        }
+        s.sync().unwrap();
+    }
+    panic!("no compaction of a sparse segment: {:?}", s.stats());
 }
 
 /// Names of the compactions' copies left in `dir`.
@@ -424,18 +425,9 @@ fn copies_in(dir: &Path) -> Vec<String> {
 #[test]
 fn a_background_compaction_is_put_in_place_while_the_store_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut s, mut kept, mut seq) = sparse_store(dir.path());
+    let (mut s, mut kept, mut seq) = sparse_store(dir.path(), true);
     let bytes = s.stats().bytes;
-    let mut ticket = None;
-    for _ in 0..5 {
-        s.maintain().unwrap();
-        ticket = s.take_compaction();
-        if ticket.is_some() {
-            break;
-        }
-        s.sync().unwrap();
-    }
-    let ticket = ticket.expect("a sparse segment is compacted");
+    let ticket = first_compaction(&mut s);
     assert!(s.take_compaction().is_none(), "taken once");
     // Meanwhile: all but the last kept message are confirmed (settled after the copy,
     // before it is put in place), one more is written, and the kept ones still read from
@@ -465,15 +457,7 @@ fn a_background_compaction_is_put_in_place_while_the_store_goes_on() {
     assert!(copies_in(dir.path()).is_empty());
     assert!(s.stats().bytes < bytes, "{:?} from {bytes}", s.stats());
     s.check_accounting().unwrap();
-    for (n, sequence) in &kept {
-        let r = s.read(*sequence).unwrap().expect("live record kept");
-        let Some(RecordKind::Message(m)) = r.kind else {
-            panic!("a message")
-        };
-        assert_eq!(guid_key(&m.guid), *n);
-    }
-    let want: Vec<u128> = kept.iter().map(|(n, _)| *n).collect();
-    assert_eq!(outstanding_guids(&s), want);
+    check_kept(&s, &kept);
     // The rest compacts and deletes in turn, each copy run as the partition would.
     for _ in 0..40 {
         s.maintain().unwrap();
@@ -483,13 +467,9 @@ fn a_background_compaction_is_put_in_place_while_the_store_goes_on() {
         s.sync().unwrap();
         s.check_accounting().unwrap();
     }
-    assert_eq!(outstanding_guids(&s), want);
+    check_kept(&s, &kept);
     drop(s);
-    let s = open(dir.path(), 2048);
-    assert_eq!(outstanding_guids(&s), want);
-    for (_, sequence) in &kept {
-        assert!(s.read(*sequence).unwrap().is_some());
-    }
+    check_kept(&open(dir.path(), 2048), &kept);
 }
 
 /// A copy that finds a record no longer checking out fails with the corruption named; its
@@ -497,17 +477,8 @@ fn a_background_compaction_is_put_in_place_while_the_store_goes_on() {
 #[test]
 fn a_failed_compaction_copy_leaves_the_segment_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut s, kept, _) = sparse_store(dir.path());
-    let mut ticket = None;
-    for _ in 0..5 {
-        s.maintain().unwrap();
-        ticket = s.take_compaction();
-        if ticket.is_some() {
-            break;
-        }
-        s.sync().unwrap();
-    }
-    let ticket = ticket.expect("a sparse segment is compacted");
+    let (mut s, kept, _) = sparse_store(dir.path(), true);
+    let ticket = first_compaction(&mut s);
     // Flip a byte of every kept record on disk (the copy reads the file, not the cache).
     for (_, sequence) in &kept {
         let (si, ri) = s.locate(*sequence).unwrap();
@@ -593,17 +564,8 @@ fn a_segment_a_truncation_makes_active_is_not_replaced_by_its_copy() {
 #[test]
 fn a_compaction_copy_outlived_by_an_install_is_discarded() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut s, _, _) = sparse_store(dir.path());
-    let mut ticket = None;
-    for _ in 0..5 {
-        s.maintain().unwrap();
-        ticket = s.take_compaction();
-        if ticket.is_some() {
-            break;
-        }
-        s.sync().unwrap();
-    }
-    let ticket = ticket.expect("a sparse segment is compacted");
+    let (mut s, _, _) = sparse_store(dir.path(), true);
+    let ticket = first_compaction(&mut s);
     let mut staged = s.begin_install().unwrap();
     staged
         .append(&[message(500, 2, Q, 5)], 500, 499, None)
