@@ -322,6 +322,12 @@ def node():
             w=12)
     d.panel("Resident memory", "process_resident_memory_bytes.",
             [(f"process_resident_memory_bytes{{{SEL}}}", "{{node}}")], unit="bytes", w=12)
+    d.panel("Main thread lag",
+            "bmq_main_thread_lag_seconds: how much later than asked a 10 ms timer fires on the "
+            "main thread, which carries every client session and peer link. Up to ~1 ms is "
+            "the timer's resolution; a high p99.9 is a stall every client and peer waits "
+            "behind (the partitions' threads: Partition thread turns on the Queues dashboard).",
+            quantiles("bmq_main_thread_lag_seconds", qs=(0.5, 0.99, 0.999)), unit="s", w=24)
     d.row("Mailboxes and rejected input")
     d.panel("Mailbox delay",
             "bmq_actor_mailbox_delay_seconds: round trip of a status request through each "

@@ -43,7 +43,7 @@
 //!    delivery attempt.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr};
 use anyhow::Context as _;
@@ -298,6 +298,25 @@ async fn start_actors(
     })
 }
 
+/// Period of the main thread's lag probe ([`probe_main_thread_lag`]).
+const LAG_PROBE_PERIOD: Duration = Duration::from_millis(10);
+
+/// Measures how late the main thread runs a timer (`bmq_main_thread_lag_seconds`): a task on
+/// it sleeps [`LAG_PROBE_PERIOD`] again and again and records how much later than asked it
+/// woke (tokio's timer resolution is 1 ms: up to ~1 ms is the timer, not the thread).
+/// Everything on the main thread — client sessions, peer links, the router — waits behind
+/// what makes this lag, so a stall there shows as a high p99.9 here, as a partition's does in
+/// `bmq_partition_turn_seconds`.
+async fn probe_main_thread_lag() {
+    let histogram = metrics::histogram!("bmq_main_thread_lag_seconds");
+    loop {
+        let asked = Instant::now();
+        tokio::time::sleep(LAG_PROBE_PERIOD).await;
+        let late = asked.elapsed().saturating_sub(LAG_PROBE_PERIOD);
+        histogram.record(late.as_secs_f64());
+    }
+}
+
 /// Runs the node until SIGTERM/SIGINT or `POST /admin/stop`. Must be called inside an actix
 /// `System`.
 pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
@@ -349,6 +368,7 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     )?;
     let admin_handle = admin.handle();
     tokio::spawn(admin);
+    tokio::spawn(probe_main_thread_lag());
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
