@@ -1262,27 +1262,20 @@ impl Store {
         self.segments.last_mut().expect("a segment is open")
     }
 
+    /// A marker of where the journal stands: the base, the covered position, the lease runs.
     fn marker(&self) -> JournalRecord {
-        JournalRecord {
-            lease: 0,
-            sequence: 0,
-            timestamp_ms: 0,
-            kind: Some(RecordKind::Marker(StoredMarker {
-                base: self.base,
-                covered_through: self.last_sequence,
-                runs: proto_runs(&self.runs),
-            })),
-        }
+        marker_record(StoredMarker {
+            base: self.base,
+            covered_through: self.last_sequence,
+            runs: proto_runs(&self.runs),
+        })
     }
 
     /// Creates segment `n` with its header and a marker of where the journal stands; the next
     /// sync makes it durable, with its directory entry (see `Segment::fresh`).
     fn create_segment(&mut self, n: u32) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, n);
-        let mut buf = Vec::with_capacity(64);
-        buf.extend_from_slice(MAGIC);
-        buf.extend_from_slice(&VERSION.to_le_bytes());
-        frame(&self.marker(), &mut buf);
+        let buf = segment_head(&self.marker());
         let made = (|| {
             let file = OpenOptions::new()
                 .read(true)
@@ -2456,6 +2449,25 @@ fn recover_install(dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// `marker` as a journal record (sequence 0, never replicated).
+fn marker_record(marker: StoredMarker) -> JournalRecord {
+    JournalRecord {
+        lease: 0,
+        sequence: 0,
+        timestamp_ms: 0,
+        kind: Some(RecordKind::Marker(marker)),
+    }
+}
+
+/// The start of a segment file: its header (magic, format version) and `marker` framed.
+fn segment_head(marker: &JournalRecord) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(64);
+    buf.extend_from_slice(MAGIC);
+    buf.extend_from_slice(&VERSION.to_le_bytes());
+    frame(marker, &mut buf);
+    buf
+}
+
 /// Appends `record` framed (length, CRC32C, body) to `buf`; returns the framed length.
 fn frame<B>(record: &JournalRecord, buf: &mut B) -> u32
 where
@@ -2503,15 +2515,23 @@ fn decode_framed(s: &Segment, held: Held, data: Vec<u8>) -> Result<JournalRecord
         offset: u64::from(held.offset),
         reason,
     };
-    if data.len() < RECORD_HEADER_LEN {
-        return Err(corrupt("record shorter than its header".into()));
-    }
-    let crc = u32::from_le_bytes(data[4..8].try_into().expect("4 bytes"));
+    check_frame(&data, "read").map_err(corrupt)?;
     let body = Bytes::from(data).slice(RECORD_HEADER_LEN..);
-    if crc32c::crc32c(&body) != crc {
-        return Err(corrupt("checksum mismatch on read".into()));
-    }
     JournalRecord::decode(body).map_err(|e| corrupt(format!("record does not decode: {e}")))
+}
+
+/// Checks a record read whole from its segment (`| length | CRC32C | body |`, as long as the
+/// segment's list says): its header is there and its body's checksum matches. Errors: the
+/// reason, naming what was being done (`doing`).
+fn check_frame(framed: &[u8], doing: &str) -> Result<(), String> {
+    if framed.len() < RECORD_HEADER_LEN {
+        return Err("record shorter than its header".into());
+    }
+    let crc = u32::from_le_bytes(framed[4..8].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&framed[RECORD_HEADER_LEN..]) != crc {
+        return Err(format!("checksum mismatch on {doing}"));
+    }
+    Ok(())
 }
 
 #[path = "store_compaction.rs"]

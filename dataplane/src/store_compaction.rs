@@ -34,11 +34,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, StoredMarker};
+use bmq_proto::peer::StoredMarker;
 
 use super::{
-    frame, io, sync_dir, Held, Maintenance, Store, StoreError, LIVE, MAGIC, RECORD_HEADER_LEN,
-    VERSION,
+    check_frame, io, marker_record, segment_head, sync_dir, Held, Maintenance, Store, StoreError,
+    LIVE, RECORD_HEADER_LEN,
 };
 
 /// Bytes of a compacted segment gathered in memory before they are written and fdatasynced,
@@ -199,33 +199,21 @@ impl CompactionTicket {
         })
     }
 
-    /// Checks the framed record `held` as read: its length field and its checksum.
+    /// Checks the framed record `held` as read: its length field (copied as it is, it must
+    /// agree with the list) and, as every read does, its header and checksum.
     fn check(&self, held: &Held, framed: &[u8]) -> Result<(), StoreError> {
-        let corrupt = |reason: &str| StoreError::Corrupt {
+        let corrupt = |reason: String| StoreError::Corrupt {
             path: self.source_path.clone(),
             offset: u64::from(held.offset),
-            reason: reason.into(),
+            reason,
         };
-        if framed.len() < RECORD_HEADER_LEN {
-            return Err(corrupt("record shorter than its header"));
+        if framed.len() >= RECORD_HEADER_LEN {
+            let len = u32::from_le_bytes(framed[0..4].try_into().expect("4 bytes")) as usize;
+            if len + RECORD_HEADER_LEN != framed.len() {
+                return Err(corrupt("record length differs from the index".into()));
+            }
         }
-        let len = u32::from_le_bytes(framed[0..4].try_into().expect("4 bytes")) as usize;
-        if len + RECORD_HEADER_LEN != framed.len() {
-            return Err(corrupt("record length differs from the index"));
-        }
-        let crc = u32::from_le_bytes(framed[4..8].try_into().expect("4 bytes"));
-        if crc32c::crc32c(&framed[RECORD_HEADER_LEN..]) != crc {
-            return Err(corrupt("checksum mismatch on compaction"));
-        }
-        Ok(())
-    }
-}
-
-impl CompactionDone {
-    /// The copy's file, for removal.
-    fn discard(self, store: &mut Store) {
-        drop(self.result);
-        store.remove_later(self.tmp);
+        check_frame(framed, "compaction").map_err(corrupt)
     }
 }
 
@@ -241,24 +229,13 @@ impl Store {
             .expect("listed");
         let id = NEXT_COPY.fetch_add(1, Ordering::Relaxed);
         let tmp = self.dir.join(format!("journal-{no:010}.{id}.bmqj.compact"));
-        let mut head = Vec::new();
-        head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&VERSION.to_le_bytes());
         // The segment now has gaps: it opens with the base that makes them legitimate (not
         // the covered position, which later segments establish).
-        frame(
-            &JournalRecord {
-                lease: 0,
-                sequence: 0,
-                timestamp_ms: 0,
-                kind: Some(RecordKind::Marker(StoredMarker {
-                    base: self.base,
-                    covered_through: 0,
-                    runs: Vec::new(),
-                })),
-            },
-            &mut head,
-        );
+        let head = segment_head(&marker_record(StoredMarker {
+            base: self.base,
+            covered_through: 0,
+            runs: Vec::new(),
+        }));
         // Confirms pinned by dead messages of this segment go with them (both leave the
         // disk together, whether or not this copy is installed); those pinned in other
         // segments are released once the copy is in place.
@@ -321,7 +298,7 @@ impl Store {
             .as_ref()
             .is_some_and(|c| c.id == done.id && c.done.is_none());
         if !current {
-            done.discard(self);
+            self.remove_later(done.tmp);
             return Ok(Maintenance::default());
         }
         let copied = match done.result {
@@ -351,21 +328,24 @@ impl Store {
     /// file removed now if finished, else when it completes): appends go there.
     pub(super) fn abandon_compaction_of_active(&mut self) {
         let active = self.segments.last().map(|s| s.no);
-        let Some(c) = self.compacting.as_ref().filter(|c| Some(c.no) == active) else {
-            return;
-        };
-        let copy = c.done.is_some().then(|| c.tmp.clone());
-        self.abandon_compaction();
-        if let Some(tmp) = copy {
-            self.remove_later(tmp);
+        if self
+            .compacting
+            .as_ref()
+            .is_some_and(|c| Some(c.no) == active)
+        {
+            self.abandon_compaction();
         }
     }
 
-    /// Gives a compaction up: the segment keeps its pins and will be chosen again.
+    /// Gives a compaction up: the segment keeps its pins and will be chosen again; a finished
+    /// copy's file is removed (one still running is when it completes).
     fn abandon_compaction(&mut self) {
         let Some(c) = self.compacting.take() else {
             return;
         };
+        if c.done.is_some() {
+            self.remove_later(c.tmp);
+        }
         match self.segments.iter_mut().find(|s| s.no == c.no) {
             Some(s) => s.pins.extend(c.others),
             // The segment is gone, its records with it.
@@ -383,11 +363,9 @@ impl Store {
     /// ([`Store::maintain`] asks again after the next sync).
     pub(super) fn install_compaction(&mut self) -> Result<Maintenance, StoreError> {
         let mut report = Maintenance::default();
-        let ready = self.compacting.as_ref().is_some_and(|c| c.done.is_some());
-        if !ready {
+        let Some(c) = self.compacting.as_ref().filter(|c| c.done.is_some()) else {
             return Ok(report);
-        }
-        let c = self.compacting.as_ref().expect("ready");
+        };
         let active_fresh = self.segments.last().is_some_and(|s| s.fresh);
         if self.durable_marked_base < c.base || active_fresh {
             self.maintenance_due = true;
