@@ -30,19 +30,14 @@ HELD=${HELD:-$((RATE / 5))}
 SCENARIOS=${SCENARIOS:-window backlog compaction}
 BASE=${BASE_PORT:-36500}
 DIR=${DIR:-/tmp/bmq-bench-stalls}
-BUILDS=("$@")
-if [ ${#BUILDS[@]} -eq 0 ]; then
-  cargo build --release --bins --locked
-  BUILDS=("$PWD/target/release")
-fi
-CTL=${BMQCTL:-${BUILDS[-1]}/bmqctl}
 # shellcheck source=lib/cluster.sh
 . scripts/lib/cluster.sh
+release_builds "$@"
+CTL=${BMQCTL:-${BUILDS[-1]}/bmqctl}
 trap 'stop_cluster; rm -rf "$DIR"' EXIT
 trap 'exit 130' INT TERM
 run() { # build-dir scenario
   local build=$1 scenario=$2
-  local brokers=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
   local partitions=
   [ "$scenario" = compaction ] && partitions=1
   if ! PARTITIONS=$partitions start_cluster "$build"; then
@@ -54,13 +49,13 @@ run() { # build-dir scenario
   if [ "$scenario" = compaction ]; then
     rate=$((RATE - HELD))
     "$CTL" bench messages --rate "$HELD" --duration-secs "$SECS" --size 1024 --window 256 \
-      --consumers 0 --queue-prefix held --broker "$brokers" --no-tls --token "" --quiet \
+      --consumers 0 --queue-prefix held --broker "$BROKERS" --no-tls --token "" --quiet \
       >/dev/null 2>&1 &
     held=$!
   fi
   local out
   out=$("$CTL" bench messages --rate "$rate" --duration-secs "$SECS" --size 1024 --window 256 \
-    --consumers "$consumers" --broker "$brokers" --no-tls --token "" --quiet 2>&1 || true)
+    --consumers "$consumers" --broker "$BROKERS" --no-tls --token "" --quiet 2>&1 || true)
   [ -n "$held" ] && { wait "$held" || true; }
   # From every node's /metrics: partition-thread turns over 10 and 25 ms, compactions, and the share
   # of journal fsyncs over 5 ms.

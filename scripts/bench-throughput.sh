@@ -34,15 +34,10 @@ PLACEMENT=${PLACEMENT:-proxy}
 RUN_ID=b7
 BASE=${BASE_PORT:-35500}
 DIR=${DIR:-/tmp/bmq-bench-throughput}
-BUILDS=("$@")
-if [ ${#BUILDS[@]} -eq 0 ]; then
-  cargo build --release --bins --locked
-  BUILDS=("$PWD/target/release")
-fi
-BMQCTL=${BMQCTL:-${BUILDS[${#BUILDS[@]}-1]}/bmqctl}
-BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
 # shellcheck source=lib/cluster.sh
 . scripts/lib/cluster.sh
+release_builds "$@"
+BMQCTL=${BMQCTL:-${BUILDS[${#BUILDS[@]}-1]}/bmqctl}
 trap stop_cluster EXIT
 trap 'exit 130' INT TERM
 TICK=$(getconf CLK_TCK)

@@ -27,7 +27,6 @@ if [ -z "${BIN:-}" ]; then
   RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=target/profile-fp cargo build --release --bins --locked
   BIN=$PWD/target/profile-fp/release
 fi
-BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
 # shellcheck source=lib/cluster.sh
 . scripts/lib/cluster.sh
 trap stop_cluster EXIT

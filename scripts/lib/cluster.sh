@@ -3,9 +3,21 @@
 # starts itself, so it knows their pids (to read their CPU time, to profile them) and kills them
 # on every exit. Reads DIR (the cluster's directory, replaced), BASE (its base port: clients
 # BASE+1..3, admin BASE+201..203) and PARTITIONS (if set: the nodes' partition_count instead of
-# the default, on fresh state); sets PIDS. The caller traps EXIT with stop_cluster.
+# the default, on fresh state); sets PIDS and BROKERS (the nodes' client addresses, as
+# `bmqctl --broker` takes them). The caller traps EXIT with stop_cluster.
 
 PIDS=()
+BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
+
+# release_builds [DIR...]: sets BUILDS to the release directories given (each with broker and
+# bmqctl), or, with none, builds this tree and uses its own.
+release_builds() {
+  BUILDS=("$@")
+  if [ ${#BUILDS[@]} -eq 0 ]; then
+    cargo build --release --bins --locked
+    BUILDS=("$PWD/target/release")
+  fi
+}
 
 # Kills the nodes and waits until they are gone (their ports are free for the next cluster).
 stop_cluster() {
