@@ -199,9 +199,9 @@ pub struct PartitionActor {
 
 /// Records, when dropped, how long the partition's thread has spent since it was made: one
 /// turn, the handling of one input with what it set off (journal writes, maintenance —
-/// deletions, compaction —, replication, answers). Every request of the partition waits behind
-/// a long one, so a stall (a compaction, a resize) shows here before it shows in the ACK
-/// latency.
+/// deletions, putting a compacted segment in place —, replication, answers). Every request of
+/// the partition waits behind a long one, so a stall (a table resize, a slow disk call) shows
+/// here before it shows in the ACK latency.
 struct Turn {
     started: Instant,
     histogram: metrics::Histogram,
