@@ -7,6 +7,8 @@
 #   scripts/profile-flamegraph.sh OUT.svg                 # this tree, built with frame pointers
 #   BIN=/path/to/release scripts/profile-flamegraph.sh OUT.svg   # a build made elsewhere
 #   SECS=5 COUNT=300000 scripts/profile-flamegraph.sh OUT.svg
+#   WORKLOAD=metadata scripts/profile-flamegraph.sh OUT.svg   # queue assignments, 64 in flight,
+#                                                    # with the client on the metadata leader
 #
 # Installs what it needs when missing: `perf` (Debian's linux-perf, apt-get) and inferno
 # (`cargo install inferno`). The build it makes lives in target/profile-fp (RUSTFLAGS
@@ -18,7 +20,13 @@ SECS=${SECS:-5}
 COUNT=${COUNT:-300000}
 BASE=${BASE_PORT:-35700}
 DIR=${DIR:-/tmp/bmq-profile}
-TITLE=${TITLE:-"bmq brokers, 1p/1c 1 KiB strong, window 256 ($(git rev-parse --short HEAD))"}
+WORKLOAD=${WORKLOAD:-messages}
+case $WORKLOAD in
+  messages) what="1p/1c 1 KiB strong, window 256" ;;
+  metadata) what="queue assignments (bmqctl bench metadata), 64 in flight, client on the leader" ;;
+  *) echo "WORKLOAD is messages or metadata" >&2; exit 2 ;;
+esac
+TITLE=${TITLE:-"bmq brokers, $what ($(git rev-parse --short HEAD))"}
 if ! command -v perf >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
 fi
@@ -32,11 +40,24 @@ fi
 trap stop_cluster EXIT
 trap 'exit 130' INT TERM
 start_cluster "$BIN"
-"$BIN/bmqctl" bench messages --count 20000 --size 1024 --window 256 --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
+if [ "$WORKLOAD" = metadata ]; then
+  leader=$("$BIN/bmqctl" status --admin 127.0.0.1:$((BASE + 201)) --json \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["status"]["elector"]["leader"])')
+  load() {
+    "$BIN/bmqctl" bench metadata --queues "$1" --parallel 64 --broker 127.0.0.1:$((BASE + leader)) \
+      --no-tls --token "" --quiet
+  }
+else
+  load() {
+    "$BIN/bmqctl" bench messages --count "$1" --size 1024 --window 256 --broker "$BROKERS" \
+      --no-tls --token "" --quiet
+  }
+fi
+load 20000 >/dev/null
 PERF_DATA=$DIR/perf.data
 perf record -e cpu-clock -F 999 -g -p "$(IFS=,; echo "${PIDS[*]}")" -o "$PERF_DATA" -- sleep "$SECS" 2>/dev/null &
 REC=$!
-"$BIN/bmqctl" bench messages --count "$COUNT" --size 1024 --window 256 --broker "$BROKERS" --no-tls --token "" --quiet
+load "$COUNT"
 wait $REC || true
 perf script -i "$PERF_DATA" 2>/dev/null | inferno-collapse-perf >"$DIR/folded"
 inferno-flamegraph --title "$TITLE" <"$DIR/folded" >"$OUT"

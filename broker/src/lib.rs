@@ -14,6 +14,7 @@
 //! - [`net`]: peer links ([`net::peers`]) and node-side TLS ([`net::tls`]).
 //! - [`admin`]: admin HTTP (`/metrics`, `/status`, `/healthz`, `/readyz`, admin actions).
 //! - [`auth`]: client authentication and authorisation.
+//! - [`scheduling`]: the CPU scheduling policy of the broker's threads (`SCHED_BATCH`).
 //!
 //! The client library (`bmq-client`) and the operator tool (`bmqctl`) are separate crates that
 //! do not depend on this one.
@@ -26,5 +27,6 @@ pub mod bmqp_session;
 pub mod net;
 pub mod node;
 pub mod router;
+pub mod scheduling;
 pub mod session;
 pub mod wiring;

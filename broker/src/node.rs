@@ -6,7 +6,7 @@
 //! node::run                                           thread
 //!  ├─ PeerHub        dialers, listener, link heartbeats   main (System)
 //!  ├─ ControlSender  elector/metadata -> CONTROL channel  main
-//!  ├─ ElectorActor   the elector core, term file          own arbiter
+//!  ├─ ElectorActor   the elector core, term file          own arbiter (SCHED_OTHER)
 //!  ├─ MetadataActor  the metadata core + ledger           own arbiter
 //!  ├─ CommitFanout   leadership -> metadata; commits ->   main
 //!  │                 router, state watch, health
@@ -245,7 +245,10 @@ async fn start_actors(
         seed,
     );
     let (term_store, transport) = (storage.term_store, control.recipient());
-    let elector = ElectorActor::start_in_arbiter(&actix::Arbiter::new().handle(), move |_| {
+    let elector_thread = actix::Arbiter::new();
+    // Its timers decide failover: never delayed behind a busy thread's slice (crate::scheduling).
+    elector_thread.spawn_fn(crate::scheduling::keep_normal_on_this_thread);
+    let elector = ElectorActor::start_in_arbiter(&elector_thread.handle(), move |_| {
         ElectorActor::new(elector_core, term_store, transport)
     });
 

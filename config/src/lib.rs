@@ -33,9 +33,9 @@ pub use domains::{validate_domains, Consistency, DomainConfig, DomainMode};
 pub use error::ConfigError;
 pub use local::{local_cluster, LOCAL_CLUSTER_BASE_PORT, LOCAL_CLUSTER_TOML};
 pub use sections::{
-    is_valid_host, ElectorSettings, FsyncSetting, LimitsSettings, LinkSettings, LogSettings,
-    MemberConfig, MetadataSettings, ReplicationSettings, StorageSettings, FRAME_SIZE_MAX_BYTES,
-    FRAME_SIZE_MIN_BYTES, LEDGER_FILE_SIZE_MIN_BYTES,
+    is_valid_host, CpuScheduling, ElectorSettings, FsyncSetting, LimitsSettings, LinkSettings,
+    LogSettings, MemberConfig, MetadataSettings, ProcessSettings, ReplicationSettings,
+    StorageSettings, FRAME_SIZE_MAX_BYTES, FRAME_SIZE_MIN_BYTES, LEDGER_FILE_SIZE_MIN_BYTES,
 };
 pub use security::{
     constant_time_eq, is_loopback_host, AdminSettings, AuthSettings, Permission, TlsSettings,
@@ -106,6 +106,9 @@ pub struct BrokerConfig {
     /// Logging.
     #[serde(default)]
     pub log: LogSettings,
+    /// How the process runs on its machine: the CPU scheduling policy ([`ProcessSettings`]).
+    #[serde(default)]
+    pub process: ProcessSettings,
     /// The admin HTTP listener: bind host and admin token ([`AdminSettings`]).
     #[serde(default, skip_serializing_if = "AdminSettings::is_default")]
     pub admin: AdminSettings,

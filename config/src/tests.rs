@@ -40,6 +40,7 @@ fn embedded_default_parses_and_validates() {
     assert_eq!(c.metadata, MetadataSettings::default());
     assert_eq!(c.limits, LimitsSettings::default());
     assert_eq!(c.replication, ReplicationSettings::default());
+    assert_eq!(c.process, ProcessSettings::default());
     assert_eq!(c.partition_count, 4);
     assert_eq!(*d, DomainConfig::new("bmq.test"));
     assert_eq!(c.effective_quorum(), 2);
@@ -81,6 +82,7 @@ fn minimal_file_gets_defaults() {
     assert_eq!(d.max_queue_bytes, GIB);
     assert_eq!(c.log.level, "info");
     assert_eq!(c.log.file, None);
+    assert_eq!(c.process.cpu_scheduling, CpuScheduling::Batch);
     assert_eq!(c.effective_quorum(), 1);
     assert_eq!(c.peers().count(), 0);
 }
@@ -100,6 +102,14 @@ fn enums_use_snake_case() {
     let text = text.replace(r#""never""#, r#""every_record""#);
     let back = BrokerConfig::from_toml_str(&text).unwrap();
     assert_eq!(back.metadata.fsync, FsyncSetting::EveryRecord);
+    c.process.cpu_scheduling = CpuScheduling::Normal;
+    let text = c.to_toml_string();
+    assert!(text.contains(r#"cpu_scheduling = "normal""#), "{text}");
+    assert_eq!(BrokerConfig::from_toml_str(&text).unwrap(), c);
+    // Any other policy is an error naming the field, not a silent default.
+    let text = text.replace(r#""normal""#, r#""fifo""#);
+    let err = BrokerConfig::from_toml_str(&text).unwrap_err().to_string();
+    assert!(err.contains("cpu_scheduling"), "{err}");
 }
 
 #[test]

@@ -140,6 +140,33 @@ impl TestNode {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// The name and CPU scheduling policy (`sched(7)`: 0 `SCHED_OTHER`, 3 `SCHED_BATCH`) of
+    /// each of the running process's threads, from `/proc/<pid>/task/*/stat` (field 41);
+    /// the main thread first.
+    ///
+    /// Errors: the node is not running, or `/proc` cannot be read (not Linux).
+    pub fn thread_policies(&self) -> anyhow::Result<Vec<(String, u32)>> {
+        let pid = self.pid().context("node not running")?;
+        let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        tids.sort_by_key(|t| (*t != pid, *t));
+        let mut out = Vec::new();
+        for tid in tids {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+                continue; // the thread ended meanwhile
+            };
+            // "tid (comm) state ...": comm may hold spaces and parentheses; fields 3.. follow
+            // the last ')'.
+            let open = stat.find('(').context("stat without comm")?;
+            let close = stat.rfind(')').context("stat without comm")?;
+            let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+            let policy = fields.get(41 - 3).context("stat too short")?.parse()?;
+            out.push((stat[open + 1..close].to_string(), policy));
+        }
+        Ok(out)
+    }
+
     /// Whether the process was started and has not been stopped by the test.
     pub fn is_running(&self) -> bool {
         self.child.is_some()

@@ -195,3 +195,49 @@ async fn three_nodes_round_trip_failover_and_restart() {
         panic!("{e:#}\n{}", cluster.log_tails(40));
     }
 }
+
+/// `[process] cpu_scheduling` (broker `scheduling` module): by default every thread of a node
+/// runs `SCHED_BATCH` but the elector's, which keeps `SCHED_OTHER`; `normal` leaves every
+/// thread on `SCHED_OTHER`. Node 3 is configured `normal`; the cluster elects a leader either
+/// way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_run_the_configured_scheduling_policy() {
+    const OTHER: u32 = 0;
+    const BATCH: u32 = 3;
+    let mut cluster = Cluster::configure(3, |c| {
+        if c.node_id == 3 {
+            c.process.cpu_scheduling = bmq_config::CpuScheduling::Normal;
+        }
+    })
+    .expect("configure cluster");
+    for id in 1..=3 {
+        cluster.start_node(id).expect("start node");
+    }
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        for id in 1..=2 {
+            let threads = cluster.node(id).thread_policies()?;
+            ensure!(
+                threads[0].1 == BATCH,
+                "node {id}'s main thread: {threads:?}"
+            );
+            let normal = threads.iter().filter(|(_, p)| *p == OTHER).count();
+            let batch = threads.iter().filter(|(_, p)| *p == BATCH).count();
+            // The elector's thread alone keeps the default; the others are the main thread,
+            // the metadata and partition arbiters and the partitions' worker threads.
+            ensure!(normal == 1, "node {id}: {threads:?}");
+            ensure!(batch + normal == threads.len(), "node {id}: {threads:?}");
+            ensure!(batch > 10, "node {id}: {threads:?}");
+        }
+        let threads = cluster.node(3).thread_policies()?;
+        ensure!(
+            threads.iter().all(|(_, p)| *p == OTHER),
+            "node 3 (normal): {threads:?}"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", cluster.log_tails(30));
+    }
+}

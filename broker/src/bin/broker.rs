@@ -95,6 +95,11 @@ fn main() {
             .validate()
             .with_context(|| format!("invalid configuration {}", args.config.display()))?;
         init_logging(&config)?;
+        // Before any thread starts: every thread inherits the policy (bmq_broker::scheduling).
+        let policy = config.process.cpu_scheduling;
+        if let Err(e) = bmq_broker::scheduling::apply_to_process(policy) {
+            tracing::warn!(error = %e, ?policy, "process.cpu_scheduling not applied; the threads keep the default policy");
+        }
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         start_heap_trim();
         let system = actix_rt::System::new();
