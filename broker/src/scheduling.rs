@@ -15,7 +15,9 @@
 //! busy thread's slice.
 //!
 //! Figures (BENCHMARKS.md, "Fewer context switches"): metadata commits with 64 in flight
-//! 1.22-1.25x, broker CPU per message at 50,000 msgs/s paced 0.91x, ACK p99 lower.
+//! 1.03-1.48x (median 1.22x); at 50,000 msgs/s paced a lower ACK p99 and broker CPU per
+//! message (median 0.91x) in 6 of 7 runs; no difference at 30,000 msgs/s or at the maximum
+//! rate; failover times unchanged.
 
 use bmq_config::CpuScheduling;
 
