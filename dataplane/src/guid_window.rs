@@ -2,7 +2,8 @@
 //! index knows the outstanding ones), bounded by count and by age (issue 17: 16 bytes per GUID
 //! in the ring plus 5 to 11 in the table, where a `HashSet` beside the ring took about 52).
 //!
-//! The GUIDs are kept once, in insertion order, in a ring (`VecDeque`); the hash table holds
+//! The GUIDs are kept once, in insertion order, in a ring ([`ChunkedRing`]: growing never
+//! copies what it holds, which a `VecDeque` did, 8 MiB in one insert at 524,288 GUIDs); the hash table holds
 //! only each GUID's 4-byte position in the ring (`hashbrown::HashTable<u32>`, hashing the GUID
 //! the position points at, with foldhash's keyed `quality::RandomState`: GUIDs are chosen by producers).
 //! GUIDs leave from the front, oldest first, so positions are a counter: the ring's front has
@@ -18,10 +19,12 @@
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 
+use crate::chunked_ring::ChunkedRing;
+
 use foldhash::quality::RandomState;
 use std::time::{Duration, Instant};
 
-use crate::position_table::{PositionTable, MIGRATE_PER_OP, SHRINK_FLOOR};
+use crate::position_table::{PositionTable, MIGRATE_PER_OP};
 
 /// Width of a [`GuidWindow`] time bucket: GUIDs leave the window at most this much later than
 /// their age says (never earlier), and the window keeps one timestamp per bucket, not per GUID.
@@ -35,7 +38,7 @@ pub(crate) const AGE_OUT_PER_CALL: usize = 8_192;
 #[derive(Debug, Default)]
 pub(crate) struct GuidWindow {
     /// GUIDs in insertion order.
-    order: VecDeque<u128>,
+    order: ChunkedRing<u128>,
     /// GUIDs that left the front so far: `order[i]` has position `popped + i`.
     popped: u64,
     /// `(start, GUIDs inserted from start for up to GUID_BUCKET)`, oldest first; the counts add
@@ -177,13 +180,9 @@ impl GuidWindow {
         self.popped += 1;
     }
 
-    /// Shrinks the ring and the table to twice what they hold once they are less than a
-    /// quarter full (amortised O(1) per GUID).
+    /// Shrinks the table to twice what it holds once it is less than a quarter full (amortised
+    /// O(1) per GUID); the ring gives its chunks back as they empty.
     fn give_back_memory(&mut self) {
-        let len = self.order.len();
-        if self.order.capacity() > SHRINK_FLOOR && self.order.capacity() / 4 > len {
-            self.order.shrink_to((2 * len).max(SHRINK_FLOOR));
-        }
         if self.table.maybe_shrink() {
             self.begin_walk();
         }
@@ -192,7 +191,7 @@ impl GuidWindow {
     /// Bytes held by the ring and the table (capacity, not length).
     #[cfg(test)]
     pub(crate) fn allocated_bytes(&self) -> usize {
-        self.order.capacity() * 16 + self.table.allocated_bytes()
+        self.order.allocated_bytes() + self.table.allocated_bytes()
     }
 
     /// The GUID counts of the time buckets, oldest first.
