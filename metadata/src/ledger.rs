@@ -1100,7 +1100,7 @@ mod tests {
                 .iter()
                 .filter(|(_, end)| *end <= cut)
                 .map(|(l, _)| *l)
-                .last()
+                .next_back()
                 .unwrap_or(Lsn::ZERO);
             proptest::prop_assert_eq!(recovered.last_lsn, expected_last);
             proptest::prop_assert!(recovered.committed_lsn <= expected_last);

@@ -66,10 +66,10 @@ proptest! {
     ) {
         // Scenario: garbage on a client or peer port, delivered in arbitrary reads: the decoder
         // returns frames or an error, never panics, and one read or many give the same result.
-        let whole_client = decode_all::<ClientMessage>(&[bytes.clone()]);
+        let whole_client = decode_all::<ClientMessage>(std::slice::from_ref(&bytes));
         let split_client = decode_all::<ClientMessage>(&split(&bytes, &cuts));
         prop_assert_eq!(whole_client, split_client);
-        let whole_peer = decode_all::<PeerMessage>(&[bytes.clone()]);
+        let whole_peer = decode_all::<PeerMessage>(std::slice::from_ref(&bytes));
         let split_peer = decode_all::<PeerMessage>(&split(&bytes, &cuts));
         prop_assert_eq!(whole_peer, split_peer);
     }
@@ -112,7 +112,6 @@ proptest! {
                         ..Default::default()
                     },
                 )),
-                ..Default::default()
             };
             codec.encode(m.clone(), &mut wire).unwrap();
             sent.push(m);

@@ -323,7 +323,7 @@ impl Ctx {
 /// Scenarios run one at a time: several clusters of debug brokers at once on a small machine
 /// starve the link heartbeats (1 s timeout), and the spurious failovers that follow would make
 /// the outcome depend on the load rather than on the fault under test.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs a scenario body against a started context; skips (or fails on CI) without netns.
 macro_rules! scenario {
@@ -331,10 +331,9 @@ macro_rules! scenario {
         if !chaos_enabled($name) {
             return;
         }
-        // A failed scenario poisons the lock; the next one may still run.
-        let _serial = SERIAL
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // An async lock: held across the scenario's awaits (a failed scenario releases it as
+        // it unwinds; the next one may still run).
+        let _serial = SERIAL.lock().await;
         let mut $ctx = match Ctx::start($name, $nodes).await {
             Ok(ctx) => ctx,
             Err(e) => panic!("scenario {} could not start: {e:#}", $name),
@@ -726,9 +725,7 @@ async fn soak() {
     if !chaos_enabled("soak") {
         return;
     }
-    let _serial = SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _serial = SERIAL.lock().await;
     let mut ctx = Ctx::start("soak", nodes).await.expect("start soak cluster");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let result: anyhow::Result<()> = async {

@@ -347,13 +347,14 @@ impl Sim {
     /// Executes every pending output of every node, checking the invariants on each.
     fn flush(&mut self) {
         for id in self.ids.clone() {
-            loop {
-                let Some(core) = self.nodes.get_mut(&id).unwrap().core.as_mut() else {
-                    break;
-                };
-                let Some(output) = core.poll_output() else {
-                    break;
-                };
+            while let Some(output) = self
+                .nodes
+                .get_mut(&id)
+                .unwrap()
+                .core
+                .as_mut()
+                .and_then(|core| core.poll_output())
+            {
                 self.execute(id, output);
             }
         }

@@ -531,7 +531,9 @@ impl Sim {
                     if let Some(lsn) = n.unsynced_lsn.take() {
                         n.synced_lsn = n.synced_lsn.max(lsn);
                         let now = self.now;
-                        n.core.as_mut().expect("core").on_persisted(now, lsn);
+                        if let Some(core) = n.core.as_mut() {
+                            core.on_persisted(now, lsn);
+                        }
                         self.drive(node);
                     }
                 }

@@ -731,13 +731,15 @@ async fn dashboards_and_alerts_work_against_a_live_cluster() {
         )
         .await?;
         let v = prom.get("/api/v1/alerts", &[]).await?;
+        // Label values are strings in Prometheus's JSON.
+        let leader_label = leader.to_string();
         let firing = v["data"]["alerts"]
             .as_array()
             .context("no alerts")?
             .iter()
             .any(|a| {
                 a["labels"]["alertname"] == "BmqNodeDown"
-                    && a["labels"]["node"] == leader.to_string()
+                    && a["labels"]["node"] == leader_label
                     && a["state"] == "firing"
             });
         ensure!(
