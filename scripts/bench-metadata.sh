@@ -35,8 +35,9 @@ for _ in $(seq 240); do
   [ $ok = 3 ] && break
   sleep 0.5
 done
-leader=$("$BIN/bmqctl" status --admin 127.0.0.1:$((BASE + 201)) --json \
-  | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["status"]["elector"]["leader"])')
+# shellcheck source=lib/cluster.sh
+. scripts/lib/cluster.sh # for cluster_leader (this script starts its cluster with `cluster up`)
+leader=$(cluster_leader "$BIN")
 follower=$(( leader % 3 + 1 ))
 LEADER=127.0.0.1:$((BASE + leader))
 FOLLOWER=127.0.0.1:$((BASE + follower))

@@ -16,7 +16,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORKLOAD=${WORKLOAD:-messages}
-PARALLEL=${PARALLEL:-64}
 BASE=${BASE_PORT:-36300}
 DIR=${DIR:-/tmp/bmq-bench-threads}
 # shellcheck source=lib/cluster.sh
@@ -27,26 +26,13 @@ trap stop_cluster EXIT
 trap 'exit 130' INT TERM
 start_cluster "$BIN"
 case $WORKLOAD in
-  messages)
-    COUNT=${COUNT:-200000}
-    run() {
-      "$BIN/bmqctl" bench messages --count "$1" --size 1024 --window 256 --broker "$BROKERS" \
-        --no-tls --token "" --quiet
-    } ;;
-  metadata)
-    COUNT=${COUNT:-20000}
-    leader=$("$BIN/bmqctl" status --admin 127.0.0.1:$((BASE + 201)) --json \
-      | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["status"]["elector"]["leader"])')
-    echo "leader: node $leader"
-    run() {
-      "$BIN/bmqctl" bench metadata --queues "$1" --parallel "$PARALLEL" \
-        --broker 127.0.0.1:$((BASE + leader)) --no-tls --token "" --quiet
-    } ;;
+  messages) COUNT=${COUNT:-200000} ;;
+  metadata) COUNT=${COUNT:-20000}; echo "leader: node $(cluster_leader "$BIN")" ;;
   *) echo "WORKLOAD is messages or metadata" >&2; exit 2 ;;
 esac
 echo "nodes 1-3: pids ${PIDS[*]}; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-run 20000 >/dev/null
+bench_load "$BIN" "$WORKLOAD" 20000 >/dev/null
 python3 scripts/lib/thread_cpu.py snap "$DIR/before.json" "${PIDS[@]}"
-run "$COUNT"
+bench_load "$BIN" "$WORKLOAD" "$COUNT"
 python3 scripts/lib/thread_cpu.py snap "$DIR/after.json" "${PIDS[@]}"
 python3 scripts/lib/thread_cpu.py diff "$DIR/before.json" "$DIR/after.json" "$COUNT"

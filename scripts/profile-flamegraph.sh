@@ -40,24 +40,11 @@ fi
 trap stop_cluster EXIT
 trap 'exit 130' INT TERM
 start_cluster "$BIN"
-if [ "$WORKLOAD" = metadata ]; then
-  leader=$("$BIN/bmqctl" status --admin 127.0.0.1:$((BASE + 201)) --json \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["status"]["elector"]["leader"])')
-  load() {
-    "$BIN/bmqctl" bench metadata --queues "$1" --parallel 64 --broker 127.0.0.1:$((BASE + leader)) \
-      --no-tls --token "" --quiet
-  }
-else
-  load() {
-    "$BIN/bmqctl" bench messages --count "$1" --size 1024 --window 256 --broker "$BROKERS" \
-      --no-tls --token "" --quiet
-  }
-fi
-load 20000 >/dev/null
+bench_load "$BIN" "$WORKLOAD" 20000 >/dev/null
 PERF_DATA=$DIR/perf.data
 perf record -e cpu-clock -F 999 -g -p "$(IFS=,; echo "${PIDS[*]}")" -o "$PERF_DATA" -- sleep "$SECS" 2>/dev/null &
 REC=$!
-load "$COUNT"
+bench_load "$BIN" "$WORKLOAD" "$COUNT"
 wait $REC || true
 perf script -i "$PERF_DATA" 2>/dev/null | inferno-collapse-perf >"$DIR/folded"
 inferno-flamegraph --title "$TITLE" <"$DIR/folded" >"$OUT"

@@ -19,6 +19,29 @@ release_builds() {
   fi
 }
 
+# cluster_leader BIN: the elector leader's node id, as node 1's admin /status names it.
+cluster_leader() {
+  "$1/bmqctl" status --admin 127.0.0.1:$((BASE + 201)) --json \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["status"]["elector"]["leader"])'
+}
+
+# bench_load BIN WORKLOAD N: the benchmark load with BIN's bmqctl, quiet, plain TCP:
+#   messages  N messages, 1 producer / 1 consumer, 1 KiB, strong, window 256, on BROKERS;
+#   metadata  N queue assignments (an open and a close each), PARALLEL (64) in flight, the
+#             client on the elector leader.
+bench_load() {
+  local bin=$1 workload=$2 n=$3
+  case $workload in
+    messages)
+      "$bin/bmqctl" bench messages --count "$n" --size 1024 --window 256 --broker "$BROKERS" \
+        --no-tls --token "" --quiet ;;
+    metadata)
+      "$bin/bmqctl" bench metadata --queues "$n" --parallel "${PARALLEL:-64}" \
+        --broker 127.0.0.1:$((BASE + $(cluster_leader "$bin"))) --no-tls --token "" --quiet ;;
+    *) echo "WORKLOAD is messages or metadata" >&2; return 2 ;;
+  esac
+}
+
 # Kills the nodes and waits until they are gone (their ports are free for the next cluster).
 stop_cluster() {
   for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
