@@ -40,7 +40,8 @@ pub mod replication;
 pub mod store;
 
 pub use partition::{
-    Partition, PartitionConfig, PartitionCounters, PartitionOutput, PartitionRole, PartitionStats,
+    Partition, PartitionConfig, PartitionCounters, PartitionGauges, PartitionOutput, PartitionRole,
+    PartitionStats,
 };
 pub use policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy};
 pub use proxy::{PrimaryRoute, Proxy, ProxyConfig, ProxyCounters, ProxyOutput};

@@ -229,7 +229,29 @@ impl PartitionRole {
     }
 }
 
-/// What `/status` and the gauges show of a partition on this node.
+/// The figures of a partition on this node that cost O(1) to read, whatever the number of
+/// its queues: what the partition's actor publishes as gauges on every timer tick (10 times a
+/// second on a primary). [`PartitionStats`] adds the totals over the queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionGauges {
+    /// This node's role.
+    pub role: PartitionRole,
+    /// The highest lease known.
+    pub lease: LeaseId,
+    /// Last journal sequence held.
+    pub last_sequence: u64,
+    /// Highest sequence held by a quorum (primary only).
+    pub committed: u64,
+    /// Records the slowest replica lacks (primary only).
+    pub replication_lag: u64,
+    /// The journal's figures (bytes, segments, outstanding messages, base, floor).
+    pub store: StoreStats,
+    /// The last journal write failed for a full disk.
+    pub disk_full: bool,
+}
+
+/// What `/status` shows of a partition on this node: the [`PartitionGauges`] and the totals
+/// over its queues, which cost O(queues) to add up (read on demand, never per tick).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionStats {
     /// This node's role.
@@ -407,8 +429,8 @@ impl Partition {
         }
     }
 
-    /// What `/status` and the gauges show.
-    pub fn stats(&self) -> PartitionStats {
+    /// The O(1) figures (see [`PartitionGauges`]).
+    pub fn gauges(&self) -> PartitionGauges {
         let last = self.replication.last_sequence();
         let slowest = self
             .replication
@@ -417,16 +439,9 @@ impl Partition {
             .map(|(_, r)| *r)
             .min()
             .unwrap_or(last);
-        let cores = self.queues.values().flat_map(|q| q.apps.iter());
-        let (messages, unconfirmed) = cores.fold((0, 0), |(m, u), (_, q)| {
-            (m + q.depth() as u64, u + q.unconfirmed() as u64)
-        });
-        PartitionStats {
+        PartitionGauges {
             role: self.role(),
             lease: self.replication.lease(),
-            messages,
-            unconfirmed,
-            queues: self.queues.len(),
             last_sequence: last,
             committed: self.replication.committed(),
             replication_lag: if self.replication.phase().is_some() {
@@ -436,6 +451,28 @@ impl Partition {
             },
             store: self.replication.store().stats(),
             disk_full: self.replication.disk_full(),
+        }
+    }
+
+    /// What `/status` shows: [`Partition::gauges`] and the totals over every queue of the
+    /// partition, O(queues).
+    pub fn stats(&self) -> PartitionStats {
+        let g = self.gauges();
+        let cores = self.queues.values().flat_map(|q| q.apps.iter());
+        let (messages, unconfirmed) = cores.fold((0, 0), |(m, u), (_, q)| {
+            (m + q.depth() as u64, u + q.unconfirmed() as u64)
+        });
+        PartitionStats {
+            role: g.role,
+            lease: g.lease,
+            messages,
+            unconfirmed,
+            queues: self.queues.len(),
+            last_sequence: g.last_sequence,
+            committed: g.committed,
+            replication_lag: g.replication_lag,
+            store: g.store,
+            disk_full: g.disk_full,
         }
     }
 

@@ -819,3 +819,26 @@ fn a_resent_put_is_stored_and_pushed_once() {
     assert_eq!((stats.messages, stats.unconfirmed), (1, 1));
     assert_eq!(p.take_counters().put_duplicates, 2);
 }
+
+#[test]
+fn gauges_agree_with_the_stats_that_add_up_the_queues() {
+    // The actor publishes `gauges()` on every timer tick (O(1)) and `stats()` on demand
+    // (O(queues)): both must show the same partition.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    for (i, uri) in ["bmq://d/a", "bmq://d/b", "bmq://d/c"].into_iter().enumerate() {
+        p.handle_request(now, session(2), put(uri, i as u8 + 1));
+    }
+    sync(&mut p, now);
+    p.handle_request(now, session(1), open("bmq://d/a", true, ""));
+    drain(&mut p);
+    let (g, s) = (p.gauges(), p.stats());
+    assert_eq!(
+        (g.role, g.lease, g.last_sequence, g.committed, g.replication_lag),
+        (s.role, s.lease, s.last_sequence, s.committed, s.replication_lag)
+    );
+    assert_eq!((g.store, g.disk_full), (s.store, s.disk_full));
+    assert_eq!(g.role, PartitionRole::Active);
+    assert_eq!(g.store.outstanding, 3);
+    assert_eq!((s.queues, s.messages, s.unconfirmed), (3, 3, 1));
+}
