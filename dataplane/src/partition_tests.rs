@@ -826,7 +826,10 @@ fn gauges_agree_with_the_stats_that_add_up_the_queues() {
     // (O(queues)): both must show the same partition.
     let now = Instant::now();
     let mut p = active_single_node(now);
-    for (i, uri) in ["bmq://d/a", "bmq://d/b", "bmq://d/c"].into_iter().enumerate() {
+    for (i, uri) in ["bmq://d/a", "bmq://d/b", "bmq://d/c"]
+        .into_iter()
+        .enumerate()
+    {
         p.handle_request(now, session(2), put(uri, i as u8 + 1));
     }
     sync(&mut p, now);
@@ -834,8 +837,20 @@ fn gauges_agree_with_the_stats_that_add_up_the_queues() {
     drain(&mut p);
     let (g, s) = (p.gauges(), p.stats());
     assert_eq!(
-        (g.role, g.lease, g.last_sequence, g.committed, g.replication_lag),
-        (s.role, s.lease, s.last_sequence, s.committed, s.replication_lag)
+        (
+            g.role,
+            g.lease,
+            g.last_sequence,
+            g.committed,
+            g.replication_lag
+        ),
+        (
+            s.role,
+            s.lease,
+            s.last_sequence,
+            s.committed,
+            s.replication_lag
+        )
     );
     assert_eq!((g.store, g.disk_full), (s.store, s.disk_full));
     assert_eq!(g.role, PartitionRole::Active);

@@ -257,6 +257,30 @@ fn committing_an_lsn_commits_every_smaller_one() {
 }
 
 #[test]
+fn a_commit_that_catches_up_with_the_tip_shares_the_tip_state() {
+    // Scenario: two proposals; the commit of the first leaves the second pending, so the
+    // committed state is its own (the first applied); the commit of the second catches up
+    // with the tip, so the committed state is the tip state itself (one copy in memory).
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    leader.propose(now, assign("a", 0, 0)).unwrap();
+    leader.propose(now, assign("b", 1, 1)).unwrap();
+    leader.on_persisted(now, lsn(1, 4));
+    drain(&mut leader);
+    leader.handle_message(now, n(2), ack(lsn(1, 3)));
+    drain(&mut leader);
+    assert!(leader.state().queues.contains_key("a"));
+    assert!(!leader.state().queues.contains_key("b"));
+    assert!(!leader.state().queues.ptr_eq(&leader.tip_state().queues));
+    leader.handle_message(now, n(2), ack(lsn(1, 4)));
+    drain(&mut leader);
+    assert_eq!(leader.status().uncommitted, 0);
+    assert_eq!(leader.state(), leader.tip_state());
+    assert!(leader.state().queues.ptr_eq(&leader.tip_state().queues));
+    assert_eq!(leader.state().queues["b"].partition, PartitionId(1));
+}
+
+#[test]
 fn propose_is_refused_by_followers_and_passive_leaders() {
     // Scenario: only an active leader accepts proposals.
     let now = Instant::now();

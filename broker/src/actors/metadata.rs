@@ -193,6 +193,9 @@ impl MetadataActor {
 
     fn publish(&mut self) {
         let message = self.publication();
+        // One copy of the committed state for the core, the ledger and the subscribers.
+        self.ledger
+            .share_committed_state(message.status.committed_lsn, &message.state);
         // do_send: commits are bounded by the leader's uncommitted limit; a closed subscriber is
         // dropped from the list.
         self.subscribers.retain(|s| s.connected());
