@@ -319,6 +319,11 @@ struct QueueEntry {
     policy: DomainPolicy,
     /// `(app id, core)`: the fanout app ids in order, or the single app `""`.
     apps: Vec<(String, QueueCore)>,
+    /// The journal sequence of the last message PUT to the queue (0: none): the queue holds
+    /// messages its deliverable mark does not cover yet while this is above the mark.
+    last_put: u64,
+    /// The queue is in [`Partition::awaiting_marks`].
+    awaiting_marks: bool,
 }
 
 impl QueueEntry {
@@ -334,6 +339,8 @@ impl QueueEntry {
         QueueEntry {
             policy: policy.clone(),
             apps,
+            last_put: 0,
+            awaiting_marks: false,
         }
     }
 }
@@ -365,6 +372,12 @@ pub struct Partition {
     /// The deliverable marks last applied to the queues: (strong: committed, eventual:
     /// persisted).
     deliverable: (u64, u64),
+    /// The queues a rise of the deliverable marks can serve, each once: those holding a
+    /// message PUT above their mark, and those rebuilt by healing and not served yet. A
+    /// rise visits these and no other queue, so a commit costs O(queues with messages in
+    /// flight), not O(queues) — 100,000 idle queues on a partition cut one producer's rate
+    /// from 79,000 to 10,800 msgs/s when every commit visited them all (2026-11-27).
+    awaiting_marks: Vec<String>,
     /// The node is stopping: no new pushes.
     stop_delivering: bool,
     counters: PartitionCounters,
@@ -402,6 +415,7 @@ impl Partition {
             queues: BTreeMap::new(),
             notice: None,
             deliverable: (0, 0),
+            awaiting_marks: Vec::new(),
             stop_delivering: false,
             counters: PartitionCounters::default(),
             outputs: VecDeque::new(),
@@ -587,6 +601,7 @@ impl Partition {
         if !self.replication.is_active_primary() && !self.queues.is_empty() {
             info!(partition = %self.id, lease = %self.replication.lease(), "a higher lease was seen: stepping down to replica");
             self.queues.clear();
+            self.awaiting_marks.clear();
         }
         self.absorb_replication(now);
     }
@@ -619,6 +634,7 @@ impl Partition {
         if was_primary && !is_primary {
             info!(partition = %self.id, %lease, "no longer primary: stepping down to replica");
             self.queues.clear();
+            self.awaiting_marks.clear();
         } else if !was_primary && is_primary {
             info!(partition = %self.id, %lease, "became primary: healing");
         }
@@ -890,6 +906,11 @@ impl Partition {
                     let taken = queue.put(now, key, size as u32, sequence);
                     debug_assert_eq!(taken, PutOutcome::Accepted, "checked with refusal()");
                 }
+                entry.last_put = sequence;
+                if !entry.awaiting_marks {
+                    entry.awaiting_marks = true;
+                    self.awaiting_marks.push(uri.clone());
+                }
                 self.deliver(now, &uri);
             }
             PutResult::StorageFailure { reason } => {
@@ -1102,8 +1123,10 @@ impl Partition {
             return;
         }
         self.deliverable = marks;
-        let mut raised = Vec::new();
-        for (uri, entry) in self.queues.iter_mut() {
+        for uri in std::mem::take(&mut self.awaiting_marks) {
+            let Some(entry) = self.queues.get_mut(&uri) else {
+                continue;
+            };
             let mark = if entry.policy.strong {
                 marks.0
             } else {
@@ -1112,10 +1135,12 @@ impl Partition {
             for (_, q) in entry.apps.iter_mut() {
                 q.set_deliverable_through(mark);
             }
-            raised.push(uri.clone());
-        }
-        for uri in raised {
+            entry.awaiting_marks = entry.last_put > mark;
+            let awaiting = entry.awaiting_marks;
             self.deliver(now, &uri);
+            if awaiting {
+                self.awaiting_marks.push(uri);
+            }
         }
     }
 
@@ -1183,6 +1208,11 @@ impl Partition {
             policies.resolve(uri).cloned()
         });
         info!(partition = %self.id, %lease, last_sequence = self.replication.last_sequence(), queues = self.queues.len(), "partition primary healed: active");
+        // Served at the next rise of the marks (below), every rebuilt queue once.
+        self.awaiting_marks = self.queues.keys().cloned().collect();
+        for entry in self.queues.values_mut() {
+            entry.awaiting_marks = true;
+        }
         self.send_notice(now, Notice::Active(lease));
         // Healing ended with the whole journal on a quorum: every rebuilt message is safe.
         self.deliverable = (0, 0);
