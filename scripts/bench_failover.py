@@ -18,6 +18,8 @@ Method
   the largest ACK latency of the run: the PUTs caught by the kill wait for the new primary, so it
   is the kill -> first ACK gap plus at most one inter-PUT interval and one normal ACK latency.
   Every ACKed message must be consumed (`missing == 0`), or the run is reported as a loss.
+- PREFILL (default 0): queues assigned before the runs, so failovers carry a cluster state of
+  that size.
 """
 import json
 import os
@@ -37,6 +39,9 @@ POLL_S = float(os.environ.get("POLL_MS", "10")) / 1000
 RATE = int(os.environ.get("RATE", "2000"))
 WARMUP_S = float(os.environ.get("WARMUP_S", "1.5"))
 BENCH_S = int(os.environ.get("BENCH_S", "5"))
+# Queues assigned before the runs (each opened for writing and closed once), so the failover
+# carries a cluster state of that size: the new leader's snapshot, every node's ledger.
+PREFILL = int(os.environ.get("PREFILL", "0"))
 NODES = [1, 2, 3]
 
 
@@ -99,6 +104,32 @@ def cluster_queues(i, timeout=0.2):
     return None
 
 
+def elector(i, timeout=0.2):
+    """(bmq_elector_state, bmq_elector_term) of node i from its /metrics (state 3 = leader), or
+    None: as /status says, without listing every queue (a cluster state of 100,000 queues
+    makes /status megabytes long)."""
+    try:
+        with urllib.request.urlopen(f"http://{admin(i)}/metrics", timeout=timeout) as r:
+            found = {}
+            for line in r.read().decode().splitlines():
+                for name in ("bmq_elector_state", "bmq_elector_term"):
+                    if line.startswith(name + " "):
+                        found[name] = int(float(line.split()[1]))
+            return found["bmq_elector_state"], found["bmq_elector_term"]
+    except Exception:
+        return None
+
+
+def prefill(leader):
+    """Assigns PREFILL queues through the leader, 64 in flight."""
+    t0 = time.monotonic()
+    subprocess.run(
+        [os.path.join(BIN, "bmqctl"), "bench", "metadata", "--queues", str(PREFILL),
+         "--parallel", "64", "--broker", client(leader), "--no-tls", "--token", "", "--quiet"],
+        check=True, stdout=subprocess.DEVNULL)
+    print(f"prefill: {PREFILL} queues assigned in {time.monotonic() - t0:.1f} s", flush=True)
+
+
 def pct(values, q):
     s = sorted(values)
     return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
@@ -158,8 +189,8 @@ def metadata_runs():
         while True:
             if elected is None:
                 for i in survivors:
-                    d = status(i, timeout=0.2)
-                    if d and d["elector"]["state"] == "leader" and d["elector"]["term"] > term:
+                    e = elector(i)
+                    if e and e[0] == 3 and e[1] > term:
                         elected = (time.monotonic() - t0) * 1000
             if any((cluster_queues(i) or 0) > before for i in survivors):
                 break
@@ -222,6 +253,8 @@ def main():
     for i in NODES:
         start(i)
     try:
+        if PREFILL:
+            prefill(settle(60)[0])
         which = sys.argv[1] if len(sys.argv) > 1 else "all"
         results = {}
         if which in ("all", "leader"):
