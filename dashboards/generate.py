@@ -255,7 +255,9 @@ def queues():
             "bmq_partition_unconfirmed_messages: pushed to a consumer, not yet confirmed.",
             [(f"sum by (partition) (bmq_partition_unconfirmed_messages{{{SEL}}})",
               "partition {{partition}}")], stack=True)
-    d.panel("Open queues per partition", "bmq_partition_queues on each partition's primary.",
+    d.panel("Active queues per partition",
+            "bmq_partition_queues on each partition's primary: queues with a consumer attached "
+            "or a message held.",
             [(f"sum by (partition) (bmq_partition_queues{{{SEL}}})",
               "partition {{partition}}")], decimals=0)
     d.row("Latency and failures")

@@ -200,7 +200,7 @@ fn describe_scrape_gauges() {
     );
     metrics::describe_gauge!(
         "bmq_partition_queues",
-        "Queues open on this node as primary of the partition (0 elsewhere)"
+        "Queues this node serves as primary of the partition: a consumer attached or a message held (0 elsewhere)"
     );
     metrics::describe_gauge!(
         "bmq_actor_mailbox_delay_seconds",

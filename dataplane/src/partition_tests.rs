@@ -857,3 +857,48 @@ fn gauges_agree_with_the_stats_that_add_up_the_queues() {
     assert_eq!(g.store.outstanding, 3);
     assert_eq!((s.queues, s.messages, s.unconfirmed), (3, 3, 1));
 }
+
+#[test]
+fn an_idle_queue_is_dropped_and_created_again_on_next_use() {
+    // The primary keeps no entry for a queue opened only to write, nor for one whose consumer
+    // confirmed everything and left; a later PUT and consumer find the queue as new.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(2), open(uri, false, ""));
+    assert_eq!(drain(&mut p), vec![reply(session(2), open_ok(uri))]);
+    assert_eq!(p.stats().queues, 0, "a writer alone keeps no entry");
+
+    p.handle_request(now, session(1), open(uri, true, ""));
+    p.handle_request(now, session(2), put(uri, 1));
+    sync(&mut p, now);
+    assert_eq!(pushes(&drain(&mut p)), 1);
+    assert_eq!(p.stats().queues, 1, "a consumer and a held message keep it");
+    p.handle_request(
+        now,
+        session(1),
+        ClientMessage {
+            kind: Some(Kind::Confirm(Confirm {
+                uri: uri.into(),
+                guid: guid(1),
+            })),
+        },
+    );
+    p.handle_session_gone(now, session(1));
+    drain(&mut p);
+    assert_eq!(p.stats().queues, 0, "drained and left: dropped");
+
+    p.handle_request(now, session(2), put(uri, 2));
+    sync(&mut p, now);
+    drain(&mut p);
+    assert_eq!(
+        (p.stats().queues, p.stats().messages),
+        (1, 1),
+        "held by a new entry"
+    );
+    p.handle_request(now, session(3), open(uri, true, ""));
+    let outputs = drain(&mut p);
+    assert!(outputs.iter().any(|o| matches!(o, PartitionOutput::Reply { to, message }
+        if *to == session(3) && matches!(&message.kind, Some(Kind::Push(push)) if push.guid == guid(2)))),
+        "{outputs:?}");
+}

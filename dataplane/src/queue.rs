@@ -612,6 +612,15 @@ impl QueueCore {
         self.consumers.len()
     }
 
+    /// Nothing held, no consumer, no event to report: the queue is as [`QueueCore::new`] left
+    /// it but for its counters, so its owner may drop it and create it again on next use.
+    pub fn is_idle(&self) -> bool {
+        self.pending.is_empty()
+            && self.unconfirmed == 0
+            && self.consumers.is_empty()
+            && self.events.is_empty()
+    }
+
     /// The counters since creation.
     pub fn counters(&self) -> QueueCounters {
         self.counters
