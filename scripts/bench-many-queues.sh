@@ -33,13 +33,6 @@ DIR=${DIR:-/tmp/bmq-bench-many-queues}
 release_builds "$@"
 trap stop_cluster EXIT
 trap 'exit 130' INT TERM
-TICK=$(getconf CLK_TCK)
-
-broker_ms() {
-  local t=0
-  for p in "${PIDS[@]}"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
-  echo $((t * 1000 / TICK))
-}
 rss_mib() {
   local out=""
   for p in "${PIDS[@]}"; do out+="$(awk '/VmRSS/{printf "%d", $2 / 1024}' "/proc/$p/status") "; done
@@ -65,15 +58,15 @@ for round in $(seq "$ROUNDS"); do
       | sed -n 's/.*(\([0-9.]*\)\/s).*/\1/p')
     sleep 12
     rss=$(rss_mib)
-    a=$(broker_ms); sleep "$IDLE_SECS"; z=$(broker_ms)
+    a=$(broker_cpu_ms); sleep "$IDLE_SECS"; z=$(broker_cpu_ms)
     idle=$(((z - a) * 1000 / (IDLE_SECS * 1000)))
     read -r r1 p50_1 p99_1 <<<"$(messages "$bin")"
-    a=$(broker_ms); t0=$(date +%s%N)
+    a=$(broker_cpu_ms); t0=$(date +%s%N)
     for _ in $(seq "$CHURN"); do
       "$bin/bmqctl" bench messages --count 64 --size 1024 --window 16 --producers 8 --consumers 8 \
         --broker "$BROKERS" --no-tls --token "" --quiet >/dev/null
     done
-    z=$(broker_ms); t1=$(date +%s%N)
+    z=$(broker_cpu_ms); t1=$(date +%s%N)
     printf 'round %s %s\n' "$round" "$bin"
     printf '  messages, no other queue:   %s msgs/s, ACK p50 %s / p99 %s ms\n' "$r0" "$p50_0" "$p99_0"
     printf '  %s queues assigned:     %s per s\n' "$Q" "$assigned"

@@ -23,7 +23,9 @@
 #   FAILOVER_RUNS  runs of each failover scenario per system (5; 0 skips failover)
 #   OUT            results directory (/tmp/bmq-bench-peers): results.jsonl (one JSON line per
 #                  run), report.md (the table), logs of every node
-#   BASE_PORT      first port (41000): ours +100.. (client +101-103, bmqp +114-116, peer
+#   BASE_PORT      first port (23000, below Linux's ephemeral range 32768-60999, so no
+#                  client socket of an earlier run holds one: etcd once failed to bind
+#                  41612 that way): ours +100.. (client +101-103, bmqp +114-116, peer
 #                  +201-203, admin +301-303), NATS +501-503 (client), +511-513 (cluster),
 #                  +521-523 (monitoring), etcd +601-603 (client), +611-613 (peer)
 #
@@ -49,7 +51,7 @@ META_COUNT=${META_COUNT:-500}
 META_PARALLEL=${META_PARALLEL:-1 64}
 FAILOVER_RUNS=${FAILOVER_RUNS:-5}
 OUT=${OUT:-/tmp/bmq-bench-peers}
-BASE=${BASE_PORT:-41000}
+BASE=${BASE_PORT:-23000}
 
 apt_install() {
   echo "== installing $* (Debian packages)"

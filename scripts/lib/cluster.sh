@@ -42,6 +42,14 @@ bench_load() {
   esac
 }
 
+# broker_cpu_ms: the CPU time (utime + stime, /proc/<pid>/stat) of the nodes in PIDS so far, ms.
+broker_cpu_ms() {
+  local t=0 hz
+  hz=$(getconf CLK_TCK)
+  for p in "${PIDS[@]}"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo $((t * 1000 / hz))
+}
+
 # Kills the nodes and waits until they are gone (their ports are free for the next cluster).
 stop_cluster() {
   for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
