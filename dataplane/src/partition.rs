@@ -361,6 +361,11 @@ fn queue_name(uri: &str, app: &str) -> String {
     }
 }
 
+/// How often an active primary sweeps the queues of domains with a message TTL for expired
+/// messages ([`Partition::handle_timeout`]): O(queues with a TTL that hold a message or a
+/// consumer) each time, idle queues being dropped.
+pub const TTL_SWEEP_PERIOD: Duration = Duration::from_secs(1);
+
 /// One partition on this node (see the module doc).
 #[derive(Debug)]
 pub struct Partition {
@@ -387,6 +392,8 @@ pub struct Partition {
     /// The queues each session consumes from (an open with read, until its close or the
     /// session's end): a session's end visits these, not every queue of the partition.
     consumer_queues: BTreeMap<SessionAddr, BTreeSet<String>>,
+    /// When the queues with a message TTL are next swept ([`TTL_SWEEP_PERIOD`]).
+    next_ttl_sweep: Option<Instant>,
     /// The node is stopping: no new pushes.
     stop_delivering: bool,
     counters: PartitionCounters,
@@ -426,6 +433,7 @@ impl Partition {
             deliverable: (0, 0),
             awaiting_marks: Vec::new(),
             consumer_queues: BTreeMap::new(),
+            next_ttl_sweep: None,
             stop_delivering: false,
             counters: PartitionCounters::default(),
             outputs: VecDeque::new(),
@@ -529,9 +537,24 @@ impl Partition {
     }
 
     /// Timers: replication resends, the repeated ACTIVE announcement and the repeated
-    /// request for a new lease.
+    /// request for a new lease; on the active primary, every [`TTL_SWEEP_PERIOD`], the
+    /// queues of domains with a message TTL drop what expired (a queue drops an expired
+    /// message when it reaches the head, which otherwise happens only when the queue is served:
+    /// a queue without consumers would keep its expired messages).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.replication.handle_timeout(now);
+        if self.replication.is_active_primary() && self.next_ttl_sweep.is_none_or(|t| now >= t) {
+            self.next_ttl_sweep = Some(now + TTL_SWEEP_PERIOD);
+            let expiring: Vec<String> = self
+                .queues
+                .iter()
+                .filter(|(_, e)| e.policy.limits.message_ttl.is_some())
+                .map(|(uri, _)| uri.clone())
+                .collect();
+            for uri in expiring {
+                self.deliver(now, &uri);
+            }
+        }
         if let Some((notice, _)) = self.notice.filter(|(_, at)| now >= *at) {
             if notice.still_due(&self.replication) {
                 self.send_notice(now, notice);
@@ -1056,6 +1079,10 @@ impl Partition {
         }
         for (app_id, event) in events {
             self.record_event(now, uri, app_id, event);
+        }
+        // Left idle by what it removed (expired or exhausted messages, no consumer).
+        if pushes.is_empty() && self.queues.get(uri).is_some_and(QueueEntry::is_idle) {
+            self.queues.remove(uri);
         }
         for d in pushes {
             // The payload is read back from the journal (the cache holds recent records).

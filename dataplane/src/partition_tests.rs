@@ -45,6 +45,16 @@ fn policies() -> Arc<DomainPolicies> {
             }),
         ),
         ("b".to_string(), policy(DeliveryMode::Broadcast)),
+        (
+            "t".to_string(),
+            DomainPolicy {
+                limits: QueueLimits {
+                    message_ttl: Some(Duration::from_secs(10)),
+                    ..LIMITS
+                },
+                ..policy(DeliveryMode::Priority)
+            },
+        ),
     ]))
 }
 
@@ -901,4 +911,26 @@ fn an_idle_queue_is_dropped_and_created_again_on_next_use() {
     assert!(outputs.iter().any(|o| matches!(o, PartitionOutput::Reply { to, message }
         if *to == session(3) && matches!(&message.kind, Some(Kind::Push(push)) if push.guid == guid(2)))),
         "{outputs:?}");
+}
+
+#[test]
+fn expired_messages_of_a_queue_nobody_serves_are_removed_by_the_timer() {
+    // A queue of a domain with a 10 s TTL holds a message and has no consumer: no delivery
+    // ever reaches its head, so the primary's timer sweeps it: once the TTL has passed, the
+    // message is removed with a removal record (reason "ttl"), counted, and the queue dropped.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://t/q";
+    p.handle_request(now, session(2), put(uri, 1));
+    sync(&mut p, now);
+    drain(&mut p);
+    let later = now + Duration::from_secs(5);
+    p.handle_timeout(later);
+    assert_eq!(p.stats().messages, 1, "not expired yet");
+    let expired = now + Duration::from_secs(11);
+    p.handle_timeout(expired + TTL_SWEEP_PERIOD);
+    assert_eq!((p.stats().messages, p.stats().queues), (0, 0));
+    assert_eq!(p.take_counters().removed_ttl, 1);
+    assert!(journal(&p).iter().any(|r| matches!(&r.kind,
+        Some(RecordKind::Removal(rm)) if rm.guid == guid(1) && rm.reason == "ttl")));
 }
