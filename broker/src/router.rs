@@ -653,9 +653,10 @@ impl Router {
             if let Ok(Ok(Some(stats))) =
                 tokio::time::timeout(timeout, addr.send(GetPartitionStats)).await
             {
-                if stats.role == bmq_dataplane::PartitionRole::Active {
+                let g = &stats.gauges;
+                if g.role == bmq_dataplane::PartitionRole::Active {
                     status.unconfirmed += stats.unconfirmed;
-                    status.uncommitted += stats.last_sequence.saturating_sub(stats.committed);
+                    status.uncommitted += g.last_sequence.saturating_sub(g.committed);
                 }
             }
         }

@@ -254,10 +254,8 @@ pub struct PartitionGauges {
 /// over its queues, which cost O(queues) to add up (read on demand, never per tick).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionStats {
-    /// This node's role.
-    pub role: PartitionRole,
-    /// The highest lease known.
-    pub lease: LeaseId,
+    /// The O(1) figures: role, lease, sequences, replication lag, journal.
+    pub gauges: PartitionGauges,
     /// Messages held (not yet confirmed), all queues (active primary only).
     pub messages: u64,
     /// Messages pushed and not yet confirmed, all queues (active primary only).
@@ -265,16 +263,6 @@ pub struct PartitionStats {
     /// Queues the partition serves: a consumer attached or a message held (active primary
     /// only; an idle queue is dropped, see `Partition::deliver`).
     pub queues: usize,
-    /// Last journal sequence held.
-    pub last_sequence: u64,
-    /// Highest sequence held by a quorum (primary only).
-    pub committed: u64,
-    /// Records the slowest replica lacks (primary only).
-    pub replication_lag: u64,
-    /// The journal's figures (bytes, segments, outstanding messages, base, floor).
-    pub store: StoreStats,
-    /// The last journal write failed for a full disk.
-    pub disk_full: bool,
 }
 
 /// Counts since the last [`Partition::take_counters`], for the node's metrics.
@@ -489,22 +477,15 @@ impl Partition {
     /// What `/status` shows: [`Partition::gauges`] and the totals over every queue of the
     /// partition, O(queues).
     pub fn stats(&self) -> PartitionStats {
-        let g = self.gauges();
         let cores = self.queues.values().flat_map(|q| q.apps.iter());
         let (messages, unconfirmed) = cores.fold((0, 0), |(m, u), (_, q)| {
             (m + q.depth() as u64, u + q.unconfirmed() as u64)
         });
         PartitionStats {
-            role: g.role,
-            lease: g.lease,
+            gauges: self.gauges(),
             messages,
             unconfirmed,
             queues: self.queues.len(),
-            last_sequence: g.last_sequence,
-            committed: g.committed,
-            replication_lag: g.replication_lag,
-            store: g.store,
-            disk_full: g.disk_full,
         }
     }
 
@@ -1060,10 +1041,6 @@ impl Partition {
         let Some(entry) = self.queues.get_mut(uri) else {
             return;
         };
-        if entry.is_idle() {
-            self.queues.remove(uri);
-            return;
-        }
         let mut pushes = Vec::new();
         let mut events = Vec::new();
         let delivering = !self.stop_delivering;
@@ -1080,7 +1057,7 @@ impl Partition {
         for (app_id, event) in events {
             self.record_event(now, uri, app_id, event);
         }
-        // Left idle by what it removed (expired or exhausted messages, no consumer).
+        // Idle, or left idle by what it removed (expired or exhausted messages, no consumer).
         if pushes.is_empty() && self.queues.get(uri).is_some_and(QueueEntry::is_idle) {
             self.queues.remove(uri);
         }

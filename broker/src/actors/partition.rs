@@ -47,8 +47,8 @@ use std::time::{Instant, SystemTime};
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use bmq_dataplane::{
-    ClosedFiles, CompactionDone, CompactionTicket, Partition, PartitionConfig, PartitionOutput,
-    PartitionStats, Store, StoreConfig, SyncTicket,
+    ClosedFiles, CompactionDone, CompactionTicket, Partition, PartitionConfig, PartitionGauges,
+    PartitionOutput, PartitionStats, Store, StoreConfig, SyncTicket,
 };
 use bmq_proto::client::ClientMessage;
 use bmq_proto::peer::PartitionMessage;
@@ -442,10 +442,13 @@ impl PartitionActor {
     /// O(1) in the number of queues, so cheap on every timer tick of a primary with 100,000
     /// queues (the totals over the queues are read only for [`GetPartitionStats`]).
     fn publish_gauges(&self) {
-        let Some(core) = self.core.as_ref() else {
-            return;
-        };
-        let s = core.gauges();
+        if let Some(core) = self.core.as_ref() {
+            self.publish(&core.gauges());
+        }
+    }
+
+    /// Sets the gauges of [`PartitionActor::publish_gauges`] from `s`.
+    fn publish(&self, s: &PartitionGauges) {
         let p = self.id.to_string();
         let primary = s.role != bmq_dataplane::PartitionRole::Replica;
         let active = s.role == bmq_dataplane::PartitionRole::Active;
@@ -709,14 +712,14 @@ impl Handler<GetPartitionStats> for PartitionActor {
     type Result = MessageResult<GetPartitionStats>;
 
     fn handle(&mut self, _msg: GetPartitionStats, _ctx: &mut Self::Context) -> Self::Result {
-        self.publish_gauges();
         let stats = self.core.as_ref().map(Partition::stats);
         if let Some(stats) = &stats {
+            self.publish(&stats.gauges);
             let p = self.id.to_string();
             metrics::gauge!("bmq_partition_messages", "partition" => p.clone())
                 .set(stats.messages as f64);
             metrics::gauge!("bmq_partition_journal_last_sequence", "partition" => p)
-                .set(stats.last_sequence as f64);
+                .set(stats.gauges.last_sequence as f64);
         }
         MessageResult(stats)
     }
