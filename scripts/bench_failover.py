@@ -92,32 +92,34 @@ def settle(timeout=30):
     raise SystemExit("cluster did not settle: " + json.dumps([status(i) for i in NODES]))
 
 
-def cluster_queues(i, timeout=0.2):
-    """bmq_cluster_queues of node i (queues in its committed state), or None."""
-    try:
-        with urllib.request.urlopen(f"http://{admin(i)}/metrics", timeout=timeout) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("bmq_cluster_queues "):
-                    return int(float(line.split()[1]))
-    except Exception:
-        return None
-    return None
-
-
-def elector(i, timeout=0.2):
-    """(bmq_elector_state, bmq_elector_term) of node i from its /metrics (state 3 = leader), or
-    None: as /status says, without listing every queue (a cluster state of 100,000 queues
-    makes /status megabytes long)."""
+def metrics(i, names, timeout=0.2):
+    """The values of the unlabelled gauges `names` in node i's /metrics (missing ones absent),
+    or None when the node does not answer."""
     try:
         with urllib.request.urlopen(f"http://{admin(i)}/metrics", timeout=timeout) as r:
             found = {}
             for line in r.read().decode().splitlines():
-                for name in ("bmq_elector_state", "bmq_elector_term"):
-                    if line.startswith(name + " "):
-                        found[name] = int(float(line.split()[1]))
-            return found["bmq_elector_state"], found["bmq_elector_term"]
+                name, _, value = line.partition(" ")
+                if name in names:
+                    found[name] = int(float(value.split()[0]))
+            return found
     except Exception:
         return None
+
+
+def cluster_queues(i):
+    """bmq_cluster_queues of node i (queues in its committed state), or None."""
+    return (metrics(i, ("bmq_cluster_queues",)) or {}).get("bmq_cluster_queues")
+
+
+def elector(i):
+    """(bmq_elector_state, bmq_elector_term) of node i from its /metrics (state 3 = leader), or
+    None: as /status says, without listing every queue (a cluster state of 100,000 queues
+    makes /status megabytes long)."""
+    found = metrics(i, ("bmq_elector_state", "bmq_elector_term")) or {}
+    if "bmq_elector_state" not in found or "bmq_elector_term" not in found:
+        return None
+    return found["bmq_elector_state"], found["bmq_elector_term"]
 
 
 def prefill(leader):
