@@ -41,8 +41,7 @@ rss_mib() {
 # messages BIN: "msgs/s ACK-p50 ACK-p99" of one 1p/1c run, on the same queue every time in a
 # cluster (the run id), so both message runs of a cluster have the same primary and placement.
 messages() {
-  "$1/bmqctl" bench messages --count "$N" --size 1024 --window 256 --broker "$BROKERS" \
-    --run-id b8 --no-tls --token "" --quiet \
+  bench_load "$1" messages "$N" --run-id b8 \
     | awk '/^produced/{r=$3} /^ack/{p50=$2; p99=$4} END{print r, p50, p99}'
 }
 

@@ -25,19 +25,21 @@ cluster_leader() {
     | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["status"]["elector"]["leader"])'
 }
 
-# bench_load BIN WORKLOAD N: the benchmark load with BIN's bmqctl, quiet, plain TCP:
+# bench_load BIN WORKLOAD N [ARG...]: the benchmark load with BIN's bmqctl, quiet, plain TCP
+# (further ARGs go to `bmqctl bench`):
 #   messages  N messages, 1 producer / 1 consumer, 1 KiB, strong, window 256, on BROKERS;
 #   metadata  N queue assignments (an open and a close each), PARALLEL (64) in flight, the
 #             client on the elector leader.
 bench_load() {
   local bin=$1 workload=$2 n=$3
+  shift 3
   case $workload in
     messages)
       "$bin/bmqctl" bench messages --count "$n" --size 1024 --window 256 --broker "$BROKERS" \
-        --no-tls --token "" --quiet ;;
+        --no-tls --token "" --quiet "$@" ;;
     metadata)
       "$bin/bmqctl" bench metadata --queues "$n" --parallel "${PARALLEL:-64}" \
-        --broker 127.0.0.1:$((BASE + $(cluster_leader "$bin"))) --no-tls --token "" --quiet ;;
+        --broker 127.0.0.1:$((BASE + $(cluster_leader "$bin"))) --no-tls --token "" --quiet "$@" ;;
     *) echo "WORKLOAD is messages or metadata" >&2; return 2 ;;
   esac
 }
