@@ -231,9 +231,10 @@ async fn start_actors(
     let initial_state = Arc::new(storage.recovered.committed_state.clone());
     let metadata_core = MetadataCore::new(self_id, &members, quorum, storage.recovered);
     let (ledger, transport) = (storage.ledger, control.clone().recipient());
-    let metadata = MetadataActor::start_in_arbiter(&actix::Arbiter::new().handle(), move |_| {
-        MetadataActor::new(metadata_core, ledger, transport)
-    });
+    // On the main thread, beside the peer links: a proposal goes out to the followers, and a
+    // follower's ack comes back, without a hand-off between threads (issue 18); the ledger's
+    // fsyncs run on the actor's own sync thread.
+    let metadata = MetadataActor::new(metadata_core, ledger, transport).start();
 
     let peers: Vec<NodeId> = members.iter().copied().filter(|m| *m != self_id).collect();
     let seed = rand::random::<u64>();

@@ -24,7 +24,9 @@ pub use crate::core::{
     MetadataConfig, MetadataCore, MetadataCounters, MetadataOutput, MetadataRole, MetadataStatus,
     ProposeError,
 };
-pub use crate::ledger::{FsyncPolicy, Ledger, LedgerError, LedgerRecord, Recovered};
+pub use crate::ledger::{
+    FsyncPolicy, Ledger, LedgerError, LedgerRecord, LedgerSync, Recovered, SyncDone,
+};
 pub use crate::lsn::Lsn;
 pub use crate::outbox::PeerOutbox;
 pub use crate::state::{

@@ -405,7 +405,9 @@ impl Sim {
                     ledger
                         .reset_to(&state, committed_lsn, &uncommitted)
                         .expect("ledger reset");
-                    // The rewrite is atomic and durable (fsync, rename, fsync of the directory).
+                    // The rewrite (the sync's work after a reset) is atomic and durable (fsync,
+                    // rename, fsync of the directory).
+                    ledger.sync().expect("ledger reset written");
                     node.synced = (ledger.file_path(), ledger.file_size());
                     node.synced_lsn = last;
                     node.unsynced_lsn = None;
