@@ -9,9 +9,10 @@
 #                      the client attached to the leader (an open and a close each).
 #   scripts/bench-threads.sh [BIN_DIR]       # default: this tree's release build
 #   WORKLOAD=metadata scripts/bench-threads.sh /tmp/other-build
-# Thread names: the main thread carries "(main)"; actix arbiters are "actix-rt|system"
-# (elector, metadata, one per partition); bmq-sync-<p> / bmq-close-<p> / bmq-compact-<p> are
-# a partition's workers. CPU figures are clock ticks (10 ms each) summed over the run: use
+# Thread names: the main thread carries "(main)" (the metadata actor runs there since
+# 51de24c); actix arbiters are "actix-rt|system" (elector, one per partition);
+# bmq-ledger-sync is the metadata ledger's fsync thread; bmq-sync-<p> / bmq-close-<p> /
+# bmq-compact-<p> are a partition's workers. CPU figures are clock ticks (10 ms each) summed over the run: use
 # runs of several seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."

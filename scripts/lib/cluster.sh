@@ -52,6 +52,18 @@ broker_cpu_ms() {
   echo $((t * 1000 / hz))
 }
 
+# broker_context_switches: the context switches (voluntary and involuntary) of every thread of
+# the nodes in PIDS so far (/proc/<pid>/task/*/status).
+broker_context_switches() {
+  local t=0 p f
+  for p in "${PIDS[@]}"; do
+    for f in /proc/"$p"/task/*/status; do
+      t=$((t + $(awk '/ctxt_switches/ {s += $2} END {print s + 0}' "$f" 2>/dev/null || echo 0)))
+    done
+  done
+  echo "$t"
+}
+
 # Kills the nodes and waits until they are gone (their ports are free for the next cluster).
 stop_cluster() {
   for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done

@@ -173,19 +173,21 @@ struct SyncJob {
 
 /// The ledger's fsync thread: runs one [`SyncJob`] at a time and answers [`LedgerSynced`].
 /// The actor keeps at most one job in flight, so the channel holds at most one. The thread
-/// ends when the actor (the sender) is dropped.
+/// holds a weak address (it must not keep the actor alive) and ends when the actor, which
+/// holds the sender, is gone.
 struct LedgerSyncer {
     jobs: std::sync::mpsc::SyncSender<SyncJob>,
 }
 
 impl LedgerSyncer {
-    fn start(actor: Addr<MetadataActor>) -> LedgerSyncer {
+    fn start(actor: actix::WeakAddr<MetadataActor>) -> LedgerSyncer {
         let (jobs, rx) = std::sync::mpsc::sync_channel::<SyncJob>(1);
         std::thread::Builder::new()
             .name("bmq-ledger-sync".into())
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
                     let result = job.sync.run();
+                    let Some(actor) = actor.upgrade() else { break };
                     // do_send: one answer per job, and one job at a time.
                     actor.do_send(LedgerSynced {
                         lsn: job.lsn,
@@ -426,7 +428,7 @@ impl MetadataActor {
     fn start_sync(&mut self, ctx: &mut Context<Self>, sync: LedgerSync, lsn: Option<Lsn>) {
         let syncer = self
             .syncer
-            .get_or_insert_with(|| LedgerSyncer::start(ctx.address()));
+            .get_or_insert_with(|| LedgerSyncer::start(ctx.address().downgrade()));
         let job = SyncJob {
             sync,
             lsn,
@@ -757,6 +759,12 @@ mod tests {
             .unwrap();
         let snapshot = wait_until(&actor, |s| s.state.queues.len() == 41).await;
         assert_eq!(snapshot.state.queues.len(), 41);
+        // Nothing left for the sync thread before the files are read.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !actor.send(LedgerIdle).await.unwrap() && Instant::now() < deadline {
+            actix_rt::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(actor.send(LedgerIdle).await.unwrap());
         let newest = std::fs::read_dir(dir.path())
             .unwrap()
             .filter_map(|e| {
@@ -770,7 +778,6 @@ mod tests {
             .unwrap();
         assert!(newest >= 10, "rolled over {newest} times");
         drop(actor);
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
         let (_, recovered) = Ledger::open(dir.path(), FsyncPolicy::Never, 2).unwrap();
         for key in 0..40u64 {
             let uri = format!("bmq://d/q{key}");
@@ -787,6 +794,22 @@ mod tests {
                     .iter()
                     .any(|(_, a)| *a == assign("bmq://d/last", 0, 40))
         );
+    }
+
+    /// Asks whether the ledger has nothing to write or sync and no sync runs.
+    #[derive(Message)]
+    #[rtype(result = "bool")]
+    struct LedgerIdle;
+
+    impl Handler<LedgerIdle> for MetadataActor {
+        type Result = bool;
+
+        fn handle(&mut self, _msg: LedgerIdle, _ctx: &mut Self::Context) -> bool {
+            !self.sync_in_flight
+                && !self.advisory_unsynced
+                && !self.ledger.rewrite_due()
+                && self.written.is_none()
+        }
     }
 
     /// Waits (up to 5 s) until the actor's status and state satisfy `done`; the leader's own
