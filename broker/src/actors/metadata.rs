@@ -729,16 +729,7 @@ mod tests {
             .unwrap();
         wait_until(&actor, |s| s.status.role == MetadataRole::ActiveLeader).await;
         // Proposals in the mailbox together, and one at a time.
-        let burst: Vec<_> = (0..20u64)
-            .map(|key| {
-                actor.send(Propose {
-                    advisory: assign(&format!("bmq://d/q{key}"), 0, key),
-                })
-            })
-            .collect();
-        for p in burst {
-            p.await.unwrap().unwrap();
-        }
+        propose_together(&actor, 0..20).await;
         for key in 20..40u64 {
             actor
                 .send(Propose {
@@ -794,6 +785,21 @@ mod tests {
                     .iter()
                     .any(|(_, a)| *a == assign("bmq://d/last", 0, 40))
         );
+    }
+
+    /// Proposes the assignments of `bmq://d/q<key>` to partition 0 for every key, all in the
+    /// actor's mailbox before it runs again, and waits for their LSNs.
+    async fn propose_together(actor: &Addr<MetadataActor>, keys: std::ops::Range<u64>) {
+        let proposals: Vec<_> = keys
+            .map(|key| {
+                actor.send(Propose {
+                    advisory: assign(&format!("bmq://d/q{key}"), 0, key),
+                })
+            })
+            .collect();
+        for p in proposals {
+            p.await.unwrap().unwrap();
+        }
     }
 
     /// Asks whether the ledger has nothing to write or sync and no sync runs.
@@ -895,16 +901,7 @@ mod tests {
         assert_eq!(snapshot.status.role, MetadataRole::ActiveLeader);
         outbound.lock().unwrap().clear();
         // Ten proposals in the mailbox before the actor runs again.
-        let proposals: Vec<_> = (0..10u64)
-            .map(|key| {
-                actor.send(Propose {
-                    advisory: assign(&format!("bmq://d/q{key}"), 0, key),
-                })
-            })
-            .collect();
-        for p in proposals {
-            p.await.unwrap().unwrap();
-        }
+        propose_together(&actor, 0..10).await;
         actix_rt::time::sleep(Duration::from_millis(20)).await;
         let sent = outbound.lock().unwrap().clone();
         assert_eq!(records_in(&sent, NodeId(2)), vec![10], "{sent:?}");
