@@ -7,7 +7,8 @@
 //!  ├─ PeerHub        dialers, listener, link heartbeats   main (System)
 //!  ├─ ControlSender  elector/metadata -> CONTROL channel  main
 //!  ├─ ElectorActor   the elector core, term file          own arbiter (SCHED_OTHER)
-//!  ├─ MetadataActor  the metadata core + ledger           own arbiter
+//!  ├─ MetadataActor  the metadata core + ledger writes     main; fsyncs and ledger rewrites
+//!  │                                                      on its bmq-ledger-sync thread
 //!  ├─ CommitFanout   leadership -> metadata; commits ->   main
 //!  │                 router, state watch, health
 //!  ├─ HealthActor    on the active leader: failed         main
@@ -17,11 +18,11 @@
 //!  ├─ client sessions, one task per connection          main
 //!  └─ admin HTTP     /metrics /status /healthz /readyz    main
 //! ```
-//! Every fsync runs on the thread of the actor that owns the file: a ledger record's on the
-//! metadata thread, a journal batch's on its partition's thread, a term's on the elector's
-//! thread (only when the term changes, never while leading). The main thread, which carries
-//! the link heartbeats, the forwarding of elector heartbeats and every client session, never
-//! waits for a disk.
+//! No fsync runs on the main thread: the ledger's run on its sync thread (and a rollover's or
+//! reset's new file is written there), a journal batch's on its partition's sync thread, a
+//! term's on the elector's thread (only when the term changes, never while leading). The main
+//! thread, which carries the link heartbeats, the forwarding of elector heartbeats, the
+//! metadata actor and every client session, never waits for a disk.
 //!
 //! A failure to open the data directory, the term file or the ledger, or to bind a port, stops
 //! the node at start with an error naming the path or address.
@@ -198,8 +199,9 @@ struct Actors {
     cluster: watch::Receiver<Arc<ClusterState>>,
 }
 
-/// Builds and starts every actor, in dependency order: the peer hub's queues, the elector and
-/// metadata actors (each on its own thread), the health actor, the router, the commit fan-out;
+/// Builds and starts every actor, in dependency order: the peer hub's queues, the metadata
+/// actor (main thread, with its ledger sync thread), the elector (its own thread), the health
+/// actor, the router, the commit fan-out;
 /// then starts the peer links with a demultiplexer that knows them all.
 async fn start_actors(
     config: &Arc<BrokerConfig>,
