@@ -12,7 +12,10 @@
 //!   most one fsync runs at a time: records written meanwhile wait in the ledger's buffer,
 //!   and the completion starts the next fsync, which covers them all. So a burst of proposals
 //!   costs one fsync and one message per peer on the leader, and one fsync and one ack on each
-//!   follower. Messages go out before the fsync so that the followers' fsyncs overlap the
+//!   follower. While an fsync runs, peer messages wait for its completion and leave with the
+//!   next fsync's start (one fsync's delay at most): under load the batches stay as large as
+//!   when the fsync stopped the actor, and an idle node's first proposal leaves at once.
+//!   Messages go out before the fsync so that the followers' fsyncs overlap the
 //!   leader's: nothing that depends on durability is in them (acks are produced by
 //!   `on_persisted`; a sync answer naming records not yet durable is checked by the new leader
 //!   against what the node then sends, see `MetadataCore`). Commit records alone are written
@@ -372,7 +375,15 @@ impl MetadataActor {
     fn flush(&mut self, ctx: &mut Context<Self>) {
         self.flush_scheduled = false;
         loop {
-            for (to, message) in self.outbox.drain() {
+            // While an fsync runs, peer messages wait for its completion and leave together
+            // with the next fsync's start: under load the batches stay as large as when the
+            // fsync stopped the actor, and an idle node's first proposal leaves at once.
+            let outgoing = if self.sync_in_flight {
+                Vec::new()
+            } else {
+                self.outbox.drain()
+            };
+            for (to, message) in outgoing {
                 // do_send: the transport's mailbox is bounded; metadata traffic is bounded by
                 // the core's limits (uncommitted records, retry periods), and batched here.
                 self.transport.do_send(MetadataOutbound {
@@ -415,7 +426,9 @@ impl MetadataActor {
                     return self.fail(ctx, "write", &e);
                 }
             }
-            if self.outbox.is_empty() && !self.changed && self.written.is_none() {
+            // (Messages held while an fsync runs leave at its completion.)
+            let sent_all = self.outbox.is_empty() || self.sync_in_flight;
+            if sent_all && !self.changed && self.written.is_none() {
                 break;
             }
         }
