@@ -668,13 +668,7 @@ mod tests {
         let core = MetadataCore::new(NodeId(1), &[NodeId(1)], 0, recovered);
         let actor = MetadataActor::new(core, ledger, transport).start();
         actor.send(SubscribeState { subscriber }).await.unwrap();
-        actor
-            .send(LeaderChanged {
-                term: Term(1),
-                leader: Some(NodeId(1)),
-            })
-            .await
-            .unwrap();
+        lead_term_1(&actor).await;
         let snapshot = actor.send(GetMetadataStatus).await.unwrap();
         assert_eq!(snapshot.status.role, MetadataRole::ActiveLeader);
         let lsn = actor
@@ -733,13 +727,7 @@ mod tests {
         ledger.set_max_file_size(400);
         let core = MetadataCore::new(NodeId(1), &[NodeId(1)], 0, recovered);
         let actor = MetadataActor::new(core, ledger, transport).start();
-        actor
-            .send(LeaderChanged {
-                term: Term(1),
-                leader: Some(NodeId(1)),
-            })
-            .await
-            .unwrap();
+        lead_term_1(&actor).await;
         wait_until(&actor, |s| s.status.role == MetadataRole::ActiveLeader).await;
         // Proposals in the mailbox together, and one at a time.
         propose_together(&actor, 0..20).await;
@@ -798,6 +786,17 @@ mod tests {
                     .iter()
                     .any(|(_, a)| *a == assign("bmq://d/last", 0, 40))
         );
+    }
+
+    /// Tells the actor that node 1 (itself) leads term 1.
+    async fn lead_term_1(actor: &Addr<MetadataActor>) {
+        actor
+            .send(LeaderChanged {
+                term: Term(1),
+                leader: Some(NodeId(1)),
+            })
+            .await
+            .unwrap();
     }
 
     /// Proposes the assignments of `bmq://d/q<key>` to partition 0 for every key, all in the
@@ -887,13 +886,7 @@ mod tests {
             from: NodeId(2),
             message: peer::MetadataMessage { kind: Some(kind) },
         };
-        actor
-            .send(LeaderChanged {
-                term: Term(1),
-                leader: Some(NodeId(1)),
-            })
-            .await
-            .unwrap();
+        lead_term_1(&actor).await;
         actor
             .send(inbound(Msg::SyncStateResponse(
                 peer::LeaderSyncStateResponse {
