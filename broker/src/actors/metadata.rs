@@ -34,13 +34,13 @@
 //! - **Threads**: the actor runs on the node's main thread, beside the peer links and the
 //!   client sessions, so a proposal reaches the peers and an ack reaches the core without a
 //!   hand-off between threads (each costs ~35-50 µs of wake-up on the benchmark machine; a
-//!   sequential queue assignment crossed seven of them before, issue 18). Only the fsync has
-//!   its own thread (`bmq-ledger-sync`). What still runs on the main thread: writing records
-//!   (a `write` of a few hundred bytes), applying commits (O(log n) in the state's size), and
-//!   the rare whole-state work — a rollover or reset of the ledger (a snapshot written and
-//!   fsynced: tens of ms with 100,000 queues, once per 64 MiB of records or per catch-up) and a
-//!   new leader's snapshot (compared in ~5 ms, rebuilt in 30-50 ms with 100,000 queues, once per
-//!   failover); the peer links' heartbeats tolerate that (800 ms of missed heartbeats).
+//!   sequential queue assignment crossed seven of them before, issue 18). The ledger's disk
+//!   work has its own thread (`bmq-ledger-sync`): the fsyncs, and a rollover's or reset's new
+//!   file (the snapshot encoded, written and fsynced: tens of ms with 100,000 queues). What
+//!   runs on the main thread: writing records (a `write` of a few hundred bytes), applying
+//!   commits (O(log n) in the state's size), and, once per failover, a new leader's snapshot
+//!   (compared in ~5 ms, rebuilt in 30-50 ms with 100,000 queues); the peer links' heartbeats
+//!   tolerate that (800 ms of missed heartbeats).
 //! - **Metrics**: gauges `bmq_metadata_lsn_term`, `bmq_metadata_lsn_sequence`,
 //!   `bmq_metadata_committed_lsn_term`, `bmq_metadata_committed_lsn_sequence`,
 //!   `bmq_metadata_role` (0 follower, 1 passive leader, 2 active leader), `bmq_metadata_uncommitted_advisories`,
@@ -220,7 +220,7 @@ pub struct MetadataActor {
     /// An advisory record is among them: the flush starts an fsync, whose completion
     /// (`LedgerSynced`) calls `on_persisted`.
     advisory_unsynced: bool,
-    /// The ledger's fsync thread (see [`LedgerSyncer`]); started with the actor.
+    /// The ledger's fsync thread (see [`LedgerSyncer`]); started at the first sync.
     syncer: Option<LedgerSyncer>,
     /// An fsync runs on the sync thread (at most one at a time).
     sync_in_flight: bool,
@@ -752,11 +752,8 @@ mod tests {
         let snapshot = wait_until(&actor, |s| s.state.queues.len() == 41).await;
         assert_eq!(snapshot.state.queues.len(), 41);
         // Nothing left for the sync thread before the files are read.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !actor.send(LedgerIdle).await.unwrap() && Instant::now() < deadline {
-            actix_rt::time::sleep(Duration::from_millis(2)).await;
-        }
-        assert!(actor.send(LedgerIdle).await.unwrap());
+        let idle = poll_until(async || actor.send(LedgerIdle).await.unwrap(), |idle| *idle).await;
+        assert!(idle);
         let newest = std::fs::read_dir(dir.path())
             .unwrap()
             .filter_map(|e| {
@@ -836,11 +833,17 @@ mod tests {
         actor: &Addr<MetadataActor>,
         done: impl Fn(&MetadataSnapshot) -> bool,
     ) -> MetadataSnapshot {
+        poll_until(async || actor.send(GetMetadataStatus).await.unwrap(), done).await
+    }
+
+    /// Asks `probe` every 2 ms until its answer satisfies `done` or 5 s have passed, and
+    /// returns the last answer.
+    async fn poll_until<T>(mut probe: impl AsyncFnMut() -> T, done: impl Fn(&T) -> bool) -> T {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let snapshot = actor.send(GetMetadataStatus).await.unwrap();
-            if done(&snapshot) || Instant::now() >= deadline {
-                return snapshot;
+            let answer = probe().await;
+            if done(&answer) || Instant::now() >= deadline {
+                return answer;
             }
             actix_rt::time::sleep(Duration::from_millis(2)).await;
         }
