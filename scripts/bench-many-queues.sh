@@ -50,11 +50,8 @@ echo "# builds: ${BUILDS[*]}; Q=$Q queues, N=$N messages, IDLE_SECS=$IDLE_SECS, 
 for round in $(seq "$ROUNDS"); do
   for bin in "${BUILDS[@]}"; do
     start_cluster "$bin" || { echo "cluster of $bin not ready" >&2; exit 1; }
-    leader=$(cluster_leader "$bin")
     read -r r0 p50_0 p99_0 <<<"$(messages "$bin")"
-    assigned=$("$bin/bmqctl" bench metadata --queues "$Q" --parallel 64 \
-      --broker 127.0.0.1:$((BASE + leader)) --no-tls --token "" --quiet \
-      | sed -n 's/.*(\([0-9.]*\)\/s).*/\1/p')
+    assigned=$(PARALLEL=64 bench_load "$bin" metadata "$Q" | sed -n 's/.*(\([0-9.]*\)\/s).*/\1/p')
     sleep 12
     rss=$(rss_mib)
     a=$(broker_cpu_ms); sleep "$IDLE_SECS"; z=$(broker_cpu_ms)
