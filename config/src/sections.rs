@@ -617,10 +617,10 @@ pub struct StorageSettings {
     /// Size at which a partition's journal segment is closed and a new one started (MiB, 1 to
     /// 1024). Disk use stays within about two segments of the outstanding data. Default 32.
     pub segment_size_mb: u64,
-    /// Bytes of recent journal records each partition keeps in memory, counted as framed on
-    /// disk (record header, GUID, properties and payload, plus a small per-record entry), so
-    /// deliveries and replication of fresh messages need no disk read (MiB, 0 to 4096).
-    /// Default 8.
+    /// Bytes of recent journal records each partition keeps in memory on its primary, counted
+    /// as framed on disk (record header, GUID, properties and payload, plus a small per-record
+    /// entry), so deliveries and replication of fresh messages need no disk read (MiB, 0 to
+    /// 4096; a replica caches nothing). Default 8.
     pub cache_mb: u64,
     /// Most disk space one partition's journal may take (MiB; 0 = no quota). A PUT that would
     /// pass it is refused with `LIMIT_REACHED`. Default 0.

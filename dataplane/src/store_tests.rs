@@ -874,6 +874,70 @@ fn frames_stream_from_the_cache_and_append_as_received() {
 }
 
 #[test]
+fn a_replica_writes_received_frames_without_caching_them() {
+    // Scenario: a node was primary (its records cached), then follows another primary whose
+    // frames it appends (rolling over segments on the way), then is primary again. The frames
+    // are written as received and not cached; the earlier cache is emptied (the cache holds a
+    // suffix of the journal); every record reads back, from the write-behind buffer, the disk
+    // or the cache, and only the second primary stint's records are streamed from the cache.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        cache_bytes_max: 1 << 20,
+        ..cfg(2048)
+    };
+    let mut s = Store::open(dir.path(), cfg, apps()).unwrap();
+    for n in 1..=5 {
+        s.append_one(&message(n, 1, Q, n)).unwrap();
+    }
+    assert!(s.stats().cache_bytes > 0);
+    let received: Vec<JournalRecord> = (6..=40).map(|n| message(n, 2, Q, n)).collect();
+    let all = encode_frames(&received);
+    let (records, frames): (Vec<_>, Vec<_>) = split_frames(&all).unwrap().into_iter().unzip();
+    s.append_framed(&records, &frames, 0, 0).unwrap();
+    assert_eq!(s.stats().cache_bytes, 0, "a replica caches nothing");
+    assert!(s.files().len() > 1, "the frames rolled the journal over");
+    assert_eq!(
+        s.read_frames_from(5, 100, u64::MAX),
+        None,
+        "nothing to stream from the cache"
+    );
+    let check = |s: &Store, through: u64| {
+        for n in 1..=through {
+            let lease = if n <= 5 {
+                1
+            } else if n <= 40 {
+                2
+            } else {
+                3
+            };
+            assert_eq!(
+                s.read(n).unwrap().unwrap(),
+                message(n, lease, Q, n),
+                "record {n}"
+            );
+        }
+        let (from, _) = s.read_from(0, 1000, u64::MAX, false).unwrap();
+        let seqs: Vec<u64> = from.iter().map(|r| r.sequence).collect();
+        assert_eq!(seqs, (1..=through).collect::<Vec<_>>());
+    };
+    check(&s, 40);
+    s.sync().unwrap();
+    check(&s, 40);
+    s.append_one(&message(41, 3, Q, 41)).unwrap();
+    assert!(s.stats().cache_bytes > 0, "a primary's appends are cached");
+    let (streamed, covered) = s.read_frames_from(40, 100, u64::MAX).unwrap();
+    assert_eq!(
+        (streamed, covered),
+        (encode_frames(&[message(41, 3, Q, 41)]), 41)
+    );
+    check(&s, 41);
+    s.sync().unwrap();
+    drop(s);
+    let s = open(dir.path(), 2048);
+    check(&s, 41);
+}
+
+#[test]
 fn bad_frames_are_refused() {
     // Frames from the network are checked: a truncated one, a checksum mismatch, a length
     // beyond the data, a marker.
