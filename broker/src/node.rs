@@ -62,7 +62,7 @@ use tracing::{info, warn};
 
 use crate::actors::elector::{ElectorActor, Retire, SubscribeLeadership};
 use crate::actors::health::{GetStoppingPeers, HealthActor, NodeStopping};
-use crate::actors::metadata::{MetadataActor, SubscribeState};
+use crate::actors::metadata::{MetadataActor, SubscribeProposals, SubscribeState};
 use crate::admin::{install_metrics_recorder, start_admin_server, AdminContext};
 use crate::net::peers::{PeerHub, PeerHubConfig};
 use crate::net::tls::PeerTls;
@@ -276,6 +276,11 @@ async fn start_actors(
     metadata
         .send(SubscribeState {
             subscriber: fanout.clone().recipient(),
+        })
+        .await?;
+    metadata
+        .send(SubscribeProposals {
+            watcher: router.clone(),
         })
         .await?;
     elector

@@ -54,6 +54,16 @@ pub enum SessionEvent {
     /// Responses and deliveries from a primary (OpenQueueResponse, Ack, Push,
     /// CloseQueueResponse), in order: everything one turn of the primary had for the session.
     FromPrimary(Vec<ClientMessage>),
+    /// The leader proposed a partition for a queue the session asked to open (not yet
+    /// committed: `Proxy::handle_proposed`).
+    OpenProposed {
+        /// The client's request id.
+        request_id: u64,
+        /// The queue.
+        uri: String,
+        /// The proposed partition.
+        partition: PartitionId,
+    },
     /// A queue the session asked to open now has a partition (or not, on timeout).
     OpenResolved {
         /// The client's request id.
@@ -176,6 +186,9 @@ pub struct Router {
     peer_back: broadcast::Sender<NodeId>,
     /// Opens waiting for a queue's assignment to commit, by URI ([`Router::watch_assignment`]).
     assignment_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// Opens waiting for a queue's assignment to be proposed, by URI
+    /// ([`Router::watch_proposal`]).
+    proposal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<PartitionId>>>>,
     /// The role last told to each partition actor ([`Router::sync_partitions`]).
     roles_told: Mutex<HashMap<PartitionId, RoleTold>>,
     /// Some partition actor may not know its committed role (at start, or after its mailbox
@@ -215,6 +228,7 @@ impl Router {
             next_session_id: AtomicU64::new(1),
             peer_back: broadcast::channel(64).0,
             assignment_waiters: Mutex::new(HashMap::new()),
+            proposal_waiters: Mutex::new(HashMap::new()),
             roles_told: Mutex::new(HashMap::new()),
             roles_stale: AtomicBool::new(true),
         })
@@ -260,8 +274,44 @@ impl Router {
         rx
     }
 
+    /// A receiver that fires with the partition the leader proposes for `uri`, once an
+    /// uncommitted assignment of it is written to this node's ledger
+    /// ([`Router::assignment_proposed`]): an open can be sent to that partition's primary ahead
+    /// of the commit (`Proxy::handle_proposed`). A proposal made before the registration is not
+    /// reported; the commit still is ([`Router::watch_assignment`]).
+    pub fn watch_proposal(&self, uri: &str) -> oneshot::Receiver<PartitionId> {
+        let (tx, rx) = oneshot::channel();
+        let mut waiters = self.proposal_waiters.lock().expect("waiters lock");
+        let entry = waiters.entry(uri.to_owned()).or_default();
+        entry.retain(|w| !w.is_closed());
+        entry.push(tx);
+        rx
+    }
+
+    /// The metadata actor wrote an uncommitted assignment of `uri` to `partition` to this
+    /// node's ledger: wakes the opens waiting for its proposal. O(1); nothing while no open
+    /// waits.
+    pub fn assignment_proposed(&self, uri: &str, partition: PartitionId) {
+        let mut waiters = self.proposal_waiters.lock().expect("waiters lock");
+        if waiters.is_empty() {
+            return;
+        }
+        for waiter in waiters.remove(uri).into_iter().flatten() {
+            let _ = waiter.send(partition);
+        }
+    }
+
     /// Drops the abandoned waiters of `uri` (its opens gave up).
     pub fn forget_assignment_waiters(&self, uri: &str) {
+        {
+            let mut waiters = self.proposal_waiters.lock().expect("waiters lock");
+            if let Some(entry) = waiters.get_mut(uri) {
+                entry.retain(|w| !w.is_closed());
+                if entry.is_empty() {
+                    waiters.remove(uri);
+                }
+            }
+        }
         let mut waiters = self.assignment_waiters.lock().expect("waiters lock");
         if let Some(entry) = waiters.get_mut(uri) {
             entry.retain(|w| !w.is_closed());
@@ -789,6 +839,12 @@ impl Router {
             .iter()
             .map(|(id, a)| (*id, a.clone()))
             .collect()
+    }
+}
+
+impl crate::actors::metadata::ProposalWatcher for Router {
+    fn assignment_proposed(&self, uri: &str, partition: PartitionId) {
+        Router::assignment_proposed(self, uri, partition);
     }
 }
 

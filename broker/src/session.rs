@@ -520,7 +520,15 @@ impl Session {
                     let router = self.router.clone();
                     let session_id = self.id;
                     tokio::spawn(async move {
-                        let outcome = resolve_queue(&router, &uri).await;
+                        let proposed = |partition| {
+                            let event = SessionEvent::OpenProposed {
+                                request_id,
+                                uri: uri.clone(),
+                                partition,
+                            };
+                            router.to_local_session(session_id, event);
+                        };
+                        let outcome = resolve_queue(&router, &uri, proposed).await;
                         let event = SessionEvent::OpenResolved {
                             request_id,
                             uri,
@@ -629,6 +637,15 @@ impl Session {
                     self.proxy.handle_from_primary(now, msg);
                 }
             }
+            SessionEvent::OpenProposed {
+                request_id,
+                uri,
+                partition,
+            } => {
+                let state = self.cluster.borrow().clone();
+                self.proxy
+                    .handle_proposed(request_id, &uri, partition, &route_in(&state));
+            }
             SessionEvent::OpenResolved {
                 request_id,
                 uri,
@@ -654,17 +671,28 @@ const ASSIGNMENT_REASK: Duration = Duration::from_millis(500);
 
 /// Waits until `uri` is assigned to a partition in the committed state, asking the leader to
 /// assign it (again every [`ASSIGNMENT_REASK`]) until the request timeout. Woken by the commit
-/// that assigns it ([`Router::watch_assignment`]), not by polling.
-async fn resolve_queue(router: &Router, uri: &str) -> Result<PartitionId, Status> {
+/// that assigns it ([`Router::watch_assignment`]), not by polling. Calls `proposed` once with
+/// the partition the leader proposes, if this node's ledger takes the proposal in while it
+/// waits ([`Router::watch_proposal`]): the open can go there before the commit.
+async fn resolve_queue(
+    router: &Router,
+    uri: &str,
+    proposed: impl FnOnce(PartitionId),
+) -> Result<PartitionId, Status> {
     let timeout = router.config().limits.request_timeout();
     let deadline = tokio::time::Instant::now() + timeout;
     let cluster = router.cluster();
     let mut asked_at: Option<tokio::time::Instant> = None;
+    let mut proposed = Some(proposed);
+    let mut proposal = None;
     let outcome = loop {
         // Registered before the look-up, so the commit cannot fall in between.
         let committed = router.watch_assignment(uri);
         if let Some(q) = cluster.borrow().queues.get(uri) {
             break Ok(q.partition);
+        }
+        if proposed.is_some() && proposal.is_none() {
+            proposal = Some(router.watch_proposal(uri));
         }
         let now = tokio::time::Instant::now();
         if now >= deadline {
@@ -681,8 +709,26 @@ async fn resolve_queue(router: &Router, uri: &str) -> Result<PartitionId, Status
             router.request_assignment(uri.to_string());
         }
         let wake = asked_at.map_or(deadline, |t| (t + ASSIGNMENT_REASK).min(deadline));
-        let _ = tokio::time::timeout_at(wake, committed).await;
+        let proposed_in = async {
+            match proposal.as_mut() {
+                Some(rx) => rx.await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::timeout_at(wake, committed) => {}
+            got = proposed_in => {
+                // Fired, or dropped unfired (registered again at the next turn).
+                proposal = None;
+                if let Some(partition) = got {
+                    if let Some(tell) = proposed.take() {
+                        tell(partition);
+                    }
+                }
+            }
+        }
     };
+    drop(proposal);
     router.forget_assignment_waiters(uri);
     outcome
 }

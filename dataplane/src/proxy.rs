@@ -91,10 +91,21 @@ pub struct ProxyConfig {
 }
 
 /// Where an open queue is served from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 enum QueueRoute {
     /// Waiting for the leader to assign the queue to a partition.
     Resolving,
+    /// The leader proposed `partition` for the queue and the open went to that partition's
+    /// primary before the assignment committed (see [`Proxy::handle_proposed`]); nothing else
+    /// is sent there, and the client is answered only once the assignment commits to the same
+    /// partition and primary.
+    Proposed {
+        partition: PartitionId,
+        /// The active primary and lease the open went to.
+        sent_to: (NodeId, LeaseId),
+        /// Its answer, once it came.
+        response: Option<OpenQueueResponse>,
+    },
     /// Assigned to `partition`.
     Assigned {
         partition: PartitionId,
@@ -121,6 +132,18 @@ impl OpenQueueState {
                 partition,
                 attached: Some((primary, _)),
                 blocked: false,
+            } => Some((partition, primary)),
+            _ => None,
+        }
+    }
+
+    /// Partition and primary an open was sent to ahead of the assignment's commit.
+    fn proposed(&self) -> Option<(PartitionId, NodeId)> {
+        match self.route {
+            QueueRoute::Proposed {
+                partition,
+                sent_to: (primary, _),
+                ..
             } => Some((partition, primary)),
             _ => None,
         }
@@ -292,7 +315,7 @@ impl Proxy {
     pub fn attached_primaries(&self) -> Vec<NodeId> {
         self.queues
             .values()
-            .filter_map(|q| q.attached().map(|(_, n)| n))
+            .filter_map(|q| q.attached().or(q.proposed()).map(|(_, n)| n))
             .collect()
     }
 
@@ -340,8 +363,43 @@ impl Proxy {
         if q.request.request_id != request_id {
             return;
         }
+        let early = std::mem::replace(&mut q.route, QueueRoute::Resolving);
         match outcome {
             Ok(partition) => {
+                if let QueueRoute::Proposed {
+                    partition: proposed,
+                    sent_to,
+                    response,
+                } = early
+                {
+                    let current = routes(partition)
+                        .filter(|r| r.active)
+                        .map(|r| (r.primary, r.lease));
+                    if proposed == partition && current == Some(sent_to) {
+                        // The open already went where the commit says: answer with its
+                        // response, or when it comes.
+                        q.route = QueueRoute::Assigned {
+                            partition,
+                            attached: Some(sent_to),
+                            blocked: false,
+                        };
+                        self.pending_opens.insert(uri.clone(), request_id);
+                        if let Some(resp) = response {
+                            self.on_open_response(resp);
+                        }
+                        // PUTs the client sent meanwhile follow the open (unless it was
+                        // refused: the queue is gone, as after any refused open).
+                        if self.queues.contains_key(&uri) {
+                            self.resend_buffered(&uri, partition, sent_to.0, now);
+                        }
+                        return;
+                    }
+                    // Another partition or primary: withdraw that open, then as usual.
+                    self.withdraw(&uri, proposed, sent_to.0);
+                }
+                let Some(q) = self.queues.get_mut(&uri) else {
+                    return;
+                };
                 q.route = QueueRoute::Assigned {
                     partition,
                     attached: None,
@@ -351,6 +409,12 @@ impl Proxy {
                 self.attach(&uri, routes, now);
             }
             Err(status) => {
+                if let QueueRoute::Proposed {
+                    partition, sent_to, ..
+                } = early
+                {
+                    self.withdraw(&uri, partition, sent_to.0);
+                }
                 self.queues.remove(&uri);
                 self.reply(ClientMessage {
                     kind: Some(Kind::OpenQueueResponse(OpenQueueResponse {
@@ -361,6 +425,66 @@ impl Proxy {
                     })),
                 });
             }
+        }
+    }
+
+    /// The leader proposed `partition` for queue `uri` of open request `request_id` (the
+    /// assignment is in the ledger, not yet committed): the open goes to that partition's
+    /// active primary now, so its answer can be back by the time the assignment commits
+    /// ([`Proxy::handle_resolved`] then answers the client) instead of one round trip later.
+    /// Nothing but the open goes there before the commit — a PUT could land in a partition the
+    /// queue does not end up in — and an open sent ahead to a partition or primary that the
+    /// commit does not confirm is withdrawn (CloseQueue). Ignored unless the queue is still
+    /// resolving, and when the partition has no active primary.
+    pub fn handle_proposed(
+        &mut self,
+        request_id: u64,
+        uri: &str,
+        partition: PartitionId,
+        routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
+    ) {
+        let Some(q) = self.queues.get_mut(uri) else {
+            return;
+        };
+        if q.request.request_id != request_id || q.route != QueueRoute::Resolving {
+            return;
+        }
+        let Some(route) = routes(partition).filter(|r| r.active) else {
+            return;
+        };
+        q.route = QueueRoute::Proposed {
+            partition,
+            sent_to: (route.primary, route.lease),
+            response: None,
+        };
+        let open = q.request.clone();
+        self.forward(partition, route.primary, Kind::OpenQueue(open));
+    }
+
+    /// Closes on `primary` an open of `uri` sent ahead of a commit that did not confirm it.
+    fn withdraw(&mut self, uri: &str, partition: PartitionId, primary: NodeId) {
+        let close = CloseQueue {
+            request_id: 0,
+            uri: uri.to_string(),
+        };
+        self.forward(partition, primary, Kind::CloseQueue(close));
+    }
+
+    /// Sends the PUTs buffered for `uri` (in arrival order) to `primary`.
+    fn resend_buffered(
+        &mut self,
+        uri: &str,
+        partition: PartitionId,
+        primary: NodeId,
+        now: Instant,
+    ) {
+        let mut resend = Vec::new();
+        for pending in self.pending_puts.values_mut().filter(|p| p.put.uri == uri) {
+            pending.sent_at = Some(now);
+            resend.push(pending.put.clone());
+        }
+        for put in resend {
+            self.forward(partition, primary, Kind::Put(put));
         }
     }
 
@@ -417,7 +541,7 @@ impl Proxy {
     /// A CloseQueue from the client: forwarded to the primary, answered here at once.
     pub fn handle_close(&mut self, close: CloseQueue) {
         if let Some(q) = self.queues.remove(&close.uri) {
-            if let Some((partition, primary)) = q.attached() {
+            if let Some((partition, primary)) = q.attached().or(q.proposed()) {
                 self.forward(partition, primary, Kind::CloseQueue(close.clone()));
             }
         }
@@ -472,6 +596,22 @@ impl Proxy {
     }
 
     fn on_open_response(&mut self, resp: OpenQueueResponse) {
+        if let Some(QueueRoute::Proposed { response, .. }) =
+            self.queues.get_mut(&resp.uri).map(|q| &mut q.route)
+        {
+            // Sent ahead of the commit: kept until the commit says where the queue is.
+            *response = Some(resp);
+            return;
+        }
+        if let Some(QueueRoute::Assigned { partition, .. }) =
+            self.queues.get(&resp.uri).map(|q| &q.route)
+        {
+            if partition.0 != resp.partition_id {
+                // The late answer of an open sent ahead to a partition the commit did not
+                // confirm (withdrawn): not the answer to this route's open.
+                return;
+            }
+        }
         let code = resp.status.as_ref().map(|s| s.code).unwrap_or(0);
         if let Some(request_id) = self.pending_opens.remove(&resp.uri) {
             if code != StatusCode::Ok as i32 {
@@ -520,14 +660,7 @@ impl Proxy {
         };
         let open = q.request.clone();
         self.forward(partition, route.primary, Kind::OpenQueue(open));
-        let mut resend = Vec::new();
-        for pending in self.pending_puts.values_mut().filter(|p| p.put.uri == uri) {
-            pending.sent_at = Some(now);
-            resend.push(pending.put.clone());
-        }
-        for put in resend {
-            self.forward(partition, route.primary, Kind::Put(put));
-        }
+        self.resend_buffered(uri, partition, route.primary, now);
     }
 
     /// The committed state changed: reattach every queue whose primary or lease moved.
@@ -548,7 +681,7 @@ impl Proxy {
                     let current = routes(partition).map(|r| (r.primary, r.lease));
                     (current != attached).then(|| uri.clone())
                 }
-                QueueRoute::Resolving => None,
+                QueueRoute::Resolving | QueueRoute::Proposed { .. } => None,
             })
             .collect();
         for uri in moved {
@@ -580,6 +713,15 @@ impl Proxy {
         for uri in affected {
             info!(%uri, "link to the primary came back: reopening");
             self.attach(&uri, routes, now);
+        }
+        // An open sent there ahead of its commit may have been released with the link: the
+        // commit opens the queue again, as if no open had been sent ahead.
+        for q in self.queues.values_mut() {
+            if q.proposed()
+                .is_some_and(|(_, primary)| primary != self_id && node.is_none_or(|n| n == primary))
+            {
+                q.route = QueueRoute::Resolving;
+            }
         }
     }
 

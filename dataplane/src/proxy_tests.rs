@@ -196,6 +196,229 @@ fn put_before_assignment_waits_for_the_attach() {
     );
 }
 
+/// Partition `P` on node 2 and `Q` on node 3, both at lease 1.
+const Q: PartitionId = PartitionId(3);
+
+fn two_routes(p: PartitionId) -> Option<PrimaryRoute> {
+    Some(PrimaryRoute {
+        primary: NodeId(if p == P { 2 } else { 3 }),
+        lease: LeaseId(1),
+        active: true,
+    })
+}
+
+fn to(partition: PartitionId, primary: u32, kind: Kind) -> ProxyOutput {
+    ProxyOutput::ToPrimary {
+        partition,
+        primary: NodeId(primary),
+        message: ClientMessage { kind: Some(kind) },
+    }
+}
+
+fn open_response(partition: PartitionId, code: StatusCode) -> ClientMessage {
+    ClientMessage {
+        kind: Some(Kind::OpenQueueResponse(OpenQueueResponse {
+            request_id: 5,
+            uri: URI.into(),
+            status: Some(Status {
+                code: code as i32,
+                message: String::new(),
+            }),
+            partition_id: partition.0,
+        })),
+    }
+}
+
+fn withdrawal() -> Kind {
+    Kind::CloseQueue(CloseQueue {
+        request_id: 0,
+        uri: URI.into(),
+    })
+}
+
+/// A proxy with `URI` being opened and its assignment to `P` proposed: the open went to
+/// node 2 ahead of the commit.
+fn proposed(now: Instant) -> Proxy {
+    let mut p = proxy();
+    p.handle_open(open());
+    drain(&mut p);
+    p.handle_put(now, put(1));
+    p.handle_proposed(5, URI, P, &two_routes);
+    assert_eq!(
+        drain(&mut p),
+        vec![to(P, 2, Kind::OpenQueue(open()))],
+        "only the open goes ahead of the commit, never a PUT"
+    );
+    p
+}
+
+#[test]
+fn an_open_sent_ahead_answers_the_client_once_the_assignment_commits() {
+    // The answer of an open sent to the proposed partition's primary is held until the commit
+    // confirms that partition; then the client gets it and the buffered PUT goes out.
+    let now = Instant::now();
+    let mut p = proposed(now);
+    p.handle_from_primary(now, open_response(P, StatusCode::Ok));
+    assert_eq!(
+        drain(&mut p),
+        vec![],
+        "not committed yet: nothing for the client"
+    );
+    p.handle_resolved(5, URI.into(), Ok(P), &two_routes, now);
+    assert_eq!(
+        drain(&mut p),
+        vec![
+            ProxyOutput::ToClient(open_response(P, StatusCode::Ok)),
+            to(P, 2, Kind::Put(put(1))),
+        ]
+    );
+    // Attached as after any open: the next PUT goes straight there.
+    p.handle_put(now, put(2));
+    assert_eq!(drain(&mut p), vec![to(P, 2, Kind::Put(put(2)))]);
+    assert_eq!(p.attached_primaries(), vec![NodeId(2)]);
+}
+
+#[test]
+fn a_commit_before_the_answer_waits_for_it() {
+    // The commit comes first: the buffered PUT follows the open (same link, in order), and the
+    // client is answered when the primary's answer comes.
+    let now = Instant::now();
+    let mut p = proposed(now);
+    p.handle_resolved(5, URI.into(), Ok(P), &two_routes, now);
+    assert_eq!(drain(&mut p), vec![to(P, 2, Kind::Put(put(1)))]);
+    p.handle_from_primary(now, open_response(P, StatusCode::Ok));
+    assert_eq!(
+        drain(&mut p),
+        vec![ProxyOutput::ToClient(open_response(P, StatusCode::Ok))]
+    );
+}
+
+#[test]
+fn a_commit_elsewhere_withdraws_the_open_sent_ahead() {
+    // The commit names another partition (a new leader chose again): the open sent ahead is
+    // closed, the queue opened where the commit says, and the late answer of the withdrawn
+    // open is not taken for the new one's.
+    let now = Instant::now();
+    let mut p = proposed(now);
+    p.handle_resolved(5, URI.into(), Ok(Q), &two_routes, now);
+    assert_eq!(
+        drain(&mut p),
+        vec![
+            to(P, 2, withdrawal()),
+            to(Q, 3, Kind::OpenQueue(open())),
+            to(Q, 3, Kind::Put(put(1))),
+        ]
+    );
+    p.handle_from_primary(now, open_response(P, StatusCode::Ok));
+    assert_eq!(drain(&mut p), vec![], "the withdrawn open's answer");
+    p.handle_from_primary(now, open_response(Q, StatusCode::Ok));
+    assert_eq!(
+        drain(&mut p),
+        vec![ProxyOutput::ToClient(open_response(Q, StatusCode::Ok))]
+    );
+}
+
+#[test]
+fn a_primary_that_moved_before_the_commit_gets_the_open_again_elsewhere() {
+    // Same partition, but its primary changed before the commit: withdrawn there, opened on
+    // the new primary.
+    let now = Instant::now();
+    let mut p = proposed(now);
+    p.handle_from_primary(now, open_response(P, StatusCode::Ok));
+    p.handle_resolved(5, URI.into(), Ok(P), &route(4, 2), now);
+    assert_eq!(
+        drain(&mut p),
+        vec![
+            to(P, 2, withdrawal()),
+            to(P, 4, Kind::OpenQueue(open())),
+            to(P, 4, Kind::Put(put(1))),
+        ]
+    );
+}
+
+#[test]
+fn a_failed_assignment_or_a_close_withdraws_the_open_sent_ahead() {
+    // No commit in time: the client gets the error and the open sent ahead is closed. A close
+    // from the client before the commit goes there too.
+    let now = Instant::now();
+    let mut p = proposed(now);
+    let status = Status {
+        code: StatusCode::NotReady as i32,
+        message: "no leader".into(),
+    };
+    p.handle_resolved(5, URI.into(), Err(status.clone()), &two_routes, now);
+    assert_eq!(
+        drain(&mut p),
+        vec![
+            to(P, 2, withdrawal()),
+            ProxyOutput::ToClient(ClientMessage {
+                kind: Some(Kind::OpenQueueResponse(OpenQueueResponse {
+                    request_id: 5,
+                    uri: URI.into(),
+                    status: Some(status),
+                    partition_id: 0,
+                })),
+            }),
+        ]
+    );
+    let mut p = proposed(now);
+    assert_eq!(
+        p.attached_primaries(),
+        vec![NodeId(2)],
+        "told at the session's end"
+    );
+    let close = CloseQueue {
+        request_id: 6,
+        uri: URI.into(),
+    };
+    p.handle_close(close.clone());
+    let outputs = drain(&mut p);
+    assert_eq!(outputs[0], to(P, 2, Kind::CloseQueue(close)));
+}
+
+#[test]
+fn a_link_back_forgets_the_open_sent_ahead() {
+    // The link to the primary the open went to dropped and came back (it released the
+    // session's opens): the commit opens the queue again.
+    let now = Instant::now();
+    let mut p = proposed(now);
+    p.handle_peer_back(Some(NodeId(2)), &two_routes, now);
+    assert_eq!(drain(&mut p), vec![]);
+    p.handle_resolved(5, URI.into(), Ok(P), &two_routes, now);
+    assert_eq!(
+        drain(&mut p),
+        vec![
+            to(P, 2, Kind::OpenQueue(open())),
+            to(P, 2, Kind::Put(put(1))),
+        ]
+    );
+}
+
+#[test]
+fn a_proposal_is_ignored_unless_the_queue_is_resolving() {
+    // A proposal for another request, for a queue already assigned, or for a partition
+    // without an active primary sends nothing.
+    let now = Instant::now();
+    let mut p = attached(now);
+    p.handle_proposed(5, URI, P, &two_routes);
+    assert_eq!(drain(&mut p), vec![]);
+    let mut p = proxy();
+    p.handle_open(open());
+    drain(&mut p);
+    p.handle_proposed(6, URI, P, &two_routes);
+    let passive = |_| {
+        Some(PrimaryRoute {
+            primary: NodeId(2),
+            lease: LeaseId(1),
+            active: false,
+        })
+    };
+    p.handle_proposed(5, URI, P, &passive);
+    assert_eq!(drain(&mut p), vec![]);
+    p.handle_resolved(5, URI.into(), Ok(P), &two_routes, now);
+    assert_eq!(drain(&mut p), vec![to(P, 2, Kind::OpenQueue(open()))]);
+}
+
 fn pending(n: u32) -> PendingPut {
     PendingPut {
         put: Put {

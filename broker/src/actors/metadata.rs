@@ -24,10 +24,13 @@
 //!   so its completion releases nothing (`ledger_generation`).
 //! - **Receives**: [`MetadataInbound`] (peer messages, from the control-channel peer links),
 //!   [`LeaderChanged`] (from the elector), [`Propose`] and [`RequestQueueAssignment`] (from the
-//!   health actor, partitions, client sessions), [`SubscribeState`], [`GetMetadataStatus`]
-//!   (admin `/status`), [`SetMetadataQuorum`] (admin).
+//!   health actor, partitions, client sessions), [`SubscribeState`], [`SubscribeProposals`],
+//!   [`GetMetadataStatus`] (admin `/status`), [`SetMetadataQuorum`] (admin).
 //! - **Sends**: [`MetadataOutbound`] to the transport (`to: None` = every peer);
-//!   [`ClusterStateCommitted`] to subscribers after each commit, role change or ledger reset.
+//!   [`ClusterStateCommitted`] to subscribers after each commit, role change or ledger reset;
+//!   each queue assignment written to the ledger before its commit to the
+//!   [`ProposalWatcher`]s (the router: an open goes to the proposed partition's primary while
+//!   the commit is under way).
 //! - **Timers**: a single timer, re-armed after every input from the core's `poll_timeout`.
 //! - **Failure**: a ledger write or fsync error is logged and stops the system with exit code 1
 //!   (never retry an fsync). The node starts it and stops the system if it stops.
@@ -52,7 +55,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
-use bmq_proto::{peer, NodeId, Term};
+use bmq_proto::{peer, NodeId, PartitionId, Term};
 use tracing::{debug, error};
 
 use bmq_metadata::{
@@ -111,6 +114,23 @@ pub struct RequestQueueAssignment {
 pub struct SubscribeState {
     /// Where to send [`ClusterStateCommitted`].
     pub subscriber: Recipient<ClusterStateCommitted>,
+}
+
+/// Told of each queue assignment this node's ledger takes in before it commits (on the leader
+/// as it proposes, on a follower as it receives the proposal), so an open can go to the
+/// proposed partition's primary while the commit is under way (`Router::watch_proposal`).
+pub trait ProposalWatcher: Send + Sync {
+    /// An uncommitted assignment of `uri` to `partition` was written to the ledger. Called on
+    /// the actor's thread: must not block.
+    fn assignment_proposed(&self, uri: &str, partition: PartitionId);
+}
+
+/// Subscribe to queue assignments as they are proposed (see [`ProposalWatcher`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SubscribeProposals {
+    /// Who is told.
+    pub watcher: Arc<dyn ProposalWatcher>,
 }
 
 /// Ask for the current status and committed state.
@@ -210,6 +230,8 @@ pub struct MetadataActor {
     ledger: Ledger,
     transport: Recipient<MetadataOutbound>,
     subscribers: Vec<Recipient<ClusterStateCommitted>>,
+    /// Told of queue assignments as they are proposed ([`SubscribeProposals`]).
+    proposal_watchers: Vec<Arc<dyn ProposalWatcher>>,
     timer: Option<(Instant, SpawnHandle)>,
     proposed_at: HashMap<Lsn, Instant>,
     rollovers_reported: u64,
@@ -243,6 +265,7 @@ impl MetadataActor {
             ledger,
             transport,
             subscribers: Vec::new(),
+            proposal_watchers: Vec::new(),
             timer: None,
             proposed_at: HashMap::new(),
             rollovers_reported: 0,
@@ -313,6 +336,15 @@ impl MetadataActor {
                         return false;
                     }
                     self.written = Some(lsn);
+                    if let LedgerRecord::Update { advisory, .. } = &record {
+                        if let Some(peer::advisory::Kind::QueueAssignment(a)) = &advisory.kind {
+                            for q in &a.queues {
+                                for w in &self.proposal_watchers {
+                                    w.assignment_proposed(&q.uri, PartitionId(q.partition_id));
+                                }
+                            }
+                        }
+                    }
                     if let LedgerRecord::Update { .. } = record {
                         self.advisory_unsynced = true;
                         // Commit latency covers every advisory this node stamps as leader
@@ -585,6 +617,14 @@ impl Handler<SubscribeState> for MetadataActor {
     fn handle(&mut self, msg: SubscribeState, _ctx: &mut Self::Context) {
         msg.subscriber.do_send(self.publication());
         self.subscribers.push(msg.subscriber);
+    }
+}
+
+impl Handler<SubscribeProposals> for MetadataActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SubscribeProposals, _ctx: &mut Self::Context) {
+        self.proposal_watchers.push(msg.watcher);
     }
 }
 
