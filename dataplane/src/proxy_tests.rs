@@ -229,6 +229,18 @@ fn open_response(partition: PartitionId, code: StatusCode) -> ClientMessage {
     }
 }
 
+/// `partition`'s primary answers the open OK, and the answer goes to the client.
+fn answer_reaches_the_client(p: &mut Proxy, partition: PartitionId) {
+    p.handle_from_primary(Instant::now(), open_response(partition, StatusCode::Ok));
+    assert_eq!(
+        drain(p),
+        vec![ProxyOutput::ToClient(open_response(
+            partition,
+            StatusCode::Ok
+        ))]
+    );
+}
+
 fn withdrawal() -> Kind {
     Kind::CloseQueue(CloseQueue {
         request_id: 0,
@@ -286,11 +298,7 @@ fn a_commit_before_the_answer_waits_for_it() {
     let mut p = proposed(now);
     p.handle_resolved(5, URI.into(), Ok(P), &two_routes, now);
     assert_eq!(drain(&mut p), vec![to(P, 2, Kind::Put(put(1)))]);
-    p.handle_from_primary(now, open_response(P, StatusCode::Ok));
-    assert_eq!(
-        drain(&mut p),
-        vec![ProxyOutput::ToClient(open_response(P, StatusCode::Ok))]
-    );
+    answer_reaches_the_client(&mut p, P);
 }
 
 #[test]
@@ -311,11 +319,7 @@ fn a_commit_elsewhere_withdraws_the_open_sent_ahead() {
     );
     p.handle_from_primary(now, open_response(P, StatusCode::Ok));
     assert_eq!(drain(&mut p), vec![], "the withdrawn open's answer");
-    p.handle_from_primary(now, open_response(Q, StatusCode::Ok));
-    assert_eq!(
-        drain(&mut p),
-        vec![ProxyOutput::ToClient(open_response(Q, StatusCode::Ok))]
-    );
+    answer_reaches_the_client(&mut p, Q);
 }
 
 #[test]
