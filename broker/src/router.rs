@@ -303,22 +303,8 @@ impl Router {
 
     /// Drops the abandoned waiters of `uri` (its opens gave up).
     pub fn forget_assignment_waiters(&self, uri: &str) {
-        {
-            let mut waiters = self.proposal_waiters.lock().expect("waiters lock");
-            if let Some(entry) = waiters.get_mut(uri) {
-                entry.retain(|w| !w.is_closed());
-                if entry.is_empty() {
-                    waiters.remove(uri);
-                }
-            }
-        }
-        let mut waiters = self.assignment_waiters.lock().expect("waiters lock");
-        if let Some(entry) = waiters.get_mut(uri) {
-            entry.retain(|w| !w.is_closed());
-            if entry.is_empty() {
-                waiters.remove(uri);
-            }
-        }
+        drop_closed_waiters(&self.proposal_waiters, uri);
+        drop_closed_waiters(&self.assignment_waiters, uri);
     }
 
     /// The committed state went from `before` to `after`: wakes the opens waiting for a queue
@@ -839,6 +825,17 @@ impl Router {
             .iter()
             .map(|(id, a)| (*id, a.clone()))
             .collect()
+    }
+}
+
+/// Removes the waiters of `uri` whose receiver was dropped, and its entry once none is left.
+fn drop_closed_waiters<T>(waiters: &Mutex<HashMap<String, Vec<oneshot::Sender<T>>>>, uri: &str) {
+    let mut waiters = waiters.lock().expect("waiters lock");
+    if let Some(entry) = waiters.get_mut(uri) {
+        entry.retain(|w| !w.is_closed());
+        if entry.is_empty() {
+            waiters.remove(uri);
+        }
     }
 }
 
