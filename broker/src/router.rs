@@ -40,7 +40,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::debug;
 
 use crate::actors::health::PrimaryActive;
-use crate::actors::metadata::RequestQueueAssignment;
+use crate::actors::metadata::{ProposalWatcher, RequestQueueAssignment};
 use crate::actors::partition::{
     wall_clock_ms, GetPartitionStats, PartitionActor, PartitionNodeGone, PartitionOutbox,
     PartitionPeerMessages, PartitionRequests, PartitionRoleChanged, PartitionSessionGone,
@@ -275,8 +275,8 @@ impl Router {
     }
 
     /// A receiver that fires with the partition the leader proposes for `uri`, once an
-    /// uncommitted assignment of it is written to this node's ledger
-    /// ([`Router::assignment_proposed`]): an open can be sent to that partition's primary ahead
+    /// uncommitted assignment of it is written to this node's ledger (the router's
+    /// [`ProposalWatcher::assignment_proposed`]): an open can be sent to that partition's primary ahead
     /// of the commit (`Proxy::handle_proposed`). A proposal made before the registration is not
     /// reported; the commit still is ([`Router::watch_assignment`]).
     pub fn watch_proposal(&self, uri: &str) -> oneshot::Receiver<PartitionId> {
@@ -286,19 +286,6 @@ impl Router {
         entry.retain(|w| !w.is_closed());
         entry.push(tx);
         rx
-    }
-
-    /// The metadata actor wrote an uncommitted assignment of `uri` to `partition` to this
-    /// node's ledger: wakes the opens waiting for its proposal. O(1); nothing while no open
-    /// waits.
-    pub fn assignment_proposed(&self, uri: &str, partition: PartitionId) {
-        let mut waiters = self.proposal_waiters.lock().expect("waiters lock");
-        if waiters.is_empty() {
-            return;
-        }
-        for waiter in waiters.remove(uri).into_iter().flatten() {
-            let _ = waiter.send(partition);
-        }
     }
 
     /// Drops the abandoned waiters of `uri` (its opens gave up).
@@ -839,9 +826,17 @@ fn drop_closed_waiters<T>(waiters: &Mutex<HashMap<String, Vec<oneshot::Sender<T>
     }
 }
 
-impl crate::actors::metadata::ProposalWatcher for Router {
+impl ProposalWatcher for Router {
+    /// Wakes the opens waiting for the proposal of `uri` ([`Router::watch_proposal`]). O(1);
+    /// nothing while no open waits.
     fn assignment_proposed(&self, uri: &str, partition: PartitionId) {
-        Router::assignment_proposed(self, uri, partition);
+        let mut waiters = self.proposal_waiters.lock().expect("waiters lock");
+        if waiters.is_empty() {
+            return;
+        }
+        for waiter in waiters.remove(uri).into_iter().flatten() {
+            let _ = waiter.send(partition);
+        }
     }
 }
 

@@ -271,7 +271,8 @@ impl LedgerSync {
     }
 
     /// Whether this is the writing of a new file (a rollover or reset) rather than an fsync.
-    pub fn is_rewrite(&self) -> bool {
+    #[cfg(test)]
+    fn is_rewrite(&self) -> bool {
         matches!(self.work, SyncWork::Rewrite { .. })
     }
 }

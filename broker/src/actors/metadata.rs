@@ -344,8 +344,6 @@ impl MetadataActor {
                                 }
                             }
                         }
-                    }
-                    if let LedgerRecord::Update { .. } = record {
                         self.advisory_unsynced = true;
                         // Commit latency covers every advisory this node stamps as leader
                         // (proposals from the health actor, queue assignments, the leader's
