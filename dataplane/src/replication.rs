@@ -184,6 +184,43 @@ struct Waiter {
     guid: Bytes,
 }
 
+/// Producers waiting for ACKs, in sequence order: a queue, since new PUTs append at ever
+/// higher sequences and ACKs leave from the front (a `BTreeMap` of `Vec`s allocated twice per
+/// PUT, issue 18). A resent PUT waiting for an earlier record is inserted in its place.
+#[derive(Debug, Default)]
+struct AckWaiters(VecDeque<(u64, Waiter)>);
+
+impl AckWaiters {
+    /// Adds `waiter` for record `sequence`, after those already waiting for it, unless the
+    /// same producer waits for the same GUID there already (a proxy resending a PUT again
+    /// and again waits once).
+    fn add(&mut self, sequence: u64, waiter: Waiter) {
+        if self.0.back().is_none_or(|(s, _)| *s < sequence) {
+            self.0.push_back((sequence, waiter));
+            return;
+        }
+        let start = self.0.partition_point(|(s, _)| *s < sequence);
+        let end = self.0.partition_point(|(s, _)| *s <= sequence);
+        let waiting = self
+            .0
+            .range(start..end)
+            .any(|(_, w)| w.producer == waiter.producer && w.guid == waiter.guid);
+        if !waiting {
+            self.0.insert(end, (sequence, waiter));
+        }
+    }
+
+    /// Takes the waiters of records up to `through`, in order.
+    fn take_through(&mut self, through: u64) -> impl Iterator<Item = Waiter> + '_ {
+        let n = self.0.partition_point(|(s, _)| *s <= through);
+        self.0.drain(..n).map(|(_, w)| w)
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 #[derive(Debug, Clone)]
 struct ReplicaProgress {
     /// Next position to stream; `None` until the member's shape is known and it was synced.
@@ -244,9 +281,9 @@ pub struct ReplicationCore {
     /// Highest position held by a quorum at this lease.
     committed: u64,
     /// Producers waiting for the ACK of a strong PUT, by sequence (released at `committed`).
-    strong_waiters: BTreeMap<u64, Vec<Waiter>>,
+    strong_waiters: AckWaiters,
     /// Producers waiting for the ACK of an eventual PUT, by sequence (released at `persisted`).
-    eventual_waiters: BTreeMap<u64, Vec<Waiter>>,
+    eventual_waiters: AckWaiters,
     guids: GuidWindow,
     /// An install being received.
     installing: Option<Installing>,
@@ -286,8 +323,8 @@ impl ReplicationCore {
             shapes: BTreeMap::new(),
             replicas: BTreeMap::new(),
             committed: 0,
-            strong_waiters: BTreeMap::new(),
-            eventual_waiters: BTreeMap::new(),
+            strong_waiters: AckWaiters::default(),
+            eventual_waiters: AckWaiters::default(),
             guids: GuidWindow::default(),
             installing: None,
             next_tick: None,
@@ -1227,27 +1264,19 @@ impl ReplicationCore {
     /// kind has its own map, so a release takes one `split_off` per kind and never rescans
     /// PUTs that are still in flight (a rescan per receipt showed in a profile).
     fn release_acks(&mut self) {
-        let strong_rest = self
-            .strong_waiters
-            .split_off(&self.committed.saturating_add(1));
-        let strong_done = std::mem::replace(&mut self.strong_waiters, strong_rest);
-        let eventual_rest = self
-            .eventual_waiters
-            .split_off(&self.persisted.saturating_add(1));
-        let eventual_done = std::mem::replace(&mut self.eventual_waiters, eventual_rest);
-        for (_, list) in strong_done.into_iter().chain(eventual_done) {
-            for w in list {
-                self.outputs.push_back(Output::Ack {
-                    producer: w.producer,
-                    uri: w.uri,
-                    guid: w.guid,
-                });
-            }
+        let strong = self.strong_waiters.take_through(self.committed);
+        let eventual = self.eventual_waiters.take_through(self.persisted);
+        for w in strong.chain(eventual) {
+            self.outputs.push_back(Output::Ack {
+                producer: w.producer,
+                uri: w.uri,
+                guid: w.guid,
+            });
         }
     }
 
     /// The waiters of PUTs with `strong` consistency, or of the eventual ones.
-    fn waiters_mut(&mut self, strong: bool) -> &mut BTreeMap<u64, Vec<Waiter>> {
+    fn waiters_mut(&mut self, strong: bool) -> &mut AckWaiters {
         if strong {
             &mut self.strong_waiters
         } else {
@@ -1545,14 +1574,7 @@ impl ReplicationCore {
             uri,
             guid,
         };
-        let list = self.waiters_mut(strong).entry(sequence).or_default();
-        // A proxy resending the same PUT again and again waits once.
-        if !list
-            .iter()
-            .any(|w| w.producer == waiter.producer && w.guid == waiter.guid)
-        {
-            list.push(waiter);
-        }
+        self.waiters_mut(strong).add(sequence, waiter);
         self.release_acks();
     }
 
@@ -1597,10 +1619,7 @@ impl ReplicationCore {
                 }
             };
         };
-        self.waiters_mut(strong)
-            .entry(sequence)
-            .or_default()
-            .push(waiter);
+        self.waiters_mut(strong).add(sequence, waiter);
         PutResult::Appended { sequence }
     }
 

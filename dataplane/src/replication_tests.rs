@@ -1112,3 +1112,37 @@ fn a_primary_heals_at_a_lease_its_journal_does_not_hold_and_again_after_stepping
     core.handle_role(now, Some(NodeId(1)), LeaseId(2));
     assert!(core.phase().is_some(), "same run: heals again at lease 2");
 }
+
+/// ACK waiters leave in sequence order, each at its record's release; a resend waiting for an
+/// earlier record is released with it, and the same producer resending the same GUID waits
+/// once (the queue that replaced a map of lists, issue 18).
+#[test]
+fn ack_waiters_leave_in_sequence_order_and_a_resend_waits_once() {
+    let waiter = |session_id: u64, n: u8| Waiter {
+        producer: SessionAddr {
+            origin_node: NodeId(1),
+            session_id,
+        },
+        uri: "bmq://d/q".into(),
+        guid: Bytes::from(vec![n; 16]),
+    };
+    let mut w = AckWaiters::default();
+    w.add(3, waiter(1, 3));
+    w.add(5, waiter(1, 5));
+    w.add(7, waiter(1, 7));
+    // Resends of the message stored at 5: another producer's waits, the same one's does not.
+    w.add(5, waiter(2, 5));
+    w.add(5, waiter(1, 5));
+    w.add(1, waiter(3, 1));
+    let ids = |w: &mut AckWaiters, through| -> Vec<(u64, u8)> {
+        w.take_through(through)
+            .map(|x| (x.producer.session_id, x.guid[0]))
+            .collect()
+    };
+    assert_eq!(ids(&mut w, 0), []);
+    assert_eq!(ids(&mut w, 4), [(3, 1), (1, 3)]);
+    assert_eq!(ids(&mut w, 6), [(1, 5), (2, 5)]);
+    w.add(9, waiter(1, 9));
+    assert_eq!(ids(&mut w, 100), [(1, 7), (1, 9)]);
+    assert_eq!(ids(&mut w, 100), []);
+}

@@ -638,6 +638,15 @@ pub struct Store {
     index: GuidIndex<Entry>,
     /// Effects of records above the base, in sequence order.
     effects: VecDeque<(u64, Effect)>,
+    /// Reused buffers of an append (so that appending a record allocates nothing): the
+    /// effects of the records being indexed, and the `(offset, length)` of the frames staged
+    /// in the cache's block. Empty between calls.
+    effects_scratch: Vec<(u64, Effect)>,
+    staged_scratch: Vec<(u32, u32)>,
+    /// Tests: writes of the active segment fail (an I/O error) once this many more have
+    /// succeeded, to check rollbacks.
+    #[cfg(test)]
+    fail_writes_after: Option<usize>,
     queues: Vec<QueueInfo>,
     /// `queues` positions by URI (foldhash: one look-up per record appended or loaded).
     queue_ids: HashMap<String, u32, foldhash::quality::RandomState>,
@@ -821,6 +830,10 @@ impl Store {
             compaction_out: None,
             index: GuidIndex::new(),
             effects: VecDeque::new(),
+            effects_scratch: Vec::new(),
+            staged_scratch: Vec::new(),
+            #[cfg(test)]
+            fail_writes_after: None,
             queues: Vec::new(),
             queue_ids: HashMap::default(),
             pending: WriteBehind::default(),
@@ -1167,9 +1180,8 @@ impl Store {
                     if entry.pending == 0 {
                         let entry = self.index.remove(guid).expect("present");
                         self.retired.push(guid);
-                        let mut records = entry.extra.map(|e| e.records).unwrap_or_default();
-                        records.push(sequence);
-                        self.retire(entry.sequence, records);
+                        let records = entry.extra.map(|e| e.records).unwrap_or_default();
+                        self.retire(entry.sequence, records.into_iter().chain([sequence]));
                     } else {
                         entry
                             .extra
@@ -1220,7 +1232,7 @@ impl Store {
     /// A message is done: its record at `message` is dead; its confirm, failure and removal
     /// records (`records`) stay pinned to the message record's segment until that record is
     /// removed from disk (see [`Segment::pins`]).
-    fn retire(&mut self, message: u64, records: Vec<u64>) {
+    fn retire(&mut self, message: u64, records: impl IntoIterator<Item = u64>) {
         self.kill(message);
         let home = self.locate(message).map(|(si, _)| si);
         for r in records {
@@ -1329,6 +1341,20 @@ impl Store {
     /// beyond it they are written at once, and a failed write cuts the segment back, so it
     /// leaves nothing behind.
     fn write_active(&mut self, buf: Bytes) -> Result<(), StoreError> {
+        #[cfg(test)]
+        match self.fail_writes_after.as_mut() {
+            Some(0) => {
+                let path = self
+                    .segments
+                    .last()
+                    .expect("a segment is open")
+                    .path
+                    .clone();
+                return Err(io(&path)(std::io::Error::other("injected write failure")));
+            }
+            Some(n) => *n -= 1,
+            None => {}
+        }
         let add = buf.len() as u64;
         let s = self.segments.last().expect("a segment is open");
         if s.len + add <= s.reserved {
@@ -1495,7 +1521,7 @@ impl Store {
             }
             expected = r.sequence + 1;
         }
-        let before = self.snapshot();
+        let before = self.snapshot(runs.is_some());
         let result = self.append_inner(records, frames, gaps, gap_bound);
         if let Err(e) = result {
             self.rollback(before);
@@ -1544,7 +1570,7 @@ impl Store {
         // The frames are staged in the cache's block (see `Cached`), so a record is copied
         // once into memory the cache keeps and once into the write-behind buffer.
         self.cache_block.clear();
-        let mut staged: Vec<(u32, u32)> = Vec::new();
+        let mut staged = std::mem::take(&mut self.staged_scratch);
         let mut first_staged = 0;
         for (i, record) in records.iter().enumerate() {
             if self.active().len + self.cache_block.len() as u64 >= self.cfg.segment_size_max {
@@ -1565,7 +1591,9 @@ impl Store {
             let len = frame(record, &mut self.cache_block);
             staged.push((offset as u32, len));
         }
-        self.flush(&mut staged, &records[first_staged..])
+        self.flush(&mut staged, &records[first_staged..])?;
+        self.staged_scratch = staged;
+        Ok(())
     }
 
     /// Appends records that come with their frames (a replica's, from its primary): each frame
@@ -1587,7 +1615,7 @@ impl Store {
         }
         self.cache.clear();
         self.cache_bytes = 0;
-        let mut effects = Vec::new();
+        let mut effects = std::mem::take(&mut self.effects_scratch);
         for (record, frame) in records.iter().zip(frames) {
             if self.active().len >= self.cfg.segment_size_max {
                 self.roll_over()?;
@@ -1598,7 +1626,8 @@ impl Store {
             self.index_record(segment, offset, frame.len() as u32, record, &mut effects);
         }
         // On an error above, the caller's rollback forgets what was indexed.
-        self.effects.extend(effects);
+        self.effects.extend(effects.drain(..));
+        self.effects_scratch = effects;
         Ok(())
     }
 
@@ -1616,7 +1645,7 @@ impl Store {
         let written = self.cache_block.split().freeze();
         self.write_active(written.clone())?;
         let segment = self.segments.len() - 1;
-        let mut effects = Vec::new();
+        let mut effects = std::mem::take(&mut self.effects_scratch);
         for ((offset, len), record) in staged.drain(..).zip(records) {
             self.index_record(segment, offset, len, record, &mut effects);
             let at = (u64::from(offset) - start) as usize;
@@ -1626,7 +1655,8 @@ impl Store {
                 frame: written.slice(at..at + len as usize),
             });
         }
-        self.effects.extend(effects);
+        self.effects.extend(effects.drain(..));
+        self.effects_scratch = effects;
         while self.cache_bytes > self.cfg.cache_bytes_max && !self.cache.is_empty() {
             let old = self.cache.pop_front().expect("non-empty");
             self.cache_bytes -= Self::cache_cost(&old);
@@ -1648,12 +1678,16 @@ impl Store {
         })
     }
 
-    fn snapshot(&self) -> Snapshot {
+    /// What [`Store::rollback`] restores. The lease runs are copied only when the append
+    /// replaces them (`replaces_runs`, an install's chunk): otherwise it can only add runs
+    /// after `last_sequence`, which the rollback removes (a copy per append was one of the
+    /// allocations of every record, issue 18).
+    fn snapshot(&self, replaces_runs: bool) -> Snapshot {
         Snapshot {
             segments: self.segments.len(),
             len: self.segments.last().map_or(0, |s| s.len),
             last_sequence: self.last_sequence,
-            runs: self.runs.clone(),
+            runs: replaces_runs.then(|| self.runs.clone()),
             base: self.base,
             floor: self.floor,
         }
@@ -1682,7 +1716,18 @@ impl Store {
         self.bytes_total = self.bytes_total.saturating_sub(over);
         self.forget_after(before.last_sequence);
         self.last_sequence = before.last_sequence;
-        self.runs = before.runs;
+        match before.runs {
+            Some(runs) => self.runs = runs,
+            None => {
+                while self
+                    .runs
+                    .last()
+                    .is_some_and(|(_, first)| *first > before.last_sequence)
+                {
+                    self.runs.pop();
+                }
+            }
+        }
         self.base = before.base;
         self.floor = before.floor;
     }
@@ -1766,8 +1811,8 @@ impl Store {
     /// had them removed, and that is settled) since the last call, oldest first: a primary
     /// remembers them for duplicate detection once the index no longer knows them. Every
     /// rise of the base may add some (and sets [`Store::maintenance_due`]).
-    pub fn take_retired(&mut self) -> Vec<u128> {
-        std::mem::take(&mut self.retired)
+    pub fn take_retired(&mut self) -> std::vec::Drain<'_, u128> {
+        self.retired.drain(..)
     }
 
     /// Keeps the files of removed or replaced segments for [`Store::take_closed_files`]
@@ -2439,7 +2484,8 @@ struct Snapshot {
     segments: usize,
     len: u64,
     last_sequence: u64,
-    runs: Vec<(u64, u64)>,
+    /// The lease runs, when the append replaces them (otherwise it only adds runs).
+    runs: Option<Vec<(u64, u64)>>,
     base: u64,
     floor: u64,
 }

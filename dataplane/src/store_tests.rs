@@ -1428,3 +1428,51 @@ fn write_behind_chunks_read_cut_and_write_in_order() {
     w.truncate(0);
     assert!(w.is_empty());
 }
+
+/// A failed append leaves the journal as it was: records of a new lease whose second frame
+/// cannot be written take back the lease run their first one started (the rollback removes
+/// the runs the append added instead of restoring a copy taken before every append), and the
+/// store appends and reopens as if the failure never happened.
+#[test]
+fn a_failed_append_takes_back_the_lease_run_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 1 << 20);
+    for seq in 1..=3 {
+        s.append_one(&message(seq, 1, "bmq://d/q", seq)).unwrap();
+    }
+    let runs_before = s.runs();
+    let records = [
+        message(4, 2, "bmq://d/q", 4),
+        confirm(5, 2, "bmq://d/q", 1, ""),
+    ];
+    let frames: Vec<Bytes> = split_frames(&encode_frames(&records))
+        .unwrap()
+        .into_iter()
+        .map(|(_, frame)| frame)
+        .collect();
+    s.fail_writes_after = Some(1);
+    assert!(s.append_framed(&records, &frames, 0, 0).is_err());
+    assert_eq!(s.runs(), runs_before);
+    assert_eq!((s.last_sequence(), s.last_lease()), (3, 1));
+    assert_eq!(outstanding_guids(&s).len(), 3);
+    s.fail_writes_after = Some(0);
+    assert!(s.append_one(&records[0]).is_err());
+    assert_eq!(s.runs(), runs_before);
+    s.fail_writes_after = None;
+    s.append_framed(&records, &frames, 0, 0).unwrap();
+    s.sync().unwrap();
+    let runs = |s: &Store| -> Vec<(u64, u64)> {
+        s.runs()
+            .iter()
+            .map(|r| (r.lease, r.first_sequence))
+            .collect()
+    };
+    assert_eq!(runs(&s), [(1, 1), (2, 4)]);
+    assert_eq!(outstanding_guids(&s).len(), 3);
+    s.check_accounting().unwrap();
+    drop(s);
+    let s = open(dir.path(), 1 << 20);
+    assert_eq!(runs(&s), [(1, 1), (2, 4)]);
+    assert_eq!(s.last_sequence(), 5);
+    assert_eq!(outstanding_guids(&s).len(), 3);
+}
