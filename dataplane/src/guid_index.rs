@@ -460,6 +460,42 @@ mod tests {
     }
 
     #[test]
+    fn a_shrink_at_least_halves_the_table() {
+        // A partition's index of outstanding messages under steady load: up to 1,500 entries
+        // at a burst, then a few dozen, again and again. Every resize a removal starts (a
+        // shrink) at least halves the table: a shrink to the floor's 1,024 used to make a
+        // table of 1,792, as large as the one it replaced, and then another as soon as that
+        // one was done, for as long as the index held fewer than 448.
+        let mut index: GuidIndex<u64> = GuidIndex::new();
+        let guid = |n: u64| u128::from(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) << 64 | u128::from(n);
+        let mut next = 0u64;
+        let mut held = std::collections::VecDeque::new();
+        let mut shrinks = 0;
+        for _ in 0..20 {
+            while held.len() < 1_500 {
+                index.insert_new(guid(next), next);
+                held.push_back(next);
+                next += 1;
+            }
+            while held.len() > 40 {
+                let (capacity, was) = (index.table.capacity(), index.table.resizing());
+                let n = held.pop_front().expect("held");
+                assert_eq!(index.remove(guid(n)), Some(n));
+                if !was && index.table.resizing() {
+                    shrinks += 1;
+                    assert!(
+                        index.table.capacity() <= capacity / 2,
+                        "a shrink from {capacity} to {}",
+                        index.table.capacity()
+                    );
+                }
+            }
+        }
+        assert!(shrinks <= 20, "{shrinks} shrinks in 20 waves");
+        assert_eq!(index.len(), 40);
+    }
+
+    #[test]
     fn chunked_is_a_vector_that_never_moves_what_it_holds() {
         // Random pushes, pops and swap-removes across chunk boundaries give what a Vec gives;
         // at most two chunks beyond the full ones are allocated; retain keeps the order.

@@ -24,7 +24,8 @@
 
 use hashbrown::HashTable;
 
-/// Below this capacity the table is not shrunk.
+/// A shrink never asks for less than this capacity; a table is shrunk only while its capacity
+/// is above twice this (see [`PositionTable::maybe_shrink`]).
 pub(crate) const SHRINK_FLOOR: usize = 1024;
 
 /// Positions the caller moves from the old table to the new one per operation while a resize
@@ -55,6 +56,12 @@ fn rehash_with(hash_of: &impl Fn(u32) -> u64) -> impl Fn(&u32) -> u64 + '_ {
 }
 
 impl PositionTable {
+    /// How many positions the current table holds before it must resize (tests).
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
     /// Positions held.
     pub(crate) fn len(&self) -> usize {
         self.table.len() + self.old.len()
@@ -189,15 +196,28 @@ impl PositionTable {
         }
     }
 
-    /// Starts shrinking to twice what is held once less than a quarter of the capacity is
-    /// used (not while a resize runs). Returns whether a resize started, as
-    /// [`PositionTable::insert`] returns.
+    /// Starts shrinking to twice what is held (at least [`SHRINK_FLOOR`]) once less than a
+    /// quarter of the capacity is used (not while a resize runs), when that halves the table
+    /// at least. Returns whether a resize started, as [`PositionTable::insert`] returns.
+    ///
+    /// hashbrown gives a table 7/8 of a power of two of buckets, so asking for the floor's
+    /// 1,024 gives 1,792: below twice the floor, a "shrink" would make a table as large as
+    /// the one it replaces and only move every position again. It did: the index of a few
+    /// hundred outstanding messages (a table of 1,792 whenever it held fewer than 448) was
+    /// resized every ~150 messages on every node at 40,000-60,000 msgs/s (issue 18). Above
+    /// twice the floor a quarter-full table always at least halves.
     pub(crate) fn maybe_shrink(&mut self) -> bool {
         let cap = self.table.capacity();
-        if self.resizing() || cap <= SHRINK_FLOOR || cap / 4 <= self.len() {
+        if self.resizing() || cap <= 2 * SHRINK_FLOOR || cap / 4 <= self.len() {
             return false;
         }
-        self.start_resize((2 * self.len()).max(SHRINK_FLOOR))
+        let started = self.start_resize((2 * self.len()).max(SHRINK_FLOOR));
+        debug_assert!(
+            self.table.capacity() <= cap / 2,
+            "a shrink from {cap} made a table of {}",
+            self.table.capacity()
+        );
+        started
     }
 
     /// Empties the table (both halves of a running resize).
