@@ -97,7 +97,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             timeout.as_millis()
         )
     })??;
-    print!("{body}");
+    out!("{body}");
     Ok(())
 }
 

@@ -447,7 +447,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
             let json = args.json;
             let report = run_messages(args).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                outln!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print_messages(&report);
             }
@@ -462,7 +462,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
             let json = args.json;
             let report = run_metadata(args).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                outln!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print_metadata(&report);
             }
@@ -915,7 +915,7 @@ fn latency_row(name: &str, p: &Percentiles) -> String {
 }
 
 fn print_messages(r: &MessagesReport) {
-    println!(
+    outln!(
         "bench: {} producer(s), {} consumer(s), {} queue(s), {} B messages, rate {}, window {}",
         r.producers,
         r.consumers,
@@ -928,39 +928,63 @@ fn print_messages(r: &MessagesReport) {
         },
         r.window
     );
-    println!(
+    outln!(
         "{:<14} {:>12} {:>12} {:>10} {:>10}",
-        "", "messages", "msgs/s", "MB/s", "seconds"
+        "",
+        "messages",
+        "msgs/s",
+        "MB/s",
+        "seconds"
     );
     for (name, t) in [("produced", &r.produced), ("consumed", &r.consumed)] {
-        println!(
+        outln!(
             "{name:<14} {:>12} {:>12.0} {:>10.2} {:>10.2}",
-            t.messages, t.msgs_per_sec, t.mb_per_sec, t.elapsed_secs
+            t.messages,
+            t.msgs_per_sec,
+            t.mb_per_sec,
+            t.elapsed_secs
         );
     }
-    println!(
+    outln!(
         "{:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "latency (ms)", "p50", "p90", "p99", "p99.9", "max", "samples"
+        "latency (ms)",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "max",
+        "samples"
     );
-    println!("{}", latency_row("ack", &r.ack_latency));
-    println!("{}", latency_row("end-to-end", &r.e2e_latency));
+    outln!("{}", latency_row("ack", &r.ack_latency));
+    outln!("{}", latency_row("end-to-end", &r.e2e_latency));
     let nacks: u64 = r.nacks.values().sum();
-    println!(
+    outln!(
         "sent {}, nacks {} {:?}, errors {}, redeliveries {}, missing {}",
-        r.sent, nacks, r.nacks, r.errors, r.redeliveries, r.missing
+        r.sent,
+        nacks,
+        r.nacks,
+        r.errors,
+        r.redeliveries,
+        r.missing
     );
 }
 
 fn print_metadata(r: &MetadataReport) {
-    println!(
+    outln!(
         "metadata bench: {} queue assignments committed in {:.2} s ({:.1}/s), {} in parallel, {} errors",
         r.opened, r.elapsed_secs, r.assignments_per_sec, r.parallel, r.errors
     );
-    println!(
+    outln!(
         "{:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "latency (ms)", "p50", "p90", "p99", "p99.9", "max", "samples"
+        "latency (ms)",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "max",
+        "samples"
     );
-    println!("{}", latency_row("open (commit)", &r.open_latency));
+    outln!("{}", latency_row("open (commit)", &r.open_latency));
     if let Some(l) = &r.leader {
         let le = |us: u64| {
             if us == u64::MAX {
@@ -969,7 +993,7 @@ fn print_metadata(r: &MetadataReport) {
                 format!("<= {}", ms(us))
             }
         };
-        println!(
+        outln!(
             "leader: {} queues assigned before the run; {} commits, commit latency (ms) p50 {}, p90 {}, p99 {}",
             l.queues_before,
             l.commits,

@@ -167,7 +167,7 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
         stop_prometheus(&mut child).await;
     }
     if result.is_ok() {
-        println!("cluster stopped");
+        outln!("cluster stopped");
     }
     result
 }
@@ -274,14 +274,14 @@ fn check_ports_free(configs: &[BrokerConfig]) -> anyhow::Result<()> {
 /// the cluster is useful without it.
 fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Option<Child> {
     let Some(binary) = prometheus::find_on_path("prometheus") else {
-        println!(
+        outln!(
             "note: no `prometheus` on PATH, so metrics are only at each node's /metrics \
              (Debian: apt-get install prometheus; see dashboards/README.md)"
         );
         return None;
     };
     if let Err(e) = std::net::TcpListener::bind(listen) {
-        println!(
+        outln!(
             "note: not starting Prometheus: {listen} is not available ({e}); \
              pick another address with --prometheus-listen"
         );
@@ -291,7 +291,7 @@ fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Optio
     let config = match prometheus::write_config(&prom_dir, targets) {
         Ok(config) => config,
         Err(e) => {
-            println!("note: not starting Prometheus: {e:#}");
+            outln!("note: not starting Prometheus: {e:#}");
             return None;
         }
     };
@@ -302,7 +302,7 @@ fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Optio
     let (out, err) = match log.and_then(|l| Ok((l.try_clone()?, l))) {
         Ok(pair) => pair,
         Err(e) => {
-            println!("note: not starting Prometheus: cannot open its log: {e}");
+            outln!("note: not starting Prometheus: cannot open its log: {e}");
             return None;
         }
     };
@@ -333,7 +333,7 @@ fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Optio
     }
     match command.spawn() {
         Ok(child) => {
-            println!(
+            outln!(
                 "prometheus: http://{listen} (alerts: http://{listen}/alerts), config {}, \
                  log {}",
                 config.display(),
@@ -342,7 +342,7 @@ fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Optio
             Some(child)
         }
         Err(e) => {
-            println!("note: cannot start {}: {e}", binary.display());
+            outln!("note: cannot start {}: {e}", binary.display());
             None
         }
     }
@@ -358,7 +358,7 @@ async fn stop_prometheus(child: &mut Child) {
         }
     }
     match tokio::time::timeout(STOP_GRACE_PERIOD, child.wait()).await {
-        Ok(_) => println!("prometheus stopped"),
+        Ok(_) => outln!("prometheus stopped"),
         Err(_) => {
             eprintln!(
                 "prometheus did not stop within {} s; killing it",
@@ -453,7 +453,7 @@ async fn supervise(nodes: &mut [Node], signals: &mut StopSignals) -> anyhow::Res
         .iter()
         .map(|n| n.config.self_member().admin_addr())
         .collect();
-    println!(
+    outln!(
         "started {} nodes in {}; waiting for a leader...",
         nodes.len(),
         nodes[0]
@@ -481,11 +481,11 @@ async fn supervise(nodes: &mut [Node], signals: &mut StopSignals) -> anyhow::Res
                 );
             }
             _ = signals.interrupt.recv() => {
-                println!("interrupted; stopping the cluster");
+                outln!("interrupted; stopping the cluster");
                 return Ok(());
             }
             _ = signals.terminate.recv() => {
-                println!("terminated; stopping the cluster");
+                outln!("terminated; stopping the cluster");
                 return Ok(());
             }
         }
@@ -522,11 +522,11 @@ async fn supervise(nodes: &mut [Node], signals: &mut StopSignals) -> anyhow::Res
                 }
             }
             _ = signals.interrupt.recv() => {
-                println!("interrupted; stopping the cluster");
+                outln!("interrupted; stopping the cluster");
                 return Ok(());
             }
             _ = signals.terminate.recv() => {
-                println!("terminated; stopping the cluster");
+                outln!("terminated; stopping the cluster");
                 return Ok(());
             }
         }
@@ -587,7 +587,7 @@ async fn stop_all(nodes: &mut [Node]) {
             match tokio::time::timeout(STOP_GRACE_PERIOD, node.child.wait()).await {
                 Ok(Ok(status)) => {
                     node.exit = Some(status);
-                    println!("node {} stopped ({})", node.id, describe_exit(status));
+                    outln!("node {} stopped ({})", node.id, describe_exit(status));
                 }
                 Ok(Err(e)) => eprintln!("node {}: cannot wait for exit: {e}", node.id),
                 Err(_) => {
@@ -607,7 +607,7 @@ async fn stop_all(nodes: &mut [Node]) {
 }
 
 fn print_summary(nodes: &[Node], leader: u32, term: u64) {
-    println!("\ncluster is up: leader is node {leader}, term {term}\n");
+    outln!("\ncluster is up: leader is node {leader}, term {term}\n");
     let rows: Vec<[String; 4]> = nodes
         .iter()
         .map(|n| {
@@ -633,14 +633,14 @@ fn print_summary(nodes: &[Node], leader: u32, term: u64) {
             .zip(&widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("  {}", line.join("  ").trim_end());
+        outln!("  {}", line.join("  ").trim_end());
     };
     print_row(&headers);
     for row in &rows {
         print_row(&row.iter().map(String::as_str).collect::<Vec<_>>());
     }
     if let Some(dir) = nodes.first().and_then(|n| n.config_path.parent()?.parent()) {
-        println!(
+        outln!(
             "\nconfigurations: {}",
             dir.join("node-<i>").join("broker.toml").display()
         );
@@ -664,28 +664,26 @@ fn print_summary(nodes: &[Node], leader: u32, term: u64) {
     } else {
         format!(" --admin {}", admins.join(","))
     };
-    println!("\ntry:");
-    println!(
-        "  bmqctl produce --queue bmq://bmq.test/orders --count 10000 --size 1024{broker_flag}"
-    );
-    println!("  bmqctl consume --queue bmq://bmq.test/orders --count 10000{broker_flag}");
-    println!("  bmqctl status{admin_flag}");
+    outln!("\ntry:");
+    outln!("  bmqctl produce --queue bmq://bmq.test/orders --count 10000 --size 1024{broker_flag}");
+    outln!("  bmqctl consume --queue bmq://bmq.test/orders --count 10000{broker_flag}");
+    outln!("  bmqctl status{admin_flag}");
     if let (Some(tls), Some(dir)) = (
         nodes.first().and_then(|n| n.config.tls.as_ref()),
         nodes.first().and_then(|n| n.config_path.parent()?.parent()),
     ) {
         let security = dir.join(crate::credentials::SECURITY_DIR);
-        println!(
+        outln!(
             "\nsecurity: TLS on every link (development CA {}),",
             tls.ca_file.display()
         );
-        println!(
+        outln!(
             "  client token in {} (produce, consume, admin on every domain),",
             security
                 .join(crate::credentials::CLIENT_TOKEN_FILE)
                 .display()
         );
-        println!(
+        outln!(
             "  admin token in {}.",
             security
                 .join(crate::credentials::ADMIN_TOKEN_FILE)
@@ -695,17 +693,17 @@ fn print_summary(nodes: &[Node], leader: u32, term: u64) {
             .map(|d| d.join(".cluster"))
             .is_ok_and(|d| d == dir);
         if default_dir {
-            println!(
+            outln!(
                 "  bmqctl produce, consume and admin run from this directory use them by default."
             );
         } else {
-            println!(
+            outln!(
                 "  for bmqctl produce, consume and admin: export BMQ_CLUSTER_DIR={}",
                 dir.display()
             );
         }
     }
-    println!("\nCtrl-C stops the cluster.");
+    outln!("\nCtrl-C stops the cluster.");
 }
 
 /// The last [`LOG_TAIL_LINES`] lines of a log file, indented, or a note why there are none.

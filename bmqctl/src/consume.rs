@@ -213,10 +213,10 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ConsumeReport> {
 
 fn print_report(report: &ConsumeReport, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
+        outln!("{}", serde_json::to_string_pretty(report)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "consumed {} messages from {}: confirmed {}, duplicates {}, corrupt {}, in {:.2} s ({:.0} msg/s)",
         report.distinct,
         report.uri,

@@ -209,7 +209,7 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<ProduceReport> {
 
 fn print_report(report: &ProduceReport, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
+        outln!("{}", serde_json::to_string_pretty(report)?);
         return Ok(());
     }
     let reasons = if report.nack_reasons.is_empty() {
@@ -227,7 +227,7 @@ fn print_report(report: &ProduceReport, json: bool) -> anyhow::Result<()> {
     } else {
         String::new()
     };
-    println!(
+    outln!(
         "produced {} messages to {}: acked {}, nacked {}{}{}, in {:.2} s ({:.0} msg/s)",
         report.sent,
         report.uri,

@@ -61,7 +61,7 @@ pub async fn run(args: ReadyArgs) -> anyhow::Result<()> {
         .await
         .map_err(|_| anyhow!("no answer within {} ms", timeout.as_millis()))?
         .with_context(|| format!("{addr} is not ready"))?;
-    println!("ready");
+    outln!("ready");
     Ok(())
 }
 

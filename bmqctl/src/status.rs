@@ -98,9 +98,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
                 error: r.as_ref().err().map(|e| format!("{e:#}")),
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&entries)?);
+        outln!("{}", serde_json::to_string_pretty(&entries)?);
     } else {
-        print!("{}", render_status(&results));
+        out!("{}", render_status(&results));
     }
     if results.iter().all(|(_, r)| r.is_err()) {
         bail!("no node answered ({})", admins.join(", "));

@@ -215,3 +215,39 @@ fn invalid_config_stops_the_node_naming_the_field() {
         "the error does not name the field: {stderr}"
     );
 }
+
+/// `bmqctl` writing to a pipe whose reader left (`bmqctl status | head -0`) drops its output
+/// instead of panicking ("failed printing to stdout"): it exits with its own status, here 1
+/// with "no node answered" (nothing listens on the admin port), not a panic's 101.
+#[test]
+fn bmqctl_with_a_closed_stdout_does_not_panic() -> anyhow::Result<()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let bmqctl = broker_binary().with_file_name("bmqctl");
+    let port = bmq_tests::free_ports(1)[0];
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills the two descriptors of the array it is given.
+    ensure!(
+        unsafe { libc::pipe(fds.as_mut_ptr()) } == 0,
+        "pipe: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: both descriptors were just made by pipe(2) and are owned by nothing else.
+    let (reader, writer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // The reader is gone before bmqctl writes anything: every write to its stdout fails.
+    drop(reader);
+    let output = Command::new(&bmqctl)
+        .args(["status", "--admin", &format!("127.0.0.1:{port}")])
+        .stdout(std::process::Stdio::from(writer))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .context("run bmqctl")?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(!stderr.contains("panicked"), "bmqctl panicked: {stderr}");
+    ensure!(
+        output.status.code() == Some(1),
+        "exit status {:?}: {stderr}",
+        output.status
+    );
+    ensure!(stderr.contains("no node answered"), "stderr: {stderr}");
+    Ok(())
+}
