@@ -914,6 +914,17 @@ fn latency_row(name: &str, p: &Percentiles) -> String {
     )
 }
 
+/// The header of the latency rows ([`latency_row`]).
+fn latency_header() -> String {
+    let columns = ["p50", "p90", "p99", "p99.9", "max"].map(|c| format!("{c:>9}"));
+    format!(
+        "{:<14} {} {:>10}",
+        "latency (ms)",
+        columns.join(" "),
+        "samples"
+    )
+}
+
 fn print_messages(r: &MessagesReport) {
     outln!(
         "bench: {} producer(s), {} consumer(s), {} queue(s), {} B messages, rate {}, window {}",
@@ -945,16 +956,7 @@ fn print_messages(r: &MessagesReport) {
             t.elapsed_secs
         );
     }
-    outln!(
-        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "latency (ms)",
-        "p50",
-        "p90",
-        "p99",
-        "p99.9",
-        "max",
-        "samples"
-    );
+    outln!("{}", latency_header());
     outln!("{}", latency_row("ack", &r.ack_latency));
     outln!("{}", latency_row("end-to-end", &r.e2e_latency));
     let nacks: u64 = r.nacks.values().sum();
@@ -974,16 +976,7 @@ fn print_metadata(r: &MetadataReport) {
         "metadata bench: {} queue assignments committed in {:.2} s ({:.1}/s), {} in parallel, {} errors",
         r.opened, r.elapsed_secs, r.assignments_per_sec, r.parallel, r.errors
     );
-    outln!(
-        "{:<14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "latency (ms)",
-        "p50",
-        "p90",
-        "p99",
-        "p99.9",
-        "max",
-        "samples"
-    );
+    outln!("{}", latency_header());
     outln!("{}", latency_row("open (commit)", &r.open_latency));
     if let Some(l) = &r.leader {
         let le = |us: u64| {
