@@ -2115,9 +2115,17 @@ impl Store {
         let cache_first = self.cache.front().map_or(u64::MAX, |r| r.sequence);
         let mut cursor = after;
         if cursor + 1 < cache_first {
+            // The first segment holding a record after `cursor`. Not a binary search: a
+            // segment without records (only markers, as a fresh active segment) has no place
+            // in the order, and one after the segment to read made a `partition_point` skip
+            // it (a healing primary sent "nothing after 71, covered through 82" and replicas
+            // acknowledged records they never received: the replication simulator, seed
+            // 4294967938 of 5 nodes).
             let start = self
                 .segments
-                .partition_point(|s| s.last_sequence().is_none_or(|l| l <= cursor));
+                .iter()
+                .position(|s| s.last_sequence().is_some_and(|l| l > cursor))
+                .unwrap_or(self.segments.len());
             'segments: for (si, s) in self.segments.iter().enumerate().skip(start) {
                 let from = s.records.partition_point(|h| h.sequence <= cursor);
                 for h in &s.records[from..] {
