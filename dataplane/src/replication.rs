@@ -1261,8 +1261,8 @@ impl ReplicationCore {
 
     /// Turns the waiters whose PUT is now safe into `Ack` outputs: strong ones up to the quorum
     /// mark (`committed`), eventual ones up to this node's own fsync mark (`persisted`). Each
-    /// kind has its own map, so a release takes one `split_off` per kind and never rescans
-    /// PUTs that are still in flight (a rescan per receipt showed in a profile).
+    /// kind has its own queue in sequence order, so a release drains the front of each and
+    /// never rescans PUTs that are still in flight (a rescan per receipt showed in a profile).
     fn release_acks(&mut self) {
         let strong = self.strong_waiters.take_through(self.committed);
         let eventual = self.eventual_waiters.take_through(self.persisted);
