@@ -266,12 +266,7 @@ impl Router {
     /// commit falls in between. A receiver dropped unfired is cleaned up at the next
     /// registration or commit of the same URI, or by [`Router::forget_assignment_waiters`].
     pub fn watch_assignment(&self, uri: &str) -> oneshot::Receiver<()> {
-        let (tx, rx) = oneshot::channel();
-        let mut waiters = self.assignment_waiters.lock().expect("waiters lock");
-        let entry = waiters.entry(uri.to_owned()).or_default();
-        entry.retain(|w| !w.is_closed());
-        entry.push(tx);
-        rx
+        add_waiter(&self.assignment_waiters, uri)
     }
 
     /// A receiver that fires with the partition the leader proposes for `uri`, once an
@@ -280,12 +275,7 @@ impl Router {
     /// of the commit (`Proxy::handle_proposed`). A proposal made before the registration is not
     /// reported; the commit still is ([`Router::watch_assignment`]).
     pub fn watch_proposal(&self, uri: &str) -> oneshot::Receiver<PartitionId> {
-        let (tx, rx) = oneshot::channel();
-        let mut waiters = self.proposal_waiters.lock().expect("waiters lock");
-        let entry = waiters.entry(uri.to_owned()).or_default();
-        entry.retain(|w| !w.is_closed());
-        entry.push(tx);
-        rx
+        add_waiter(&self.proposal_waiters, uri)
     }
 
     /// Drops the abandoned waiters of `uri` (its opens gave up).
@@ -802,6 +792,20 @@ impl Router {
             .map(|(id, a)| (*id, a.clone()))
             .collect()
     }
+}
+
+/// A new waiter of `uri` (the abandoned ones dropped on the way); fires through the sender
+/// kept in `waiters`.
+fn add_waiter<T>(
+    waiters: &Mutex<HashMap<String, Vec<oneshot::Sender<T>>>>,
+    uri: &str,
+) -> oneshot::Receiver<T> {
+    let (tx, rx) = oneshot::channel();
+    let mut waiters = waiters.lock().expect("waiters lock");
+    let entry = waiters.entry(uri.to_owned()).or_default();
+    entry.retain(|w| !w.is_closed());
+    entry.push(tx);
+    rx
 }
 
 /// Removes the waiters of `uri` whose receiver was dropped, and its entry once none is left.

@@ -141,6 +141,21 @@ impl Recovered {
     ///   every committed one, see `core.rs`), so those are dropped.
     /// - COMMIT applies every uncommitted record with LSN <= `committed`.
     pub(crate) fn replay(&mut self, record: &LedgerRecord) {
+        let mut settled = Vec::new();
+        self.replay_deferring(record, &mut settled);
+        for (lsn, advisory) in settled {
+            apply_committed(&mut self.committed_state, lsn, &advisory);
+        }
+    }
+
+    /// [`Recovered::replay`], except that the advisories a COMMIT settles are moved to
+    /// `deferred` (in LSN order) instead of applied to `committed_state`; the caller applies
+    /// them later or replaces the state with one that holds them.
+    pub(crate) fn replay_deferring(
+        &mut self,
+        record: &LedgerRecord,
+        deferred: &mut Vec<(Lsn, peer::Advisory)>,
+    ) {
         match record {
             LedgerRecord::Snapshot { lsn, state } => {
                 self.committed_state = state.clone();
@@ -155,36 +170,13 @@ impl Recovered {
             }
             LedgerRecord::Commit { committed, .. } => {
                 let split = self.uncommitted.partition_point(|(l, _)| l <= committed);
-                for (lsn, advisory) in self.uncommitted.drain(..split) {
-                    apply_committed(&mut self.committed_state, lsn, &advisory);
-                }
+                deferred.extend(self.uncommitted.drain(..split));
                 if *committed > self.committed_lsn {
                     self.committed_lsn = *committed;
                 }
             }
         }
         self.last_lsn = self.last_lsn.max(record.lsn());
-    }
-
-    /// [`Recovered::replay`], except that the advisories a COMMIT settles are moved to
-    /// `deferred` (in LSN order) instead of applied to `committed_state`; the caller applies
-    /// them later or replaces the state with one that holds them.
-    pub(crate) fn replay_deferring(
-        &mut self,
-        record: &LedgerRecord,
-        deferred: &mut Vec<(Lsn, peer::Advisory)>,
-    ) {
-        match record {
-            LedgerRecord::Commit { committed, .. } => {
-                let split = self.uncommitted.partition_point(|(l, _)| l <= committed);
-                deferred.extend(self.uncommitted.drain(..split));
-                if *committed > self.committed_lsn {
-                    self.committed_lsn = *committed;
-                }
-                self.last_lsn = self.last_lsn.max(record.lsn());
-            }
-            _ => self.replay(record),
-        }
     }
 }
 
