@@ -44,7 +44,12 @@
 //! history (part of it was compacted away); it is sent the live state instead — the live
 //! records up to the floor, then every record above it — into a staged journal that replaces
 //! its own only once complete ([`Store::begin_install`]), as a Raft follower receives a
-//! snapshot (Raft §7). A crash in the middle leaves its old journal.
+//! snapshot (Raft §7). A crash in the middle leaves its old journal. An install never makes a
+//! journal shorter than it was: a member that holds the sender's floor position under the
+//! same lease holds the same records up to there, so it keeps its journal and answers with
+//! its shape (as a Raft follower keeps the log after a snapshot's last entry that it holds),
+//! and is synchronised from the common prefix. What a journal held above the floor may be a
+//! committed record that the quorum holding it counts on.
 //!
 //! **Replica**: accepts `SyncRecords` from a primary with a lease at least its own, and then
 //! `ReplicateRecords` of that lease that follow its last record; anything else from a current
@@ -842,6 +847,7 @@ impl ReplicationCore {
             settled_through: self.store.base(),
             runs: Vec::new(),
             install_id: 0,
+            install_through_lease: 0,
         })
     }
 
@@ -875,6 +881,7 @@ impl ReplicationCore {
             settled_through: self.store.base(),
             runs,
             install_id: self.store.maintenance_epoch(),
+            install_through_lease: lease_at(&self.shape(), self.store.floor()).unwrap_or(0),
         })
     }
 
@@ -930,6 +937,12 @@ impl ReplicationCore {
         self.wrote(result)
     }
 
+    /// Whether this journal holds position `sequence` under `lease` (neither 0): then it holds
+    /// the same records up to there as any journal that does (see the module doc).
+    fn holds_position(&self, sequence: u64, lease: u64) -> bool {
+        sequence > 0 && lease > 0 && lease_at(&self.shape(), sequence) == Some(lease)
+    }
+
     /// Applies one message of an install (see the module doc); finishes it once complete.
     fn apply_install(&mut self, from: NodeId, s: &SyncRecords) -> bool {
         if s.truncate_after == 0
@@ -940,6 +953,19 @@ impl ReplicationCore {
             // primary past the install's floor (it may have receipted more than the install
             // would hold). Starting over would move it backwards.
             return true;
+        }
+        if s.truncate_after == 0 && self.holds_position(s.install_through, s.install_through_lease)
+        {
+            // Our journal holds the install's last position under the same lease, so the same
+            // records up to there (the module doc): the live state would replace a journal
+            // that already has it, and cut what we hold above it — possibly a committed record
+            // a quorum counts on (replication simulator, 3 nodes, seed 831). As a Raft follower
+            // keeps the log that follows a snapshot's last entry when it holds that entry
+            // (Raft §7), we keep ours and answer with our shape: the primary synchronises us
+            // from the common prefix, which is at or above its floor.
+            info!(partition = %self.cfg.partition, from = %from, through = s.install_through, "install not needed: the journal holds the primary's floor position");
+            self.installing = None;
+            return false;
         }
         if s.truncate_after == 0 {
             let staged = match self.store.begin_install() {
@@ -1362,7 +1388,15 @@ impl ReplicationCore {
             self.sync_message(prefix)
         };
         let Some(s) = message else { return };
-        let next = s.covered_through.max(prefix) + 1;
+        // An install's chunks continue its staged journal, which the first one covers through
+        // `covered_through` whatever the member held (a next of `prefix + 1` sent a second
+        // chunk after a gap the member could not fill, and the install began again forever:
+        // replication simulator, 5 nodes, seed 4294968040).
+        let next = if install {
+            s.covered_through + 1
+        } else {
+            s.covered_through.max(prefix) + 1
+        };
         let settled = s.settled_through;
         let epoch = s.install_id;
         if let Some(p) = self.replicas.get_mut(&node) {
@@ -1531,6 +1565,25 @@ impl ReplicationCore {
                     self.send(n, MsgKind::StateQuery(q));
                 }
             } else if p.receipt < last && stale(p.last_activity) {
+                if !p.install && p.receipt < self.store.floor() {
+                    // Nothing receipted at this lease above the floor, and no install under
+                    // way: its sync (or the receipt) was lost. Streaming from the receipt would
+                    // start an install, which replaces the replica's journal with the live
+                    // state through our floor — shorter than the history it may hold, and
+                    // what it held above the floor may be a committed record that a quorum
+                    // needs (replication simulator, 3 nodes, seed 831). Ask for its shape
+                    // again instead: it is synchronised from the common prefix, and installed
+                    // only if that is below the floor.
+                    let p = self.replicas.get_mut(&n).expect("listed");
+                    p.next = None;
+                    p.last_activity = Some(now);
+                    let q = ReplicaStateQuery {
+                        partition_id: self.cfg.partition.0,
+                        lease: self.lease.0,
+                    };
+                    self.send(n, MsgKind::StateQuery(q));
+                    continue;
+                }
                 // Lost batches or a replica that restarted: stream again from its receipt; a
                 // replica that cannot follow answers with its shape and is synchronised.
                 let p = self.replicas.get_mut(&n).expect("listed");

@@ -1146,3 +1146,154 @@ fn ack_waiters_leave_in_sequence_order_and_a_resend_waits_once() {
     assert_eq!(ids(&mut w, 100), [(1, 7), (1, 9)]);
     assert_eq!(ids(&mut w, 100), []);
 }
+
+/// Three nodes that compacted (floor above 0) with some messages outstanding; node 2 is named
+/// primary of lease 2 on nodes 2 and 3 (node 1 is down), and the lease's state queries
+/// between them are delivered. Returns the cluster and node 2's sync of node 3, not delivered.
+fn lease_two_healing_with_compacted_journals(now: Instant) -> (Vec<Node>, PartitionMessage) {
+    let mut cores = small_segment_cluster(now, 700);
+    for n in 1..=40u8 {
+        put_and_confirm(now, &mut cores, n, n % 10 != 0, &[]);
+    }
+    assert!(cores[1].store().floor() > 0);
+    for c in cores.iter_mut().skip(1) {
+        c.handle_role(now, Some(NodeId(2)), LeaseId(2));
+    }
+    for o in drain(&mut cores[1]) {
+        if let Output::Send {
+            to: NodeId(3),
+            message,
+        } = o
+        {
+            cores[2].handle_message(now, NodeId(2), message);
+        }
+    }
+    for o in run_shell(now, &mut cores[2]) {
+        if let Output::Send {
+            to: NodeId(2),
+            message,
+        } = o
+        {
+            cores[1].handle_message(now, NodeId(3), message);
+        }
+    }
+    let mut sync = None;
+    for o in run_shell(now, &mut cores[1]) {
+        if let Output::Send {
+            to: NodeId(3),
+            message,
+        } = o
+        {
+            assert!(
+                matches!(&message.kind, Some(MsgKind::Sync(s)) if !s.install),
+                "{message:?}"
+            );
+            sync = Some(message);
+        }
+    }
+    (cores, sync.expect("node 2 syncs node 3"))
+}
+
+#[test]
+fn a_lost_sync_is_not_replaced_by_an_install_of_a_replica_that_holds_the_history() {
+    // Node 3 holds the whole history, node 2's (same leases, same last position). Node 2's sync
+    // of it is lost, so node 3's receipt stays 0 at lease 2 — below the floor. The resend must
+    // not stream from there: that starts an install, which replaces node 3's journal with the
+    // live state through the floor, shorter than what it held (the replication simulator,
+    // seed 831 of 3 nodes: a committed confirm then lived on one node and its message was
+    // delivered again). Node 2 asks node 3 for its shape again instead.
+    let t0 = Instant::now();
+    let (mut cores, _lost) = lease_two_healing_with_compacted_journals(t0);
+    let held = cores[2].last_sequence();
+    assert_eq!(held, cores[1].last_sequence());
+    let t1 = t0 + Duration::from_secs(1);
+    cores[1].handle_timeout(t1);
+    let to_node_3: Vec<_> = drain(&mut cores[1])
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Send {
+                to: NodeId(3),
+                message,
+            } => Some(message.kind),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        to_node_3,
+        vec![Some(MsgKind::StateQuery(ReplicaStateQuery {
+            partition_id: P.0,
+            lease: 2
+        }))]
+    );
+    // The query reaches node 3; the rest of the exchange runs as usual.
+    for kind in to_node_3 {
+        cores[2].handle_message(t1, NodeId(2), PartitionMessage { kind });
+    }
+    let outs = settle(t1, &mut cores, &[1]);
+    assert!(
+        outs.contains(&Output::Active { lease: LeaseId(2) }),
+        "{outs:?}"
+    );
+    assert_eq!(cores[2].last_sequence(), held);
+    assert_eq!(cores[1].replica_receipts()[1], (NodeId(3), held));
+}
+
+#[test]
+fn a_replica_that_holds_the_install_floor_position_keeps_its_journal() {
+    // An install's first chunk reaches node 3, whose journal holds the primary's floor position
+    // under the same lease (so the same records up to there) and more after it. It keeps its
+    // journal (as a Raft follower holding a snapshot's last entry keeps the log after it,
+    // Raft §7) and answers with its shape; the primary then synchronises it from the common
+    // prefix. Installing would have left it shorter than the records it held.
+    let t0 = Instant::now();
+    let (mut cores, sync) = lease_two_healing_with_compacted_journals(t0);
+    cores[2].handle_message(t0, NodeId(2), sync);
+    settle(t0, &mut cores, &[1]);
+    assert!(cores[1].is_active_primary());
+    let held = cores[2].last_sequence();
+    let install = cores[1].install_message(0).expect("readable");
+    assert!(install.install_through > 0 && install.install_through < held);
+    assert_eq!(install.install_through_lease, 1);
+    cores[2].handle_message(t0, NodeId(2), msg(MsgKind::Sync(install)));
+    assert!(!cores[2].is_installing());
+    assert_eq!(cores[2].last_sequence(), held);
+    let outs = drain(&mut cores[2]);
+    assert!(
+        matches!(
+            outs.as_slice(),
+            [Output::Send { to: NodeId(2), message: PartitionMessage { kind: Some(MsgKind::StateResponse(r)) } }]
+                if r.shape.as_ref().is_some_and(|s| s.last_sequence == held)
+        ),
+        "{outs:?}"
+    );
+    // (A journal that ends below the floor still takes the install:
+    // `a_replica_behind_the_floor_receives_the_live_state`.)
+}
+
+#[test]
+fn an_install_continues_from_its_first_chunk_not_from_the_common_prefix() {
+    // Node 3 holds the first records, then misses the rest while the others compact past its
+    // end. Its journal agrees with the primary's up to its end, but that is below the floor:
+    // it is installed. The install's first chunk (two records here) covers less than node 3
+    // held, and the next chunk must continue the staged journal from there: sent from the
+    // common prefix instead, it left a gap the member could not fill, and the install began
+    // again at every resend (replication simulator, 5 nodes, seed 4294968040).
+    let t0 = Instant::now();
+    let mut cores = small_segment_cluster(t0, 700);
+    cores[0].cfg.batch_records_max = 2;
+    for n in 1..=6u8 {
+        put_and_confirm(t0, &mut cores, n, n > 3, &[]);
+    }
+    let held = cores[2].last_sequence();
+    let t1 = t0 + Duration::from_secs(11);
+    for n in 7..=60u8 {
+        put_and_confirm(t1, &mut cores, n, n % 10 != 0, &[3]);
+    }
+    assert!(cores[0].store().floor() > held);
+    let t2 = t1 + Duration::from_secs(1);
+    cores[0].handle_timeout(t2);
+    settle(t2, &mut cores, &[]);
+    assert!(!cores[2].is_installing());
+    assert_eq!(outstanding(&cores[2]), outstanding(&cores[0]));
+    assert_eq!(cores[2].last_sequence(), cores[0].last_sequence());
+}

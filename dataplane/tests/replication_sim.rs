@@ -1481,6 +1481,30 @@ fn five_nodes() {
     run_seeds(5, 1 << 32);
 }
 
+/// Seeds that once found a defect, `(cluster size, seed)`: run on every test run, whatever
+/// the seed range, so the defect stays fixed. Each was found by a 1,000-seed run.
+const SEEDS_THAT_FOUND_DEFECTS: &[(usize, u64)] = &[
+    // A healing primary skipped a segment followed by one of only markers and counted
+    // receipts for records its replicas never got (fixed by f51904e).
+    (5, 4294967938),
+    // An install cut a replica's journal that held more than the primary's floor, and a
+    // committed confirm was left on one node (fixed 2026-11-27, afternoon).
+    (3, 831),
+    // The primary's fix for the one above asked a replica whose install stalled for its shape
+    // again, and the install restarted with its second chunk after a gap, forever (fixed with
+    // it: an install's chunks continue from its first).
+    (5, 4294968040),
+];
+
+#[cfg(not(feature = "defect-injection"))]
+#[test]
+fn seeds_that_found_defects() {
+    for &(size, seed) in SEEDS_THAT_FOUND_DEFECTS {
+        let acked = run_seed(seed, size);
+        assert!(acked > 0, "seed {seed}: no message was ACKed");
+    }
+}
+
 /// Replays one seed: `REPLICATION_SIM_SEED=<seed> [REPLICATION_SIM_NODES=5]`.
 #[test]
 fn replay() {
