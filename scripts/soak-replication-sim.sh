@@ -3,7 +3,7 @@
 # dataplane/tests/replication_sim.rs over many seeds in a release build — real Partitions over
 # real Stores on a simulated network and disk (loss, duplication, delays, crashes with torn
 # writes, power losses, primary moves, graceful stops, consumers that come and go), every
-# invariant checked at every event, then a liveness phase. CI runs 25 seeds per cluster size.
+# invariant checked at every event, then a liveness phase. CI runs 100 seeds per cluster size.
 #
 # Usage: scripts/soak-replication-sim.sh [--seeds N] [--start S] [--defects]
 #   --seeds    seeds per cluster size, 3 and 5 nodes (default 1000000)
