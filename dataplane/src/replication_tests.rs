@@ -822,6 +822,16 @@ fn space_is_reclaimed_when_the_traffic_stops() {
     }
 }
 
+/// Node 3, back after the primary (node 1) compacted past its journal's end, is found by the
+/// primary's resend at `now` and brought to the primary's live state (an install).
+fn node_3_catches_up(now: Instant, cores: &mut [Node]) {
+    cores[0].handle_timeout(now);
+    settle(now, cores, &[]);
+    assert!(!cores[2].is_installing());
+    assert_eq!(outstanding(&cores[2]), outstanding(&cores[0]));
+    assert_eq!(cores[2].last_sequence(), cores[0].last_sequence());
+}
+
 #[test]
 fn a_replica_behind_the_floor_receives_the_live_state() {
     // Node 3 is down while the others settle and compact past its journal's end (it is not in
@@ -844,11 +854,7 @@ fn a_replica_behind_the_floor_receives_the_live_state() {
     );
     // Node 3 is back: the primary's resend finds it below the floor.
     let t2 = t1 + Duration::from_secs(1);
-    cores[0].handle_timeout(t2);
-    settle(t2, &mut cores, &[]);
-    assert!(!cores[2].is_installing());
-    assert_eq!(outstanding(&cores[2]), outstanding(&cores[0]));
-    assert_eq!(cores[2].last_sequence(), cores[0].last_sequence());
+    node_3_catches_up(t2, &mut cores);
     assert_eq!(cores[2].shape().runs, cores[0].shape().runs);
     // And it follows normally afterwards.
     put_and_confirm(t2, &mut cores, 61, false, &[]);
@@ -1290,10 +1296,5 @@ fn an_install_continues_from_its_first_chunk_not_from_the_common_prefix() {
         put_and_confirm(t1, &mut cores, n, n % 10 != 0, &[3]);
     }
     assert!(cores[0].store().floor() > held);
-    let t2 = t1 + Duration::from_secs(1);
-    cores[0].handle_timeout(t2);
-    settle(t2, &mut cores, &[]);
-    assert!(!cores[2].is_installing());
-    assert_eq!(outstanding(&cores[2]), outstanding(&cores[0]));
-    assert_eq!(cores[2].last_sequence(), cores[0].last_sequence());
+    node_3_catches_up(t1 + Duration::from_secs(1), &mut cores);
 }
