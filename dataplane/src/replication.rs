@@ -44,12 +44,14 @@
 //! history (part of it was compacted away); it is sent the live state instead — the live
 //! records up to the floor, then every record above it — into a staged journal that replaces
 //! its own only once complete ([`Store::begin_install`]), as a Raft follower receives a
-//! snapshot (Raft §7). A crash in the middle leaves its old journal. An install never makes a
-//! journal shorter than it was: a member that holds the sender's floor position under the
-//! same lease holds the same records up to there, so it keeps its journal and answers with
-//! its shape (as a Raft follower keeps the log after a snapshot's last entry that it holds),
-//! and is synchronised from the common prefix. What a journal held above the floor may be a
-//! committed record that the quorum holding it counts on.
+//! snapshot (Raft §7). A crash in the middle leaves its old journal. An install never replaces
+//! a journal that agrees with the sender's at the floor: a member that holds the sender's
+//! floor position under the same lease holds the same records up to there, so it keeps its
+//! journal and answers with its shape (as a Raft follower keeps the log after a snapshot's
+//! last entry that it holds), and is synchronised from the common prefix — what it holds above
+//! the floor may be a committed record that the quorum holding it counts on. (A journal whose
+//! lease at the floor differs holds from there on records that the primary's journal does
+//! not, so none of them was committed: see the healing argument above.)
 //!
 //! **Replica**: accepts `SyncRecords` from a primary with a lease at least its own, and then
 //! `ReplicateRecords` of that lease that follow its last record; anything else from a current
