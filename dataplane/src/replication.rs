@@ -731,14 +731,20 @@ impl ReplicationCore {
                     sent_settled: 0,
                 },
             );
-            let q = ReplicaStateQuery {
-                partition_id: self.cfg.partition.0,
-                lease: lease.0,
-            };
-            self.send(n, MsgKind::StateQuery(q));
+            self.query_shape(n);
         }
         self.next_tick = Some(now + TICK);
         self.advance_healing(now);
+    }
+
+    /// Asks member `to` for its journal shape at this node's lease (`ReplicaStateQuery`); the
+    /// answer goes to [`ReplicationCore::on_state_response`].
+    fn query_shape(&mut self, to: NodeId) {
+        let q = ReplicaStateQuery {
+            partition_id: self.cfg.partition.0,
+            lease: self.lease.0,
+        };
+        self.send(to, MsgKind::StateQuery(q));
     }
 
     /// A message from `from` over the DATA channel.
@@ -1560,11 +1566,7 @@ impl ReplicationCore {
             if p.next.is_none() || in_collect {
                 if (!in_collect || !self.shapes.contains_key(&n)) && stale(p.last_activity) {
                     self.replicas.get_mut(&n).expect("listed").last_activity = Some(now);
-                    let q = ReplicaStateQuery {
-                        partition_id: self.cfg.partition.0,
-                        lease: self.lease.0,
-                    };
-                    self.send(n, MsgKind::StateQuery(q));
+                    self.query_shape(n);
                 }
             } else if p.receipt < last && stale(p.last_activity) {
                 if !p.install && p.receipt < self.store.floor() {
@@ -1579,11 +1581,7 @@ impl ReplicationCore {
                     let p = self.replicas.get_mut(&n).expect("listed");
                     p.next = None;
                     p.last_activity = Some(now);
-                    let q = ReplicaStateQuery {
-                        partition_id: self.cfg.partition.0,
-                        lease: self.lease.0,
-                    };
-                    self.send(n, MsgKind::StateQuery(q));
+                    self.query_shape(n);
                     continue;
                 }
                 // Lost batches or a replica that restarted: stream again from its receipt; a
