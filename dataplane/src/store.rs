@@ -38,7 +38,8 @@
 //! segment and fsyncs the directory: a power loss leaves the old or the new segment, never
 //! neither (a leftover `.compact` file is removed at open). The copy can run on another thread
 //! while the partition goes on (`store_compaction.rs`). Deleting a segment is an unlink plus a
-//! directory fsync. An install is written to `<dir>/install/`; a `COMPLETE` file there, made
+//! directory fsync; its blocks are freed a megabyte at a time before its file closes
+//! ([`ClosedFiles::finish`]), since freeing them at once stalled every fsync of the disk. An install is written to `<dir>/install/`; a `COMPLETE` file there, made
 //! durable, is the commit point: at open, a complete install replaces the journal, an
 //! incomplete one is discarded. At open, a *torn tail* (an incomplete record, or a last record
 //! whose checksum fails, at the end of the last segment) is truncated with a warning and
@@ -534,7 +535,13 @@ impl ClosedFiles {
         self.files.is_empty() && self.unlink.is_empty()
     }
 
-    /// Removes the deleted segments' files, closes every file and fsyncs the directory.
+    /// Removes the deleted segments' files, closes every file and fsyncs the directory. A
+    /// file that no name refers to any more (a deleted segment, one a compaction replaced) is
+    /// cut down [`RELEASE_STEP`] bytes at a time, with a pause of [`RELEASE_PAUSE`] between
+    /// cuts, before its last handle closes: freeing a whole segment's blocks at once (with
+    /// discard, a TRIM of each) held every fsync of the disk for 11-26 ms, on every node at
+    /// the same moment since all delete the same segment together — the ACK tail of issue 18
+    /// (BENCHMARKS.md, "Segments freed a little at a time"). Blocks for tens of milliseconds.
     /// Errors: the first removal or fsync that failed (the space is then reclaimed at the
     /// next open, which removes `.deleted` files); the rest is still done.
     pub fn finish(self) -> std::io::Result<()> {
@@ -544,13 +551,45 @@ impl ClosedFiles {
                 result = result.and(Err(e));
             }
         }
-        drop(self.files);
+        for file in self.files {
+            if let Ok(file) = Arc::try_unwrap(file) {
+                release_gradually(&file);
+            }
+        }
         if let Some(dir) = &self.sync_dir {
             if let Err(e) = fsync_dir(dir) {
                 result = result.and(Err(e));
             }
         }
         result
+    }
+}
+
+/// Bytes of an unlinked segment's blocks freed per cut ([`ClosedFiles::finish`]).
+pub const RELEASE_STEP: u64 = 1 << 20;
+/// The pause between two cuts of an unlinked segment, so that other writers' fsyncs pass.
+pub const RELEASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Frees the blocks of `file` a [`RELEASE_STEP`] at a time if no name refers to it any more
+/// (its last close would free them all at once); best effort: on any error the close frees
+/// what is left.
+fn release_gradually(file: &File) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = file.metadata() else {
+        return;
+    };
+    if meta.nlink() != 0 {
+        return;
+    }
+    let mut len = meta.len();
+    while len > 0 {
+        len = len.saturating_sub(RELEASE_STEP);
+        if file.set_len(len).is_err() {
+            return;
+        }
+        if len > 0 {
+            std::thread::sleep(RELEASE_PAUSE);
+        }
     }
 }
 

@@ -2,8 +2,8 @@
 # profile-flamegraph.sh): a local 3-node cluster of one build whose broker processes the script
 # starts itself, so it knows their pids (to read their CPU time, to profile them) and kills them
 # on every exit. Reads DIR (the cluster's directory, replaced), BASE (its base port: clients
-# BASE+1..3, admin BASE+201..203) and PARTITIONS (if set: the nodes' partition_count instead of
-# the default, on fresh state); sets PIDS and BROKERS (the nodes' client addresses, as
+# BASE+1..3, admin BASE+201..203), PARTITIONS (if set: the nodes' partition_count instead of
+# the default, on fresh state) and SEGMENT_MB (if set: their storage.segment_size_mb); sets PIDS and BROKERS (the nodes' client addresses, as
 # `bmqctl --broker` takes them). The caller traps EXIT with stop_cluster.
 
 PIDS=()
@@ -95,6 +95,12 @@ start_cluster() {
     for i in 1 2 3; do
       sed -i "s/^partition_count = .*/partition_count = $PARTITIONS/" "$DIR/node-$i/broker.toml"
       rm -rf "$DIR/node-$i/partitions" "$DIR/node-$i/elector" "$DIR/node-$i/ledger"
+    done
+  fi
+  if [ -n "${SEGMENT_MB:-}" ]; then
+    # Journal segments of another size (storage.segment_size_mb): new segments take it.
+    for i in 1 2 3; do
+      sed -i "s/^segment_size_mb = .*/segment_size_mb = $SEGMENT_MB/" "$DIR/node-$i/broker.toml"
     done
   fi
   for i in 1 2 3; do
