@@ -29,16 +29,14 @@ case $WORKLOAD in
   metadata) COUNT=${COUNT:-10000}; WARMUP=1000; unit=assignment ;;
   *) echo "WORKLOAD is messages or metadata" >&2; exit 2 ;;
 esac
-if ! command -v perf >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
-fi
+# shellcheck source=lib/cluster.sh
+. scripts/lib/cluster.sh
+need_perf
 LIBC=$(ldconfig -p | awk '/libc\.so\.6 .*x86-64/ {print $NF; exit}')
 for fn in malloc realloc; do
   perf probe -l 2>/dev/null | grep -q "probe_libc:$fn " \
     || perf probe -q -x "$LIBC" --add "$fn" >/dev/null
 done
-# shellcheck source=lib/cluster.sh
-. scripts/lib/cluster.sh
 release_builds "$@"
 trap 'stop_cluster; [ -n "${STAT:-}" ] && kill "$STAT" 2>/dev/null || true' EXIT
 trap 'exit 130' INT TERM

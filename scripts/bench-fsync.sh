@@ -21,11 +21,9 @@ COUNT=${COUNT:-200000}
 WARMUP=${WARMUP:-40000}
 BASE=${BASE_PORT:-39900}
 DIR=${DIR:-/tmp/bmq-bench-fsync}
-if ! command -v perf >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
-fi
 # shellcheck source=lib/cluster.sh
 . scripts/lib/cluster.sh
+need_perf
 release_builds "$@"
 trap 'stop_cluster; [ -n "${STAT:-}" ] && kill "$STAT" 2>/dev/null || true' EXIT
 trap 'exit 130' INT TERM

@@ -15,11 +15,9 @@ cd "$(dirname "$0")/.."
 COUNT=${COUNT:-100000}
 BASE=${BASE_PORT:-39700}
 DIR=${DIR:-/tmp/bmq-bench-syscalls}
-if ! command -v perf >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
-fi
 # shellcheck source=lib/cluster.sh
 . scripts/lib/cluster.sh
+need_perf
 release_builds "$@"
 bin=${BUILDS[0]}
 trap 'stop_cluster; [ -n "${TRACE:-}" ] && kill "$TRACE" 2>/dev/null || true' EXIT

@@ -27,9 +27,6 @@ case $WORKLOAD in
   *) echo "WORKLOAD is messages or metadata" >&2; exit 2 ;;
 esac
 TITLE=${TITLE:-"bmq brokers, $what ($(git rev-parse --short HEAD))"}
-if ! command -v perf >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
-fi
 command -v inferno-flamegraph >/dev/null 2>&1 || cargo install --locked inferno >/dev/null
 if [ -z "${BIN:-}" ]; then
   RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=target/profile-fp cargo build --release --bins --locked
@@ -37,6 +34,7 @@ if [ -z "${BIN:-}" ]; then
 fi
 # shellcheck source=lib/cluster.sh
 . scripts/lib/cluster.sh
+need_perf
 trap stop_cluster EXIT
 trap 'exit 130' INT TERM
 start_cluster "$BIN"

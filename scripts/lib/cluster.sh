@@ -9,6 +9,13 @@
 PIDS=()
 BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
 
+# need_perf: installs `perf` (Debian's linux-perf, apt-get; needs root) when it is missing.
+need_perf() {
+  if ! command -v perf >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null
+  fi
+}
+
 # release_builds [DIR...]: sets BUILDS to the release directories given (each with broker and
 # bmqctl), or, with none, builds this tree and uses its own.
 release_builds() {
