@@ -39,10 +39,11 @@
 //! neither (a leftover `.compact` file is removed at open). The copy can run on another thread
 //! while the partition goes on (`store_compaction.rs`). Deleting a segment is an unlink plus a
 //! directory fsync; its blocks are freed a megabyte at a time before its file closes
-//! ([`ClosedFiles::finish`]), since freeing them at once stalled every fsync of the disk. An install is written to `<dir>/install/`; a `COMPLETE` file there, made
-//! durable, is the commit point: at open, a complete install replaces the journal, an
-//! incomplete one is discarded. At open, a *torn tail* (an incomplete record, or a last record
-//! whose checksum fails, at the end of the last segment) is truncated with a warning and
+//! ([`ClosedFiles::finish`]), since freeing them at once stalled every fsync of the disk. An
+//! install is written to `<dir>/install/`; a `COMPLETE` file there, made durable, is the
+//! commit point: at open, a complete install replaces the journal, an incomplete one is
+//! discarded. At open, a *torn tail* (an incomplete record, or a last record whose checksum
+//! fails, at the end of the last segment) is truncated with a warning and
 //! counted in `bmq_journal_torn_tail_truncations_total`; anything else wrong is
 //! [`StoreError::Corrupt`] naming the file and offset.
 //!
@@ -571,7 +572,8 @@ pub const RELEASE_STEP: u64 = 1 << 20;
 pub const RELEASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Frees the blocks of `file` a [`RELEASE_STEP`] at a time if no name refers to it any more
-/// (its last close would free them all at once); best effort: on any error the close frees
+/// (its last close would free them all at once), as RocksDB's file deletion does with
+/// `bytes_max_delete_chunk` for the same reason; best effort: on any error the close frees
 /// what is left.
 fn release_gradually(file: &File) {
     use std::os::unix::fs::MetadataExt;

@@ -3,8 +3,9 @@
 # starts itself, so it knows their pids (to read their CPU time, to profile them) and kills them
 # on every exit. Reads DIR (the cluster's directory, replaced), BASE (its base port: clients
 # BASE+1..3, admin BASE+201..203), PARTITIONS (if set: the nodes' partition_count instead of
-# the default, on fresh state) and SEGMENT_MB (if set: their storage.segment_size_mb); sets PIDS and BROKERS (the nodes' client addresses, as
-# `bmqctl --broker` takes them). The caller traps EXIT with stop_cluster.
+# the default, on fresh state) and SEGMENT_MB (if set: their storage.segment_size_mb); sets
+# PIDS and BROKERS (the nodes' client addresses, as `bmqctl --broker` takes them). The caller
+# traps EXIT with stop_cluster.
 
 PIDS=()
 BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
