@@ -78,6 +78,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bmq_proto::files::release_gradually;
 use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRun, StoredMarker};
 
 use crate::guid_index::GuidIndex;
@@ -538,8 +539,8 @@ impl ClosedFiles {
 
     /// Removes the deleted segments' files, closes every file and fsyncs the directory. A
     /// file that no name refers to any more (a deleted segment, one a compaction replaced) is
-    /// cut down [`RELEASE_STEP`] bytes at a time, with a pause of [`RELEASE_PAUSE`] between
-    /// cuts, before its last handle closes: freeing a whole segment's blocks at once (with
+    /// cut down 1 MiB at a time, with a pause of 1 ms between cuts
+    /// ([`bmq_proto::files::release_gradually`]), before its last handle closes: freeing a whole segment's blocks at once (with
     /// discard, a TRIM of each) held every fsync of the disk for 11-26 ms, on every node at
     /// the same moment since all delete the same segment together — the ACK tail of issue 18
     /// (BENCHMARKS.md, "Segments freed a little at a time"). Blocks for tens of milliseconds.
@@ -563,35 +564,6 @@ impl ClosedFiles {
             }
         }
         result
-    }
-}
-
-/// Bytes of an unlinked segment's blocks freed per cut ([`ClosedFiles::finish`]).
-pub const RELEASE_STEP: u64 = 1 << 20;
-/// The pause between two cuts of an unlinked segment, so that other writers' fsyncs pass.
-pub const RELEASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// Frees the blocks of `file` a [`RELEASE_STEP`] at a time if no name refers to it any more
-/// (its last close would free them all at once), as RocksDB's file deletion does with
-/// `bytes_max_delete_chunk` for the same reason; best effort: on any error the close frees
-/// what is left.
-fn release_gradually(file: &File) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = file.metadata() else {
-        return;
-    };
-    if meta.nlink() != 0 {
-        return;
-    }
-    let mut len = meta.len();
-    while len > 0 {
-        len = len.saturating_sub(RELEASE_STEP);
-        if file.set_len(len).is_err() {
-            return;
-        }
-        if len > 0 {
-            std::thread::sleep(RELEASE_PAUSE);
-        }
     }
 }
 

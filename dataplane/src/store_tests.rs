@@ -245,39 +245,6 @@ fn deleted_segments_files_are_handed_over_when_closing_is_deferred() {
     assert_eq!(names, 1, "only the active segment is left on disk");
 }
 
-/// Scenario (issue 18): the closer frees a deleted segment's blocks a step at a time, not at
-/// its last close. A file with no name left is cut to nothing before it closes (checked
-/// through a handle the test keeps: the store's own handle was the last one, so the test
-/// takes a second); a file that still has a name is not touched.
-#[test]
-fn an_unlinked_file_is_cut_down_step_by_step_and_a_named_one_is_left_alone() {
-    use std::os::unix::fs::MetadataExt;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("segment");
-    let len = 3 * RELEASE_STEP + 12_345;
-    std::fs::write(&path, vec![7u8; len as usize]).unwrap();
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    release_gradually(&file);
-    assert_eq!(
-        file.metadata().unwrap().len(),
-        len,
-        "still named: untouched"
-    );
-    std::fs::remove_file(&path).unwrap();
-    let started = std::time::Instant::now();
-    release_gradually(&file);
-    let meta = file.metadata().unwrap();
-    assert_eq!((meta.nlink(), meta.len(), meta.blocks()), (0, 0, 0));
-    assert!(
-        started.elapsed() >= 3 * RELEASE_PAUSE,
-        "four cuts, three pauses between them"
-    );
-}
-
 /// `ClosedFiles::finish` cuts the deleted segments it closes: after it, the blocks are free
 /// even though a handle to the file is still open elsewhere (here, the test's).
 #[test]

@@ -10,12 +10,14 @@
 //!   addresses shared by every crate.
 //! - [`uri`]: the `bmq://<domain>/<queue>` rule, shared by the client, the node and the cores.
 //! - [`admin_doc`]: the JSON document a node serves at `/status` (read by `bmqctl` and tests).
+//! - [`files`]: a deleted file's disk blocks freed a step at a time (the journals, the ledger).
 //! - `stream` (feature `codec`): one boxed type for plain and TLS connections.
 //!
 //! The code is generated at build time with `protox` + `prost-build`: no system `protoc`.
 #![warn(missing_docs)]
 
 pub mod admin_doc;
+pub mod files;
 #[cfg(feature = "codec")]
 pub mod frame_writer;
 pub mod framing;
