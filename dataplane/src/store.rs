@@ -538,12 +538,10 @@ impl ClosedFiles {
     }
 
     /// Removes the deleted segments' files, closes every file and fsyncs the directory. A
-    /// file that no name refers to any more (a deleted segment, one a compaction replaced) is
-    /// cut down 1 MiB at a time, with a pause of 1 ms between cuts
-    /// ([`bmq_proto::files::release_gradually`]), before its last handle closes: freeing a whole segment's blocks at once (with
-    /// discard, a TRIM of each) held every fsync of the disk for 11-26 ms, on every node at
-    /// the same moment since all delete the same segment together — the ACK tail of issue 18
-    /// (BENCHMARKS.md, "Segments freed a little at a time"). Blocks for tens of milliseconds.
+    /// file whose last handle this is and that no name refers to any more (a deleted segment,
+    /// one a compaction replaced) has its blocks freed a step at a time first
+    /// ([`bmq_proto::files::release_gradually`]: freed at once, they held every fsync of the
+    /// disk, on every node together). Blocks for tens of milliseconds.
     /// Errors: the first removal or fsync that failed (the space is then reclaimed at the
     /// next open, which removes `.deleted` files); the rest is still done.
     pub fn finish(self) -> std::io::Result<()> {
