@@ -25,7 +25,8 @@ pub use crate::core::{
     ProposeError,
 };
 pub use crate::ledger::{
-    FsyncPolicy, Ledger, LedgerError, LedgerRecord, LedgerSync, Recovered, SyncDone,
+    FsyncPolicy, Ledger, LedgerError, LedgerRecord, LedgerRelease, LedgerSnapshot, LedgerSync,
+    Recovered, SnapshotWritten, SyncDone,
 };
 pub use crate::lsn::Lsn;
 pub use crate::outbox::PeerOutbox;

@@ -3,7 +3,8 @@
 # starts itself, so it knows their pids (to read their CPU time, to profile them) and kills them
 # on every exit. Reads DIR (the cluster's directory, replaced), BASE (its base port: clients
 # BASE+1..3, admin BASE+201..203), PARTITIONS (if set: the nodes' partition_count instead of
-# the default, on fresh state) and SEGMENT_MB (if set: their storage.segment_size_mb); sets
+# the default, on fresh state), SEGMENT_MB (if set: their storage.segment_size_mb) and
+# LEDGER_MB (if set: their metadata.ledger_max_file_size_bytes, in MiB); sets
 # PIDS and BROKERS (the nodes' client addresses, as `bmqctl --broker` takes them). The caller
 # traps EXIT with stop_cluster.
 
@@ -103,6 +104,12 @@ start_cluster() {
     for i in 1 2 3; do
       sed -i "s/^partition_count = .*/partition_count = $PARTITIONS/" "$DIR/node-$i/broker.toml"
       rm -rf "$DIR/node-$i/partitions" "$DIR/node-$i/elector" "$DIR/node-$i/ledger"
+    done
+  fi
+  if [ -n "${LEDGER_MB:-}" ]; then
+    # Metadata ledger files of another size (metadata.ledger_max_file_size_bytes).
+    for i in 1 2 3; do
+      sed -i "s/^ledger_max_file_size_bytes = .*/ledger_max_file_size_bytes = $((LEDGER_MB * 1048576))/" "$DIR/node-$i/broker.toml"
     done
   fi
   if [ -n "${SEGMENT_MB:-}" ]; then
