@@ -8,7 +8,8 @@
 //!   wait for durability exactly as in the actor. A crash cuts the file back to its last synced
 //!   length, or (torn write) to a random length between that and its current length, possibly
 //!   in the middle of a record; the restarted node reopens the real ledger, which truncates a
-//!   torn tail. `ResetLedger` uses the ledger's own atomic rewrite and counts as synced.
+//!   torn tail. `ResetLedger` uses the ledger's own atomic rewrite and counts as synced; the
+//!   ledgers roll over every [`LEDGER_FILE_MAX`] bytes (the new file is durable once written).
 //! - **Leadership**: a schedule with strictly increasing terms and one leader per term, chosen
 //!   among live nodes and announced to each node after a random delay (the elector's own safety
 //!   is checked by `elector_sim.rs` and `elector_model.rs`; here it is an input).
@@ -56,6 +57,9 @@ const LIVENESS_BOUND: Duration = Duration::from_secs(5);
 const PARTITIONS: u32 = 4;
 const DELAY_MAX_MS: u64 = 20;
 const SYNC_MAX_MS: u64 = 30;
+/// The nodes' ledger file size (bytes): tiny, so that rollovers (a snapshot of the state, then
+/// the switch to the new file) happen throughout a run, between crashes and torn writes.
+const LEDGER_FILE_MAX: u64 = 4096;
 
 #[derive(Debug)]
 enum Event {
@@ -124,6 +128,8 @@ struct Sim {
     queue_counter: u64,
     /// Crashes injected.
     crashes: u64,
+    /// Ledger rollovers, all nodes together.
+    rollovers: u64,
 }
 
 fn config() -> MetadataConfig {
@@ -170,6 +176,7 @@ impl Sim {
             leases: BTreeMap::new(),
             queue_counter: 0,
             crashes: 0,
+            rollovers: 0,
         };
         for i in 0..n {
             sim.boot(i);
@@ -202,7 +209,7 @@ impl Sim {
     /// Opens node `i`'s ledger and starts a fresh core from what it recovered.
     fn boot(&mut self, i: usize) {
         let node = &mut self.nodes[i];
-        let (ledger, recovered) = Ledger::open(node.dir.path(), FsyncPolicy::Never, PARTITIONS)
+        let (mut ledger, recovered) = Ledger::open(node.dir.path(), FsyncPolicy::Never, PARTITIONS)
             .unwrap_or_else(|e| {
                 panic!(
                     "seed {}: node {} cannot reopen its ledger: {e}",
@@ -217,6 +224,7 @@ impl Sim {
                 i + 1
             ));
         }
+        ledger.set_max_file_size(LEDGER_FILE_MAX);
         let node = &mut self.nodes[i];
         node.synced = (ledger.file_path(), ledger.file_size());
         node.incarnation += 1;
@@ -374,11 +382,16 @@ impl Sim {
                 MetadataOutput::Persist { record } => {
                     let node = &mut self.nodes[i];
                     let lsn = record.lsn();
-                    node.ledger
-                        .as_mut()
-                        .expect("ledger")
-                        .append(&record)
-                        .expect("ledger append");
+                    let ledger = node.ledger.as_mut().expect("ledger");
+                    ledger.append(&record).expect("ledger append");
+                    if ledger.file_path() != node.synced.0 {
+                        // A rollover ran inside the append: its new file holds every record
+                        // written so far and was fsynced before the rename, whatever the
+                        // policy, so all of them are durable.
+                        node.synced = (ledger.file_path(), ledger.file_size());
+                        node.synced_lsn = node.synced_lsn.max(lsn);
+                        self.rollovers += 1;
+                    }
                     node.unsynced_lsn = Some(lsn);
                     if !node.sync_scheduled {
                         node.sync_scheduled = true;
@@ -794,23 +807,26 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64, n: usize) {
+/// Runs one seed; returns the ledger rollovers it saw.
+fn run_seed(seed: u64, n: usize) -> u64 {
     let mut sim = Sim::new(seed, n);
     let until = sim.now + SAFETY_PHASE;
     sim.run_until(until);
     sim.liveness();
     if std::env::var_os("METADATA_SIM_TRACE").is_some() {
         eprintln!(
-            "seed {seed} nodes {n}: terms {}, advisories committed {}, crashes {}, queues {}",
+            "seed {seed} nodes {n}: terms {}, advisories committed {}, crashes {}, rollovers {}, queues {}",
             sim.term,
             sim.committed.len(),
             sim.crashes,
+            sim.rollovers,
             sim.nodes[0]
                 .core
                 .as_ref()
                 .map_or(0, |c| c.state().queues.len())
         );
     }
+    sim.rollovers
 }
 
 fn seeds() -> u64 {
@@ -830,10 +846,16 @@ fn start_seed() -> u64 {
 #[test]
 fn seeds_three_nodes() {
     // Scenario: 3 nodes under loss, duplication, delay, isolation, crashes with torn writes
-    // and leader changes, then a calm phase; every invariant after every event.
+    // and leader changes, with ledger rollovers among them, then a calm phase; every
+    // invariant after every event.
+    let mut rollovers = 0;
     for seed in start_seed()..start_seed() + seeds() {
-        run_seed(seed, 3);
+        rollovers += run_seed(seed, 3);
     }
+    assert!(
+        seeds() < 5 || rollovers > 0,
+        "the runs rolled the ledgers over"
+    );
 }
 
 #[test]
@@ -862,5 +884,5 @@ fn replay() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    run_seed(seed, n);
+    let _ = run_seed(seed, n);
 }
