@@ -2262,7 +2262,8 @@ mod tests {
                         if path == &ledger.file_path() && live.exists() {
                             let written_len = ledger.file_size() - ledger.buffer.len() as u64;
                             let cut = synced_len + u64::from(at) % (written_len - synced_len + 1);
-                            OpenOptions::new().write(true).open(&live).unwrap().set_len(cut).unwrap();
+                            let file = OpenOptions::new().write(true).open(&live).unwrap();
+                            file.set_len(cut).unwrap();
                         }
                         let (_, recovered) =
                             Ledger::open(copy.path(), FsyncPolicy::EveryRecord, 2).unwrap();

@@ -815,7 +815,8 @@ fn run_seed(seed: u64, n: usize) -> u64 {
     sim.liveness();
     if std::env::var_os("METADATA_SIM_TRACE").is_some() {
         eprintln!(
-            "seed {seed} nodes {n}: terms {}, advisories committed {}, crashes {}, rollovers {}, queues {}",
+            "seed {seed} nodes {n}: terms {}, advisories committed {}, crashes {}, \
+             rollovers {}, queues {}",
             sim.term,
             sim.committed.len(),
             sim.crashes,

@@ -513,10 +513,12 @@ impl MetadataActor {
                 self.publish();
             }
             if let Some(snapshot) = self.ledger.begin_snapshot() {
-                self.start_rewrite(ctx, RewriteJob::Snapshot(snapshot));
+                if !self.start_rewrite(ctx, RewriteJob::Snapshot(snapshot)) {
+                    return;
+                }
             }
-            // A rollover's switch or a reset due is written even when only commit records wait: until
-            // its new file exists they stay in memory.
+            // A rollover's switch or a reset due is written even when only commit records
+            // wait: until its new file exists they stay in memory.
             if self.advisory_unsynced || self.ledger.rewrite_due() {
                 if self.sync_in_flight {
                     // The records wait in the ledger's buffer; the completion of the running
@@ -579,8 +581,8 @@ impl MetadataActor {
         self.sync_in_flight = true;
     }
 
-    /// Hands `job` to the rewrite thread.
-    fn start_rewrite(&mut self, ctx: &mut Context<Self>, job: RewriteJob) {
+    /// Hands `job` to the rewrite thread; false when the node is stopping.
+    fn start_rewrite(&mut self, ctx: &mut Context<Self>, job: RewriteJob) -> bool {
         let rewriter = self
             .rewriter
             .get_or_insert_with(|| LedgerRewriter::start(ctx.address().downgrade()));
@@ -591,13 +593,17 @@ impl MetadataActor {
                 source: std::io::Error::other("the ledger's rewrite thread is gone"),
             };
             self.fail(ctx, "rollover", &e);
+            return false;
         }
+        true
     }
 
     /// Hands the files the ledger let go of to the rewrite thread, to free their blocks.
     fn release_files(&mut self, ctx: &mut Context<Self>) {
         while let Some(release) = self.ledger.take_release() {
-            self.start_rewrite(ctx, RewriteJob::Release(release));
+            if !self.start_rewrite(ctx, RewriteJob::Release(release)) {
+                return;
+            }
         }
     }
 
