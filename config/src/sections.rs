@@ -351,8 +351,9 @@ pub enum FsyncSetting {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetadataSettings {
-    /// Size after which the ledger rolls over to a new file (bytes, at least 64 KiB).
-    /// Default 64 MiB.
+    /// Size after which the ledger rolls over to a new file (bytes, at least 64 KiB), or twice
+    /// the size of the file as a rollover wrote it (its snapshot), if that is more. Default
+    /// 64 MiB.
     pub ledger_max_file_size_bytes: u64,
     /// fsync policy. Default `every_record`.
     pub fsync: FsyncSetting,

@@ -478,6 +478,9 @@ pub struct Ledger {
     since_snapshot: Vec<u8>,
     /// Resets so far: a snapshot taken before the last one is discarded.
     generation: u64,
+    /// The live file's size when a rollover or reset wrote it (0 for a file opened or
+    /// created): it rolls over past twice that at least ([`Ledger::set_max_file_size`]).
+    written_len: u64,
     /// Files to free ([`Ledger::take_release`]).
     releases: Vec<LedgerRelease>,
     bytes_written: u64,
@@ -555,6 +558,7 @@ impl Ledger {
                 rollover: Rollover::Idle,
                 since_snapshot: Vec::new(),
                 generation: 0,
+                written_len: 0,
                 releases: Vec::new(),
                 bytes_written: 0,
                 rollovers: 0,
@@ -626,6 +630,7 @@ impl Ledger {
             rollover: Rollover::Idle,
             since_snapshot: Vec::new(),
             generation: 0,
+            written_len: 0,
             releases: Vec::new(),
             bytes_written: 0,
             rollovers: 0,
@@ -635,7 +640,11 @@ impl Ledger {
         Ok((ledger, scan.recovered))
     }
 
-    /// Sets the size (bytes) past which the ledger rolls over to a new file.
+    /// Sets the size (bytes) past which the ledger rolls over to a new file — or past twice
+    /// the size the file had when it was written, if that is more: a state whose snapshot
+    /// alone passes the size (about 850,000 queues for the default 64 MiB) would otherwise
+    /// roll over at every record, writing the whole state each time; this way a rollover
+    /// writes at most as many bytes as records were appended since the last one.
     pub fn set_max_file_size(&mut self, max_file_size: u64) {
         self.max_file_size = max_file_size;
     }
@@ -685,7 +694,8 @@ impl Ledger {
         if matches!(self.rollover, Rollover::Idle)
             && !self.rewrite_due
             && !self.rewrite_running
-            && self.file_size + self.buffer.len() as u64 >= self.max_file_size
+            && self.file_size + self.buffer.len() as u64
+                >= self.max_file_size.max(2 * self.written_len)
         {
             self.rollover = Rollover::Due;
             self.rollovers += 1;
@@ -876,6 +886,7 @@ impl Ledger {
             self.file_index = file.index;
             self.file_size = file.len;
             self.file_len = file.len;
+            self.written_len = file.len;
             self.bytes_written += file.len;
             self.rewrite_running = false;
             if matches!(self.rollover, Rollover::Switching) {
@@ -1804,20 +1815,60 @@ mod tests {
             }
             assert_eq!(names_in(dir.path()), ["ledger-1.bmql"]);
             assert!(!ledger.rollover_pending());
-            ledger
-                .append(&update(lsn(2, 2), assign("bmq://d/y", 1, 6)))
-                .unwrap();
-            assert_eq!(ledger.rollovers(), 2, "rolls over again");
+            // It rolls over again (past twice the reset's file).
+            let mut appended = Vec::new();
+            while ledger.rollovers() < 2 {
+                let record = (
+                    lsn(2, 2 + appended.len() as u64),
+                    assign(&format!("bmq://d/y{}", appended.len()), 1, 6),
+                );
+                ledger.append(&update(record.0, record.1.clone())).unwrap();
+                appended.push(record);
+            }
             assert_eq!(names_in(dir.path()), ["ledger-2.bmql"]);
             drop(ledger);
             let (_, recovered) = open(dir.path());
             assert_eq!(recovered.committed_lsn, lsn(2, 1));
             assert_eq!(recovered.committed_state, state);
-            assert_eq!(
-                recovered.uncommitted,
-                vec![(lsn(2, 2), assign("bmq://d/y", 1, 6))]
-            );
+            assert_eq!(recovered.uncommitted, appended);
         }
+    }
+
+    #[test]
+    fn a_state_larger_than_the_file_size_does_not_roll_over_at_every_record() {
+        // Scenario: the snapshot alone passes the configured size (a very large cluster
+        // state). The ledger rolls over once the records appended since reach the file's
+        // size as written, not at every record (which would write the whole state each time).
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ledger, _) = open(dir.path());
+        let mut seq = 0;
+        for _ in 0..200 {
+            write_assignment(&mut ledger, &mut seq, true);
+        }
+        ledger.sync().unwrap();
+        ledger.set_max_file_size(1_000);
+        write_assignment(&mut ledger, &mut seq, true);
+        ledger.sync().unwrap();
+        assert_eq!(ledger.rollovers(), 1);
+        let written = ledger.file_size();
+        assert!(
+            written > 2_000,
+            "the snapshot passes the size: {written} bytes"
+        );
+        // Records appended until the next rollover becomes due: the file then holds twice
+        // what it held as written.
+        while ledger.rollovers() == 1 {
+            write_assignment(&mut ledger, &mut seq, true);
+            if ledger.rollovers() == 1 {
+                ledger.sync().unwrap();
+            }
+        }
+        assert!(ledger.file_size() >= 2 * written);
+        assert!(
+            ledger.file_size() < 2 * written + 200,
+            "due as soon as it got there"
+        );
+        assert_eq!(ledger.rollovers(), 2);
     }
 
     #[test]

@@ -940,7 +940,9 @@ mod tests {
             })
             .max()
             .unwrap();
-        assert!(newest >= 10, "rolled over {newest} times");
+        // Each rollover comes past twice the size of the file it wrote (the snapshot grows
+        // with the queues), so a few, not forty.
+        assert!(newest >= 2, "rolled over {newest} times");
         drop(actor);
         let (_, recovered) = Ledger::open(dir.path(), FsyncPolicy::Never, 2).unwrap();
         for key in 0..40u64 {
