@@ -1,7 +1,8 @@
 //! The metadata ledger across process restarts (DESIGN.md §5): real `broker`
 //! processes, real clients. After a full restart, a follower's restart after missed updates, and
-//! a restart from a ledger whose tail was cut mid-record, every node's `/status` shows the same
-//! committed LSN and the same partition and queue assignments. Corruption before the tail stops
+//! a restart from a ledger whose tail was cut mid-record, and a kill while 64 KiB ledgers roll
+//! over again and again, every node's `/status` shows the same committed LSN and the same
+//! partition and queue assignments. Corruption before the tail stops
 //! the node with an error naming the file and the offset.
 
 use std::collections::BTreeSet;
@@ -16,11 +17,11 @@ use bmq_tests::{metric, Cluster};
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Opens `names` for writing (each first open commits a queue assignment), then disconnects.
-async fn open_queues(brokers: Vec<String>, names: &[String]) -> anyhow::Result<()> {
+async fn open_queues(brokers: Vec<String>, names: impl AsRef<[String]>) -> anyhow::Result<()> {
     let mut config = ClientConfig::new(brokers);
     config.request_timeout = Duration::from_secs(20);
     let client = Client::connect(config).await.context("connect")?;
-    for uri in names {
+    for uri in names.as_ref() {
         client
             .open_queue(uri, OpenOptions::write())
             .await
@@ -71,9 +72,8 @@ fn agreed(s: &NodeStatusDoc) -> Agreed {
 async fn wait_for_agreement(cluster: &Cluster, expected: &[String]) -> anyhow::Result<Agreed> {
     let docs = cluster
         .wait_for_all(TIMEOUT, "every node agrees on LSN and assignments", |s| {
-            expected
-                .iter()
-                .all(|uri| s.queues.iter().any(|q| &q.uri == uri))
+            let held: BTreeSet<&str> = s.queues.iter().map(|q| q.uri.as_str()).collect();
+            expected.iter().all(|uri| held.contains(uri.as_str()))
         })
         .await?;
     let deadline = tokio::time::Instant::now() + TIMEOUT;
@@ -208,6 +208,88 @@ async fn a_ledger_cut_mid_record_is_truncated_and_the_node_rejoins() {
         ensure!(
             truncations >= 1.0,
             "the torn tail was not counted ({truncations})"
+        );
+        Ok(())
+    })
+    .await;
+}
+
+/// [`open_queues`] with `names` split among `clients` connections opening at the same time.
+async fn open_queues_in_parallel(
+    brokers: Vec<String>,
+    names: &[String],
+    clients: usize,
+) -> anyhow::Result<()> {
+    let mut tasks = Vec::new();
+    for chunk in names.chunks(names.len().div_ceil(clients)) {
+        tasks.push(tokio::spawn(open_queues(brokers.clone(), chunk.to_vec())));
+    }
+    for task in tasks {
+        task.await.context("opening task")??;
+    }
+    Ok(())
+}
+
+/// The ledger files of node `id` (names), sorted.
+fn ledger_files(cluster: &Cluster, id: u32) -> anyhow::Result<Vec<String>> {
+    let dir = cluster.node(id).config.data_dir.join("ledger");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledgers_roll_over_under_load_and_a_node_killed_meanwhile_agrees_after_restart() {
+    // Scenario (issue 18): with the smallest ledger file size (64 KiB), 1,800 queue
+    // assignments roll every node's ledger over at least twice — each rollover's snapshot
+    // written beside the fsyncs, then switched to. A follower is SIGKILLed half-way (perhaps in
+    // the middle of a rollover) and restarted after more assignments: every node agrees on
+    // every assignment, each holds one ledger file, and the rollovers are counted.
+    let mut cluster = Cluster::configure(3, |c| {
+        c.metadata.ledger_max_file_size_bytes = 65_536;
+    })
+    .expect("cluster configured");
+    run(&mut cluster, async |cluster| {
+        for id in 1..=3 {
+            cluster.start_node(id)?;
+        }
+        let (leader, _) = cluster.wait_for_leader(TIMEOUT).await?;
+        let first = queue_names("roll-early", 1000);
+        open_queues_in_parallel(cluster.client_addrs(), &first, 4).await?;
+        let follower = (1..=3).find(|&id| id != leader).expect("a follower");
+        cluster.kill_node(follower)?;
+        let later = queue_names("roll-late", 800);
+        let brokers: Vec<String> = (1..=3)
+            .filter(|&id| id != follower)
+            .map(|id| cluster.node(id).client_addr())
+            .collect();
+        open_queues_in_parallel(brokers, &later, 4).await?;
+        cluster.start_node(follower)?;
+        let all: Vec<String> = first.iter().chain(&later).cloned().collect();
+        let (_, _, queues) = wait_for_agreement(cluster, &all).await?;
+        ensure!(
+            queues.len() >= all.len(),
+            "queues missing: {}",
+            queues.len()
+        );
+        for id in 1..=3 {
+            let files = ledger_files(cluster, id)?;
+            ensure!(
+                files.len() == 1 && files[0] != "ledger-0.bmql",
+                "node {id}: one rolled-over ledger file expected, found {files:?}"
+            );
+        }
+        let rollovers = metric(
+            &cluster.node(leader).admin_addr(),
+            "bmq_metadata_ledger_rollovers_total",
+        )
+        .await?;
+        ensure!(
+            rollovers >= 2.0,
+            "the leader's ledger rolled over {rollovers} times"
         );
         Ok(())
     })
