@@ -42,7 +42,7 @@
 //! blocks of a removed file are freed a step at a time by [`LedgerRelease::run`].
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -289,9 +289,8 @@ enum SyncWork {
 /// What a [`LedgerSync`] did, for [`Ledger::complete_sync`].
 #[derive(Debug)]
 pub struct SyncDone {
-    rewritten: Option<NewFile>,
-    /// The replaced file, its name removed.
-    old_file: Option<Arc<File>>,
+    /// After a rewrite or a switch: the new live file, and the replaced one (its name removed).
+    rewritten: Option<(NewFile, Arc<File>)>,
 }
 
 impl LedgerSync {
@@ -307,10 +306,7 @@ impl LedgerSync {
         match self.work {
             SyncWork::Fsync { file, path } => {
                 file.sync_data().map_err(io_err(&path))?;
-                Ok(SyncDone {
-                    rewritten: None,
-                    old_file: None,
-                })
+                Ok(SyncDone { rewritten: None })
             }
             SyncWork::Rewrite {
                 dir,
@@ -320,8 +316,7 @@ impl LedgerSync {
             } => {
                 let new = write_next_file(&dir, old_index, &mirror)?;
                 Ok(SyncDone {
-                    rewritten: Some(new),
-                    old_file: Some(old_file),
+                    rewritten: Some((new, old_file)),
                 })
             }
             SyncWork::Switch {
@@ -333,8 +328,7 @@ impl LedgerSync {
             } => {
                 let new = switch_to_next_file(&dir, old_index, next, &tail)?;
                 Ok(SyncDone {
-                    rewritten: Some(new),
-                    old_file: Some(old_file),
+                    rewritten: Some((new, old_file)),
                 })
             }
         }
@@ -373,20 +367,12 @@ impl LedgerSnapshot {
     /// I/O errors; the caller must stop the node.
     pub fn run(self) -> Result<SnapshotWritten, LedgerError> {
         let path = file_path(&self.dir, self.index).with_extension("bmql.next");
-        let bytes = encode_file(&self.mirror);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        file.write_all_at(&bytes, 0).map_err(io_err(&path))?;
-        file.sync_all().map_err(io_err(&path))?;
+        let (file, len) = write_file(&path, &self.mirror)?;
         Ok(SnapshotWritten {
             file,
             path,
             index: self.index,
-            len: bytes.len() as u64,
+            len,
             generation: self.generation,
         })
     }
@@ -403,6 +389,16 @@ pub struct SnapshotWritten {
     len: u64,
     /// [`Ledger`]'s reset count when the snapshot was taken: after a reset it is discarded.
     generation: u64,
+}
+
+impl SnapshotWritten {
+    /// The release of a discarded snapshot: its file removed and freed.
+    fn discard(self) -> LedgerRelease {
+        LedgerRelease {
+            file: Arc::new(self.file),
+            remove: Some(self.path),
+        }
+    }
 }
 
 /// A file the ledger no longer uses, whose blocks are to be freed: [`LedgerRelease::run`] on a
@@ -775,10 +771,7 @@ impl Ledger {
     /// next [`Ledger::take_release`]'s work).
     pub fn complete_snapshot(&mut self, written: SnapshotWritten) {
         if written.generation != self.generation || !matches!(self.rollover, Rollover::Writing) {
-            self.releases.push(LedgerRelease {
-                file: Arc::new(written.file),
-                remove: Some(written.path),
-            });
+            self.releases.push(written.discard());
             return;
         }
         self.rollover = Rollover::Written(written);
@@ -881,7 +874,7 @@ impl Ledger {
     /// becomes the live one, records written meanwhile go to it at the next flush, and the old
     /// file waits for its release ([`Ledger::take_release`]).
     pub fn complete_sync(&mut self, done: SyncDone) {
-        if let Some(file) = done.rewritten {
+        if let Some((file, replaced)) = done.rewritten {
             self.file = Arc::new(file.file);
             self.file_index = file.index;
             self.file_size = file.len;
@@ -892,9 +885,10 @@ impl Ledger {
             if matches!(self.rollover, Rollover::Switching) {
                 self.rollover = Rollover::Idle;
             }
-        }
-        if let Some(file) = done.old_file {
-            self.releases.push(LedgerRelease { file, remove: None });
+            self.releases.push(LedgerRelease {
+                file: replaced,
+                remove: None,
+            });
         }
     }
 
@@ -932,10 +926,7 @@ impl Ledger {
         self.generation += 1;
         self.since_snapshot.clear();
         match std::mem::take(&mut self.rollover) {
-            Rollover::Written(next) => self.releases.push(LedgerRelease {
-                file: Arc::new(next.file),
-                remove: Some(next.path),
-            }),
+            Rollover::Written(next) => self.releases.push(next.discard()),
             Rollover::Switching => self.rollover = Rollover::Switching,
             Rollover::Idle | Rollover::Due | Rollover::Writing => {}
         }
@@ -1043,27 +1034,40 @@ fn encode_file(mirror: &Recovered) -> Vec<u8> {
     bytes
 }
 
-/// Writes `ledger-<old_index + 1>.bmql` holding `mirror` (snapshot + uncommitted) through a
-/// temporary file, fsynced and renamed into place, then removes the old file's name (see the
-/// module doc: a crash at any point leaves one complete file with the highest number).
-fn write_next_file(dir: &Path, old_index: u64, mirror: &Recovered) -> Result<NewFile, LedgerError> {
-    let next_index = old_index + 1;
-    let final_path = file_path(dir, next_index);
-    let tmp_path = final_path.with_extension("bmql.tmp");
+/// Writes `mirror` ([`encode_file`]) as the whole content of the file at `path` (created or
+/// truncated) and fsyncs it; returns the file and its length.
+fn write_file(path: &Path, mirror: &Recovered) -> Result<(File, u64), LedgerError> {
     let bytes = encode_file(mirror);
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .truncate(true)
         .write(true)
-        .open(&tmp_path)
-        .map_err(io_err(&tmp_path))?;
-    file.write_all(&bytes).map_err(io_err(&tmp_path))?;
-    // The new file must be durable before the old one goes, whatever the fsync policy.
-    file.sync_all().map_err(io_err(&tmp_path))?;
-    fs::rename(&tmp_path, &final_path).map_err(io_err(&final_path))?;
+        .open(path)
+        .map_err(io_err(path))?;
+    file.write_all_at(&bytes, 0).map_err(io_err(path))?;
+    file.sync_all().map_err(io_err(path))?;
+    Ok((file, bytes.len() as u64))
+}
+
+/// Puts the complete, fsynced file at `from` in place as `ledger-<old_index + 1>.bmql`: the
+/// rename, the directory's fsync, then the old file's name removed (see the module doc: a
+/// crash at any point leaves one complete file with the highest number). Returns the new path.
+fn install_next_file(dir: &Path, old_index: u64, from: &Path) -> Result<PathBuf, LedgerError> {
+    let final_path = file_path(dir, old_index + 1);
+    fs::rename(from, &final_path).map_err(io_err(&final_path))?;
     sync_dir(dir)?;
     let old_path = file_path(dir, old_index);
     fs::remove_file(&old_path).map_err(io_err(&old_path))?;
+    Ok(final_path)
+}
+
+/// Writes `ledger-<old_index + 1>.bmql` holding `mirror` (snapshot + uncommitted) through a
+/// temporary file, fsynced (whatever the fsync policy: it must be durable before the old file
+/// goes) and put in place ([`install_next_file`]).
+fn write_next_file(dir: &Path, old_index: u64, mirror: &Recovered) -> Result<NewFile, LedgerError> {
+    let tmp_path = file_path(dir, old_index + 1).with_extension("bmql.tmp");
+    let (file, len) = write_file(&tmp_path, mirror)?;
+    let final_path = install_next_file(dir, old_index, &tmp_path)?;
     info!(
         file = %final_path.display(),
         committed_lsn = %mirror.committed_lsn,
@@ -1072,15 +1076,15 @@ fn write_next_file(dir: &Path, old_index: u64, mirror: &Recovered) -> Result<New
     );
     Ok(NewFile {
         file,
-        index: next_index,
-        len: bytes.len() as u64,
+        index: old_index + 1,
+        len,
     })
 }
 
 /// A rollover's switch: appends `tail` (the records written since the snapshot) to the
-/// snapshot's file `next`, fsyncs it, renames it to `ledger-<n+1>.bmql`, fsyncs the directory
-/// and removes the old file's name. Until the rename is durable the old file is the complete
-/// one (it holds every record synced so far); after it, the new one holds them all too.
+/// snapshot's file `next`, fsyncs it and puts it in place ([`install_next_file`]). Until the
+/// rename is durable the old file is the complete one (it holds every record synced so far);
+/// after it, the new one holds them all too.
 fn switch_to_next_file(
     dir: &Path,
     old_index: u64,
@@ -1088,16 +1092,12 @@ fn switch_to_next_file(
     tail: &[u8],
 ) -> Result<NewFile, LedgerError> {
     debug_assert_eq!(next.index, old_index + 1);
-    let final_path = file_path(dir, next.index);
     next.file
         .write_all_at(tail, next.len)
         .map_err(io_err(&next.path))?;
     // The new file must be durable before the old one goes, whatever the fsync policy.
     next.file.sync_data().map_err(io_err(&next.path))?;
-    fs::rename(&next.path, &final_path).map_err(io_err(&final_path))?;
-    sync_dir(dir)?;
-    let old_path = file_path(dir, old_index);
-    fs::remove_file(&old_path).map_err(io_err(&old_path))?;
+    let final_path = install_next_file(dir, old_index, &next.path)?;
     info!(file = %final_path.display(), "ledger rolled over");
     Ok(NewFile {
         file: next.file,
@@ -1619,13 +1619,7 @@ mod tests {
         ledger.set_max_file_size(400);
         let mut seq = 0;
         while !ledger.rollover_pending() {
-            seq += 1;
-            ledger
-                .write(&update(
-                    lsn(1, seq),
-                    assign(&format!("bmq://d/q{seq}"), 0, seq),
-                ))
-                .unwrap();
+            write_assignment(&mut ledger, &mut seq, false);
             ledger.flush().unwrap();
         }
         let old = File::open(ledger.file_path()).unwrap();
