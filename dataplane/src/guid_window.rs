@@ -318,4 +318,64 @@ mod tests {
             w.allocated_bytes()
         );
     }
+
+    #[test]
+    fn agrees_with_a_fifo_set_through_resizes_both_ways() {
+        // Random inserts (new GUIDs and GUIDs seen before, some forgotten since) and count
+        // bounds that rise and fall, so the table grows and shrinks many times and GUIDs are
+        // forgotten before and after a resize's walk moves them: the window always remembers
+        // exactly the GUIDs a FIFO set of the same bound would, and outside a resize its table
+        // holds exactly the ring's positions.
+        let t0 = Instant::now();
+        let age = Duration::from_secs(3600);
+        let mut w = GuidWindow::default();
+        let mut model: VecDeque<u128> = VecDeque::new();
+        let mut held = std::collections::HashSet::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut fresh = 0u128;
+        let mut resizes = 0;
+        let mut was = false;
+        for step in 0..200_000u64 {
+            let max = match (step / 20_000) % 4 {
+                0 => 30_000,
+                1 => 3_000,
+                2 => 50_000,
+                _ => 500,
+            };
+            let guid = if next() % 8 == 0 && fresh > 0 {
+                (next() as u128) % fresh // seen before: remembered or forgotten
+            } else {
+                fresh += 1;
+                fresh - 1
+            };
+            w.insert(t0, guid);
+            if held.insert(guid) {
+                model.push_back(guid);
+            }
+            if next() % 64 == 0 {
+                w.expire(t0, max, age);
+                while model.len() > max {
+                    held.remove(&model.pop_front().expect("longer than max"));
+                }
+            }
+            resizes += usize::from(!was && w.table.resizing());
+            was = w.table.resizing();
+            if !w.table.resizing() {
+                assert_eq!(w.table.len(), w.len(), "step {step}");
+            }
+            if step % 10_000 == 9_999 {
+                assert_eq!(w.len(), model.len(), "step {step}");
+                for g in 0..fresh {
+                    assert_eq!(w.contains(g), held.contains(&g), "GUID {g} at step {step}");
+                }
+            }
+        }
+        assert!(resizes >= 10, "{resizes} resizes");
+    }
 }

@@ -51,16 +51,22 @@ fn pause_bench() {
     let mut w = GuidWindow::default();
     // The default window: 1,000,000 GUIDs; expired every 32 inserts as a partition's timer
     // would (its turns are shorter than that at 100,000 msgs/s).
-    let n = 3_000_000;
+    let mut insert = |i: u64| {
+        w.insert(t0, guid(i));
+        if i.is_multiple_of(32) {
+            w.expire(t0, 1_000_000, age);
+        }
+    };
+    let n = 1_000_000;
     report(
-        "window: insert (+ expire every 32), to 1M and on",
+        "window: insert (+ expire every 32), growing to 1M",
         n,
-        time_each(0..n, |i| {
-            w.insert(t0, guid(i));
-            if i % 32 == 0 {
-                w.expire(t0, 1_000_000, age);
-            }
-        }),
+        time_each(0..n, &mut insert),
+    );
+    report(
+        "window: insert (+ expire every 32), full at 1M",
+        2 * n,
+        time_each(n..3 * n, &mut insert),
     );
     let calls = 1_000_000u64.div_ceil(crate::guid_window::AGE_OUT_PER_CALL as u64);
     report(
