@@ -711,6 +711,7 @@ impl Router {
             cache_bytes_max: s.cache_bytes(),
             quota_bytes: s.partition_quota_bytes(),
             fsync: true,
+            recycle: s.recycle_segments,
         }
     }
 

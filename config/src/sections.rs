@@ -630,6 +630,13 @@ pub struct StorageSettings {
     /// back the removal of confirmed messages from disk; if it falls below what was removed
     /// it receives the live state when it returns (ms, at least 1). Default 10000.
     pub in_sync_timeout_ms: u64,
+    /// Whether a deleted full segment is kept as a spare that the next segment is written
+    /// over, so a journal fsync does not also write the file's inode (one disk write fewer per
+    /// fsync; up to one segment more disk per partition). The price: a record damaged in place
+    /// in the newest segment of a recycled file ends that segment's records at open (the node
+    /// catches up from the primary) instead of failing the open as corruption; `false` keeps
+    /// the strict rule. Default true.
+    pub recycle_segments: bool,
 }
 
 impl Default for StorageSettings {
@@ -639,6 +646,7 @@ impl Default for StorageSettings {
             cache_mb: 8,
             partition_quota_mb: 0,
             in_sync_timeout_ms: 10_000,
+            recycle_segments: true,
         }
     }
 }

@@ -82,6 +82,7 @@ fn store_cfg() -> StoreConfig {
         segment_size_max: 1 << 20,
         cache_bytes_max: 1 << 20,
         quota_bytes: 0,
+        recycle: true,
         fsync: false,
     }
 }

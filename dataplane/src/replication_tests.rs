@@ -58,6 +58,7 @@ fn node_on_disk(me: u32, records: Vec<JournalRecord>, segment: u64, fsync: bool)
         segment_size_max: segment,
         cache_bytes_max: 1 << 20,
         quota_bytes: 0,
+        recycle: true,
         fsync,
     };
     let mut store = Store::open(dir.path(), cfg_store, apps()).unwrap();

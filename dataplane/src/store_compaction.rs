@@ -38,7 +38,7 @@ use bmq_proto::peer::StoredMarker;
 
 use super::{
     check_frame, io, marker_record, segment_head, sync_dir, Held, Maintenance, Store, StoreError,
-    LIVE, RECORD_HEADER_LEN,
+    LIVE, RECORD_HEADER_LEN, VERSION,
 };
 
 /// Bytes of a compacted segment gathered in memory before they are written and fdatasynced,
@@ -231,11 +231,15 @@ impl Store {
         let tmp = self.dir.join(format!("journal-{no:010}.{id}.bmqj.compact"));
         // The segment now has gaps: it opens with the base that makes them legitimate (not
         // the covered position, which later segments establish).
-        let head = segment_head(&marker_record(StoredMarker {
-            base: self.base,
-            covered_through: 0,
-            runs: Vec::new(),
-        }));
+        let head = segment_head(
+            &marker_record(StoredMarker {
+                base: self.base,
+                covered_through: 0,
+                runs: Vec::new(),
+                segment: 0,
+            }),
+            VERSION,
+        );
         // Confirms pinned by dead messages of this segment go with them (both leave the
         // disk together, whether or not this copy is installed); those pinned in other
         // segments are released once the copy is in place.
@@ -408,6 +412,7 @@ impl Store {
         s.len = copied.len;
         s.written = copied.len;
         s.synced_len = copied.len;
+        s.recycled = false;
         s.records = records;
         self.retire_file(replaced);
         self.floor = self.floor.max(c.dropped_max);

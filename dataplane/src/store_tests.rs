@@ -17,6 +17,7 @@ fn cfg(segment: u64) -> StoreConfig {
         segment_size_max: segment,
         cache_bytes_max: 4096,
         quota_bytes: 0,
+        recycle: true,
         fsync: false,
     }
 }
@@ -81,8 +82,12 @@ fn maintain(s: &mut Store) -> Maintenance {
 
 /// Appends `count` messages, each followed by its confirm; returns the last position.
 fn put_and_confirm(s: &mut Store, count: u64) -> u64 {
-    let mut seq = 0;
-    for n in 1..=count {
+    put_and_confirm_from(s, 0, count)
+}
+
+/// As [`put_and_confirm`], after position `seq` (GUIDs from `seq + 1` on).
+fn put_and_confirm_from(s: &mut Store, mut seq: u64, count: u64) -> u64 {
+    for n in seq + 1..=seq + count {
         seq += 1;
         s.append_one(&message(seq, 1, Q, n)).unwrap();
         seq += 1;
@@ -219,7 +224,8 @@ fn dead_settled_segments_are_deleted() {
 }
 
 /// With deferred closing, the files of deleted segments are handed to the caller (to close on
-/// another thread) instead of being closed by `maintain`; their names are gone already.
+/// another thread) instead of being closed by `maintain`; their names are gone already (the
+/// first one became the spare).
 #[test]
 fn deleted_segments_files_are_handed_over_when_closing_is_deferred() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,33 +248,186 @@ fn deleted_segments_files_are_handed_over_when_closing_is_deferred() {
     );
     closed.finish().unwrap();
     let names = std::fs::read_dir(dir.path()).unwrap().count();
-    assert_eq!(names, 1, "only the active segment is left on disk");
+    assert_eq!(
+        names, 2,
+        "only the active segment and the spare are left on disk"
+    );
 }
 
 /// `ClosedFiles::finish` cuts the deleted segments it closes: after it, the blocks are free
-/// even though a handle to the file is still open elsewhere (here, the test's).
+/// even though a handle to the file is still open elsewhere (here, the test's); the one kept
+/// as the spare keeps its name and its blocks.
 #[test]
 fn finishing_closed_files_frees_the_deleted_segments_blocks() {
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path(), 64 * 1024);
     s.set_defer_close(true);
-    let seq = put_and_confirm(&mut s, 400);
+    let seq = put_and_confirm(&mut s, 2000);
     s.sync().unwrap();
-    // The first segment, full: keep a handle of our own to look at it after the close.
-    let first = OpenOptions::new().read(true).open(&s.files()[0].0).unwrap();
-    assert!(first.metadata().unwrap().blocks() > 0);
+    // The closed segments, full: keep handles of our own to look at them after the close.
+    let files = s.files();
+    let closed: Vec<File> = files[..files.len() - 1]
+        .iter()
+        .map(|(path, _, _)| OpenOptions::new().read(true).open(path).unwrap())
+        .collect();
+    assert!(closed.len() > 1);
+    assert!(closed.iter().all(|f| f.metadata().unwrap().blocks() > 0));
     s.set_base(seq);
-    assert!(maintain(&mut s).deleted > 0);
-    let closed = s.take_closed_files();
-    // The store's handle is the only other one: `finish` holds the last of its own and cuts.
-    closed.finish().unwrap();
-    let meta = first.metadata().unwrap();
-    assert_eq!(
-        (meta.nlink(), meta.blocks()),
-        (0, 0),
-        "freed before its close"
+    assert_eq!(maintain(&mut s).deleted, closed.len());
+    // The store's handles are the only other ones: `finish` holds the last of its own and cuts.
+    s.take_closed_files().finish().unwrap();
+    let states: Vec<(u64, u64)> = closed
+        .iter()
+        .map(|f| {
+            let meta = f.metadata().unwrap();
+            (meta.nlink(), meta.blocks())
+        })
+        .collect();
+    let spares = states.iter().filter(|(links, _)| *links == 1).count();
+    assert_eq!(spares, 1, "{states:?}");
+    assert!(
+        states
+            .iter()
+            .all(|&(links, blocks)| (links == 1 && blocks > 0) || (links, blocks) == (0, 0)),
+        "freed before their close, but the spare: {states:?}"
     );
+}
+
+/// A deleted full segment is kept as the spare and the next roll-over writes over it (same
+/// inode, blocks already allocated, format 3); after a restart the recycled segment's records
+/// end where this life's end, with the earlier life's records after them ignored and cut.
+#[test]
+fn a_deleted_segment_is_recycled_and_its_old_records_are_never_read_back() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open_fsync(dir.path(), 1024);
+    let seq = put_and_confirm(&mut s, 40);
+    s.sync().unwrap();
+    s.set_base(seq);
+    assert!(maintain(&mut s).deleted > 1);
+    let spare = dir.path().join(SPARE_NAME);
+    let spare_inode = std::fs::metadata(&spare).unwrap().ino();
+    let spare_len = std::fs::metadata(&spare).unwrap().len();
+    assert!(spare_len >= 1024);
+    // Fill the active segment until it rolls over into the spare, then two messages more.
+    let mut seq = seq;
+    let segments = s.files().len();
+    let mut n = 1000;
+    while s.files().len() == segments {
+        seq += 1;
+        n += 1;
+        s.append_one(&message(seq, 1, Q, n)).unwrap();
+    }
+    for _ in 0..2 {
+        seq += 1;
+        n += 1;
+        s.append_one(&message(seq, 1, Q, n)).unwrap();
+    }
+    s.sync().unwrap();
+    assert!(!spare.exists(), "the spare became the new segment");
+    let (path, _, written) = s.files().last().cloned().unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.ino(), spare_inode);
+    assert_eq!(
+        meta.len(),
+        spare_len,
+        "written over, not cut: its old records follow"
+    );
+    assert!(written < spare_len);
+    let outstanding = outstanding_guids(&s);
+    drop(s);
+    let s = open_fsync(dir.path(), 1024);
+    assert_eq!(s.last_sequence(), seq);
+    assert_eq!(outstanding_guids(&s), outstanding);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        written,
+        "the earlier life's bytes are cut at open"
+    );
+}
+
+/// With recycling off, a deleted segment is removed (no spare), and a spare an earlier run
+/// left is removed at open.
+#[test]
+fn without_recycling_no_spare_is_kept_and_an_old_one_goes_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let strict = StoreConfig {
+        recycle: false,
+        ..cfg(1024)
+    };
+    let mut s = Store::open(dir.path(), strict, apps()).unwrap();
+    let seq = put_and_confirm(&mut s, 40);
+    s.sync().unwrap();
+    s.set_base(seq);
+    assert!(maintain(&mut s).deleted > 1);
+    let spare = dir.path().join(SPARE_NAME);
+    assert!(!spare.exists());
+    drop(s);
+    // Recycling on: a spare is kept; then off again: it goes at open.
+    let mut s = open(dir.path(), 1024);
+    let seq = put_and_confirm_from(&mut s, seq, 40);
+    s.sync().unwrap();
+    s.set_base(seq);
+    assert!(maintain(&mut s).deleted > 1);
+    assert!(spare.exists());
+    drop(s);
+    let s = Store::open(dir.path(), strict, apps()).unwrap();
+    assert!(!spare.exists());
+    assert_eq!(s.last_sequence(), seq);
+}
+
+/// In a recycled segment, what follows this life's records may be an earlier life's records
+/// that check out (length, checksum, a marker covering as far): a marker written to another
+/// segment and a record of an earlier position end the segment's records, and nothing they
+/// say (the lease runs, the positions) is taken.
+#[test]
+fn an_earlier_lifes_marker_and_records_after_a_recycled_segments_own_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open_fsync(dir.path(), 1024);
+    let seq = put_and_confirm(&mut s, 40);
+    s.sync().unwrap();
+    s.set_base(seq);
+    maintain(&mut s);
+    let mut seq = seq;
+    let segments = s.files().len();
+    while s.files().len() == segments {
+        seq += 1;
+        s.append_one(&message(seq, 1, Q, seq)).unwrap();
+    }
+    s.sync().unwrap();
+    let (path, _, written) = s.files().last().cloned().unwrap();
+    let n = s.segments.last().unwrap().no;
+    let runs = s.runs();
+    let last = s.last_sequence();
+    let base = s.base();
+    drop(s);
+    // What an earlier life might have left right after this life's records: a marker of the
+    // segment it was then (covering this far, other lease runs), and a record of a position
+    // held already.
+    for stale in [
+        marker_record(StoredMarker {
+            base,
+            covered_through: last,
+            runs: vec![LeaseRun {
+                lease: 9,
+                first_sequence: 1,
+            }],
+            segment: n - 3,
+        }),
+        message(last - 1, 1, Q, 77_777),
+    ] {
+        let mut buf = Vec::new();
+        frame(&stale, &mut buf);
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&buf, written).unwrap();
+        drop(file);
+        let s = open_fsync(dir.path(), 1024);
+        assert_eq!(s.last_sequence(), last);
+        assert_eq!(s.runs(), runs);
+        assert!(!outstanding_guids(&s).contains(&u128::from(77_777u64)));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), written);
+    }
 }
 
 /// A settled segment is deleted only once a durable marker says it is settled (a restart must
@@ -302,9 +461,13 @@ fn segments_go_only_after_a_durable_marker_and_leftovers_go_at_open() {
             name.to_string_lossy().ends_with(".deleted")
         })
         .count();
-    assert_eq!(leftovers, segments - 1);
+    assert_eq!(leftovers, segments - 2, "all but the spare");
     let s = open_fsync(dir.path(), 1024);
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "the active segment and the spare"
+    );
     assert_eq!(s.last_sequence(), seq);
     assert!(outstanding_guids(&s).is_empty());
 }
@@ -1101,7 +1264,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(std::env::var("BMQ_STORE_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)))]
 
     /// A crash at any point (every file cut back to a length between what was fsynced and
-    /// what was written) loses no message that was durable and unconfirmed, and brings back no
+    /// what was written, or for a recycled segment, the bytes after that point lost in place)
+    /// loses no message that was durable and unconfirmed, and brings back no
     /// message whose confirm was durable — deletions and compactions included, with fsyncs
     /// run as the partition runs them (a ticket out while appends go on, deleted segments
     /// removed later by another thread or not at all before the crash).
@@ -1239,12 +1403,15 @@ fn crash_model(ops: Vec<Op>, cut: u64, defer: bool, background: bool) -> Result<
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         let to = synced + (rng >> 33) % (len - synced + 1);
-        OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(to)
-            .unwrap();
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        if (rng >> 20) & 1 == 1 && file.metadata().unwrap().len() > len {
+            // A recycled segment keeps its length: what was not fsynced is lost (zeros here),
+            // and an earlier life's bytes follow.
+            file.write_all_at(&vec![0; (len - to) as usize], to)
+                .unwrap();
+        } else {
+            file.set_len(to).unwrap();
+        }
     }
     drop(s);
     let s = open(dir.path(), 700);

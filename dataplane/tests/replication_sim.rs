@@ -245,6 +245,7 @@ fn store_cfg() -> StoreConfig {
         segment_size_max: 4096,
         cache_bytes_max: 8192,
         quota_bytes: 0,
+        recycle: true,
         fsync: false,
     }
 }
