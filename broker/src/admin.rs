@@ -125,6 +125,7 @@ fn register_counters_at_zero() {
         "bmq_journal_written_bytes_total",
         "bmq_journal_rollovers_total",
         "bmq_journal_segments_deleted_total",
+        "bmq_journal_segments_recycled_total",
         "bmq_journal_compactions_total",
         "bmq_journal_torn_tail_truncations_total",
     ];
