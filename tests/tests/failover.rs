@@ -109,10 +109,67 @@ async fn consume(client: Client, seen: Seen, stop: Arc<AtomicU64>) -> anyhow::Re
     Ok(())
 }
 
-/// Runs the scenario: the primary of the queue's partition gets `signal` mid-production.
-/// Producer 1 and the consumer are attached to the two other nodes (the proxy path);
-/// producer 2 is attached to the primary itself (the client library must reconnect).
-async fn scenario(cluster: &mut Cluster, signal: i32) -> anyhow::Result<()> {
+/// Produces `count` messages to the queue (producer id 9) and consumes and confirms every one
+/// of them before returning, so that the queue's partition closes, deletes and recycles
+/// journal segments on every node before a scenario starts.
+async fn warm_up(cluster: &Cluster, count: u64) -> anyhow::Result<()> {
+    cluster.wait_for_leader(Duration::from_secs(30)).await?;
+    let addrs = cluster.client_addrs();
+    let producer = Client::connect(client_config(addrs.clone(), "warm-up-producer")).await?;
+    producer.open_queue(QUEUE, OpenOptions::write()).await?;
+    let consumer = Client::connect(client_config(addrs, "warm-up-consumer")).await?;
+    consumer
+        .open_queue(
+            QUEUE,
+            OpenOptions::read(ConsumerOptions {
+                max_unconfirmed_messages: 1000,
+                ..Default::default()
+            }),
+        )
+        .await?;
+    let consumed = tokio::spawn(async move {
+        for _ in 0..count {
+            let msg = tokio::time::timeout(Duration::from_secs(30), consumer.next_message())
+                .await
+                .context("warm-up consumer waited 30 s")?
+                .context("warm-up consumer stream ended")?;
+            consumer.confirm(&msg.uri, msg.guid).await?;
+        }
+        consumer.disconnect().await.ok();
+        anyhow::Ok(())
+    });
+    let mut in_flight = VecDeque::new();
+    for seq in 0..count {
+        in_flight.push_back(
+            producer
+                .put(QUEUE, payload::encode(9, seq, 512), vec![])
+                .await?,
+        );
+        while in_flight.len() >= PRODUCER_WINDOW || (seq + 1 == count && !in_flight.is_empty()) {
+            let ack = in_flight.pop_front().expect("non-empty").await;
+            let ack = ack.map_err(|e| anyhow::anyhow!("warm-up put: {e}"))?;
+            ensure!(
+                ack.status == AckStatus::Success as i32,
+                "warm-up put: NACK {ack:?}"
+            );
+        }
+    }
+    producer.disconnect().await.ok();
+    tokio::time::timeout(Duration::from_secs(120), consumed)
+        .await
+        .context("warm-up consumer timed out")???;
+    Ok(())
+}
+
+/// Runs the scenario: the primary of the queue's partition gets `signal` mid-production, once
+/// producer 1 has `signal_after_acks` ACKs. Producer 1 and the consumer are attached to the
+/// two other nodes (the proxy path); producer 2 is attached to the primary itself (the client
+/// library must reconnect).
+async fn scenario(
+    cluster: &mut Cluster,
+    signal: i32,
+    signal_after_acks: u64,
+) -> anyhow::Result<()> {
     cluster.wait_for_leader(Duration::from_secs(30)).await?;
     let addrs = cluster.client_addrs();
     // Assign the queue and learn its primary.
@@ -162,7 +219,7 @@ async fn scenario(cluster: &mut Cluster, signal: i32) -> anyhow::Result<()> {
     let t2 = tokio::spawn(produce(p2.clone(), 2, acks2.clone(), Arc::default()));
 
     let deadline = Instant::now() + Duration::from_secs(60);
-    while count1.load(Ordering::Relaxed) < SIGNAL_AFTER_ACKS {
+    while count1.load(Ordering::Relaxed) < signal_after_acks {
         ensure!(
             Instant::now() < deadline,
             "producer 1 too slow before the signal"
@@ -328,7 +385,7 @@ async fn scenario(cluster: &mut Cluster, signal: i32) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_messages_survive_primary_sigkill() {
     let mut cluster = Cluster::start(3).expect("start cluster");
-    if let Err(e) = scenario(&mut cluster, libc::SIGKILL).await {
+    if let Err(e) = scenario(&mut cluster, libc::SIGKILL, SIGNAL_AFTER_ACKS).await {
         panic!("{e:#}\n{}", cluster.log_tails(60));
     }
 }
@@ -339,7 +396,51 @@ async fn acked_messages_survive_primary_sigkill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_messages_survive_primary_graceful_stop() {
     let mut cluster = Cluster::start(3).expect("start cluster");
-    if let Err(e) = scenario(&mut cluster, libc::SIGTERM).await {
+    if let Err(e) = scenario(&mut cluster, libc::SIGTERM, SIGNAL_AFTER_ACKS).await {
+        panic!("{e:#}\n{}", cluster.log_tails(60));
+    }
+}
+
+/// SIGKILL of the queue's primary with 1 MiB journal segments, soon after a warm-up of 8,000
+/// messages consumed: segments were deleted and recycled (written over) on every node before
+/// the crash, so the killed
+/// primary restarts from journals whose newest segment may hold an earlier life's records
+/// after its own, and the others go on recycling while they take over. Every ACKed message is
+/// delivered, nothing unknown is, and the node comes back as a primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_messages_survive_primary_sigkill_with_recycled_segments() {
+    let mut cluster = Cluster::configure(3, |c| c.storage.segment_size_mb = 1).expect("configure");
+    for id in 1..=3 {
+        cluster.start_node(id).expect("start node");
+    }
+    let result = async {
+        // About five segments' worth, all consumed: segments deleted and recycled already.
+        warm_up(&cluster, 8_000).await?;
+        // Soon after it: the newest segments are recycled ones when the primary dies.
+        scenario(&mut cluster, libc::SIGKILL, 200).await?;
+        let mut recycled = 0.0;
+        for node in &cluster.nodes {
+            recycled +=
+                bmq_tests::metric(&node.admin_addr(), "bmq_journal_segments_recycled_total")
+                    .await?;
+        }
+        ensure!(recycled > 0.0, "no journal segment was recycled");
+        eprintln!("{recycled} journal segments recycled since the nodes last started");
+        // The restarted node read a recycled segment back (its earlier life's bytes cut).
+        let mut reread = 0;
+        for node in &cluster.nodes {
+            let log = std::fs::read_to_string(node.log_path())?;
+            reread += log.matches("recycled journal segment").count();
+        }
+        ensure!(
+            reread > 0,
+            "no node read a recycled journal segment back at a start"
+        );
+        eprintln!("{reread} recycled journal segments read back at a start");
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    if let Err(e) = result {
         panic!("{e:#}\n{}", cluster.log_tails(60));
     }
 }
