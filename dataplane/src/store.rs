@@ -1435,18 +1435,34 @@ impl Store {
         };
         // Its inode and directory entry become durable with the next sync (see `fresh`), off
         // the partition's thread: a roll-over does not wait for two fsyncs.
+        self.push_segment(n, path, file, buf.len() as u64, reserved, false);
+        Ok(())
+    }
+
+    /// Puts segment `n`, just made with `head` bytes (its header and marker) written, at the
+    /// end: the active segment. Not durable until the next sync (`fresh`, with fsyncs); a
+    /// `recycled` one's head was fsynced before its rename.
+    fn push_segment(
+        &mut self,
+        n: u32,
+        path: PathBuf,
+        file: File,
+        head: u64,
+        reserved: u64,
+        recycled: bool,
+    ) {
         let fresh = self.cfg.fsync;
-        self.bytes_total += buf.len() as u64;
+        self.bytes_total += head;
         self.segments.push(Segment {
             no: n,
             path,
             file: Arc::new(file),
-            len: buf.len() as u64,
-            written: buf.len() as u64,
+            len: head,
+            written: head,
             reserved,
-            synced_len: if fresh { 0 } else { buf.len() as u64 },
+            synced_len: if fresh && !recycled { 0 } else { head },
             fresh,
-            recycled: false,
+            recycled,
             records: Vec::new(),
             live: 0,
             live_bytes: 0,
@@ -1457,7 +1473,6 @@ impl Store {
         if !fresh {
             self.durable_marked_base = self.durable_marked_base.max(self.base);
         }
-        Ok(())
     }
 
     /// Makes the spare file segment `n` (see "Recycling" in the module doc): its header (format
@@ -1484,29 +1499,8 @@ impl Store {
                 return Err(e);
             }
         };
-        let fresh = self.cfg.fsync;
-        self.bytes_total += buf.len() as u64;
-        self.segments.push(Segment {
-            no: n,
-            path,
-            file: Arc::new(file),
-            len: buf.len() as u64,
-            written: buf.len() as u64,
-            reserved,
-            // Fsynced above; the new name becomes durable with the next sync (`fresh`).
-            synced_len: buf.len() as u64,
-            fresh,
-            recycled: true,
-            records: Vec::new(),
-            live: 0,
-            live_bytes: 0,
-            pins: Vec::new(),
-            self_pinned: 0,
-        });
-        self.marked = (self.base, self.last_sequence);
-        if !fresh {
-            self.durable_marked_base = self.durable_marked_base.max(self.base);
-        }
+        // Its head was fsynced above; the new name becomes durable with the next sync.
+        self.push_segment(n, path, file, buf.len() as u64, reserved, true);
         metrics::counter!("bmq_journal_segments_recycled_total").increment(1);
         Ok(())
     }
