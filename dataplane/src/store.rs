@@ -232,6 +232,11 @@ fn segment_path(dir: &Path, n: u32) -> PathBuf {
     dir.join(format!("journal-{n:010}.bmqj"))
 }
 
+/// The spare file of the store in `dir` (see "Recycling" in the module doc).
+fn spare_path(dir: &Path) -> PathBuf {
+    dir.join(SPARE_NAME)
+}
+
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     fsync_dir(dir).map_err(io(dir))
 }
@@ -1109,10 +1114,8 @@ impl Store {
                     self.runs = m.runs.iter().map(|r| (r.lease, r.first_sequence)).collect();
                 }
             } else {
-                // Above the base every position is held; below it absent ones were dead.
                 let expected = self.last_sequence + 1;
-                let gap_ok = version != 1 && record.sequence.saturating_sub(1) <= self.base;
-                if record.sequence < expected || (record.sequence > expected && !gap_ok) {
+                if !self.is_next_position(record.sequence, version) {
                     return Err(corrupt(
                         pos as u64,
                         format!(
@@ -1165,14 +1168,17 @@ impl Store {
             Some(RecordKind::Marker(m)) => {
                 m.segment == n && m.covered_through >= self.last_sequence
             }
-            _ => {
-                let expected = self.last_sequence + 1;
-                record.sequence == expected
-                    || (record.sequence > expected
-                        && version != 1
-                        && record.sequence - 1 <= self.base)
-            }
+            _ => self.is_next_position(record.sequence, version),
         }
+    }
+
+    /// Whether a record of position `sequence` may follow what was read so far in a segment
+    /// of format `version`: the next position, or (from version 2) one after positions absent
+    /// below the base — above the base every position is held; below it absent ones were
+    /// dead.
+    fn is_next_position(&self, sequence: u64, version: u32) -> bool {
+        let expected = self.last_sequence + 1;
+        sequence == expected || (sequence > expected && version != 1 && sequence - 1 <= self.base)
     }
 
     /// Adds a record (not a marker) held in `self.segments[segment]` at `offset` to the
@@ -1407,7 +1413,7 @@ impl Store {
                     // Nothing is lost: the segment is made afresh, as without a spare.
                     warn!(dir = %self.dir.display(), error = %e, "journal spare segment not reusable: removed");
                     self.spare = false;
-                    let _ = std::fs::remove_file(self.dir.join(SPARE_NAME));
+                    let _ = std::fs::remove_file(spare_path(&self.dir));
                 }
             }
         }
@@ -1482,7 +1488,7 @@ impl Store {
     /// segment's does. Errors: any I/O error before the rename leaves the spare to be removed;
     /// after it, the segment file is removed.
     fn recycle_spare(&mut self, n: u32) -> std::io::Result<()> {
-        let spare = self.dir.join(SPARE_NAME);
+        let spare = spare_path(&self.dir);
         let path = segment_path(&self.dir, n);
         let buf = segment_head(&self.marker(n), VERSION_RECYCLED);
         let file = OpenOptions::new().read(true).write(true).open(&spare)?;
@@ -2224,14 +2230,7 @@ impl Store {
         if self.spare {
             // The installed journal numbers its segments afresh: a spare of the old numbering
             // goes (see "Recycling" in the module doc).
-            let spare = self.dir.join(SPARE_NAME);
-            let deleted = deleted_path(&spare);
-            std::fs::rename(&spare, &deleted).map_err(io(&spare))?;
-            if staged.defer_close {
-                staged.closed_files.unlink.push(deleted);
-            } else {
-                std::fs::remove_file(&deleted).map_err(io(&deleted))?;
-            }
+            staged.remove_file(&spare_path(&self.dir))?;
         }
         staged.sync_epoch = self.sync_epoch + 1;
         info!(
@@ -2599,7 +2598,6 @@ impl Store {
     /// leaves a `.deleted` file, removed at open.
     fn delete_segment(&mut self, i: usize, report: &mut Maintenance) -> Result<(), StoreError> {
         let s = self.segments.remove(i);
-        let spare = self.dir.join(SPARE_NAME);
         let full = || {
             s.file
                 .metadata()
@@ -2607,20 +2605,13 @@ impl Store {
         };
         if self.cfg.recycle && !self.spare && full() {
             // Kept as the spare the next roll-over writes over (its blocks stay allocated).
-            std::fs::rename(&s.path, &spare).map_err(io(&s.path))?;
+            std::fs::rename(&s.path, spare_path(&self.dir)).map_err(io(&s.path))?;
             self.spare = true;
             if self.defer_close && self.cfg.fsync {
                 self.closed_files.sync_dir = Some(self.dir.clone());
             }
-        } else if self.defer_close {
-            let deleted = deleted_path(&s.path);
-            std::fs::rename(&s.path, &deleted).map_err(io(&s.path))?;
-            self.closed_files.unlink.push(deleted);
-            if self.cfg.fsync {
-                self.closed_files.sync_dir = Some(self.dir.clone());
-            }
         } else {
-            std::fs::remove_file(&s.path).map_err(io(&s.path))?;
+            self.remove_file(&s.path)?;
         }
         self.retire_file(s.file.clone());
         // Its only live records were confirms of its own dead messages.
@@ -2632,6 +2623,23 @@ impl Store {
         // The dead messages are gone from disk: their confirms are no longer needed.
         for r in s.pins {
             self.kill(r);
+        }
+        Ok(())
+    }
+
+    /// Removes the file at `path`: with deferred closing it is renamed now and removed by the
+    /// caller's thread (a crash in between leaves a `.deleted` file, removed at open), the
+    /// directory fsynced there; otherwise removed at once.
+    fn remove_file(&mut self, path: &Path) -> Result<(), StoreError> {
+        if self.defer_close {
+            let deleted = deleted_path(path);
+            std::fs::rename(path, &deleted).map_err(io(path))?;
+            self.closed_files.unlink.push(deleted);
+            if self.cfg.fsync {
+                self.closed_files.sync_dir = Some(self.dir.clone());
+            }
+        } else {
+            std::fs::remove_file(path).map_err(io(path))?;
         }
         Ok(())
     }

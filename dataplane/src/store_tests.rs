@@ -96,6 +96,27 @@ fn put_and_confirm_from(s: &mut Store, mut seq: u64, count: u64) -> u64 {
     seq
 }
 
+/// [`put_and_confirm_from`] `count` after `seq`, then everything settled and maintained: the
+/// closed segments go (the first full one becomes the spare). Returns the last position and
+/// what the maintenance did.
+fn put_confirm_and_settle(s: &mut Store, seq: u64, count: u64) -> (u64, Maintenance) {
+    let seq = put_and_confirm_from(s, seq, count);
+    s.sync().unwrap();
+    s.set_base(seq);
+    (seq, maintain(s))
+}
+
+/// Appends messages after `seq` (GUID = position) until the active segment rolls over;
+/// returns the last position.
+fn append_until_roll_over(s: &mut Store, mut seq: u64) -> u64 {
+    let segments = s.files().len();
+    while s.files().len() == segments {
+        seq += 1;
+        s.append_one(&message(seq, 1, Q, seq)).unwrap();
+    }
+    seq
+}
+
 fn outstanding_guids(store: &Store) -> Vec<u128> {
     store.outstanding().iter().map(|o| o.guid).collect()
 }
@@ -302,27 +323,17 @@ fn a_deleted_segment_is_recycled_and_its_old_records_are_never_read_back() {
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let mut s = open_fsync(dir.path(), 1024);
-    let seq = put_and_confirm(&mut s, 40);
-    s.sync().unwrap();
-    s.set_base(seq);
-    assert!(maintain(&mut s).deleted > 1);
-    let spare = dir.path().join(SPARE_NAME);
+    let (seq, m) = put_confirm_and_settle(&mut s, 0, 40);
+    assert!(m.deleted > 1);
+    let spare = spare_path(dir.path());
     let spare_inode = std::fs::metadata(&spare).unwrap().ino();
     let spare_len = std::fs::metadata(&spare).unwrap().len();
     assert!(spare_len >= 1024);
     // Fill the active segment until it rolls over into the spare, then two messages more.
-    let mut seq = seq;
-    let segments = s.files().len();
-    let mut n = 1000;
-    while s.files().len() == segments {
-        seq += 1;
-        n += 1;
-        s.append_one(&message(seq, 1, Q, n)).unwrap();
-    }
+    let mut seq = append_until_roll_over(&mut s, seq);
     for _ in 0..2 {
         seq += 1;
-        n += 1;
-        s.append_one(&message(seq, 1, Q, n)).unwrap();
+        s.append_one(&message(seq, 1, Q, seq)).unwrap();
     }
     s.sync().unwrap();
     assert!(!spare.exists(), "the spare became the new segment");
@@ -357,19 +368,15 @@ fn without_recycling_no_spare_is_kept_and_an_old_one_goes_at_open() {
         ..cfg(1024)
     };
     let mut s = Store::open(dir.path(), strict, apps()).unwrap();
-    let seq = put_and_confirm(&mut s, 40);
-    s.sync().unwrap();
-    s.set_base(seq);
-    assert!(maintain(&mut s).deleted > 1);
-    let spare = dir.path().join(SPARE_NAME);
+    let (seq, m) = put_confirm_and_settle(&mut s, 0, 40);
+    assert!(m.deleted > 1);
+    let spare = spare_path(dir.path());
     assert!(!spare.exists());
     drop(s);
     // Recycling on: a spare is kept; then off again: it goes at open.
     let mut s = open(dir.path(), 1024);
-    let seq = put_and_confirm_from(&mut s, seq, 40);
-    s.sync().unwrap();
-    s.set_base(seq);
-    assert!(maintain(&mut s).deleted > 1);
+    let (seq, m) = put_confirm_and_settle(&mut s, seq, 40);
+    assert!(m.deleted > 1);
     assert!(spare.exists());
     drop(s);
     let s = Store::open(dir.path(), strict, apps()).unwrap();
@@ -385,16 +392,8 @@ fn without_recycling_no_spare_is_kept_and_an_old_one_goes_at_open() {
 fn an_earlier_lifes_marker_and_records_after_a_recycled_segments_own_are_ignored() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open_fsync(dir.path(), 1024);
-    let seq = put_and_confirm(&mut s, 40);
-    s.sync().unwrap();
-    s.set_base(seq);
-    maintain(&mut s);
-    let mut seq = seq;
-    let segments = s.files().len();
-    while s.files().len() == segments {
-        seq += 1;
-        s.append_one(&message(seq, 1, Q, seq)).unwrap();
-    }
+    let (seq, _) = put_confirm_and_settle(&mut s, 0, 40);
+    append_until_roll_over(&mut s, seq);
     s.sync().unwrap();
     let (path, _, written) = s.files().last().cloned().unwrap();
     let n = s.segments.last().unwrap().no;

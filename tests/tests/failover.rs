@@ -35,11 +35,12 @@ fn client_config(brokers: Vec<String>, id: &str) -> ClientConfig {
 /// Every ACK a producer saw: sequence -> when.
 type AckLog = Arc<Mutex<BTreeMap<u64, Instant>>>;
 
-/// Produces `PER_PRODUCER` messages, keeping `PRODUCER_WINDOW` in flight; logs each success.
+/// Produces `count` messages, keeping `PRODUCER_WINDOW` in flight; logs each success.
 /// A NACK or an error ends it with an error (a client should see at most a reconnect).
 async fn produce(
     client: Client,
     producer_id: u64,
+    count: u64,
     acks: AckLog,
     counter: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
@@ -55,7 +56,7 @@ async fn produce(
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(())
     };
-    for seq in 0..PER_PRODUCER {
+    for seq in 0..count {
         let pending = client
             .put(QUEUE, payload::encode(producer_id, seq, 512), vec![])
             .await
@@ -138,22 +139,14 @@ async fn warm_up(cluster: &Cluster, count: u64) -> anyhow::Result<()> {
         consumer.disconnect().await.ok();
         anyhow::Ok(())
     });
-    let mut in_flight = VecDeque::new();
-    for seq in 0..count {
-        in_flight.push_back(
-            producer
-                .put(QUEUE, payload::encode(9, seq, 512), vec![])
-                .await?,
-        );
-        while in_flight.len() >= PRODUCER_WINDOW || (seq + 1 == count && !in_flight.is_empty()) {
-            let ack = in_flight.pop_front().expect("non-empty").await;
-            let ack = ack.map_err(|e| anyhow::anyhow!("warm-up put: {e}"))?;
-            ensure!(
-                ack.status == AckStatus::Success as i32,
-                "warm-up put: NACK {ack:?}"
-            );
-        }
-    }
+    produce(
+        producer.clone(),
+        9,
+        count,
+        AckLog::default(),
+        Arc::default(),
+    )
+    .await?;
     producer.disconnect().await.ok();
     tokio::time::timeout(Duration::from_secs(120), consumed)
         .await
@@ -215,8 +208,20 @@ async fn scenario(
     let acks1: AckLog = Arc::default();
     let acks2: AckLog = Arc::default();
     let count1 = Arc::new(AtomicU64::new(0));
-    let t1 = tokio::spawn(produce(p1.clone(), 1, acks1.clone(), count1.clone()));
-    let t2 = tokio::spawn(produce(p2.clone(), 2, acks2.clone(), Arc::default()));
+    let t1 = tokio::spawn(produce(
+        p1.clone(),
+        1,
+        PER_PRODUCER,
+        acks1.clone(),
+        count1.clone(),
+    ));
+    let t2 = tokio::spawn(produce(
+        p2.clone(),
+        2,
+        PER_PRODUCER,
+        acks2.clone(),
+        Arc::default(),
+    ));
 
     let deadline = Instant::now() + Duration::from_secs(60);
     while count1.load(Ordering::Relaxed) < signal_after_acks {
