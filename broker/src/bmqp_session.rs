@@ -59,6 +59,7 @@ use bmq_proto::client::{
     client_message::Kind, AckStatus, ClientMessage, CloseQueue, Confirm, ConsumerOptions,
     Disconnect, OpenQueue, Property, PropertyType, Put, StatusCode,
 };
+use bmq_proto::{uri_bytes, uri_str, uri_text, UriBytes};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -202,6 +203,9 @@ fn describe(sdk: &SdkIdentity) -> String {
 /// One queue the client has open, by its `qId`.
 struct QueueHandle {
     uri: String,
+    /// `uri` as the per-message frames carry it (shared by every PUT and CONFIRM: a reference
+    /// count each, not an allocation).
+    uri_bytes: UriBytes,
     /// The reader's stream parameters; `None` until its first ConfigureQueueStream, or after
     /// a deconfigure: deliveries wait.
     stream: Option<StreamParameters>,
@@ -353,7 +357,7 @@ impl BmqpWire {
                     }
                     into.push(ClientMessage {
                         kind: Some(Kind::Confirm(Confirm {
-                            uri: handle.uri.clone(),
+                            uri: handle.uri_bytes.clone(),
                             guid: Bytes::copy_from_slice(&c.guid),
                         })),
                     });
@@ -486,10 +490,10 @@ impl BmqpWire {
             let Some(handle) = self.queues.get(&q_id) else {
                 return Err(bad("unknown_queue", format!("PUT for queue id {q_id}")));
             };
-            let uri = handle.uri.clone();
+            let uri = handle.uri_bytes.clone();
             let nack = |reason: &'static str, detail: String| {
                 metrics::counter!("bmq_bmqp_errors_total", "reason" => reason).increment(1);
-                warn!(uri = %uri, %detail, "bmqp PUT refused");
+                warn!(uri = %uri_text(&uri), %detail, "bmqp PUT refused");
                 AckMessage {
                     status: ack_status::UNKNOWN,
                     correlation_id: 0,
@@ -566,6 +570,7 @@ impl BmqpWire {
                     self.queues.insert(
                         q_id,
                         QueueHandle {
+                            uri_bytes: uri_bytes(&r.uri),
                             uri: r.uri,
                             stream: None,
                             unconfirmed: HashMap::new(),
@@ -603,7 +608,7 @@ impl BmqpWire {
                 self.respond(&request, Response::CloseQueue);
             }
             Some(Kind::Ack(ack)) => {
-                let Some(&q_id) = self.by_uri.get(&ack.uri) else {
+                let Some(&q_id) = uri_str(&ack.uri).and_then(|u| self.by_uri.get(u)) else {
                     metrics::counter!("bmq_bmqp_errors_total", "reason" => "ack_after_close")
                         .increment(1);
                     return;
@@ -629,7 +634,7 @@ impl BmqpWire {
                 });
             }
             Some(Kind::Push(push)) => {
-                let Some(&q_id) = self.by_uri.get(&push.uri) else {
+                let Some(&q_id) = uri_str(&push.uri).and_then(|u| self.by_uri.get(u)) else {
                     // The reader closed meanwhile: the session's close puts it back.
                     metrics::counter!("bmq_bmqp_errors_total", "reason" => "push_after_close")
                         .increment(1);
@@ -645,7 +650,7 @@ impl BmqpWire {
                 ) {
                     Ok(d) => d,
                     Err(e) => {
-                        warn!(uri = %push.uri, error = %e, "PUSH properties do not fit bmqp; delivered without them");
+                        warn!(uri = %uri_text(&push.uri), error = %e, "PUSH properties do not fit bmqp; delivered without them");
                         (0, 0, Bytes::new())
                     }
                 };

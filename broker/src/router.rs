@@ -35,7 +35,7 @@ use bmq_proto::peer::{
     peer_message::Kind as PeerKind, Channel, ConsumersReleased, ForwardedClientMessage,
     PartitionMessage, PeerMessage, PrimaryActiveNotice, SessionGone,
 };
-use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
+use bmq_proto::{uri_str, LeaseId, NodeId, PartitionId, SessionAddr};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tracing::debug;
 
@@ -863,16 +863,17 @@ impl PartitionOutbox for Router {
     }
 }
 
-/// The queue URI a client request names.
+/// The queue URI a client request names (`None` also for a per-message URI that is not
+/// UTF-8: it names no queue).
 pub fn request_uri(message: &ClientMessage) -> Option<&str> {
     match &message.kind {
         Some(ClientKind::OpenQueue(m)) => Some(&m.uri),
-        Some(ClientKind::Put(m)) => Some(&m.uri),
-        Some(ClientKind::Confirm(m)) => Some(&m.uri),
+        Some(ClientKind::Put(m)) => uri_str(&m.uri),
+        Some(ClientKind::Confirm(m)) => uri_str(&m.uri),
         Some(ClientKind::CloseQueue(m)) => Some(&m.uri),
         Some(ClientKind::OpenQueueResponse(m)) => Some(&m.uri),
-        Some(ClientKind::Ack(m)) => Some(&m.uri),
-        Some(ClientKind::Push(m)) => Some(&m.uri),
+        Some(ClientKind::Ack(m)) => uri_str(&m.uri),
+        Some(ClientKind::Push(m)) => uri_str(&m.uri),
         Some(ClientKind::CloseQueueResponse(m)) => Some(&m.uri),
         _ => None,
     }

@@ -14,7 +14,7 @@ use bmq_proto::client::{
     client_message::Kind, Ack, ClientMessage, CloseQueue, Confirm, Disconnect, Hello, OpenQueue,
     Put, StatusCode,
 };
-use bmq_proto::{FrameCodec, FrameError, FrameWriter};
+use bmq_proto::{uri_str, uri_text, FrameCodec, FrameError, FrameWriter, UriBytes};
 use bytes::Bytes;
 use futures::StreamExt;
 use rand::Rng;
@@ -109,7 +109,7 @@ pub(super) enum Command {
         permit: OwnedSemaphorePermit,
     },
     /// Confirm a pushed message.
-    Confirm { uri: String, guid: Bytes },
+    Confirm { uri: UriBytes, guid: Bytes },
     /// Close a queue.
     Close {
         uri: String,
@@ -440,15 +440,18 @@ impl Connection {
                 }
             }
             Command::Put { put, reply, permit } => {
-                let state = match self.queues.get(&put.uri) {
+                let not_open = |put: &Put| ClientError::NotOpen {
+                    uri: uri_text(&put.uri).into_owned(),
+                };
+                let state = match uri_str(&put.uri).and_then(|uri| self.queues.get(uri)) {
                     Some(entry) if entry.options.write => entry.state,
                     _ => {
-                        let _ = reply.send(Err(ClientError::NotOpen { uri: put.uri }));
+                        let _ = reply.send(Err(not_open(&put)));
                         return false;
                     }
                 };
                 if state == QueueState::Failed {
-                    let _ = reply.send(Err(ClientError::NotOpen { uri: put.uri }));
+                    let _ = reply.send(Err(not_open(&put)));
                     return false;
                 }
                 let sequence = self.next_put_sequence;
@@ -509,13 +512,13 @@ impl Connection {
                 if let Some(pending) = self.puts.remove(&ack.guid) {
                     let _ = pending.reply.send(Ok(ack));
                 } else {
-                    debug!(uri = %ack.uri, "ack for an unknown or already acked put");
+                    debug!(uri = %uri_text(&ack.uri), "ack for an unknown or already acked put");
                 }
             }
             Some(Kind::Push(push)) => {
                 // Unbounded, but the broker pushes at most max_unconfirmed_messages per consumer.
                 let _ = self.messages.send(Message {
-                    uri: push.uri,
+                    uri: uri_text(&push.uri).into_owned(),
                     guid: push.guid,
                     payload: push.payload,
                     properties: push.properties,
@@ -611,7 +614,11 @@ impl Connection {
 
     /// The unacknowledged PUTs of `uri`, in send order, as frames.
     fn puts_of(&self, uri: &str) -> Vec<Kind> {
-        let mut puts: Vec<&PendingPut> = self.puts.values().filter(|p| p.put.uri == uri).collect();
+        let mut puts: Vec<&PendingPut> = self
+            .puts
+            .values()
+            .filter(|p| p.put.uri == uri.as_bytes())
+            .collect();
         puts.sort_by_key(|p| p.sequence);
         if !puts.is_empty() {
             info!(uri = %uri, count = puts.len(), "resending unacknowledged puts");
@@ -623,7 +630,7 @@ impl Connection {
         let guids: Vec<Bytes> = self
             .puts
             .values()
-            .filter(|p| p.put.uri == uri)
+            .filter(|p| p.put.uri == uri.as_bytes())
             .map(|p| p.put.guid.clone())
             .collect();
         for guid in guids {
@@ -707,13 +714,13 @@ impl Connection {
                 let orphans: Vec<Bytes> = self
                     .puts
                     .values()
-                    .filter(|p| !self.queues.contains_key(&p.put.uri))
+                    .filter(|p| !uri_str(&p.put.uri).is_some_and(|u| self.queues.contains_key(u)))
                     .map(|p| p.put.guid.clone())
                     .collect();
                 for guid in orphans {
                     let pending = self.puts.remove(&guid).expect("listed");
                     let _ = pending.reply.send(Err(ClientError::NotOpen {
-                        uri: pending.put.uri,
+                        uri: uri_text(&pending.put.uri).into_owned(),
                     }));
                 }
                 // Reopen every queue; its PUTs are resent once the broker confirms the open.

@@ -62,7 +62,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 pub use error::ClientError;
 
-use bmq_proto::uri::QueueUri;
+use bmq_proto::uri::{uri_bytes, QueueUri};
 use connection::{Command, Connection};
 
 /// Capacity of the command channel from handles to the background task, commands.
@@ -340,7 +340,7 @@ impl Client {
         let (reply, receiver) = oneshot::channel();
         self.send(Command::Put {
             put: bmq_proto::client::Put {
-                uri: uri.to_string(),
+                uri: uri_bytes(uri),
                 guid: guid.clone(),
                 payload,
                 properties,
@@ -363,7 +363,7 @@ impl Client {
     /// reconnection (at-least-once). Errors: [`ClientError::Disconnected`].
     pub async fn confirm(&self, uri: &str, guid: Bytes) -> Result<(), ClientError> {
         self.send(Command::Confirm {
-            uri: uri.to_string(),
+            uri: uri_bytes(uri),
             guid,
         })
         .await

@@ -135,7 +135,7 @@ impl FakeBroker {
                 if code == StatusCode::Ok && open.read {
                     for (i, payload) in behaviour.push_on_open.iter().enumerate() {
                         replies.push(Kind::Push(Push {
-                            uri: open.uri.clone(),
+                            uri: bmq_proto::uri_bytes(&open.uri),
                             guid: Bytes::from((i as u128).to_be_bytes().to_vec()),
                             payload: payload.clone(),
                             properties: vec![],

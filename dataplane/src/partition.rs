@@ -65,7 +65,7 @@ use bmq_proto::peer::{
     journal_record::Kind as RecordKind, PartitionMessage, StoredConfirm, StoredFailure,
     StoredRemoval,
 };
-use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
+use bmq_proto::{uri_bytes, uri_str, LeaseId, NodeId, PartitionId, SessionAddr, UriBytes};
 use bytes::Bytes;
 use tracing::{info, warn};
 
@@ -395,7 +395,7 @@ fn proto_status(code: StatusCode, message: &str) -> Option<Status> {
     })
 }
 
-fn ack(uri: String, guid: Bytes, status: AckStatus, message: String) -> ClientMessage {
+fn ack(uri: UriBytes, guid: Bytes, status: AckStatus, message: String) -> ClientMessage {
     ClientMessage {
         kind: Some(Kind::Ack(Ack {
             uri,
@@ -862,12 +862,14 @@ impl Partition {
             self.reply(from, ack(put.uri, put.guid, AckStatus::Invalid, why));
             return;
         }
-        let Some(entry) = self.queue(&put.uri) else {
+        let uri = put.uri.clone();
+        let Some(entry) = uri_str(&uri).and_then(|name| self.queue(name)) else {
             self.counters.nacks_unknown_queue += 1;
             let why = "unknown domain or invalid uri".to_string();
             self.reply(from, ack(put.uri, put.guid, AckStatus::UnknownQueue, why));
             return;
         };
+        let name = uri_str(&uri).expect("a queue was found by this name");
         if entry.policy.mode == DeliveryMode::Broadcast {
             self.broadcast(from, put);
             return;
@@ -882,7 +884,7 @@ impl Partition {
         }
         // Every copy (one per app id in a fanout domain) must have room, or nothing is stored.
         let size = put.payload.len() as u64;
-        let entry = self.queues.get_mut(&put.uri).expect("resolved above");
+        let entry = self.queues.get_mut(name).expect("resolved above");
         let refused = entry
             .apps
             .iter_mut()
@@ -910,7 +912,6 @@ impl Partition {
             return;
         }
         let Put {
-            uri,
             guid,
             payload,
             properties,
@@ -930,7 +931,7 @@ impl Partition {
         );
         match result {
             PutResult::Appended { sequence } => {
-                let entry = self.queues.get_mut(&uri).expect("resolved above");
+                let entry = self.queues.get_mut(name).expect("resolved above");
                 for (_, queue) in entry.apps.iter_mut() {
                     let taken = queue.put(now, key, size as u32, sequence);
                     debug_assert_eq!(taken, PutOutcome::Accepted, "checked with refusal()");
@@ -938,9 +939,9 @@ impl Partition {
                 entry.last_put = sequence;
                 if !entry.awaiting_marks {
                     entry.awaiting_marks = true;
-                    self.awaiting_marks.push(uri.clone());
+                    self.awaiting_marks.push(name.to_string());
                 }
-                self.deliver(now, &uri);
+                self.deliver(now, name);
             }
             PutResult::StorageFailure { reason } => {
                 self.counters.nacks_storage_failure += 1;
@@ -958,7 +959,7 @@ impl Partition {
     fn broadcast(&mut self, from: SessionAddr, put: Put) {
         let consumers: Vec<SessionAddr> = self
             .queues
-            .get(&put.uri)
+            .get(uri_str(&put.uri).unwrap_or_default())
             .map(|e| e.apps.iter().flat_map(|(_, q)| q.consumer_keys()).collect())
             .unwrap_or_default();
         for consumer in consumers {
@@ -987,7 +988,8 @@ impl Partition {
 
     fn handle_confirm(&mut self, now: Instant, from: SessionAddr, c: Confirm) {
         let key = guid_key(&c.guid);
-        let confirmed_app = self.queues.get_mut(&c.uri).and_then(|entry| {
+        let name = uri_str(&c.uri).unwrap_or_default();
+        let confirmed_app = self.queues.get_mut(name).and_then(|entry| {
             entry
                 .apps
                 .iter_mut()
@@ -1003,7 +1005,7 @@ impl Partition {
             self.replication
                 .handle_record(now, record, self.wall_ms(now));
         }
-        self.deliver(now, &c.uri);
+        self.deliver(now, uri_str(&c.uri).unwrap_or_default());
     }
 
     fn handle_close(&mut self, now: Instant, from: SessionAddr, close: CloseQueue) {
@@ -1093,7 +1095,7 @@ impl Partition {
             // A push that cannot be handed over stays unconfirmed and is redelivered when its
             // consumer goes away: at-least-once.
             let push = Push {
-                uri: uri.to_string(),
+                uri: message.uri,
                 guid: message.guid,
                 payload: message.payload,
                 properties: message.properties,
@@ -1115,7 +1117,7 @@ impl Partition {
             QueueEvent::ConsumerFailed { guid, failures } => {
                 self.counters.consumer_failures += 1;
                 RecordKind::Failure(StoredFailure {
-                    uri: uri.to_string(),
+                    uri: uri_bytes(uri),
                     guid: guid_bytes(guid),
                     app_id,
                     failures,
@@ -1138,7 +1140,7 @@ impl Partition {
                     "message removed without a confirm"
                 );
                 RecordKind::Removal(StoredRemoval {
-                    uri: uri.to_string(),
+                    uri: uri_bytes(uri),
                     guid: guid_bytes(guid),
                     app_id,
                     reason: reason.as_str().to_string(),

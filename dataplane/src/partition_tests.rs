@@ -197,7 +197,7 @@ fn open(uri: &str, read: bool, app_id: &str) -> ClientMessage {
 fn put(uri: &str, n: u8) -> ClientMessage {
     ClientMessage {
         kind: Some(Kind::Put(Put {
-            uri: uri.into(),
+            uri: bmq_proto::uri_bytes(uri),
             guid: guid(n),
             payload: Bytes::from_static(b"x"),
             properties: vec![],
@@ -483,6 +483,21 @@ fn unknown_domain_is_refused() {
         if matches!(&message.kind, Some(Kind::Ack(a)) if a.status == AckStatus::UnknownQueue as i32))
     );
     assert_eq!(p.take_counters().nacks_unknown_queue, 1);
+    // A PUT's URI is protobuf `bytes`, not checked at decode: bytes that are not UTF-8 name no
+    // queue (UNKNOWN_QUEUE, counted, nothing journaled).
+    let mut bad = put("bmq://d/q", 2);
+    if let Some(Kind::Put(put)) = &mut bad.kind {
+        put.uri = Bytes::from_static(b"bmq://d/\xffq");
+    }
+    p.handle_request(now, session(1), bad);
+    let outputs = drain(&mut p);
+    assert!(
+        matches!(&outputs[..], [PartitionOutput::Reply { message, .. }]
+        if matches!(&message.kind, Some(Kind::Ack(a)) if a.status == AckStatus::UnknownQueue as i32)),
+        "{outputs:?}"
+    );
+    assert_eq!(p.take_counters().nacks_unknown_queue, 1);
+    assert!(journal(&p).is_empty());
 }
 
 #[test]

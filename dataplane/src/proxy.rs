@@ -24,7 +24,7 @@ use bmq_proto::client::{
     client_message::Kind, Ack, AckStatus, ClientMessage, CloseQueue, CloseQueueResponse, Confirm,
     OpenQueue, OpenQueueResponse, Put, Status, StatusCode,
 };
-use bmq_proto::{LeaseId, NodeId, PartitionId};
+use bmq_proto::{uri_str, LeaseId, NodeId, PartitionId};
 use bytes::Bytes;
 use tracing::info;
 
@@ -490,7 +490,7 @@ impl Proxy {
 
     /// A PUT from the client.
     pub fn handle_put(&mut self, now: Instant, put: Put) {
-        let Some(q) = self.queues.get(&put.uri) else {
+        let Some(q) = uri_str(&put.uri).and_then(|u| self.queues.get(u)) else {
             self.counters.nacks_not_open += 1;
             let why = "the queue is not open in this session";
             self.reply(ack(put, AckStatus::UnknownQueue, why));
@@ -528,7 +528,7 @@ impl Proxy {
     /// A CONFIRM from the client: to the queue's primary (dropped and counted for a queue not
     /// open here; lost while detached, which only delays: the message is redelivered).
     pub fn handle_confirm(&mut self, confirm: Confirm) {
-        match self.queues.get(&confirm.uri) {
+        match uri_str(&confirm.uri).and_then(|u| self.queues.get(u)) {
             Some(q) => {
                 if let Some((partition, primary)) = q.attached() {
                     self.forward(partition, primary, Kind::Confirm(confirm));
@@ -559,7 +559,9 @@ impl Proxy {
         match message.kind {
             Some(Kind::Ack(ack)) => self.on_ack(now, ack),
             Some(Kind::Push(push))
-                if self.queues.get(&push.uri).is_some_and(|q| q.request.read) =>
+                if uri_str(&push.uri)
+                    .and_then(|u| self.queues.get(u))
+                    .is_some_and(|q| q.request.read) =>
             {
                 self.reply(ClientMessage {
                     kind: Some(Kind::Push(push)),
@@ -577,8 +579,9 @@ impl Proxy {
             if let Some(p) = self.pending_puts.get_mut(&ack.guid) {
                 p.sent_at = None;
             }
-            if let Some(QueueRoute::Assigned { blocked, .. }) =
-                self.queues.get_mut(&ack.uri).map(|q| &mut q.route)
+            if let Some(QueueRoute::Assigned { blocked, .. }) = uri_str(&ack.uri)
+                .and_then(|u| self.queues.get_mut(u))
+                .map(|q| &mut q.route)
             {
                 *blocked = true;
             }
@@ -756,8 +759,9 @@ impl Proxy {
             {
                 continue;
             }
-            let Some((partition, primary)) =
-                self.queues.get(&pending.put.uri).and_then(|q| q.attached())
+            let Some((partition, primary)) = uri_str(&pending.put.uri)
+                .and_then(|u| self.queues.get(u))
+                .and_then(|q| q.attached())
             else {
                 continue;
             };

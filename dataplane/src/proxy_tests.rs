@@ -481,3 +481,28 @@ fn retransmit_buffer_stays_within_twice_what_is_unacknowledged_behind_an_old_put
     assert_eq!(b.len(), 0);
     assert!(b.slots.is_empty());
 }
+
+#[test]
+fn a_put_whose_uri_is_not_utf8_is_nacked_and_the_open_queue_goes_on() {
+    // Per-message URIs are protobuf `bytes` (decoded without a UTF-8 check): bytes that are
+    // not UTF-8 name no open queue, so the PUT is NACKed UNKNOWN_QUEUE and counted, nothing
+    // goes to the primary, and the queue's next PUT is forwarded as usual.
+    let now = Instant::now();
+    let mut p = attached(now);
+    let mut bad = put(1);
+    bad.uri = Bytes::from_static(b"bmq://d/\xff");
+    p.handle_put(now, bad.clone());
+    let outputs = drain(&mut p);
+    let [ProxyOutput::ToClient(ClientMessage {
+        kind: Some(Kind::Ack(nack)),
+    })] = &outputs[..]
+    else {
+        panic!("expected one NACK to the client, got {outputs:?}");
+    };
+    assert_eq!(nack.status, AckStatus::UnknownQueue as i32);
+    assert_eq!(nack.uri, bad.uri);
+    assert_eq!(p.take_counters().nacks_not_open, 1);
+    assert_eq!(p.unacknowledged(), 0);
+    p.handle_put(now, put(2));
+    assert_eq!(drain(&mut p), vec![to_primary(2, Kind::Put(put(2)))]);
+}

@@ -67,7 +67,7 @@ use bmq_proto::peer::{
     JournalShape, PartitionMessage, PullRecords, Receipt, ReplicaStateQuery, ReplicaStateResponse,
     ReplicateRecords, StoredMessage, SyncRecords,
 };
-use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
+use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr, UriBytes};
 use bytes::Bytes;
 use tracing::{error, info, warn};
 
@@ -123,7 +123,7 @@ pub enum Output {
         /// The producer's session.
         producer: SessionAddr,
         /// The queue.
-        uri: String,
+        uri: UriBytes,
         /// The message's GUID.
         guid: Bytes,
     },
@@ -187,7 +187,7 @@ pub enum PutResult {
 #[derive(Debug, Clone)]
 struct Waiter {
     producer: SessionAddr,
-    uri: String,
+    uri: UriBytes,
     guid: Bytes,
 }
 
@@ -1617,7 +1617,7 @@ impl ReplicationCore {
     pub fn wait_for_stored(
         &mut self,
         producer: SessionAddr,
-        uri: String,
+        uri: UriBytes,
         guid: Bytes,
         strong: bool,
         sequence: u64,
@@ -1639,7 +1639,7 @@ impl ReplicationCore {
         &mut self,
         now: Instant,
         producer: SessionAddr,
-        uri: String,
+        uri: UriBytes,
         guid: Bytes,
         payload: Bytes,
         properties: Vec<Property>,

@@ -103,6 +103,7 @@ use std::sync::Arc;
 
 use bmq_proto::files::release_gradually;
 use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRun, StoredMarker};
+use bmq_proto::uri_text;
 
 use crate::guid_index::GuidIndex;
 use bytes::{Bytes, BytesMut};
@@ -804,7 +805,7 @@ pub fn split_frames(data: &Bytes) -> Result<Vec<(JournalRecord, Bytes)>, String>
 }
 
 /// The GUID and app a confirm, failure or removal record is about.
-fn subject(kind: &RecordKind) -> Option<(&str, &Bytes, &str)> {
+fn subject(kind: &RecordKind) -> Option<(&[u8], &Bytes, &str)> {
     match kind {
         RecordKind::Confirm(c) => Some((&c.uri, &c.guid, &c.app_id)),
         RecordKind::Removal(r) => Some((&r.uri, &r.guid, &r.app_id)),
@@ -1204,7 +1205,7 @@ impl Store {
         let live = match &record.kind {
             Some(RecordKind::Message(m)) => {
                 let guid = guid_key(&m.guid);
-                let queue = self.queue_id(&m.uri);
+                let queue = self.queue_id(&uri_text(&m.uri));
                 let apps = self.queues[queue as usize].apps.len();
                 let pending = if apps == 64 {
                     u64::MAX

@@ -45,7 +45,7 @@ fn message(sequence: u64, lease: u64, uri: &str, n: u64) -> JournalRecord {
         sequence,
         timestamp_ms: 0,
         kind: Some(RecordKind::Message(StoredMessage {
-            uri: uri.into(),
+            uri: bmq_proto::uri_bytes(uri),
             guid: guid(n),
             payload: Bytes::from(vec![n as u8; 100]),
             properties: vec![],
@@ -59,7 +59,7 @@ fn confirm(sequence: u64, lease: u64, uri: &str, n: u64, app: &str) -> JournalRe
         sequence,
         timestamp_ms: 0,
         kind: Some(RecordKind::Confirm(StoredConfirm {
-            uri: uri.into(),
+            uri: bmq_proto::uri_bytes(uri),
             guid: guid(n),
             app_id: app.into(),
         })),

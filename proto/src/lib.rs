@@ -44,7 +44,7 @@ pub use framing::{FrameCodec, FrameError, FRAME_SIZE_MAX_DEFAULT};
 pub use ids::{member_name, LeaseId, NodeId, PartitionId, SessionAddr, Term};
 #[cfg(feature = "codec")]
 pub use stream::{AsyncStream, BoxedStream};
-pub use uri::{QueueUri, UriError};
+pub use uri::{uri_bytes, uri_str, uri_text, QueueUri, UriBytes, UriError};
 
 /// Version of both the client and the peer protocol; peers and clients with another version
 /// are refused at Hello.
