@@ -863,13 +863,14 @@ impl Partition {
             return;
         }
         let uri = put.uri.clone();
-        let Some(entry) = uri_str(&uri).and_then(|name| self.queue(name)) else {
+        // A URI that is not UTF-8 becomes the empty name, which is no valid URI: UNKNOWN_QUEUE.
+        let name = uri_str(&uri).unwrap_or_default();
+        let Some(entry) = self.queue(name) else {
             self.counters.nacks_unknown_queue += 1;
             let why = "unknown domain or invalid uri".to_string();
             self.reply(from, ack(put.uri, put.guid, AckStatus::UnknownQueue, why));
             return;
         };
-        let name = uri_str(&uri).expect("a queue was found by this name");
         if entry.policy.mode == DeliveryMode::Broadcast {
             self.broadcast(from, put);
             return;
