@@ -872,7 +872,7 @@ impl Partition {
             return;
         };
         if entry.policy.mode == DeliveryMode::Broadcast {
-            self.broadcast(from, put);
+            self.broadcast(from, name, put);
             return;
         }
         let strong = entry.policy.strong;
@@ -955,12 +955,12 @@ impl Partition {
         }
     }
 
-    /// Broadcast mode: pushes `put` to every consumer attached now and ACKs it; nothing is
-    /// stored (at-most-once, DESIGN.md §7).
-    fn broadcast(&mut self, from: SessionAddr, put: Put) {
+    /// Broadcast mode: pushes `put` to every consumer of queue `name` (its URI as text) attached
+    /// now and ACKs it; nothing is stored (at-most-once, DESIGN.md §7).
+    fn broadcast(&mut self, from: SessionAddr, name: &str, put: Put) {
         let consumers: Vec<SessionAddr> = self
             .queues
-            .get(uri_str(&put.uri).unwrap_or_default())
+            .get(name)
             .map(|e| e.apps.iter().flat_map(|(_, q)| q.consumer_keys()).collect())
             .unwrap_or_default();
         for consumer in consumers {
@@ -1006,7 +1006,7 @@ impl Partition {
             self.replication
                 .handle_record(now, record, self.wall_ms(now));
         }
-        self.deliver(now, uri_str(&c.uri).unwrap_or_default());
+        self.deliver(now, name);
     }
 
     fn handle_close(&mut self, now: Instant, from: SessionAddr, close: CloseQueue) {

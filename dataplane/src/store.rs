@@ -805,11 +805,11 @@ pub fn split_frames(data: &Bytes) -> Result<Vec<(JournalRecord, Bytes)>, String>
 }
 
 /// The GUID and app a confirm, failure or removal record is about.
-fn subject(kind: &RecordKind) -> Option<(&[u8], &Bytes, &str)> {
+fn subject(kind: &RecordKind) -> Option<(&Bytes, &str)> {
     match kind {
-        RecordKind::Confirm(c) => Some((&c.uri, &c.guid, &c.app_id)),
-        RecordKind::Removal(r) => Some((&r.uri, &r.guid, &r.app_id)),
-        RecordKind::Failure(f) => Some((&f.uri, &f.guid, &f.app_id)),
+        RecordKind::Confirm(c) => Some((&c.guid, &c.app_id)),
+        RecordKind::Removal(r) => Some((&r.guid, &r.app_id)),
+        RecordKind::Failure(f) => Some((&f.guid, &f.app_id)),
         _ => None,
     }
 }
@@ -1232,7 +1232,7 @@ impl Store {
                 }
             }
             Some(kind) => match subject(kind) {
-                Some((_, guid, app)) => {
+                Some((guid, app)) => {
                     let guid = guid_key(guid);
                     let app = self
                         .index
