@@ -32,6 +32,34 @@ fn client_config(brokers: Vec<String>, id: &str) -> ClientConfig {
     config
 }
 
+/// A client of `brokers` (tried in order) with `QUEUE` open for writing.
+async fn connect_producer(brokers: Vec<String>, id: &str) -> anyhow::Result<Client> {
+    let client = Client::connect(client_config(brokers, id)).await?;
+    client.open_queue(QUEUE, OpenOptions::write()).await?;
+    Ok(client)
+}
+
+/// A client of `brokers` (tried in order) with `QUEUE` open for reading, at most
+/// `max_unconfirmed` messages pushed and not confirmed.
+async fn connect_consumer(
+    brokers: Vec<String>,
+    id: &str,
+    max_unconfirmed: u32,
+) -> anyhow::Result<Client> {
+    let client = Client::connect(client_config(brokers, id)).await?;
+    client
+        .open_queue(
+            QUEUE,
+            OpenOptions::read(ConsumerOptions {
+                max_unconfirmed_messages: max_unconfirmed,
+                ..Default::default()
+            }),
+        )
+        .await
+        .with_context(|| format!("{id} open"))?;
+    Ok(client)
+}
+
 /// Every ACK a producer saw: sequence -> when.
 type AckLog = Arc<Mutex<BTreeMap<u64, Instant>>>;
 
@@ -116,18 +144,8 @@ async fn consume(client: Client, seen: Seen, stop: Arc<AtomicU64>) -> anyhow::Re
 async fn warm_up(cluster: &Cluster, count: u64) -> anyhow::Result<()> {
     cluster.wait_for_leader(Duration::from_secs(30)).await?;
     let addrs = cluster.client_addrs();
-    let producer = Client::connect(client_config(addrs.clone(), "warm-up-producer")).await?;
-    producer.open_queue(QUEUE, OpenOptions::write()).await?;
-    let consumer = Client::connect(client_config(addrs, "warm-up-consumer")).await?;
-    consumer
-        .open_queue(
-            QUEUE,
-            OpenOptions::read(ConsumerOptions {
-                max_unconfirmed_messages: 1000,
-                ..Default::default()
-            }),
-        )
-        .await?;
+    let producer = connect_producer(addrs.clone(), "warm-up-producer").await?;
+    let consumer = connect_consumer(addrs, "warm-up-consumer", 1000).await?;
     let consumed = tokio::spawn(async move {
         for _ in 0..count {
             let msg = tokio::time::timeout(Duration::from_secs(30), consumer.next_message())
@@ -166,41 +184,21 @@ async fn scenario(
     cluster.wait_for_leader(Duration::from_secs(30)).await?;
     let addrs = cluster.client_addrs();
     // Assign the queue and learn its primary.
-    let opener = Client::connect(client_config(addrs.clone(), "opener")).await?;
-    opener.open_queue(QUEUE, OpenOptions::write()).await?;
+    let opener = connect_producer(addrs.clone(), "opener").await?;
     let (partition, primary) = primary_of_queue(cluster, QUEUE, Duration::from_secs(20)).await?;
     opener.disconnect().await.ok();
     let others: Vec<u32> = (1..=3).filter(|n| *n != primary).collect();
     let addr = |n: u32| addrs[(n - 1) as usize].clone();
     eprintln!("queue {QUEUE} is on partition {partition}, primary node {primary}");
 
-    let consumer = Client::connect(client_config(
-        vec![addr(others[1]), addr(others[0])],
-        "consumer",
-    ))
-    .await?;
-    consumer
-        .open_queue(
-            QUEUE,
-            OpenOptions::read(ConsumerOptions {
-                max_unconfirmed_messages: 100,
-                ..Default::default()
-            }),
-        )
-        .await
-        .context("consumer open")?;
-    let p1 = Client::connect(client_config(
-        vec![addr(others[0]), addr(others[1])],
-        "producer-1",
-    ))
-    .await?;
-    p1.open_queue(QUEUE, OpenOptions::write()).await?;
-    let p2 = Client::connect(client_config(
+    let consumer =
+        connect_consumer(vec![addr(others[1]), addr(others[0])], "consumer", 100).await?;
+    let p1 = connect_producer(vec![addr(others[0]), addr(others[1])], "producer-1").await?;
+    let p2 = connect_producer(
         vec![addr(primary), addr(others[1]), addr(others[0])],
         "producer-2",
-    ))
+    )
     .await?;
-    p2.open_queue(QUEUE, OpenOptions::write()).await?;
 
     let seen: Seen = Arc::default();
     let stop = Arc::new(AtomicU64::new(0));
