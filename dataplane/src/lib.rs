@@ -36,6 +36,7 @@ pub mod policy;
 mod position_table;
 pub mod proxy;
 pub mod queue;
+mod record_view;
 pub mod replication;
 pub mod store;
 

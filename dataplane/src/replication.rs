@@ -73,7 +73,7 @@ use tracing::{error, info, warn};
 
 use crate::guid_window::GuidWindow;
 use crate::store::{
-    guid_key, split_frames, ClosedFiles, CompactionDone, CompactionTicket, Maintenance, Store,
+    guid_key, ClosedFiles, CompactionDone, CompactionTicket, FramedBatch, Maintenance, Store,
     StoreError, SyncTicket,
 };
 
@@ -313,6 +313,35 @@ pub struct ReplicationCore {
 
 /// How often a primary looks for lost messages to resend.
 const TICK: Duration = Duration::from_millis(100);
+
+/// The records of a `ReplicateRecords`: decoded (an older primary's), or journal frames
+/// checked and read in place.
+#[derive(Clone, Copy)]
+enum Incoming<'r, 'b> {
+    Records(&'r [JournalRecord]),
+    Framed(&'r FramedBatch<'b>),
+}
+
+impl Incoming<'_, '_> {
+    fn len(&self) -> usize {
+        match self {
+            Incoming::Records(r) => r.len(),
+            Incoming::Framed(b) => b.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The index of the first record whose position is above `sequence`.
+    fn first_above(&self, sequence: u64) -> usize {
+        match self {
+            Incoming::Records(r) => r.partition_point(|x| x.sequence <= sequence),
+            Incoming::Framed(b) => b.first_above(sequence),
+        }
+    }
+}
 
 impl ReplicationCore {
     /// A core over `store` (the journal as recovered from disk, all durable).
@@ -903,19 +932,6 @@ impl ReplicationCore {
         covered: u64,
         settled: u64,
     ) -> bool {
-        self.apply_sync_framed(truncate_after, records, None, covered, settled)
-    }
-
-    /// [`ReplicationCore::apply_sync`] of records that may come with their frames (`frames[i]`
-    /// is `records[i]`'s), written as received.
-    fn apply_sync_framed(
-        &mut self,
-        truncate_after: u64,
-        records: &[JournalRecord],
-        frames: Option<&[Bytes]>,
-        covered: u64,
-        settled: u64,
-    ) -> bool {
         if truncate_after > self.store.last_sequence()
             || records
                 .first()
@@ -933,15 +949,35 @@ impl ReplicationCore {
         // Records at or below what the truncation kept (settled ones) are already held.
         let last = self.store.last_sequence();
         let keep = records.partition_point(|r| r.sequence <= last);
-        let fresh = &records[keep..];
+        let (covered, settled) = Self::accounted(last, covered, settled);
+        let result = self.store.append(&records[keep..], covered, settled, None);
+        self.wrote(result)
+    }
+
+    /// What a sync or replication that appends after `last` accounts for: positions up to
+    /// `covered` (0 when not above `last`: the last record's) and settled ones up to `settled`
+    /// (at most what is then held).
+    fn accounted(last: u64, covered: u64, settled: u64) -> (u64, u64) {
         let covered = if covered > last { covered } else { 0 };
-        let settled = settled.min(covered.max(last));
-        let result = match frames {
-            Some(frames) => self
-                .store
-                .append_framed(fresh, &frames[keep..], covered, settled),
-            None => self.store.append(fresh, covered, settled, None),
-        };
+        (covered, settled.min(covered.max(last)))
+    }
+
+    /// [`ReplicationCore::apply_sync`] after the last position held (nothing truncated) of the
+    /// records of `batch` from its `from`-th on, written as received. Returns false when they
+    /// do not follow.
+    fn apply_framed(
+        &mut self,
+        batch: &FramedBatch<'_>,
+        from: usize,
+        covered: u64,
+        settled: u64,
+    ) -> bool {
+        let last = self.store.last_sequence();
+        if from >= batch.len() || batch.sequence(from) != last + 1 {
+            return false;
+        }
+        let (covered, settled) = Self::accounted(last, covered, settled);
+        let result = self.store.append_framed(batch, from, covered, settled);
         self.wrote(result)
     }
 
@@ -1127,34 +1163,33 @@ impl ReplicationCore {
         self.send(to, MsgKind::StateResponse(r));
     }
 
-    fn on_replicate(&mut self, _now: Instant, from: NodeId, mut r: ReplicateRecords) {
+    fn on_replicate(&mut self, _now: Instant, from: NodeId, r: ReplicateRecords) {
         if !self.observe_lease(LeaseId(r.lease), from) || self.phase.is_some() {
             return;
         }
-        // Records sent as journal frames: split (each checksum checked), then written as
-        // received. A message whose frames do not check is dropped: it is resent.
-        let mut frames = None;
-        if !r.framed_records.is_empty() {
-            match split_frames(&r.framed_records) {
-                Ok(split) if r.records.is_empty() => {
-                    let (records, f): (Vec<_>, Vec<_>) = split.into_iter().unzip();
-                    r.records = records;
-                    frames = Some(f);
-                }
-                Ok(_) => {
-                    metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
-                    warn!(partition = %self.cfg.partition, peer = %from, "replication message with both records and frames dropped");
-                    return;
-                }
+        // Records sent as journal frames: split (each checksum checked, each record read in
+        // place), then written as received. A message whose frames do not check is dropped:
+        // it is resent.
+        let batch;
+        let incoming = if r.framed_records.is_empty() {
+            Incoming::Records(&r.records)
+        } else if !r.records.is_empty() {
+            metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
+            warn!(partition = %self.cfg.partition, peer = %from, "replication message with both records and frames dropped");
+            return;
+        } else {
+            batch = match FramedBatch::split(&r.framed_records) {
+                Ok(batch) => batch,
                 Err(why) => {
                     metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
                     warn!(partition = %self.cfg.partition, peer = %from, %why, "replication message with bad frames dropped");
                     return;
                 }
-            }
-        }
+            };
+            Incoming::Framed(&batch)
+        };
         if LeaseId(r.lease) != self.synced_lease || self.installing.is_some() {
-            if r.records.is_empty() {
+            if incoming.is_empty() {
                 return;
             }
             // Not synchronised with this primary yet: show it our journal.
@@ -1162,7 +1197,7 @@ impl ReplicationCore {
             return;
         }
         let last = self.store.last_sequence();
-        if r.records.is_empty() {
+        if incoming.is_empty() {
             // Only a new settled position.
             if r.prev_sequence <= last {
                 self.store.set_base(r.settled_through.min(last));
@@ -1174,25 +1209,26 @@ impl ReplicationCore {
             self.answer_shape(from);
             return;
         }
-        if r.records.iter().all(|x| x.sequence <= last) {
+        // Records at or below `last` are held already (a partial resend).
+        let stale = incoming.first_above(last);
+        if stale == incoming.len() {
             // A resend of what we hold: receipt it again.
             self.store.set_base(r.settled_through.min(last));
             self.send_receipt();
             return;
         }
-        // Records at or below `last` are held already (a partial resend).
-        let stale = r.records.partition_point(|x| x.sequence <= last);
-        let fresh = &r.records[stale..];
-        let fresh_frames = frames.as_ref().map(|f| &f[stale..]);
-        if !self.apply_sync_framed(
-            last,
-            fresh,
-            fresh_frames,
-            r.covered_through,
-            r.settled_through,
-        ) && !self.disk_full
-            && !self.failed
-        {
+        let applied = match incoming {
+            Incoming::Records(records) => self.apply_sync(
+                last,
+                &records[stale..],
+                r.covered_through,
+                r.settled_through,
+            ),
+            Incoming::Framed(batch) => {
+                self.apply_framed(batch, stale, r.covered_through, r.settled_through)
+            }
+        };
+        if !applied && !self.disk_full && !self.failed {
             self.answer_shape(from);
         }
     }

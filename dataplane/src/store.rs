@@ -106,6 +106,7 @@ use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRu
 use bmq_proto::uri_text;
 
 use crate::guid_index::GuidIndex;
+use crate::record_view::{facts_of, parse_facts, FactKind, RecordFacts};
 use bytes::{Bytes, BytesMut};
 use compaction::Compacting;
 pub use compaction::{CompactionDone, CompactionTicket};
@@ -759,7 +760,7 @@ fn cached_size(record: &JournalRecord) -> u64 {
     }
 }
 
-/// `records` as journal frames, one after another (what [`split_frames`] reads): the form
+/// `records` as journal frames, one after another (what [`FramedBatch::split`] reads): the form
 /// in which a primary streams fresh records to its replicas.
 pub fn encode_frames(records: &[JournalRecord]) -> Bytes {
     let mut buf = Vec::new();
@@ -769,48 +770,121 @@ pub fn encode_frames(records: &[JournalRecord]) -> Bytes {
     Bytes::from(buf)
 }
 
-/// Splits `data`, journal frames one after another (`| body length: u32 LE | CRC32C of body:
-/// u32 LE | body |`, the records of a `ReplicateRecords` as the sender's journal holds them),
-/// into records and their frames (slices of `data`, no copy). Errors: a truncated frame, a
-/// length over [`RECORD_SIZE_MAX`], a checksum mismatch, a body that does not decode, or a
-/// marker (never replicated).
-pub fn split_frames(data: &Bytes) -> Result<Vec<(JournalRecord, Bytes)>, String> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos < data.len() {
-        if data.len() - pos < RECORD_HEADER_LEN {
-            return Err(format!("truncated frame header at byte {pos}"));
-        }
-        let len = u32::from_le_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
-        let body_start = pos + RECORD_HEADER_LEN;
-        if len > RECORD_SIZE_MAX || data.len() - body_start < len {
-            return Err(format!(
-                "frame of {len} bytes at byte {pos} overruns the data"
-            ));
-        }
-        let body = data.slice(body_start..body_start + len);
-        if crc32c::crc32c(&body) != crc {
-            return Err(format!("checksum mismatch in the frame at byte {pos}"));
-        }
-        let record = JournalRecord::decode(body.clone())
-            .map_err(|e| format!("frame at byte {pos} does not decode: {e}"))?;
-        if matches!(record.kind, Some(RecordKind::Marker(_))) {
-            return Err(format!("a marker in the frame at byte {pos}"));
-        }
-        out.push((record, data.slice(pos..body_start + len)));
-        pos = body_start + len;
-    }
-    Ok(out)
+/// One frame of a [`FramedBatch`]: where it is in the batch's bytes and what the index needs
+/// of its record (borrowed from those bytes).
+#[derive(Debug, Clone, Copy)]
+struct BatchFrame<'a> {
+    /// Offset of the frame's header in the batch.
+    start: usize,
+    /// The frame's length, header included.
+    len: usize,
+    facts: RecordFacts<'a>,
 }
 
-/// The GUID and app a confirm, failure or removal record is about.
-fn subject(kind: &RecordKind) -> Option<(&Bytes, &str)> {
-    match kind {
-        RecordKind::Confirm(c) => Some((&c.guid, &c.app_id)),
-        RecordKind::Removal(r) => Some((&r.guid, &r.app_id)),
-        RecordKind::Failure(f) => Some((&f.guid, &f.app_id)),
-        _ => None,
+/// Journal frames one after another (`| body length: u32 LE | CRC32C of body: u32 LE | body
+/// |`, the records of a `ReplicateRecords` as the sender's journal holds them), checked and
+/// read in place ([`FramedBatch::split`]): a replica writes them as they arrived
+/// ([`Store::append_framed`]) and indexes each record from its frame's bytes, with no decoded
+/// `JournalRecord` and no reference count taken per field (see [`crate::record_view`]).
+#[derive(Debug)]
+pub struct FramedBatch<'a> {
+    data: &'a Bytes,
+    frames: Vec<BatchFrame<'a>>,
+}
+
+impl<'a> FramedBatch<'a> {
+    /// Splits `data` into its frames, checking each: length, checksum, body (what
+    /// `JournalRecord::decode` accepts). Errors: a truncated frame, a length over
+    /// [`RECORD_SIZE_MAX`], a checksum mismatch, a body that does not decode, or a marker
+    /// (never replicated).
+    pub fn split(data: &'a Bytes) -> Result<FramedBatch<'a>, String> {
+        let mut frames = Vec::new();
+        let mut pos = 0;
+        while pos < data.len() {
+            if data.len() - pos < RECORD_HEADER_LEN {
+                return Err(format!("truncated frame header at byte {pos}"));
+            }
+            let len = u32::from_le_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
+            let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
+            let body_start = pos + RECORD_HEADER_LEN;
+            if len > RECORD_SIZE_MAX || data.len() - body_start < len {
+                return Err(format!(
+                    "frame of {len} bytes at byte {pos} overruns the data"
+                ));
+            }
+            let body = &data[body_start..body_start + len];
+            if crc32c::crc32c(body) != crc {
+                return Err(format!("checksum mismatch in the frame at byte {pos}"));
+            }
+            let facts = parse_facts(body)
+                .map_err(|e| format!("frame at byte {pos} does not decode: {e}"))?;
+            if matches!(facts.kind, FactKind::Marker) {
+                return Err(format!("a marker in the frame at byte {pos}"));
+            }
+            frames.push(BatchFrame {
+                start: pos,
+                len: RECORD_HEADER_LEN + len,
+                facts,
+            });
+            pos = body_start + len;
+        }
+        Ok(FramedBatch { data, frames })
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Whether there is no record.
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// The position (`JournalRecord.sequence`) of record `i`. Panics when `i >= len()`.
+    pub fn sequence(&self, i: usize) -> u64 {
+        self.frames[i].facts.sequence
+    }
+
+    /// The index of the first record whose position is above `sequence` (positions rise, as
+    /// [`Store::append_framed`] requires; `len()` when none is).
+    pub fn first_above(&self, sequence: u64) -> usize {
+        self.frames
+            .partition_point(|f| f.facts.sequence <= sequence)
+    }
+
+    /// The frames of records `range`, one slice of the batch's bytes (no copy).
+    fn bytes_of(&self, range: std::ops::Range<usize>) -> Bytes {
+        let (first, last) = (&self.frames[range.start], &self.frames[range.end - 1]);
+        self.data.slice(first.start..last.start + last.len)
+    }
+}
+
+/// What [`Store::append_with`] appends: decoded records (a primary's, a sync's, an install's),
+/// or the records of a [`FramedBatch`] from its `from`-th on (a replica's, as received).
+#[derive(Clone, Copy)]
+enum Appending<'r, 'b> {
+    Records(&'r [JournalRecord]),
+    Frames(&'r FramedBatch<'b>, usize),
+}
+
+impl Appending<'_, '_> {
+    fn len(&self) -> usize {
+        match self {
+            Appending::Records(r) => r.len(),
+            Appending::Frames(b, from) => b.len().saturating_sub(*from),
+        }
+    }
+
+    /// The position of the `i`-th record appended, and whether it is a marker.
+    fn position(&self, i: usize) -> (u64, bool) {
+        match self {
+            Appending::Records(r) => (
+                r[i].sequence,
+                matches!(r[i].kind, Some(RecordKind::Marker(_))),
+            ),
+            Appending::Frames(b, from) => (b.sequence(from + i), false),
+        }
     }
 }
 
@@ -1129,7 +1203,7 @@ impl Store {
                     self.floor = record.sequence - 1;
                 }
                 let segment = self.segments.len() - 1;
-                self.index_record(segment, pos as u32, total, &record, effects);
+                self.index_record(segment, pos as u32, total, &facts_of(&record), effects);
             }
             let s = self.segments.last_mut().expect("pushed");
             s.len = (pos + RECORD_HEADER_LEN + len) as u64;
@@ -1190,7 +1264,7 @@ impl Store {
         segment: usize,
         offset: u32,
         len: u32,
-        record: &JournalRecord,
+        record: &RecordFacts<'_>,
         effects: &mut Vec<(u64, Effect)>,
     ) {
         let sequence = record.sequence;
@@ -1202,10 +1276,14 @@ impl Store {
         {
             self.runs.push((record.lease, sequence));
         }
-        let live = match &record.kind {
-            Some(RecordKind::Message(m)) => {
-                let guid = guid_key(&m.guid);
-                let queue = self.queue_id(&uri_text(&m.uri));
+        let live = match record.kind {
+            FactKind::Message {
+                uri,
+                guid,
+                payload_len,
+            } => {
+                let guid = guid_key(guid);
+                let queue = self.queue_id(&uri_text(uri));
                 let apps = self.queues[queue as usize].apps.len();
                 let pending = if apps == 64 {
                     u64::MAX
@@ -1221,7 +1299,7 @@ impl Store {
                             guid,
                             Entry {
                                 sequence,
-                                size: m.payload.len() as u32,
+                                size: payload_len as u32,
                                 queue,
                                 pending,
                                 extra: None,
@@ -1231,34 +1309,35 @@ impl Store {
                     }
                 }
             }
-            Some(kind) => match subject(kind) {
-                Some((guid, app)) => {
-                    let guid = guid_key(guid);
-                    let app = self
-                        .index
-                        .get(guid)
-                        .and_then(|e| self.app_index(e.queue, app));
-                    match app {
-                        Some(app) => {
-                            let effect = match kind {
-                                RecordKind::Failure(f) => Effect::Failed {
-                                    guid,
-                                    app,
-                                    failures: f.failures,
-                                },
-                                _ => Effect::Done { guid, app },
-                            };
-                            effects.push((sequence, effect));
-                            true
-                        }
-                        // About a message no longer (or never) outstanding: dead at once.
-                        None => false,
+            FactKind::Subject {
+                guid,
+                app_id,
+                failures,
+            } => {
+                let guid = guid_key(guid);
+                let app = self
+                    .index
+                    .get(guid)
+                    .and_then(|e| self.app_index(e.queue, app_id));
+                match app {
+                    Some(app) => {
+                        let effect = match failures {
+                            Some(failures) => Effect::Failed {
+                                guid,
+                                app,
+                                failures,
+                            },
+                            None => Effect::Done { guid, app },
+                        };
+                        effects.push((sequence, effect));
+                        true
                     }
+                    // About a message no longer (or never) outstanding: dead at once.
+                    None => false,
                 }
-                // Delivery records of version 1: informational, dead.
-                None => false,
-            },
-            None => false,
+            }
+            // Delivery records of version 1: informational, dead.
+            FactKind::Delivery | FactKind::Marker | FactKind::None => false,
         };
         let s = &mut self.segments[segment];
         s.records.push(Held {
@@ -1631,22 +1710,20 @@ impl Store {
         self.append(std::slice::from_ref(record), 0, 0, None)
     }
 
-    /// [`Store::append`] of records that come with their frames as another journal wrote them
-    /// (`frames[i]` is `records[i]`'s frame, see [`split_frames`]): the frames are written as
-    /// they are, not encoded again nor copied, and not cached (the cache, which holds a suffix
-    /// of the journal, is emptied): a replica's records are read back from the disk if it
-    /// becomes primary.
+    /// [`Store::append`] of the records of `batch` from its `from`-th on, as another journal
+    /// wrote them ([`FramedBatch::split`]): the frames are written as they are — not decoded,
+    /// encoded again nor copied — and not cached (the cache, which holds a suffix of the
+    /// journal, is emptied): a replica's records are read back from the disk if it becomes
+    /// primary.
     pub fn append_framed(
         &mut self,
-        records: &[JournalRecord],
-        frames: &[Bytes],
+        batch: &FramedBatch<'_>,
+        from: usize,
         covered_through: u64,
         settled_through: u64,
     ) -> Result<(), StoreError> {
-        assert_eq!(records.len(), frames.len(), "one frame per record");
         self.append_with(
-            records,
-            Some(frames),
+            Appending::Frames(batch, from),
             covered_through,
             settled_through,
             None,
@@ -1667,18 +1744,25 @@ impl Store {
         settled_through: u64,
         runs: Option<&[LeaseRun]>,
     ) -> Result<(), StoreError> {
-        self.append_with(records, None, covered_through, settled_through, runs)
+        self.append_with(
+            Appending::Records(records),
+            covered_through,
+            settled_through,
+            runs,
+        )
     }
 
     fn append_with(
         &mut self,
-        records: &[JournalRecord],
-        frames: Option<&[Bytes]>,
+        appending: Appending<'_, '_>,
         covered_through: u64,
         settled_through: u64,
         runs: Option<&[LeaseRun]>,
     ) -> Result<(), StoreError> {
-        let max_seq = records.last().map_or(self.last_sequence, |r| r.sequence);
+        let max_seq = match appending.len() {
+            0 => self.last_sequence,
+            n => appending.position(n - 1).0,
+        };
         let gap_bound = self.base.max(settled_through.min(max_seq));
         let mut expected = self.last_sequence + 1;
         let mut gaps = false;
@@ -1687,24 +1771,22 @@ impl Store {
         // skip those positions for a replica that still needs them (found by the replication
         // simulator: a confirm missing on a lagging replica, whose message stayed outstanding).
         let mut gap_floor = 0;
-        for r in records {
-            if r.sequence < expected
-                || (r.sequence > expected && r.sequence - 1 > gap_bound)
-                || matches!(r.kind, Some(RecordKind::Marker(_)))
-            {
+        for i in 0..appending.len() {
+            let (sequence, marker) = appending.position(i);
+            if sequence < expected || (sequence > expected && sequence - 1 > gap_bound) || marker {
                 return Err(StoreError::OutOfOrder {
                     expected,
-                    got: r.sequence,
+                    got: sequence,
                 });
             }
-            if r.sequence > expected {
+            if sequence > expected {
                 gaps = true;
-                gap_floor = r.sequence - 1;
+                gap_floor = sequence - 1;
             }
-            expected = r.sequence + 1;
+            expected = sequence + 1;
         }
         let before = self.snapshot(runs.is_some());
-        let result = self.append_inner(records, frames, gaps, gap_bound);
+        let result = self.append_inner(appending, gaps, gap_bound);
         if let Err(e) = result {
             self.rollback(before);
             return Err(e);
@@ -1736,8 +1818,7 @@ impl Store {
 
     fn append_inner(
         &mut self,
-        records: &[JournalRecord],
-        frames: Option<&[Bytes]>,
+        appending: Appending<'_, '_>,
         gaps: bool,
         gap_bound: u64,
     ) -> Result<(), StoreError> {
@@ -1746,9 +1827,10 @@ impl Store {
             self.base = gap_bound;
             self.write_marker()?;
         }
-        if let Some(frames) = frames {
-            return self.append_frames(records, frames);
-        }
+        let records = match appending {
+            Appending::Frames(batch, from) => return self.append_frames(batch, from),
+            Appending::Records(records) => records,
+        };
         // The frames are staged in the cache's block (see `Cached`), so a record is copied
         // once into memory the cache keeps and once into the write-behind buffer.
         self.cache_block.clear();
@@ -1778,34 +1860,51 @@ impl Store {
         Ok(())
     }
 
-    /// Appends records that come with their frames (a replica's, from its primary): each frame
-    /// goes to the write-behind buffer as it arrived — no copy: the kernel's `pwritev` reads it
-    /// where the peer link's read put it — and nothing is cached. A replica serves no
-    /// deliveries, so the cache would only hold what a promotion might read; a new primary
-    /// reads its earlier records from the disk (`Store::read`, one `pread` each, most from the
-    /// page cache), and what it appends from then on is cached. Caching here cost a copy of
-    /// every replicated byte (2.3% of the three brokers' CPU at 65,000 msgs/s, issue 18) and
-    /// kept the peer link's read buffers alive with the records. The cache holds a suffix of
-    /// the journal, so one that precedes these records is emptied.
-    fn append_frames(
-        &mut self,
-        records: &[JournalRecord],
-        frames: &[Bytes],
-    ) -> Result<(), StoreError> {
-        if records.is_empty() {
+    /// Appends the records of `batch` from its `from`-th on (a replica's, from its primary):
+    /// the frames go to the write-behind buffer as they arrived — one slice of the batch per
+    /// segment they land in, no copy: the kernel's `pwritev` reads them where the peer link's
+    /// read put them — and nothing is cached. A replica serves no deliveries, so the cache
+    /// would only hold what a promotion might read; a new primary reads its earlier records
+    /// from the disk (`Store::read`, one `pread` each, most from the page cache), and what it
+    /// appends from then on is cached. Caching here cost a copy of every replicated byte (2.3%
+    /// of the three brokers' CPU at 65,000 msgs/s, issue 18) and kept the peer link's read
+    /// buffers alive with the records. The cache holds a suffix of the journal, so one that
+    /// precedes these records is emptied.
+    fn append_frames(&mut self, batch: &FramedBatch<'_>, from: usize) -> Result<(), StoreError> {
+        if from >= batch.len() {
             return Ok(());
         }
         self.cache.clear();
         self.cache_bytes = 0;
         let mut effects = std::mem::take(&mut self.effects_scratch);
-        for (record, frame) in records.iter().zip(frames) {
+        let mut first = from;
+        while first < batch.len() {
             if self.active().len >= self.cfg.segment_size_max {
                 self.roll_over()?;
             }
-            let offset = self.active().len as u32;
-            self.write_active(frame.clone())?;
+            // The frames that go into the active segment: a frame goes where the one before it
+            // went unless that one filled the segment (as one frame at a time would).
+            let start = self.active().len;
+            let mut end = first;
+            let mut len = start;
+            while end < batch.len() && (end == first || len < self.cfg.segment_size_max) {
+                len += batch.frames[end].len as u64;
+                end += 1;
+            }
+            self.write_active(batch.bytes_of(first..end))?;
             let segment = self.segments.len() - 1;
-            self.index_record(segment, offset, frame.len() as u32, record, &mut effects);
+            let base = batch.frames[first].start;
+            for frame in &batch.frames[first..end] {
+                let offset = (start + (frame.start - base) as u64) as u32;
+                self.index_record(
+                    segment,
+                    offset,
+                    frame.len as u32,
+                    &frame.facts,
+                    &mut effects,
+                );
+            }
+            first = end;
         }
         // On an error above, the caller's rollback forgets what was indexed.
         self.effects.extend(effects.drain(..));
@@ -1829,7 +1928,7 @@ impl Store {
         let segment = self.segments.len() - 1;
         let mut effects = std::mem::take(&mut self.effects_scratch);
         for ((offset, len), record) in staged.drain(..).zip(records) {
-            self.index_record(segment, offset, len, record, &mut effects);
+            self.index_record(segment, offset, len, &facts_of(record), &mut effects);
             let at = (u64::from(offset) - start) as usize;
             self.cache_bytes += u64::from(len) + CACHE_ENTRY_BYTES;
             self.cache.push_back(Cached {

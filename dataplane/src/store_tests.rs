@@ -1024,8 +1024,8 @@ fn frames_stream_from_the_cache_and_append_as_received() {
     }
     let (frames, covered) = s.read_frames_from(4, 3, u64::MAX).unwrap();
     assert_eq!(covered, 7);
-    let split = split_frames(&frames).unwrap();
-    let seqs: Vec<u64> = split.iter().map(|(r, _)| r.sequence).collect();
+    let split = FramedBatch::split(&frames).unwrap();
+    let seqs: Vec<u64> = (0..split.len()).map(|i| split.sequence(i)).collect();
     assert_eq!(seqs, vec![5, 6, 7]);
     assert_eq!(
         frames,
@@ -1043,10 +1043,11 @@ fn frames_stream_from_the_cache_and_append_as_received() {
     let other = tempfile::tempdir().unwrap();
     let mut r = open(other.path(), 1 << 20);
     let (all, _) = s.read_frames_from(0, 100, u64::MAX).unwrap();
-    let (records, frames): (Vec<_>, Vec<_>) = split_frames(&all).unwrap().into_iter().unzip();
-    r.append_framed(&records, &frames, 0, 0).unwrap();
+    r.append_framed(&FramedBatch::split(&all).unwrap(), 0, 0, 0)
+        .unwrap();
     assert_eq!(r.read(3).unwrap().unwrap(), message(3, 1, Q, 3));
     let (from_buffer, _) = r.read_from(0, 100, u64::MAX, false).unwrap();
+    let records: Vec<JournalRecord> = (1..=10).map(|n| message(n, 1, Q, n)).collect();
     assert_eq!(from_buffer, records);
     r.sync().unwrap();
     drop(r);
@@ -1078,10 +1079,18 @@ fn a_replica_writes_received_frames_without_caching_them() {
         s.append_one(&message(n, 1, Q, n)).unwrap();
     }
     assert!(s.stats().cache_bytes > 0);
-    let received: Vec<JournalRecord> = (6..=40).map(|n| message(n, 2, Q, n)).collect();
-    let all = encode_frames(&received);
-    let (records, frames): (Vec<_>, Vec<_>) = split_frames(&all).unwrap().into_iter().unzip();
-    s.append_framed(&records, &frames, 0, 0).unwrap();
+    // Two batches, the second overlapping the first (a partial resend: appended from its
+    // first record above what is held).
+    let received: Vec<JournalRecord> = (6..=20).map(|n| message(n, 2, Q, n)).collect();
+    let first = encode_frames(&received);
+    s.append_framed(&FramedBatch::split(&first).unwrap(), 0, 0, 0)
+        .unwrap();
+    let received: Vec<JournalRecord> = (15..=40).map(|n| message(n, 2, Q, n)).collect();
+    let second = encode_frames(&received);
+    let batch = FramedBatch::split(&second).unwrap();
+    let from = batch.first_above(s.last_sequence());
+    assert_eq!(from, 6);
+    s.append_framed(&batch, from, 0, 0).unwrap();
     assert_eq!(s.stats().cache_bytes, 0, "a replica caches nothing");
     assert!(s.files().len() > 1, "the frames rolled the journal over");
     assert_eq!(
@@ -1130,22 +1139,22 @@ fn bad_frames_are_refused() {
     // Frames from the network are checked: a truncated one, a checksum mismatch, a length
     // beyond the data, a marker.
     let good = encode_frames(&[message(1, 1, Q, 1), message(2, 1, Q, 2)]);
-    assert_eq!(split_frames(&good).unwrap().len(), 2);
-    assert!(split_frames(&good.slice(..good.len() - 1)).is_err());
-    assert!(split_frames(&good.slice(..5)).is_err());
+    assert_eq!(FramedBatch::split(&good).unwrap().len(), 2);
+    assert!(FramedBatch::split(&good.slice(..good.len() - 1)).is_err());
+    assert!(FramedBatch::split(&good.slice(..5)).is_err());
     let mut flipped = good.to_vec();
     let last = flipped.len() - 1;
     flipped[last] ^= 1;
-    assert!(split_frames(&Bytes::from(flipped)).is_err());
+    assert!(FramedBatch::split(&Bytes::from(flipped)).is_err());
     let mut long = good.to_vec();
     long[..4].copy_from_slice(&u32::MAX.to_le_bytes());
-    assert!(split_frames(&Bytes::from(long)).is_err());
+    assert!(FramedBatch::split(&Bytes::from(long)).is_err());
     let marker = JournalRecord {
         kind: Some(RecordKind::Marker(StoredMarker::default())),
         ..Default::default()
     };
-    assert!(split_frames(&encode_frames(&[marker])).is_err());
-    assert_eq!(split_frames(&Bytes::new()).unwrap().len(), 0);
+    assert!(FramedBatch::split(&encode_frames(&[marker])).is_err());
+    assert_eq!(FramedBatch::split(&Bytes::new()).unwrap().len(), 0);
 }
 
 #[test]
@@ -1637,13 +1646,11 @@ fn a_failed_append_takes_back_the_lease_run_it_started() {
         message(4, 2, "bmq://d/q", 4),
         confirm(5, 2, "bmq://d/q", 1, ""),
     ];
-    let frames: Vec<Bytes> = split_frames(&encode_frames(&records))
-        .unwrap()
-        .into_iter()
-        .map(|(_, frame)| frame)
-        .collect();
-    s.fail_writes_after = Some(1);
-    assert!(s.append_framed(&records, &frames, 0, 0).is_err());
+    let frames = encode_frames(&records);
+    let batch = FramedBatch::split(&frames).unwrap();
+    // The batch's frames go in one write: it fails after the records were checked.
+    s.fail_writes_after = Some(0);
+    assert!(s.append_framed(&batch, 0, 0, 0).is_err());
     assert_eq!(s.runs(), runs_before);
     assert_eq!((s.last_sequence(), s.last_lease()), (3, 1));
     assert_eq!(outstanding_guids(&s).len(), 3);
@@ -1651,7 +1658,7 @@ fn a_failed_append_takes_back_the_lease_run_it_started() {
     assert!(s.append_one(&records[0]).is_err());
     assert_eq!(s.runs(), runs_before);
     s.fail_writes_after = None;
-    s.append_framed(&records, &frames, 0, 0).unwrap();
+    s.append_framed(&batch, 0, 0, 0).unwrap();
     s.sync().unwrap();
     let runs = |s: &Store| -> Vec<(u64, u64)> {
         s.runs()
@@ -1680,13 +1687,10 @@ fn read_from_finds_the_records_before_a_segment_of_only_markers() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path(), 1 << 20);
     let records: Vec<JournalRecord> = (1..=3).map(|n| message(n, 1, "bmq://d/q", n)).collect();
-    let frames: Vec<Bytes> = split_frames(&encode_frames(&records))
-        .unwrap()
-        .into_iter()
-        .map(|(_, frame)| frame)
-        .collect();
+    let frames = encode_frames(&records);
     // Appended as a replica appends (nothing cached): read back from the segment.
-    s.append_framed(&records, &frames, 0, 0).unwrap();
+    s.append_framed(&FramedBatch::split(&frames).unwrap(), 0, 0, 0)
+        .unwrap();
     s.roll_over().unwrap();
     assert_eq!(s.segments.len(), 2);
     assert!(s.segments[1].last_sequence().is_none(), "only its marker");
@@ -1695,5 +1699,40 @@ fn read_from_finds_the_records_before_a_segment_of_only_markers() {
         let got: Vec<u64> = read.iter().map(|r| r.sequence).collect();
         assert_eq!(got, ((after + 1)..=3).collect::<Vec<_>>(), "after {after}");
         assert_eq!(covered, 3);
+    }
+}
+
+/// A replica's batch that spans segments and fails after its first segment's frames were
+/// written and indexed is taken back whole (index, lease runs, last position); appended again,
+/// it reads back and reopens as if the failure never happened.
+#[test]
+fn a_framed_batch_failing_in_its_second_segment_is_taken_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 2048);
+    s.append_one(&message(1, 1, Q, 1)).unwrap();
+    let runs_before = s.runs();
+    let records: Vec<JournalRecord> = (2..=40).map(|n| message(n, 2, Q, n)).collect();
+    let frames = encode_frames(&records);
+    let batch = FramedBatch::split(&frames).unwrap();
+    s.fail_writes_after = Some(1);
+    assert!(s.append_framed(&batch, 0, 0, 0).is_err());
+    assert_eq!(s.runs(), runs_before);
+    assert_eq!((s.last_sequence(), s.last_lease()), (1, 1));
+    assert_eq!(outstanding_guids(&s).len(), 1);
+    s.fail_writes_after = None;
+    s.append_framed(&batch, 0, 0, 0).unwrap();
+    assert!(s.files().len() > 1, "the batch spans segments");
+    s.sync().unwrap();
+    s.check_accounting().unwrap();
+    assert_eq!(outstanding_guids(&s).len(), 40);
+    drop(s);
+    let s = open(dir.path(), 2048);
+    assert_eq!((s.last_sequence(), s.last_lease()), (40, 2));
+    for n in 2..=40 {
+        assert_eq!(
+            s.read(n).unwrap().unwrap(),
+            message(n, 2, Q, n),
+            "record {n}"
+        );
     }
 }
