@@ -2875,7 +2875,7 @@ where
     buf.put_slice(&(len as u32).to_le_bytes());
     buf.put_slice(&[0; 4]);
     record
-        .encode(buf)
+        .encode(&mut bmq_proto::EncodeBuf(buf))
         .expect("the buffer grows to hold the record");
     let crc = crc32c::crc32c(&buf[start + RECORD_HEADER_LEN..]);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());

@@ -93,6 +93,15 @@ unsafe impl BufMut for Gather<'_> {
     fn put_slice(&mut self, src: &[u8]) {
         self.0.head.put_slice(src);
     }
+
+    /// One byte (prost writes varints byte by byte) stored in place: `BytesMut`'s own
+    /// `put_u8` is a `put_slice` of one byte, a `memmove` call (see [`crate::encode_buf`]).
+    #[inline]
+    fn put_u8(&mut self, n: u8) {
+        self.chunk_mut().write_byte(0, n);
+        // SAFETY: `chunk_mut` (never empty: it grows `head`) had its first byte written.
+        unsafe { self.advance_mut(1) }
+    }
 }
 
 impl FrameWriter {

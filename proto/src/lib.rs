@@ -10,6 +10,7 @@
 //!   addresses shared by every crate.
 //! - [`uri`]: the `bmq://<domain>/<queue>` rule, shared by the client, the node and the cores.
 //! - [`admin_doc`]: the JSON document a node serves at `/status` (read by `bmqctl` and tests).
+//! - [`encode_buf`]: a `BufMut` adapter that writes protobuf varints byte by byte in place.
 //! - [`files`]: a deleted file's disk blocks freed a step at a time (the journals, the ledger).
 //! - `stream` (feature `codec`): one boxed type for plain and TLS connections.
 //!
@@ -17,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod admin_doc;
+pub mod encode_buf;
 pub mod files;
 #[cfg(feature = "codec")]
 pub mod frame_writer;
@@ -38,6 +40,7 @@ pub mod peer {
     include!(concat!(env!("OUT_DIR"), "/bmq.peer.rs"));
 }
 
+pub use encode_buf::EncodeBuf;
 #[cfg(feature = "codec")]
 pub use frame_writer::FrameWriter;
 pub use framing::{FrameCodec, FrameError, FRAME_SIZE_MAX_DEFAULT};
