@@ -566,10 +566,10 @@ async fn feed<W: tokio::io::AsyncWrite + Unpin>(
     item: Outbound,
 ) -> Result<(), bmq_proto::FrameError> {
     match item {
-        Outbound::One(m) => out.feed(writer, &m).await,
+        Outbound::One(m) => out.feed_peer(writer, &m).await,
         Outbound::Many(ms) => {
             for m in &ms {
-                out.feed(writer, m).await?;
+                out.feed_peer(writer, m).await?;
             }
             Ok(())
         }
