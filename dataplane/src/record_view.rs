@@ -6,11 +6,11 @@
 //! Why a reader of our own beside prost: a replica receives its primary's records as journal
 //! frames and writes them as they are; it reads each only to index it. Decoding a frame with
 //! prost made a `Bytes` of every byte field — an atomic reference count on the peer link's read
-//! buffer, taken and given back — and built and dropped a `JournalRecord`: about 13 of the ~110
-//! reference-count operations per message in a 3-node cluster and a quarter of each replica's
-//! partition thread (issue 18, BENCHMARKS.md "Replicas read frames in place"). [`parse_facts`]
-//! reads the protobuf wire format (<https://protobuf.dev/programming-guides/encoding/>) in
-//! place: no allocation, no reference count.
+//! buffer, taken and given back — and built and dropped a `JournalRecord`: about a fifth of the
+//! ~110 reference-count operations per message in a 3-node cluster (issue 18, BENCHMARKS.md
+//! "Replicas read frames in place, and fewer calls per frame"). [`parse_facts`] reads the
+//! protobuf wire format (<https://protobuf.dev/programming-guides/encoding/>) in place: no
+//! allocation, no reference count.
 //!
 //! It accepts the same bodies as `JournalRecord::decode` and reads the same values from them
 //! (tested against prost on random and on mutated records): a known field of the wrong wire

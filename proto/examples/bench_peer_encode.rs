@@ -1,5 +1,5 @@
-//! The peer links' encoding of forwarded client messages (issue 18, BENCHMARKS.md "Fewer
-//! copies and recomputations per frame"): `FrameWriter::push` (prost's encoding, which
+//! The peer links' encoding of forwarded client messages (issue 18, BENCHMARKS.md "Replicas
+//! read frames in place, and fewer calls per frame"): `FrameWriter::push` (prost's encoding, which
 //! computes a nested message's length again at every level) against `FrameWriter::push_peer`
 //! (the two envelopes written by hand), in one process, alternating rounds, on the frames a
 //! primary sends a proxy (an ACK and a 1 KiB PUSH per message).
