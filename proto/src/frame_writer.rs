@@ -118,10 +118,10 @@ impl FrameWriter {
         }
     }
 
-    /// Adds one frame: `message`, length-prefixed. Large `bytes` fields are shared, not copied.
-    /// Errors: [`FrameError::TooLarge`] when the body exceeds the maximum (nothing is added).
-    pub fn push<M: prost::Message>(&mut self, message: &M) -> Result<(), FrameError> {
-        let length = message.encoded_len();
+    /// Starts a frame whose body is `length` bytes: checks the maximum, makes room, writes
+    /// the length prefix; the caller encodes the body through the returned gatherer. Errors:
+    /// [`FrameError::TooLarge`] (nothing is added).
+    fn begin_frame(&mut self, length: usize) -> Result<Gather<'_>, FrameError> {
         if length > self.frame_size_max {
             return Err(FrameError::TooLarge {
                 length,
@@ -133,6 +133,13 @@ impl FrameWriter {
         }
         let mut gather = Gather(self);
         gather.put_u32(length as u32);
+        Ok(gather)
+    }
+
+    /// Adds one frame: `message`, length-prefixed. Large `bytes` fields are shared, not copied.
+    /// Errors: [`FrameError::TooLarge`] when the body exceeds the maximum (nothing is added).
+    pub fn push<M: prost::Message>(&mut self, message: &M) -> Result<(), FrameError> {
+        let mut gather = self.begin_frame(message.encoded_len())?;
         message
             .encode(&mut gather)
             .expect("a BytesMut-backed buffer has room for any message");
@@ -174,18 +181,8 @@ impl FrameWriter {
         let length = prost::encoding::key_len(FORWARDED)
             + encoded_len_varint(forwarded_len as u64)
             + forwarded_len;
-        if length > self.frame_size_max {
-            return Err(FrameError::TooLarge {
-                length,
-                max: self.frame_size_max,
-            });
-        }
-        if self.head.capacity() - self.head.len() < LENGTH_PREFIX_BYTES + length.min(1024) {
-            self.head.reserve(ENCODE_BLOCK);
-        }
         let before = self.buffered();
-        let mut gather = Gather(self);
-        gather.put_u32(length as u32);
+        let mut gather = self.begin_frame(length)?;
         encode_key(FORWARDED, WireType::LengthDelimited, &mut gather);
         encode_varint(forwarded_len as u64, &mut gather);
         if f.origin_node_id != 0 {
