@@ -336,11 +336,11 @@ impl Client {
             .acquire_owned()
             .await
             .map_err(|_| ClientError::Disconnected)?;
-        let guid = Bytes::copy_from_slice(&rand::random::<[u8; 16]>());
+        let guid = new_guid();
         let (reply, receiver) = oneshot::channel();
         self.send(Command::Put {
             put: bmq_proto::client::Put {
-                uri: uri_bytes(uri),
+                uri: shared_uri(uri),
                 guid: guid.clone(),
                 payload,
                 properties,
@@ -363,7 +363,7 @@ impl Client {
     /// reconnection (at-least-once). Errors: [`ClientError::Disconnected`].
     pub async fn confirm(&self, uri: &str, guid: Bytes) -> Result<(), ClientError> {
         self.send(Command::Confirm {
-            uri: uri_bytes(uri),
+            uri: shared_uri(uri),
             guid,
         })
         .await
@@ -426,6 +426,53 @@ impl Client {
             .await
             .map_err(|_| ClientError::Disconnected)
     }
+}
+
+/// Random GUID bytes drawn at once per thread: a GUID is a 16-byte slice of them, so a PUT
+/// allocates no GUID of its own (issue 18).
+const GUID_SLAB_BYTES: usize = 4096;
+
+/// Most queue URIs a thread keeps encoded for [`shared_uri`]; past it the cache starts over.
+const URI_CACHE_MAX: usize = 256;
+
+thread_local! {
+    static GUID_SLAB: std::cell::RefCell<bytes::BytesMut> =
+        std::cell::RefCell::new(bytes::BytesMut::new());
+    static URI_CACHE: std::cell::RefCell<std::collections::HashMap<Box<str>, Bytes>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// A new random 16-byte GUID (from the thread's random generator, as `rand::random` draws),
+/// a slice of this thread's slab of random bytes: one allocation per 256 GUIDs instead of one
+/// per PUT.
+fn new_guid() -> Bytes {
+    GUID_SLAB.with(|slab| {
+        let mut slab = slab.borrow_mut();
+        if slab.len() < 16 {
+            let mut fresh = bytes::BytesMut::zeroed(GUID_SLAB_BYTES);
+            rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut fresh);
+            *slab = fresh;
+        }
+        slab.split_to(16).freeze()
+    })
+}
+
+/// `uri` as the per-message frames carry it, shared: each thread keeps the queues it sent to
+/// encoded once, so a PUT or CONFIRM costs a reference count, not an allocation and a copy
+/// (issue 18).
+fn shared_uri(uri: &str) -> Bytes {
+    URI_CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some(bytes) = cache.get(uri) {
+            return bytes.clone();
+        }
+        if cache.len() >= URI_CACHE_MAX {
+            cache.clear();
+        }
+        let bytes = uri_bytes(uri);
+        cache.insert(uri.into(), bytes.clone());
+        bytes
+    })
 }
 
 /// Keeps the status code mapping in one place: a non-OK status as an error.

@@ -272,3 +272,27 @@ async fn gives_up_after_reconnect_timeout() {
         Err(ClientError::Disconnected)
     ));
 }
+
+#[test]
+fn guids_are_16_random_bytes_and_distinct_across_slabs() {
+    // Three slabs' worth: every GUID 16 bytes, none repeated (128 random bits each).
+    let guids: Vec<Bytes> = (0..3 * super::GUID_SLAB_BYTES / 16)
+        .map(|_| super::new_guid())
+        .collect();
+    assert!(guids.iter().all(|g| g.len() == 16));
+    let distinct: std::collections::HashSet<&Bytes> = guids.iter().collect();
+    assert_eq!(distinct.len(), guids.len());
+}
+
+#[test]
+fn a_queue_uri_is_encoded_once_per_thread_and_shared() {
+    let a = super::shared_uri("bmq://bmq.test/shared-uri");
+    let b = super::shared_uri("bmq://bmq.test/shared-uri");
+    assert_eq!(&a[..], b"bmq://bmq.test/shared-uri");
+    assert_eq!(a.as_ptr(), b.as_ptr(), "the same bytes, not a copy");
+    // Past the bound the cache starts over; every answer stays right.
+    for i in 0..2 * super::URI_CACHE_MAX {
+        let uri = format!("bmq://bmq.test/q{i}");
+        assert_eq!(&super::shared_uri(&uri)[..], uri.as_bytes());
+    }
+}
