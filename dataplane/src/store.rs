@@ -1843,7 +1843,8 @@ impl Store {
                 self.roll_over()?;
             }
             let offset = self.active().len + self.cache_block.len() as u64;
-            let need = RECORD_HEADER_LEN + record.encoded_len();
+            let body = record.encoded_len();
+            let need = RECORD_HEADER_LEN + body;
             if self.cache_block.capacity() - self.cache_block.len() < need {
                 // The block is full: what is staged goes now, the rest into a new block (a
                 // `reserve` would copy the staged bytes into a new allocation, again and again
@@ -1852,7 +1853,7 @@ impl Store {
                 first_staged = i;
                 self.cache_block = BytesMut::with_capacity(CACHE_BLOCK.max(need));
             }
-            let len = frame(record, &mut self.cache_block);
+            let len = frame_sized(record, body, &mut self.cache_block);
             staged.push((offset as u32, len));
         }
         self.flush(&mut staged, &records[first_staged..])?;
@@ -2870,13 +2871,21 @@ fn frame<B>(record: &JournalRecord, buf: &mut B) -> u32
 where
     B: bytes::BufMut + std::ops::DerefMut<Target = [u8]>,
 {
-    let len = record.encoded_len();
+    frame_sized(record, record.encoded_len(), buf)
+}
+
+/// [`frame`] of a record whose body is `len` bytes (`record.encoded_len()`, which the caller
+/// computed already: prost's `encode` would compute it once more to check the room, and `buf`
+/// grows anyway).
+fn frame_sized<B>(record: &JournalRecord, len: usize, buf: &mut B) -> u32
+where
+    B: bytes::BufMut + std::ops::DerefMut<Target = [u8]>,
+{
     let start = buf.len();
     buf.put_slice(&(len as u32).to_le_bytes());
     buf.put_slice(&[0; 4]);
-    record
-        .encode(&mut bmq_proto::EncodeBuf(buf))
-        .expect("the buffer grows to hold the record");
+    record.encode_raw(&mut bmq_proto::EncodeBuf(buf));
+    debug_assert_eq!(buf.len() - start, RECORD_HEADER_LEN + len);
     let crc = crc32c::crc32c(&buf[start + RECORD_HEADER_LEN..]);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     (buf.len() - start) as u32

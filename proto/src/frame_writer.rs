@@ -98,9 +98,7 @@ unsafe impl BufMut for Gather<'_> {
     /// `put_u8` is a `put_slice` of one byte, a `memmove` call (see [`crate::encode_buf`]).
     #[inline]
     fn put_u8(&mut self, n: u8) {
-        self.chunk_mut().write_byte(0, n);
-        // SAFETY: `chunk_mut` (never empty: it grows `head`) had its first byte written.
-        unsafe { self.advance_mut(1) }
+        crate::EncodeBuf(self).put_u8(n)
     }
 }
 
@@ -209,10 +207,7 @@ impl FrameWriter {
         message: &M,
     ) -> Result<(), FrameError> {
         self.push(message)?;
-        if self.buffered() >= self.write_batch_bytes {
-            self.flush_to(io).await?;
-        }
-        Ok(())
+        self.flush_past_batch(io).await
     }
 
     /// [`FrameWriter::feed`] of a peer message, pushed with [`FrameWriter::push_peer`].
@@ -222,6 +217,14 @@ impl FrameWriter {
         message: &crate::peer::PeerMessage,
     ) -> Result<(), FrameError> {
         self.push_peer(message)?;
+        self.flush_past_batch(io).await
+    }
+
+    /// [`FrameWriter::flush_to`] once the batch boundary (`write_batch_bytes`) is reached.
+    async fn flush_past_batch<W: AsyncWrite + Unpin + ?Sized>(
+        &mut self,
+        io: &mut W,
+    ) -> Result<(), FrameError> {
         if self.buffered() >= self.write_batch_bytes {
             self.flush_to(io).await?;
         }
