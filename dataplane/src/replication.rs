@@ -73,8 +73,8 @@ use tracing::{error, info, warn};
 
 use crate::guid_window::GuidWindow;
 use crate::store::{
-    guid_key, ClosedFiles, CompactionDone, CompactionTicket, FramedBatch, Maintenance, Store,
-    StoreError, SyncTicket,
+    guid_key, Appending, ClosedFiles, CompactionDone, CompactionTicket, FramedBatch, Maintenance,
+    Store, StoreError, SyncTicket,
 };
 
 /// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
@@ -313,35 +313,6 @@ pub struct ReplicationCore {
 
 /// How often a primary looks for lost messages to resend.
 const TICK: Duration = Duration::from_millis(100);
-
-/// The records of a `ReplicateRecords`: decoded (an older primary's), or journal frames
-/// checked and read in place.
-#[derive(Clone, Copy)]
-enum Incoming<'r, 'b> {
-    Records(&'r [JournalRecord]),
-    Framed(&'r FramedBatch<'b>),
-}
-
-impl Incoming<'_, '_> {
-    fn len(&self) -> usize {
-        match self {
-            Incoming::Records(r) => r.len(),
-            Incoming::Framed(b) => b.len(),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The index of the first record whose position is above `sequence`.
-    fn first_above(&self, sequence: u64) -> usize {
-        match self {
-            Incoming::Records(r) => r.partition_point(|x| x.sequence <= sequence),
-            Incoming::Framed(b) => b.first_above(sequence),
-        }
-    }
-}
 
 impl ReplicationCore {
     /// A core over `store` (the journal as recovered from disk, all durable).
@@ -923,19 +894,18 @@ impl ReplicationCore {
     }
 
     /// Applies a (non-install) sync or replication to the journal: drop positions after
-    /// `truncate_after` (when below the last), append `records`, account positions up to
-    /// `covered` and settle up to `settled`. Returns false when it does not follow.
+    /// `truncate_after` (when below the last), append `records` (decoded, or a replica's frames
+    /// as received), account positions up to `covered` and settle up to `settled`. Returns
+    /// false when they do not follow.
     fn apply_sync(
         &mut self,
         truncate_after: u64,
-        records: &[JournalRecord],
+        records: Appending<'_, '_>,
         covered: u64,
         settled: u64,
     ) -> bool {
         if truncate_after > self.store.last_sequence()
-            || records
-                .first()
-                .is_some_and(|r| r.sequence != truncate_after + 1)
+            || (!records.is_empty() && records.position(0).0 != truncate_after + 1)
         {
             return false;
         }
@@ -948,9 +918,9 @@ impl ReplicationCore {
         }
         // Records at or below what the truncation kept (settled ones) are already held.
         let last = self.store.last_sequence();
-        let keep = records.partition_point(|r| r.sequence <= last);
+        let records = records.skip(records.first_above(last));
         let (covered, settled) = Self::accounted(last, covered, settled);
-        let result = self.store.append(&records[keep..], covered, settled, None);
+        let result = self.store.append_with(records, covered, settled, None);
         self.wrote(result)
     }
 
@@ -960,25 +930,6 @@ impl ReplicationCore {
     fn accounted(last: u64, covered: u64, settled: u64) -> (u64, u64) {
         let covered = if covered > last { covered } else { 0 };
         (covered, settled.min(covered.max(last)))
-    }
-
-    /// [`ReplicationCore::apply_sync`] after the last position held (nothing truncated) of the
-    /// records of `batch` from its `from`-th on, written as received. Returns false when they
-    /// do not follow.
-    fn apply_framed(
-        &mut self,
-        batch: &FramedBatch<'_>,
-        from: usize,
-        covered: u64,
-        settled: u64,
-    ) -> bool {
-        let last = self.store.last_sequence();
-        if from >= batch.len() || batch.sequence(from) != last + 1 {
-            return false;
-        }
-        let (covered, settled) = Self::accounted(last, covered, settled);
-        let result = self.store.append_framed(batch, from, covered, settled);
-        self.wrote(result)
     }
 
     /// Whether this journal holds position `sequence` under `lease` (neither 0): then it holds
@@ -1078,7 +1029,7 @@ impl ReplicationCore {
                 } else {
                     self.apply_sync(
                         s.truncate_after,
-                        &s.records,
+                        Appending::Records(&s.records),
                         s.covered_through,
                         s.settled_through,
                     )
@@ -1134,7 +1085,7 @@ impl ReplicationCore {
             };
             self.apply_sync(
                 truncate_after,
-                records,
+                Appending::Records(records),
                 s.covered_through,
                 s.settled_through,
             )
@@ -1172,7 +1123,7 @@ impl ReplicationCore {
         // it is resent.
         let batch;
         let incoming = if r.framed_records.is_empty() {
-            Incoming::Records(&r.records)
+            Appending::Records(&r.records)
         } else if !r.records.is_empty() {
             metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
             warn!(partition = %self.cfg.partition, peer = %from, "replication message with both records and frames dropped");
@@ -1186,7 +1137,7 @@ impl ReplicationCore {
                     return;
                 }
             };
-            Incoming::Framed(&batch)
+            Appending::Frames(&batch, 0)
         };
         if LeaseId(r.lease) != self.synced_lease || self.installing.is_some() {
             if incoming.is_empty() {
@@ -1217,17 +1168,12 @@ impl ReplicationCore {
             self.send_receipt();
             return;
         }
-        let applied = match incoming {
-            Incoming::Records(records) => self.apply_sync(
-                last,
-                &records[stale..],
-                r.covered_through,
-                r.settled_through,
-            ),
-            Incoming::Framed(batch) => {
-                self.apply_framed(batch, stale, r.covered_through, r.settled_through)
-            }
-        };
+        let applied = self.apply_sync(
+            last,
+            incoming.skip(stale),
+            r.covered_through,
+            r.settled_through,
+        );
         if !applied && !self.disk_full && !self.failed {
             self.answer_shape(from);
         }

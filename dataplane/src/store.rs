@@ -860,30 +860,54 @@ impl<'a> FramedBatch<'a> {
     }
 }
 
-/// What [`Store::append_with`] appends: decoded records (a primary's, a sync's, an install's),
-/// or the records of a [`FramedBatch`] from its `from`-th on (a replica's, as received).
+/// What [`Store::append_with`] appends: decoded records (a primary's, a sync's, an install's,
+/// or an older primary's replication), or the records of a [`FramedBatch`] from its `from`-th
+/// on (a replica's replication, as received). Positions strictly increase in both.
 #[derive(Clone, Copy)]
-enum Appending<'r, 'b> {
+pub(crate) enum Appending<'r, 'b> {
     Records(&'r [JournalRecord]),
     Frames(&'r FramedBatch<'b>, usize),
 }
 
 impl Appending<'_, '_> {
-    fn len(&self) -> usize {
+    /// Records to append.
+    pub(crate) fn len(&self) -> usize {
         match self {
             Appending::Records(r) => r.len(),
             Appending::Frames(b, from) => b.len().saturating_sub(*from),
         }
     }
 
-    /// The position of the `i`-th record appended, and whether it is a marker.
-    fn position(&self, i: usize) -> (u64, bool) {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The position of the `i`-th record appended (below [`Appending::len`]), and whether it
+    /// is a marker (never in a framed batch: [`FramedBatch::split`] refuses them).
+    pub(crate) fn position(&self, i: usize) -> (u64, bool) {
         match self {
             Appending::Records(r) => (
                 r[i].sequence,
                 matches!(r[i].kind, Some(RecordKind::Marker(_))),
             ),
             Appending::Frames(b, from) => (b.sequence(from + i), false),
+        }
+    }
+
+    /// The index of the first record whose position is above `sequence` ([`Appending::len`]
+    /// when none is).
+    pub(crate) fn first_above(&self, sequence: u64) -> usize {
+        match self {
+            Appending::Records(r) => r.partition_point(|x| x.sequence <= sequence),
+            Appending::Frames(b, from) => b.first_above(sequence).max(*from) - from,
+        }
+    }
+
+    /// The same records without the first `n` (all of them when `n` is past the end).
+    pub(crate) fn skip(self, n: usize) -> Self {
+        match self {
+            Appending::Records(r) => Appending::Records(&r[n.min(r.len())..]),
+            Appending::Frames(b, from) => Appending::Frames(b, (from + n).min(b.len())),
         }
     }
 }
@@ -1752,7 +1776,8 @@ impl Store {
         )
     }
 
-    fn append_with(
+    /// [`Store::append`] of decoded records or of a framed batch's ([`Appending`]).
+    pub(crate) fn append_with(
         &mut self,
         appending: Appending<'_, '_>,
         covered_through: u64,

@@ -1736,3 +1736,38 @@ fn a_framed_batch_failing_in_its_second_segment_is_taken_back_whole() {
         );
     }
 }
+
+#[test]
+fn decoded_and_framed_records_to_append_skip_alike() {
+    // `Appending` is one view of both forms a replica receives: the same positions, the same
+    // skip of what is held already, from any starting record of a framed batch.
+    let records: Vec<JournalRecord> = (5..=7).map(|n| message(n, 1, Q, n)).collect();
+    let frames = encode_frames(&records);
+    let batch = FramedBatch::split(&frames).unwrap();
+    for (decoded, framed) in [
+        (Appending::Records(&records), Appending::Frames(&batch, 0)),
+        (
+            Appending::Records(&records[1..]),
+            Appending::Frames(&batch, 1),
+        ),
+        (
+            Appending::Records(&records[3..]),
+            Appending::Frames(&batch, 3),
+        ),
+    ] {
+        for view in [decoded, framed] {
+            assert_eq!(view.len(), decoded.len());
+            let positions: Vec<u64> = (0..view.len()).map(|i| view.position(i).0).collect();
+            let expected: Vec<u64> = (0..decoded.len()).map(|i| decoded.position(i).0).collect();
+            assert_eq!(positions, expected);
+            for held in 0..10 {
+                let first = view.first_above(held);
+                assert_eq!(first, decoded.first_above(held), "held {held}");
+                let rest = view.skip(first);
+                assert_eq!(rest.len(), view.len() - first);
+                assert!(rest.is_empty() || rest.position(0).0 > held);
+            }
+            assert!(view.skip(10).is_empty());
+        }
+    }
+}
