@@ -107,6 +107,7 @@ fn register_counters_at_zero() {
         "bmq_client_protocol_errors_total",
         "bmq_client_invalid_requests_total",
         "bmq_session_put_retransmissions_total",
+        "bmq_session_open_retransmissions_total",
         "bmq_session_inbox_dropped_total",
         "bmq_partition_overloaded_total",
         "bmq_partition_invalid_requests_total",

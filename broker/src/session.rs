@@ -561,6 +561,11 @@ impl Session {
                 c.retransmissions,
             ),
             (
+                "bmq_session_open_retransmissions_total",
+                None,
+                c.open_retransmissions,
+            ),
+            (
                 "bmq_client_invalid_requests_total",
                 None,
                 c.invalid_requests,
@@ -646,8 +651,13 @@ impl Session {
                 partition,
             } => {
                 let state = self.cluster.borrow().clone();
-                self.proxy
-                    .handle_proposed(request_id, &uri, partition, &route_in(&state));
+                self.proxy.handle_proposed(
+                    request_id,
+                    &uri,
+                    partition,
+                    &route_in(&state),
+                    Instant::now(),
+                );
             }
             SessionEvent::OpenResolved {
                 request_id,

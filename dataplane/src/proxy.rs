@@ -7,9 +7,11 @@
 //! buffer (in arrival order, found by GUID). When the committed state names a new primary for
 //! one of its partitions, when the link to the primary comes back, or when a PUT got
 //! `NOT_READY`, it reopens the queue on the partition's current *active* primary and resends
-//! the buffered PUTs in arrival order (the primary drops duplicate GUIDs); PUTs that got no
-//! answer within the retransmission interval are resent too. So an ACKed message is never
-//! lost, duplicates are possible, and a producer's order is kept.
+//! the buffered PUTs in arrival order (the primary drops duplicate GUIDs); PUTs and opens
+//! that got no answer within the retransmission interval are sent again too (a peer link
+//! drops what is queued while it is down, and its data channel can be down while the peer
+//! counts as available). So an ACKed message is never lost, duplicates are possible, a
+//! producer's order is kept, and an open is answered once its primary can be reached.
 //!
 //! Inputs: `handle_*` (client requests after the shell authorised them, answers from
 //! primaries, resolved assignments, cluster changes, peer links coming back, the
@@ -77,6 +79,9 @@ pub struct ProxyCounters {
     pub nacks_buffer_full: u64,
     /// PUTs sent again after the retransmission interval.
     pub retransmissions: u64,
+    /// OpenQueues sent again to the same primary after the retransmission interval without an
+    /// answer (one sent while the peer link was down is dropped with it).
+    pub open_retransmissions: u64,
     /// Requests that named a queue not open in this session (CONFIRM), dropped.
     pub invalid_requests: u64,
 }
@@ -122,6 +127,9 @@ enum QueueRoute {
 struct OpenQueueState {
     request: OpenQueue,
     route: QueueRoute,
+    /// When the last OpenQueue went to a primary, until its answer comes: a peer link drops
+    /// what is queued while it is down ([`Proxy::handle_tick`] sends it again).
+    open_sent_at: Option<Instant>,
 }
 
 impl OpenQueueState {
@@ -341,6 +349,7 @@ impl Proxy {
             OpenQueueState {
                 request: open,
                 route: QueueRoute::Resolving,
+                open_sent_at: None,
             },
         );
         self.outputs
@@ -442,6 +451,7 @@ impl Proxy {
         uri: &str,
         partition: PartitionId,
         routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
+        now: Instant,
     ) {
         let Some(q) = self.queues.get_mut(uri) else {
             return;
@@ -457,6 +467,7 @@ impl Proxy {
             sent_to: (route.primary, route.lease),
             response: None,
         };
+        q.open_sent_at = Some(now);
         let open = q.request.clone();
         self.forward(partition, route.primary, Kind::OpenQueue(open));
     }
@@ -599,21 +610,21 @@ impl Proxy {
     }
 
     fn on_open_response(&mut self, resp: OpenQueueResponse) {
-        if let Some(QueueRoute::Proposed { response, .. }) =
-            self.queues.get_mut(&resp.uri).map(|q| &mut q.route)
-        {
-            // Sent ahead of the commit: kept until the commit says where the queue is.
-            *response = Some(resp);
-            return;
-        }
-        if let Some(QueueRoute::Assigned { partition, .. }) =
-            self.queues.get(&resp.uri).map(|q| &q.route)
-        {
-            if partition.0 != resp.partition_id {
-                // The late answer of an open sent ahead to a partition the commit did not
-                // confirm (withdrawn): not the answer to this route's open.
+        if let Some(q) = self.queues.get_mut(&resp.uri) {
+            if let QueueRoute::Proposed { response, .. } = &mut q.route {
+                // Sent ahead of the commit: kept until the commit says where the queue is.
+                *response = Some(resp);
+                q.open_sent_at = None;
                 return;
             }
+            if let QueueRoute::Assigned { partition, .. } = q.route {
+                if partition.0 != resp.partition_id {
+                    // The late answer of an open sent ahead to a partition the commit did not
+                    // confirm (withdrawn): not the answer to this route's open.
+                    return;
+                }
+            }
+            q.open_sent_at = None;
         }
         let code = resp.status.as_ref().map(|s| s.code).unwrap_or(0);
         if let Some(request_id) = self.pending_opens.remove(&resp.uri) {
@@ -661,6 +672,7 @@ impl Proxy {
         let Some(route) = route else {
             return;
         };
+        q.open_sent_at = Some(now);
         let open = q.request.clone();
         self.forward(partition, route.primary, Kind::OpenQueue(open));
         self.resend_buffered(uri, partition, route.primary, now);
@@ -729,7 +741,8 @@ impl Proxy {
     }
 
     /// The retransmission tick: reattaches queues whose last open was refused or that are
-    /// blocked, and resends PUTs without an answer for the retransmission interval.
+    /// blocked, sends again an open and resends PUTs without an answer for the retransmission
+    /// interval.
     pub fn handle_tick(
         &mut self,
         now: Instant,
@@ -751,6 +764,27 @@ impl Proxy {
             self.attach(&uri, routes, now);
         }
         let interval = self.cfg.retransmit_interval;
+        // An open with no answer for the interval was lost (a peer link drops what is queued
+        // while it is down, and a primary answers every open it gets): the same primary gets
+        // it again. A second open of the same session's queue only updates it there.
+        let mut reopen = Vec::new();
+        for (uri, q) in self.queues.iter_mut() {
+            let Some((partition, primary)) = q.attached() else {
+                continue;
+            };
+            if q.open_sent_at
+                .is_some_and(|t| now.saturating_duration_since(t) >= interval)
+            {
+                q.open_sent_at = Some(now);
+                reopen.push((uri.clone(), partition, primary, q.request.clone()));
+            }
+        }
+        reopen.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (uri, partition, primary, open) in reopen {
+            info!(%uri, primary = %primary, "no answer to the open: sending it again");
+            self.counters.open_retransmissions += 1;
+            self.forward(partition, primary, Kind::OpenQueue(open));
+        }
         let mut resend = Vec::new();
         for pending in self.pending_puts.values_mut() {
             if pending

@@ -150,6 +150,7 @@ fn a_full_buffer_nacks_and_unanswered_puts_are_resent() {
     // for the retransmission interval is sent again (and counted).
     let now = Instant::now();
     let mut p = attached(now);
+    answer_reaches_the_client(&mut p, P);
     for n in 1..=3 {
         p.handle_put(now, put(n));
     }
@@ -255,7 +256,7 @@ fn proposed(now: Instant) -> Proxy {
     p.handle_open(open());
     drain(&mut p);
     p.handle_put(now, put(1));
-    p.handle_proposed(5, URI, P, &two_routes);
+    p.handle_proposed(5, URI, P, &two_routes, now);
     assert_eq!(
         drain(&mut p),
         vec![to(P, 2, Kind::OpenQueue(open()))],
@@ -404,12 +405,12 @@ fn a_proposal_is_ignored_unless_the_queue_is_resolving() {
     // without an active primary sends nothing.
     let now = Instant::now();
     let mut p = attached(now);
-    p.handle_proposed(5, URI, P, &two_routes);
+    p.handle_proposed(5, URI, P, &two_routes, now);
     assert_eq!(drain(&mut p), vec![]);
     let mut p = proxy();
     p.handle_open(open());
     drain(&mut p);
-    p.handle_proposed(6, URI, P, &two_routes);
+    p.handle_proposed(6, URI, P, &two_routes, now);
     let passive = |_| {
         Some(PrimaryRoute {
             primary: NodeId(2),
@@ -417,7 +418,7 @@ fn a_proposal_is_ignored_unless_the_queue_is_resolving() {
             active: false,
         })
     };
-    p.handle_proposed(5, URI, P, &passive);
+    p.handle_proposed(5, URI, P, &passive, now);
     assert_eq!(drain(&mut p), vec![]);
     p.handle_resolved(5, URI.into(), Ok(P), &two_routes, now);
     assert_eq!(drain(&mut p), vec![to(P, 2, Kind::OpenQueue(open()))]);
@@ -505,4 +506,75 @@ fn a_put_whose_uri_is_not_utf8_is_nacked_and_the_open_queue_goes_on() {
     assert_eq!(p.unacknowledged(), 0);
     p.handle_put(now, put(2));
     assert_eq!(drain(&mut p), vec![to_primary(2, Kind::Put(put(2)))]);
+}
+
+#[test]
+fn an_unanswered_open_is_sent_again_to_the_same_primary() {
+    // An open queued on a peer link that was down is dropped with it (the link drops what it
+    // holds when it comes back; availability follows the control link alone, so no "node
+    // back" reopens it): found by the compose test, where a client's open through a node
+    // whose data link to the primary was still reconnecting timed out. The tick sends it
+    // again after the retransmission interval, until an answer comes; then never again.
+    let now = Instant::now();
+    let mut p = attached(now);
+    p.handle_tick(now + Duration::from_millis(900), &route(2, 1));
+    assert_eq!(drain(&mut p), vec![], "not yet: within the interval");
+    let later = now + Duration::from_secs(1);
+    p.handle_tick(later, &route(2, 1));
+    assert_eq!(drain(&mut p), vec![to_primary(2, Kind::OpenQueue(open()))]);
+    p.handle_tick(later + Duration::from_millis(999), &route(2, 1));
+    assert_eq!(
+        drain(&mut p),
+        vec![],
+        "the interval counts from the last send"
+    );
+    p.handle_tick(later + Duration::from_secs(1), &route(2, 1));
+    assert_eq!(drain(&mut p), vec![to_primary(2, Kind::OpenQueue(open()))]);
+    assert_eq!(p.take_counters().open_retransmissions, 2);
+    // The answer reaches the client once, and nothing is sent again after it.
+    answer_reaches_the_client(&mut p, P);
+    p.handle_tick(later + Duration::from_secs(5), &route(2, 1));
+    assert_eq!(drain(&mut p), vec![]);
+    assert_eq!(p.take_counters().open_retransmissions, 0);
+}
+
+#[test]
+fn a_lost_reopen_after_a_primary_move_is_sent_again() {
+    // The reopen on a new primary (no client request waiting: the queue was open) is sent
+    // again too, or the session's consumer or producer would stay unknown there.
+    let now = Instant::now();
+    let mut p = attached(now);
+    answer_reaches_the_client(&mut p, P);
+    p.handle_cluster_change(&route(3, 2), now);
+    assert_eq!(drain(&mut p), vec![to_primary(3, Kind::OpenQueue(open()))]);
+    let later = now + Duration::from_secs(1);
+    p.handle_tick(later, &route(3, 2));
+    assert_eq!(drain(&mut p), vec![to_primary(3, Kind::OpenQueue(open()))]);
+    // Its answer is not the client's (the client's open was answered): nothing for it, and
+    // no more opens.
+    p.handle_from_primary(later, open_response(P, StatusCode::Ok));
+    assert_eq!(drain(&mut p), vec![]);
+    p.handle_tick(later + Duration::from_secs(2), &route(3, 2));
+    assert_eq!(drain(&mut p), vec![]);
+}
+
+#[test]
+fn an_open_sent_ahead_and_lost_is_sent_again_once_committed() {
+    // An open sent ahead of its assignment's commit and lost: once the commit confirms that
+    // partition and primary, the tick sends it again; the client gets the answer when it comes.
+    let now = Instant::now();
+    let mut p = proposed(now);
+    p.handle_resolved(5, URI.into(), Ok(P), &two_routes, now);
+    assert_eq!(drain(&mut p), vec![to(P, 2, Kind::Put(put(1)))]);
+    let later = now + Duration::from_secs(1);
+    p.handle_tick(later, &two_routes);
+    assert_eq!(
+        drain(&mut p),
+        vec![
+            to(P, 2, Kind::OpenQueue(open())),
+            to(P, 2, Kind::Put(put(1)))
+        ],
+        "the open, then the unanswered PUT (the primary drops a duplicate by GUID)"
+    );
+    answer_reaches_the_client(&mut p, P);
 }
