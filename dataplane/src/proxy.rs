@@ -740,50 +740,40 @@ impl Proxy {
         }
     }
 
-    /// The retransmission tick: reattaches queues whose last open was refused or that are
-    /// blocked, sends again an open and resends PUTs without an answer for the retransmission
-    /// interval.
+    /// The retransmission tick: reattaches queues whose last open was refused, that are
+    /// blocked, or whose open got no answer for the retransmission interval, and resends PUTs
+    /// without an answer for it.
     pub fn handle_tick(
         &mut self,
         now: Instant,
         routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
     ) {
-        let unattached: Vec<String> = self
-            .queues
-            .iter()
-            .filter(|(_, q)| {
-                matches!(
-                    q.route,
-                    QueueRoute::Assigned { attached: None, .. }
-                        | QueueRoute::Assigned { blocked: true, .. }
-                )
-            })
-            .map(|(uri, _)| uri.clone())
-            .collect();
-        for uri in unattached {
-            self.attach(&uri, routes, now);
-        }
         let interval = self.cfg.retransmit_interval;
-        // An open with no answer for the interval was lost (a peer link drops what is queued
-        // while it is down, and a primary answers every open it gets): the same primary gets
-        // it again. A second open of the same session's queue only updates it there.
-        let mut reopen = Vec::new();
-        for (uri, q) in self.queues.iter_mut() {
-            let Some((partition, primary)) = q.attached() else {
+        // Reattached: queues whose last open was refused, that are blocked, or whose open got
+        // no answer for the interval — lost: a peer link drops what is queued while it is
+        // down, and a primary answers every open it gets (a second open of the same session's
+        // queue only updates it there).
+        let mut reattach = Vec::new();
+        for (uri, q) in &self.queues {
+            let QueueRoute::Assigned {
+                attached, blocked, ..
+            } = q.route
+            else {
                 continue;
             };
-            if q.open_sent_at
-                .is_some_and(|t| now.saturating_duration_since(t) >= interval)
-            {
-                q.open_sent_at = Some(now);
-                reopen.push((uri.clone(), partition, primary, q.request.clone()));
+            let unanswered = attached.is_some()
+                && q.open_sent_at
+                    .is_some_and(|t| now.saturating_duration_since(t) >= interval);
+            if unanswered {
+                info!(%uri, "no answer to the open: sending it again");
+                self.counters.open_retransmissions += 1;
+            }
+            if attached.is_none() || blocked || unanswered {
+                reattach.push(uri.clone());
             }
         }
-        reopen.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (uri, partition, primary, open) in reopen {
-            info!(%uri, primary = %primary, "no answer to the open: sending it again");
-            self.counters.open_retransmissions += 1;
-            self.forward(partition, primary, Kind::OpenQueue(open));
+        for uri in reattach {
+            self.attach(&uri, routes, now);
         }
         let mut resend = Vec::new();
         for pending in self.pending_puts.values_mut() {

@@ -574,7 +574,7 @@ fn an_open_sent_ahead_and_lost_is_sent_again_once_committed() {
             to(P, 2, Kind::OpenQueue(open())),
             to(P, 2, Kind::Put(put(1)))
         ],
-        "the open, then the unanswered PUT (the primary drops a duplicate by GUID)"
+        "reattached: the open, then the buffered PUT (the primary drops a duplicate by GUID)"
     );
     answer_reaches_the_client(&mut p, P);
 }
