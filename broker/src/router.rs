@@ -37,7 +37,7 @@ use bmq_proto::peer::{
 };
 use bmq_proto::{uri_str, LeaseId, NodeId, PartitionId, SessionAddr};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::actors::health::PrimaryActive;
 use crate::actors::metadata::{ProposalWatcher, RequestQueueAssignment};
@@ -537,8 +537,14 @@ impl Router {
                     }
                 },
                 Some(PeerKind::ConsumersReleased(_)) => {
-                    // Our sessions' consumers on `from`'s primaries are gone: reopen them there.
-                    debug!(peer = %from, "peer released our sessions' consumers: reopening");
+                    // `from` lost its data link with us and released our sessions' consumers
+                    // at its primaries. What its sessions sent us or we pushed them may have
+                    // been lost with the link too: release their consumers here as well (after
+                    // what arrived before the notice; their reopens follow it on this
+                    // connection), then reopen ours there.
+                    info!(peer = %from, "peer's data link came back: releasing its consumers, reopening ours");
+                    self.dispatch(&mut dispatch);
+                    self.handle_node_gone(from);
                     let _ = self.peer_back.send(from);
                 }
                 Some(PeerKind::SessionGone(g)) => {
@@ -608,18 +614,20 @@ impl Router {
         }
     }
 
-    /// A peer became available again: sessions attached to a primary there reopen their
-    /// queues (the primary released their consumers when the link dropped); and the peer is
-    /// told that this node released its sessions' consumers ([`ConsumersReleased`], on the
-    /// CONTROL channel, which availability says is up), since it may never have found this
-    /// node unavailable and would not reopen on its own.
+    /// The data link with a peer came back (after [`Router::handle_node_gone`] released its
+    /// sessions' consumers here). The peer may never have seen the link go (a connection lost
+    /// on our side alone, a paused process), so it is told first ([`ConsumersReleased`], on
+    /// the DATA connection, ahead of anything our sessions send it from now on): it releases
+    /// our sessions' consumers at its primaries — whatever they had sent or been pushed may
+    /// have been lost — and reopens its sessions' queues here. Then our sessions reopen their
+    /// queues at its primaries and resend their buffered PUTs.
     pub fn handle_node_back(&self, node: NodeId) {
-        // No receiver (no session) is fine.
-        let _ = self.peer_back.send(node);
         let notice = PeerMessage {
             kind: Some(PeerKind::ConsumersReleased(ConsumersReleased {})),
         };
-        self.peers.send(node, Channel::Control, notice);
+        self.peers.send(node, Channel::Data, notice);
+        // No receiver (no session) is fine.
+        let _ = self.peer_back.send(node);
     }
 
     /// Subscribes to "peer link came back" notifications (see [`Router::handle_node_back`]).
@@ -627,8 +635,9 @@ impl Router {
         self.peer_back.subscribe()
     }
 
-    /// A peer became unavailable: release every consumer it proxied (their unconfirmed
-    /// messages are redelivered to other consumers).
+    /// The data link with a peer was lost (or the peer told us it lost it): release every
+    /// consumer it proxied (their unconfirmed messages are redelivered to other consumers, or
+    /// to the same ones once they reopen, with the same delivery attempt).
     pub fn handle_node_gone(&self, node: NodeId) {
         self.each_partition(|addr| {
             let _ = addr.try_send(PartitionNodeGone { node });

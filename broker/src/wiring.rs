@@ -7,7 +7,8 @@
 //!   the state watch (sessions, admin) and the health actor. What it does per commit is
 //!   O(changes), never O(state) (issue 18).
 //! - [`PeerDemux`]: routes each frame from a peer to the actor that owns it (elector, metadata,
-//!   health, router), and peer availability to the elector and the router.
+//!   health, router); peer availability to the elector and the health actor, and the data
+//!   link's losses and returns to the router.
 
 use std::sync::Arc;
 
@@ -218,7 +219,12 @@ impl PeerInbound for PeerDemux {
         if self.health.try_send(PeersChanged).is_err() {
             mailbox_full("health");
         }
-        if available {
+    }
+
+    fn on_data_link(&self, peer: NodeId, up: bool) {
+        // The data plane follows the data link, not availability alone: a DATA connection lost
+        // while the CONTROL one stays up loses forwarded requests and pushes all the same.
+        if up {
             self.router.handle_node_back(peer);
         } else {
             self.router.handle_node_gone(peer);

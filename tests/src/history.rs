@@ -517,7 +517,7 @@ pub fn scan_logs(logs: &[(u32, PathBuf)]) -> (Vec<Entry>, Vec<Violation>) {
 }
 
 /// The value of `name=value` or `name="value"` in a tracing fmt line.
-fn log_field(line: &str, name: &str) -> Option<String> {
+pub fn log_field(line: &str, name: &str) -> Option<String> {
     let pattern = format!(" {name}=");
     let start = line.find(&pattern)? + pattern.len();
     let rest = &line[start..];

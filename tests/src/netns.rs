@@ -609,6 +609,62 @@ impl Network {
         Ok(())
     }
 
+    /// Silences one TCP connection of node `id`, the one whose local port is `local_port`:
+    /// every packet node `id` sends from that port is dropped from now on (the peer gets
+    /// nothing more on it, not even the reset of [`Network::abort_connection`], so it keeps
+    /// its end open). Other connections of the node are untouched; [`Network::heal`] lifts it.
+    pub fn silence_connection(&mut self, id: u32, local_port: u16) -> anyhow::Result<()> {
+        let port = local_port.to_string();
+        run_in(
+            self.namespace(id),
+            "iptables",
+            &[
+                "-w", "-A", "OUTPUT", "-p", "tcp", "--sport", &port, "-j", "DROP",
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Bytes node `id` has written to its TCP connection from `local_port` that the peer has
+    /// not acknowledged (the socket's send queue, from `ss`); an error when no such connection
+    /// is open.
+    pub fn unacknowledged_bytes(&self, id: u32, local_port: u16) -> anyhow::Result<u64> {
+        let filter = format!("sport = :{local_port}");
+        let out = run_in(
+            self.namespace(id),
+            "ss",
+            &["-Htn", "state", "established", &filter],
+        )?;
+        // Columns without a state filter's State column: Recv-Q Send-Q Local Peer.
+        let line = out.lines().next().with_context(|| {
+            format!("no established connection from port {local_port} on node {id}")
+        })?;
+        let send_q = line
+            .split_whitespace()
+            .nth(1)
+            .with_context(|| format!("unexpected ss line {line:?}"))?;
+        send_q
+            .parse()
+            .with_context(|| format!("send queue {send_q:?} in {line:?}"))
+    }
+
+    /// Destroys node `id`'s TCP connection from `local_port` in the kernel (`ss -K`, as if the
+    /// connection had been lost): the process's next read or write on it fails. Errors when no
+    /// such connection was open.
+    pub fn abort_connection(&mut self, id: u32, local_port: u16) -> anyhow::Result<()> {
+        let filter = format!("sport = :{local_port}");
+        let out = run_in(
+            self.namespace(id),
+            "ss",
+            &["-HtnK", "state", "established", &filter],
+        )?;
+        anyhow::ensure!(
+            out.lines().any(|l| !l.trim().is_empty()),
+            "no established connection from port {local_port} on node {id} to abort"
+        );
+        Ok(())
+    }
+
     /// Removes every cut, loss and delay: the network is whole again.
     pub fn heal(&mut self) -> anyhow::Result<()> {
         for i in 0..self.nodes.len() {

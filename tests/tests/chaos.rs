@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_tests::history::{
-    scan_logs, Event, LeaderPoller, Recorder, Report, Violation, Workload, WorkloadConfig,
+    log_field, scan_logs, Event, LeaderPoller, Recorder, Report, Violation, Workload,
+    WorkloadConfig,
 };
 use bmq_tests::netns::{chaos_enabled, netem_available, NetCluster};
 use rand::{Rng, SeedableRng};
@@ -121,6 +122,51 @@ impl Ctx {
             "workload queues {picked:?} (primaries avoid {avoid:?}, on {on:?})"
         ));
         Ok(picked)
+    }
+
+    /// The committed primary of `queue`'s partition, as the leader reports it.
+    async fn primary_of(&self, queue: &str) -> anyhow::Result<u32> {
+        let statuses = self.nc.statuses_of(&[self.leader]).await;
+        let status = statuses[0]
+            .1
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let partition = status
+            .queues
+            .iter()
+            .find(|q| q.uri == queue)
+            .context("queue assigned")?
+            .partition_id;
+        status
+            .partitions
+            .iter()
+            .find(|p| p.partition_id == partition)
+            .and_then(|p| p.primary)
+            .context("primary")
+    }
+
+    /// The local port of node `on`'s newest DATA connection to `peer`, from the `peer link up`
+    /// lines of its log.
+    fn data_connection_port(&self, on: u32, peer: u32) -> anyhow::Result<u16> {
+        let path = self.nc.cluster.node(on).log_path();
+        let text =
+            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        let peer = peer.to_string();
+        let local = text
+            .lines()
+            .rev()
+            .filter(|l| l.contains("peer link up"))
+            .filter(|l| {
+                log_field(l, "peer").as_deref() == Some(peer.as_str())
+                    && log_field(l, "channel").as_deref() == Some("data")
+            })
+            .find_map(|l| log_field(l, "local"))
+            .with_context(|| format!("no DATA link of n{on} to n{peer} in its log"))?;
+        local
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .with_context(|| format!("local address {local:?}"))
     }
 
     /// Starts the recorded workload on `queues` (two producers and one consumer per queue),
@@ -592,23 +638,7 @@ async fn isolated_primary_no_dirty_read() {
             .await?
             .pop()
             .context("a queue")?;
-        let statuses = ctx.nc.statuses_of(&[leader]).await;
-        let status = statuses[0]
-            .1
-            .as_ref()
-            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
-        let partition = status
-            .queues
-            .iter()
-            .find(|q| q.uri == queue)
-            .context("queue assigned")?
-            .partition_id;
-        let primary = status
-            .partitions
-            .iter()
-            .find(|p| p.partition_id == partition)
-            .and_then(|p| p.primary)
-            .context("primary")?;
+        let primary = ctx.primary_of(&queue).await?;
         // Both clients start on the primary and may fail over to the others.
         let mut brokers = ctx.nc.client_addrs();
         brokers.rotate_left((primary - 1) as usize);
@@ -665,6 +695,97 @@ async fn isolated_primary_no_dirty_read() {
         ctx.nc.cluster.start_node(primary)?;
         ctx.recorder.fault(format!("restart n{primary}"));
         ctx.nc.wait_converged(CONVERGE_BOUND).await?;
+        let _ = producer.disconnect().await;
+        let _ = consumer.disconnect().await;
+        Ok(())
+    });
+}
+
+/// A DATA connection lost on one side only: the primary's DATA connection to a proxy node —
+/// the one carrying its PUSHes to the consumer attached there — goes silent, takes a PUSH, and
+/// is destroyed on the primary, while both CONTROL connections stay up and the proxy never
+/// sees the loss (the reset is dropped too). The pushed message must still reach the
+/// consumer: the primary reports its data link lost, releases the proxy's consumers, and on the
+/// new DATA connection tells the proxy, whose session reopens and gets the message again.
+/// (Before, the message stayed held by a consumer that never got it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_connection_lost_on_one_side_redelivers() {
+    scenario!("data_connection_lost", 3, |ctx| {
+        let queue = ctx
+            .pick_queues(&[], None, 1)
+            .await?
+            .pop()
+            .context("a queue")?;
+        let primary = ctx.primary_of(&queue).await?;
+        let proxy = ctx
+            .nc
+            .ids()
+            .into_iter()
+            .find(|&i| i != primary)
+            .context("a node that is not the primary")?;
+        let addrs = ctx.nc.client_addrs();
+        // The producer attaches to the primary (its ACKs do not cross the connection under
+        // test), the consumer to the proxy; neither may move to another broker.
+        let mut config = ClientConfig::new(vec![addrs[(primary - 1) as usize].clone()]);
+        config.request_timeout = Duration::from_secs(20);
+        let producer = Client::connect(config).await?;
+        producer.open_queue(&queue, OpenOptions::write()).await?;
+        let mut config = ClientConfig::new(vec![addrs[(proxy - 1) as usize].clone()]);
+        config.request_timeout = Duration::from_secs(20);
+        let consumer = Client::connect(config).await?;
+        consumer
+            .open_queue(&queue, OpenOptions::read(Default::default()))
+            .await?;
+        producer
+            .put(&queue, bytes::Bytes::from_static(b"first"), vec![])
+            .await?
+            .await?;
+        let first = tokio::time::timeout(Duration::from_secs(10), consumer.next_message())
+            .await?
+            .context("first message")?;
+        consumer.confirm(&first.uri, first.guid).await?;
+
+        let port = ctx.data_connection_port(primary, proxy)?;
+        ctx.nc.net.silence_connection(primary, port)?;
+        ctx.recorder.fault(format!(
+            "silence n{primary}'s DATA connection to n{proxy} (local port {port})"
+        ));
+        let queued_before = ctx.nc.net.unacknowledged_bytes(primary, port)?;
+        const SIZE: usize = 8192;
+        let payload = bytes::Bytes::from(vec![b'x'; SIZE]);
+        let ack = producer.put(&queue, payload.clone(), vec![]).await?.await?;
+        ensure!(
+            ack.status == bmq_proto::client::AckStatus::Success as i32,
+            "the PUT was not ACKed: {ack:?}"
+        );
+        // The record replicated to the proxy node and the PUSH to its consumer both went into
+        // the silenced connection: wait until the socket holds both, unacknowledged.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let queued = ctx.nc.net.unacknowledged_bytes(primary, port)?;
+            if queued >= queued_before + 2 * SIZE as u64 {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the silenced connection holds {queued} bytes, not the record and the PUSH"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        ctx.nc.net.abort_connection(primary, port)?;
+        ctx.recorder.fault(format!(
+            "destroy that connection on n{primary} (the reset is dropped)"
+        ));
+        let again = tokio::time::timeout(Duration::from_secs(30), consumer.next_message())
+            .await
+            .context("the message lost with the connection was not delivered again")?
+            .context("consumer closed")?;
+        ensure!(
+            again.payload == payload,
+            "got {} bytes",
+            again.payload.len()
+        );
+        consumer.confirm(&again.uri, again.guid).await?;
         let _ = producer.disconnect().await;
         let _ = consumer.disconnect().await;
         Ok(())

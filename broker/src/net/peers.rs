@@ -14,6 +14,13 @@
 //! monitor recomputes availability right then, not at its next tick), a paused one after the
 //! timeout.
 //!
+//! The *data link* with a peer is up while the peer is available and both DATA connections
+//! (ours to it, its to us) are open. Every DATA connection that closes ends the data link, even
+//! when another one took its place already: what was queued on it or in flight is lost, and the
+//! data plane above must learn it (a consumer's CONFIRM or a primary's PUSH gone with it would
+//! otherwise leave a message held forever). Changes are reported through
+//! [`PeerInbound::on_data_link`], a loss always before the return that follows it.
+//!
 //! Limits: each outbound link has a bounded queue; a message that does not fit is dropped and
 //! counted (`bmq_peer_messages_dropped_total`) — every protocol above retries on its own timer.
 //! A frame that is oversized or does not decode closes only that connection, logged and counted
@@ -95,6 +102,10 @@ pub trait PeerInbound: Send + Sync + 'static {
     fn on_messages(&self, from: NodeId, channel: Channel, messages: Vec<PeerMessage>);
     /// `peer` became available or unavailable (see the module doc).
     fn on_availability(&self, peer: NodeId, available: bool);
+    /// The data link with `peer` came up (`true`) or was lost (`false`): see the module doc.
+    /// A loss is reported even when the link is back by the time the monitor looks (then a
+    /// loss and a return, in that order).
+    fn on_data_link(&self, peer: NodeId, up: bool);
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +114,18 @@ struct LinkState {
     inbound_control_open: u32,
     last_inbound_control: Option<Instant>,
     available: bool,
+    outbound_data_up: bool,
+    inbound_data_open: u32,
+    /// A DATA connection with this peer closed since the monitor last looked.
+    data_interrupted: bool,
+    data_link_up: bool,
+}
+
+impl LinkState {
+    /// The data link's state as the monitor reports it (module doc).
+    fn data_link_ready(&self) -> bool {
+        self.available && self.outbound_data_up && self.inbound_data_open > 0
+    }
 }
 
 /// One item of a link's outbound queue: a message, or several for one write.
@@ -145,6 +168,8 @@ impl PeerHub {
             // Every peer's series exists from the start (0 = unavailable), so a peer that never
             // came up shows as down rather than as missing.
             metrics::gauge!("bmq_peer_available", "peer" => peer.to_string()).set(0.0);
+            metrics::counter!("bmq_peer_data_link_losses_total", "peer" => peer.to_string())
+                .increment(0);
             for channel in [Channel::Control, Channel::Data] {
                 let (tx, rx) = mpsc::channel(config.outbound_queue_capacity);
                 outbound.insert((*peer, channel as i32), tx);
@@ -354,13 +379,15 @@ impl PeerHub {
         let channel = Channel::try_from(hello.channel).unwrap_or(Channel::Control);
         let is_control = channel == Channel::Control;
         debug!(peer = %from, channel = channel_label(channel), "peer connection accepted");
-        if is_control {
-            self.with_link(from, |l| {
+        self.with_link(from, |l| {
+            if is_control {
                 l.inbound_control_open += 1;
                 l.last_inbound_control = Some(Instant::now());
-            });
-            self.links_changed.notify_one();
-        }
+            } else {
+                l.inbound_data_open += 1;
+            }
+        });
+        self.links_changed.notify_one();
         let mut batch = Vec::new();
         let result = loop {
             // Wait for a frame, then take every frame already read (one batch per read).
@@ -398,12 +425,15 @@ impl PeerHub {
                 break end;
             }
         };
-        if is_control {
-            self.with_link(from, |l| {
-                l.inbound_control_open = l.inbound_control_open.saturating_sub(1)
-            });
-            self.links_changed.notify_one();
-        }
+        self.with_link(from, |l| {
+            if is_control {
+                l.inbound_control_open = l.inbound_control_open.saturating_sub(1);
+            } else {
+                l.inbound_data_open = l.inbound_data_open.saturating_sub(1);
+                l.data_interrupted = true;
+            }
+        });
+        self.links_changed.notify_one();
         result
     }
 
@@ -454,6 +484,9 @@ async fn dial_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        let local = stream
+            .local_addr()
+            .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
         let stream: BoxedStream = match &cfg.tls {
             None => Box::new(stream),
             Some(tls) => {
@@ -505,11 +538,14 @@ async fn dial_loop(
         if out.send(&mut writer, &hello).await.is_err() {
             continue;
         }
-        info!(peer = %peer, channel = channel_label(channel), "peer link up");
-        if channel == Channel::Control {
-            hub.with_link(peer, |l| l.outbound_control_up = true);
-            hub.links_changed.notify_one();
-        }
+        // The local address tells this connection from the other one to the same peer (the
+        // chaos suite breaks one connection alone by it).
+        info!(peer = %peer, channel = channel_label(channel), local = %local, "peer link up");
+        hub.with_link(peer, |l| match channel {
+            Channel::Control => l.outbound_control_up = true,
+            Channel::Data => l.outbound_data_up = true,
+        });
+        hub.links_changed.notify_one();
         let mut heartbeat = tokio::time::interval(cfg.heartbeat_period);
         let started = Instant::now();
         let outcome: Result<(), String> = loop {
@@ -547,10 +583,14 @@ async fn dial_loop(
                 break Ok(());
             }
         };
-        if channel == Channel::Control {
-            hub.with_link(peer, |l| l.outbound_control_up = false);
-            hub.links_changed.notify_one();
-        }
+        hub.with_link(peer, |l| match channel {
+            Channel::Control => l.outbound_control_up = false,
+            Channel::Data => {
+                l.outbound_data_up = false;
+                l.data_interrupted = true;
+            }
+        });
+        hub.links_changed.notify_one();
         if let Err(reason) = outcome {
             info!(peer = %peer, channel = channel_label(channel), %reason, "peer link down");
         }
@@ -576,8 +616,9 @@ async fn feed<W: tokio::io::AsyncWrite + Unpin>(
     }
 }
 
-/// Recomputes every peer's availability every half heartbeat period (a silent peer's
-/// heartbeats age out) and whenever a control connection opens or closes, and reports changes.
+/// Recomputes every peer's availability and data link every half heartbeat period (a silent
+/// peer's heartbeats age out) and whenever a connection opens or closes, and reports changes:
+/// availability first, then the data link (a loss before the return that follows it).
 async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
     let mut tick = tokio::time::interval(hub.config.heartbeat_period / 2);
     loop {
@@ -587,6 +628,7 @@ async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
         }
         let now = Instant::now();
         let mut changes = Vec::new();
+        let mut data_changes = Vec::new();
         {
             let mut links = hub.links.lock().expect("link state lock");
             let outbound = links.values().filter(|l| l.outbound_control_up).count();
@@ -603,6 +645,15 @@ async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
                     l.available = available;
                     changes.push((*peer, available));
                 }
+                if std::mem::take(&mut l.data_interrupted) && l.data_link_up {
+                    l.data_link_up = false;
+                    data_changes.push((*peer, false));
+                }
+                let ready = l.data_link_ready();
+                if ready != l.data_link_up {
+                    l.data_link_up = ready;
+                    data_changes.push((*peer, ready));
+                }
             }
         }
         for (peer, available) in changes {
@@ -614,5 +665,17 @@ async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
             });
             inbound.on_availability(peer, available);
         }
+        for (peer, up) in data_changes {
+            info!(peer = %peer, up, "peer data link changed");
+            if !up {
+                metrics::counter!("bmq_peer_data_link_losses_total", "peer" => peer.to_string())
+                    .increment(1);
+            }
+            inbound.on_data_link(peer, up);
+        }
     }
 }
+
+#[cfg(test)]
+#[path = "peers_tests.rs"]
+mod tests;

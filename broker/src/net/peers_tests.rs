@@ -1,0 +1,139 @@
+//! Two [`PeerHub`]s over real loopback TCP: what each reports as availability and as the data
+//! link when one DATA connection is lost alone.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bmq_proto::peer::{peer_message::Kind, Channel, PeerHello, PeerMessage};
+use bmq_proto::NodeId;
+use tokio::net::TcpListener;
+
+use super::{PeerHub, PeerHubConfig, PeerInbound};
+
+/// What a hub reported, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Report {
+    Available(NodeId, bool),
+    DataLink(NodeId, bool),
+}
+
+#[derive(Default)]
+struct Reports(Mutex<Vec<Report>>);
+
+impl Reports {
+    fn all(&self) -> Vec<Report> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl PeerInbound for Reports {
+    fn on_messages(&self, _from: NodeId, _channel: Channel, _messages: Vec<PeerMessage>) {}
+    fn on_availability(&self, peer: NodeId, available: bool) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(Report::Available(peer, available));
+    }
+    fn on_data_link(&self, peer: NodeId, up: bool) {
+        self.0.lock().unwrap().push(Report::DataLink(peer, up));
+    }
+}
+
+fn config(self_id: u32, peer: u32, peer_addr: String) -> PeerHubConfig {
+    PeerHubConfig {
+        self_id: NodeId(self_id),
+        cluster_name: "peers-test".into(),
+        peers: vec![(NodeId(peer), peer_addr)],
+        heartbeat_period: Duration::from_millis(20),
+        heartbeat_timeout: Duration::from_secs(2),
+        reconnect_backoff_min: Duration::from_millis(10),
+        reconnect_backoff_max: Duration::from_millis(100),
+        frame_size_max: 64 * 1024,
+        outbound_queue_capacity: 64,
+        tls: None,
+    }
+}
+
+/// Waits (up to 10 s) until `reports` from index `from` on match `want` in order (other
+/// reports may come between); fails with everything reported.
+async fn wait_for(reports: &Reports, from: usize, want: &[Report]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let all = reports.all();
+        let mut wanted = want.iter().peekable();
+        for r in &all[from.min(all.len())..] {
+            if wanted.peek() == Some(&r) {
+                wanted.next();
+            }
+        }
+        if wanted.peek().is_none() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "wanted {want:?} after report {from}, got {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_connection_lost_alone_is_a_data_link_loss_then_return_on_both_sides() {
+    // Node 1's DATA connection to node 2 fails (a message over the frame size limit makes its
+    // writer drop the connection) while both CONTROL connections stay up: each side reports
+    // its data link lost and then back, and neither reports the peer unavailable.
+    let listener_1 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener_2 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr_1 = listener_1.local_addr().unwrap().to_string();
+    let addr_2 = listener_2.local_addr().unwrap().to_string();
+    let (hub_1, pending_1) = PeerHub::new(config(1, 2, addr_2));
+    let (hub_2, pending_2) = PeerHub::new(config(2, 1, addr_1));
+    let reports_1 = std::sync::Arc::new(Reports::default());
+    let reports_2 = std::sync::Arc::new(Reports::default());
+    hub_1.start(pending_1, listener_1, reports_1.clone());
+    hub_2.start(pending_2, listener_2, reports_2.clone());
+    let (n1, n2) = (NodeId(1), NodeId(2));
+    wait_for(
+        &reports_1,
+        0,
+        &[Report::Available(n2, true), Report::DataLink(n2, true)],
+    )
+    .await;
+    wait_for(
+        &reports_2,
+        0,
+        &[Report::Available(n1, true), Report::DataLink(n1, true)],
+    )
+    .await;
+    let (mark_1, mark_2) = (reports_1.all().len(), reports_2.all().len());
+
+    let oversized = PeerMessage {
+        kind: Some(Kind::Hello(PeerHello {
+            cluster_name: "x".repeat(100 * 1024),
+            ..Default::default()
+        })),
+    };
+    assert!(hub_1.send(n2, Channel::Data, oversized));
+    wait_for(
+        &reports_1,
+        mark_1,
+        &[Report::DataLink(n2, false), Report::DataLink(n2, true)],
+    )
+    .await;
+    wait_for(
+        &reports_2,
+        mark_2,
+        &[Report::DataLink(n1, false), Report::DataLink(n1, true)],
+    )
+    .await;
+    assert!(hub_1.is_available(n2) && hub_2.is_available(n1));
+    for (reports, mark) in [(&reports_1, mark_1), (&reports_2, mark_2)] {
+        let after = &reports.all()[mark..];
+        assert!(
+            !after.iter().any(|r| matches!(r, Report::Available(..))),
+            "availability changed with the DATA connection alone: {after:?}"
+        );
+    }
+    hub_1.stop();
+    hub_2.stop();
+}
