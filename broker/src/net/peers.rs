@@ -18,11 +18,15 @@
 //! (ours to it, its to us) are open. Every DATA connection that closes ends the data link, even
 //! when another one took its place already: what was queued on it or in flight is lost, and the
 //! data plane above must learn it (a consumer's CONFIRM or a primary's PUSH gone with it would
-//! otherwise leave a message held forever). Changes are reported through
-//! [`PeerInbound::on_data_link`], a loss always before the return that follows it.
+//! otherwise leave a message held forever). A DATA message dropped because the link's queue
+//! is full is a loss too, and the link returns only once that queue is at most half full: so
+//! every DATA message either reaches the peer or the data link is reported lost. Changes are
+//! reported through [`PeerInbound::on_data_link`], a loss always before the return that
+//! follows it.
 //!
 //! Limits: each outbound link has a bounded queue; a message that does not fit is dropped and
-//! counted (`bmq_peer_messages_dropped_total`) — every protocol above retries on its own timer.
+//! counted (`bmq_peer_messages_dropped_total`) — every protocol above retries on its own timer,
+//! and the data plane learns of a DATA drop as a data link loss (above).
 //! A frame that is oversized or does not decode closes only that connection, logged and counted
 //! (`bmq_peer_frame_errors_total`).
 //!
@@ -225,9 +229,15 @@ impl PeerHub {
         };
         match tx.try_send(item) {
             Ok(()) => true,
-            Err(_) => {
+            Err(e) => {
                 metrics::counter!("bmq_peer_messages_dropped_total", "channel" => channel_label(channel))
                     .increment(count);
+                if channel == Channel::Data && matches!(e, mpsc::error::TrySendError::Full(_)) {
+                    // A forwarded request or a push is gone while the link stays up: the data
+                    // plane must see a loss, as if the connection had dropped (module doc).
+                    self.with_link(to, |l| l.data_interrupted = true);
+                    self.links_changed.notify_one();
+                }
                 false
             }
         }
@@ -649,7 +659,12 @@ async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
                     l.data_link_up = false;
                     data_changes.push((*peer, false));
                 }
-                let ready = l.data_link_ready();
+                // After a drop, the link returns only once its queue has room again.
+                let room = hub
+                    .outbound
+                    .get(&(*peer, Channel::Data as i32))
+                    .is_some_and(|tx| tx.capacity() * 2 >= tx.max_capacity());
+                let ready = l.data_link_ready() && room;
                 if ready != l.data_link_up {
                     l.data_link_up = ready;
                     data_changes.push((*peer, ready));

@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use bmq_proto::peer::{peer_message::Kind, Channel, PeerHello, PeerMessage};
+use bmq_proto::peer::{peer_message::Kind, Channel, LinkHeartbeat, PeerHello, PeerMessage};
 use bmq_proto::NodeId;
 use tokio::net::TcpListener;
 
@@ -39,7 +39,7 @@ impl PeerInbound for Reports {
     }
 }
 
-fn config(self_id: u32, peer: u32, peer_addr: String) -> PeerHubConfig {
+fn config(self_id: u32, peer: u32, peer_addr: String, queue_capacity: usize) -> PeerHubConfig {
     PeerHubConfig {
         self_id: NodeId(self_id),
         cluster_name: "peers-test".into(),
@@ -49,7 +49,7 @@ fn config(self_id: u32, peer: u32, peer_addr: String) -> PeerHubConfig {
         reconnect_backoff_min: Duration::from_millis(10),
         reconnect_backoff_max: Duration::from_millis(100),
         frame_size_max: 64 * 1024,
-        outbound_queue_capacity: 64,
+        outbound_queue_capacity: queue_capacity,
         tls: None,
     }
 }
@@ -77,17 +77,22 @@ async fn wait_for(reports: &Reports, from: usize, want: &[Report]) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_data_connection_lost_alone_is_a_data_link_loss_then_return_on_both_sides() {
-    // Node 1's DATA connection to node 2 fails (a message over the frame size limit makes its
-    // writer drop the connection) while both CONTROL connections stay up: each side reports
-    // its data link lost and then back, and neither reports the peer unavailable.
+/// Two hubs, nodes 1 and 2, each link queue holding `queue_capacity` items, started and
+/// reporting both the peer available and the data link up.
+async fn two_hubs(
+    queue_capacity: usize,
+) -> (
+    std::sync::Arc<PeerHub>,
+    std::sync::Arc<Reports>,
+    std::sync::Arc<PeerHub>,
+    std::sync::Arc<Reports>,
+) {
     let listener_1 = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let listener_2 = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr_1 = listener_1.local_addr().unwrap().to_string();
     let addr_2 = listener_2.local_addr().unwrap().to_string();
-    let (hub_1, pending_1) = PeerHub::new(config(1, 2, addr_2));
-    let (hub_2, pending_2) = PeerHub::new(config(2, 1, addr_1));
+    let (hub_1, pending_1) = PeerHub::new(config(1, 2, addr_2, queue_capacity));
+    let (hub_2, pending_2) = PeerHub::new(config(2, 1, addr_1, queue_capacity));
     let reports_1 = std::sync::Arc::new(Reports::default());
     let reports_2 = std::sync::Arc::new(Reports::default());
     hub_1.start(pending_1, listener_1, reports_1.clone());
@@ -105,6 +110,16 @@ async fn a_data_connection_lost_alone_is_a_data_link_loss_then_return_on_both_si
         &[Report::Available(n1, true), Report::DataLink(n1, true)],
     )
     .await;
+    (hub_1, reports_1, hub_2, reports_2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_connection_lost_alone_is_a_data_link_loss_then_return_on_both_sides() {
+    // Node 1's DATA connection to node 2 fails (a message over the frame size limit makes its
+    // writer drop the connection) while both CONTROL connections stay up: each side reports
+    // its data link lost and then back, and neither reports the peer unavailable.
+    let (hub_1, reports_1, hub_2, reports_2) = two_hubs(64).await;
+    let (n1, n2) = (NodeId(1), NodeId(2));
     let (mark_1, mark_2) = (reports_1.all().len(), reports_2.all().len());
 
     let oversized = PeerMessage {
@@ -134,6 +149,43 @@ async fn a_data_connection_lost_alone_is_a_data_link_loss_then_return_on_both_si
             "availability changed with the DATA connection alone: {after:?}"
         );
     }
+    hub_1.stop();
+    hub_2.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_message_dropped_on_a_full_queue_is_a_data_link_loss_then_return() {
+    // Node 1 queues more DATA messages for node 2 than its link's queue holds, faster than the
+    // link writes them: some are dropped while the connection stays up, so node 1 reports its
+    // data link lost, then back once the queue has drained. Node 2 saw every frame that
+    // arrived and no connection close: it reports nothing, and availability never changes.
+    let (hub_1, reports_1, hub_2, reports_2) = two_hubs(8).await;
+    let (n1, n2) = (NodeId(1), NodeId(2));
+    let (mark_1, mark_2) = (reports_1.all().len(), reports_2.all().len());
+    let small = PeerMessage {
+        kind: Some(Kind::LinkHeartbeat(LinkHeartbeat::default())),
+    };
+    let dropped = (0..1000)
+        .filter(|_| !hub_1.send(n2, Channel::Data, small.clone()))
+        .count();
+    assert!(
+        dropped > 0,
+        "no message dropped: the test did not fill the queue"
+    );
+    wait_for(
+        &reports_1,
+        mark_1,
+        &[Report::DataLink(n2, false), Report::DataLink(n2, true)],
+    )
+    .await;
+    assert!(hub_1.is_available(n2) && hub_2.is_available(n1));
+    let after_1 = &reports_1.all()[mark_1..];
+    assert!(
+        !after_1.iter().any(|r| matches!(r, Report::Available(..))),
+        "availability changed with a full queue: {after_1:?}"
+    );
+    let after_2 = &reports_2.all()[mark_2..];
+    assert!(after_2.is_empty(), "node 2 reported {after_2:?}");
     hub_1.stop();
     hub_2.stop();
 }
