@@ -104,6 +104,7 @@ fn register_counters_at_zero() {
         "bmq_client_connections_total",
         "bmq_client_connections_refused_total",
         "bmq_client_frame_errors_total",
+        "bmq_client_write_timeouts_total",
         "bmq_client_protocol_errors_total",
         "bmq_client_invalid_requests_total",
         "bmq_session_put_retransmissions_total",

@@ -11,6 +11,11 @@
 //! a logged reason and `bmq_client_frame_errors_total`; a malformed URI or unknown domain is
 //! answered with a status naming the problem.
 //!
+//! A client that reads nothing while its session has frames for it, for the request timeout
+//! (`limits.request_timeout_ms`), is closed (`bmq_client_write_timeouts_total`): its session
+//! ends like any other, so the messages pushed to it and not confirmed go to other consumers
+//! instead of waiting on it for as long as the connection stays open.
+//!
 //! Security: with `[tls] client_listener`, the connection is TLS from the first byte
 //! (a failed handshake is logged with the remote address and counted in
 //! `bmq_client_tls_failures_total`). `Hello.token` is checked against `[[auth.tokens]]`
@@ -453,7 +458,7 @@ impl Session {
                         }
                         let bye = Kind::DisconnectResponse(DisconnectResponse {});
                         wire.push(ClientMessage { kind: Some(bye) });
-                        let _ = wire.flush().await;
+                        let _ = self.flush(wire).await;
                         return "client disconnected".into();
                     }
                 },
@@ -496,9 +501,24 @@ impl Session {
                 wire.push(m);
             }
             if wire.has_output() {
-                if let Err(reason) = wire.flush().await {
+                if let Err(reason) = self.flush(wire).await {
                     return reason;
                 }
+            }
+        }
+    }
+
+    /// Writes what `wire` holds, within the request timeout: a client that reads nothing for
+    /// that long is given up (`Err` with the reason; the session ends).
+    async fn flush<W: ClientWire>(&self, wire: &mut W) -> Result<(), String> {
+        let timeout = self.router.config().limits.request_timeout();
+        match tokio::time::timeout(timeout, wire.flush()).await {
+            Ok(result) => result,
+            Err(_) => {
+                metrics::counter!("bmq_client_write_timeouts_total").increment(1);
+                Err(format!(
+                    "the client read nothing for {timeout:?} while frames waited for it"
+                ))
             }
         }
     }

@@ -404,7 +404,9 @@ pub struct LimitsSettings {
     /// Unacknowledged PUTs a proxying node keeps for retransmission after failover (messages,
     /// at least 1). Default 100 000.
     pub retransmit_buffer_max: u64,
-    /// Timeout of every request/response exchange (ms, at least 1). Default 10 000.
+    /// Timeout of every request/response exchange (ms, at least 1), and how long a client
+    /// session waits for its client to read what it has for it before closing the connection.
+    /// Default 10 000.
     pub request_timeout_ms: u64,
     /// Capacity of each actor mailbox (messages, at least 1). Default 100 000.
     pub mailbox_capacity: u32,

@@ -251,3 +251,99 @@ fn bmqctl_with_a_closed_stdout_does_not_panic() -> anyhow::Result<()> {
     ensure!(stderr.contains("no node answered"), "stderr: {stderr}");
     Ok(())
 }
+
+/// A consumer that stops reading does not keep its messages from the others: its session
+/// gives up on it after the request timeout (2 s here) with the PUSHes it could not write
+/// still waiting, and every message it held is delivered to the other consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_stops_reading_is_closed_and_its_messages_go_to_another() {
+    const QUEUE: &str = "bmq://bmq.test/stuck-consumer";
+    const COUNT: usize = 400;
+    // 400 x 64 KiB: the half pushed to the consumer that never reads is far more than its
+    // socket buffers hold, so its session's write blocks.
+    const SIZE: usize = 64 * 1024;
+    let mut cluster =
+        Cluster::configure(1, |c| c.limits.request_timeout_ms = 2000).expect("configure cluster");
+    let result = async {
+        cluster.start_node(1)?;
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let admin = cluster.node(1).admin_addr();
+        let mut stuck = Framed::new(
+            TcpStream::connect(cluster.node(1).client_addr()).await?,
+            FrameCodec::<ClientMessage>::new(1 << 20),
+        );
+        stuck
+            .send(ClientMessage {
+                kind: Some(Kind::Hello(Hello {
+                    client_id: "stuck".into(),
+                    protocol_version: bmq_proto::PROTOCOL_VERSION,
+                    token: String::new(),
+                })),
+            })
+            .await?;
+        stuck
+            .send(ClientMessage {
+                kind: Some(Kind::OpenQueue(OpenQueue {
+                    request_id: 1,
+                    uri: QUEUE.into(),
+                    read: true,
+                    write: false,
+                    consumer: None,
+                })),
+            })
+            .await?;
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(10), stuck.next())
+                .await?
+                .context("closed before the open's answer")??;
+            if let Some(Kind::OpenQueueResponse(r)) = frame.kind {
+                let code = r.status.unwrap_or_default().code;
+                ensure!(code == StatusCode::Ok as i32, "open refused: {code}");
+                break;
+            }
+        }
+        // From here on `stuck` reads nothing (it stays open until the end of the test).
+        let consumer = Client::connect(ClientConfig::new(cluster.client_addrs())).await?;
+        consumer
+            .open_queue(QUEUE, OpenOptions::read(Default::default()))
+            .await?;
+        let producer = Client::connect(ClientConfig::new(cluster.client_addrs())).await?;
+        producer.open_queue(QUEUE, OpenOptions::write()).await?;
+        let mut acks = Vec::new();
+        for i in 0..COUNT {
+            let mut payload = vec![0u8; SIZE];
+            payload[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            acks.push(producer.put(QUEUE, payload.into(), vec![]).await?);
+        }
+        for ack in acks {
+            let ack = ack.await?;
+            ensure!(ack.status == AckStatus::Success as i32, "{ack:?}");
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        while seen.len() < COUNT {
+            let message = tokio::time::timeout(Duration::from_secs(30), consumer.next_message())
+                .await
+                .with_context(|| {
+                    format!(
+                        "{} of {COUNT} messages reached the reading consumer; the rest stay \
+                         with the one that stopped reading",
+                        seen.len()
+                    )
+                })?
+                .context("consumer closed")?;
+            let index = u64::from_le_bytes(message.payload[..8].try_into()?);
+            seen.insert(index);
+            consumer.confirm(&message.uri, message.guid).await?;
+        }
+        ensure!(
+            metric(&admin, "bmq_client_write_timeouts_total").await? >= 1.0,
+            "the stuck consumer's session was not closed for its write timeout"
+        );
+        drop(stuck);
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", cluster.log_tails(30));
+    }
+}
