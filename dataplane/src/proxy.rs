@@ -8,10 +8,10 @@
 //! one of its partitions, when the link to the primary comes back, or when a PUT got
 //! `NOT_READY`, it reopens the queue on the partition's current *active* primary and resends
 //! the buffered PUTs in arrival order (the primary drops duplicate GUIDs); PUTs and opens
-//! that got no answer within the retransmission interval are sent again too (a peer link
-//! drops what is queued while it is down, and its data channel can be down while the peer
-//! counts as available). So an ACKed message is never lost, duplicates are possible, a
-//! producer's order is kept, and an open is answered once its primary can be reached.
+//! that got no answer within the retransmission interval are sent again too (every request
+//! has a timeout; a request lost with a peer's data link is sent again sooner, when the link
+//! comes back). So an ACKed message is never lost, duplicates are possible, a producer's order
+//! is kept, and an open is answered once its primary can be reached.
 //!
 //! Inputs: `handle_*` (client requests after the shell authorised them, answers from
 //! primaries, resolved assignments, cluster changes, peer links coming back, the
@@ -80,7 +80,7 @@ pub struct ProxyCounters {
     /// PUTs sent again after the retransmission interval.
     pub retransmissions: u64,
     /// OpenQueues sent again to the same primary after the retransmission interval without an
-    /// answer (one sent while the peer link was down is dropped with it).
+    /// answer.
     pub open_retransmissions: u64,
     /// Requests that named a queue not open in this session (CONFIRM), dropped.
     pub invalid_requests: u64,
@@ -127,8 +127,8 @@ enum QueueRoute {
 struct OpenQueueState {
     request: OpenQueue,
     route: QueueRoute,
-    /// When the last OpenQueue went to a primary, until its answer comes: a peer link drops
-    /// what is queued while it is down ([`Proxy::handle_tick`] sends it again).
+    /// When the last OpenQueue went to a primary, until its answer comes
+    /// ([`Proxy::handle_tick`] sends it again after the retransmission interval).
     open_sent_at: Option<Instant>,
 }
 
@@ -750,9 +750,10 @@ impl Proxy {
     ) {
         let interval = self.cfg.retransmit_interval;
         // Reattached: queues whose last open was refused, that are blocked, or whose open got
-        // no answer for the interval — lost: a peer link drops what is queued while it is
-        // down, and a primary answers every open it gets (a second open of the same session's
-        // queue only updates it there).
+        // no answer for the interval — lost, since a primary answers every open it gets (a
+        // second open of the same session's queue only updates it there). An open lost with a
+        // peer's data link is sent again when the link comes back (`handle_peer_back`); this
+        // is the open's own timeout, for any other loss.
         let mut reattach = Vec::new();
         for (uri, q) in &self.queues {
             let QueueRoute::Assigned {

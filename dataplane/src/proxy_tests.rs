@@ -510,11 +510,10 @@ fn a_put_whose_uri_is_not_utf8_is_nacked_and_the_open_queue_goes_on() {
 
 #[test]
 fn an_unanswered_open_is_sent_again_to_the_same_primary() {
-    // An open queued on a peer link that was down is dropped with it (the link drops what it
-    // holds when it comes back; availability follows the control link alone, so no "node
-    // back" reopens it): found by the compose test, where a client's open through a node
-    // whose data link to the primary was still reconnecting timed out. The tick sends it
-    // again after the retransmission interval, until an answer comes; then never again.
+    // An open lost on its way to the primary (found by the compose test, where a client's
+    // open through a node whose data link to the primary was still reconnecting timed out,
+    // before a data link's return reopened what was attached there) is sent again by the tick
+    // after the retransmission interval, until an answer comes; then never again.
     let now = Instant::now();
     let mut p = attached(now);
     p.handle_tick(now + Duration::from_millis(900), &route(2, 1));
