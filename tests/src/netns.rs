@@ -635,7 +635,7 @@ impl Network {
             "ss",
             &["-Htn", "state", "established", &filter],
         )?;
-        // Columns without a state filter's State column: Recv-Q Send-Q Local Peer.
+        // With a state filter, ss leaves out the State column: Recv-Q Send-Q Local Peer.
         let line = out.lines().next().with_context(|| {
             format!("no established connection from port {local_port} on node {id}")
         })?;
