@@ -110,6 +110,7 @@ fn register_counters_at_zero() {
         "bmq_session_put_retransmissions_total",
         "bmq_session_open_retransmissions_total",
         "bmq_session_inbox_dropped_total",
+        "bmq_session_inbox_overflows_total",
         "bmq_partition_overloaded_total",
         "bmq_partition_invalid_requests_total",
         "bmq_peer_frame_errors_total",

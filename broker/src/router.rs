@@ -37,7 +37,8 @@ use bmq_proto::peer::{
 };
 use bmq_proto::{uri_str, LeaseId, NodeId, PartitionId, SessionAddr};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-use tracing::{debug, info};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
 
 use crate::actors::health::PrimaryActive;
 use crate::actors::metadata::{ProposalWatcher, RequestQueueAssignment};
@@ -165,6 +166,24 @@ pub struct RouterParts {
     pub quorum: usize,
 }
 
+/// A local session's inbox as the router holds it ([`Router::to_local_session`]).
+struct SessionInbox {
+    tx: mpsc::Sender<SessionEvent>,
+    /// Cancelled when the inbox overflowed: the session ends at once.
+    overflowed: CancellationToken,
+}
+
+/// What [`Router::register_session`] gives a new local session.
+pub struct SessionRegistration {
+    /// The session's id, unique on this node.
+    pub id: u64,
+    /// Answers and deliveries for the session, in order; bounded by `limits.mailbox_capacity`.
+    pub inbox: mpsc::Receiver<SessionEvent>,
+    /// Cancelled when an event found the inbox full: the event was dropped, so the session
+    /// must end (its consumers released, their messages redelivered) rather than go on.
+    pub overflowed: CancellationToken,
+}
+
 /// A partition's committed role as told to its actor: primary, lease, ACTIVE.
 type RoleTold = (Option<NodeId>, LeaseId, bool);
 
@@ -179,7 +198,7 @@ pub struct Router {
     primary_active_sink: Recipient<PrimaryActive>,
     assignments: Recipient<RequestQueueAssignment>,
     quorum: AtomicUsize,
-    sessions: dashmap::DashMap<u64, mpsc::Sender<SessionEvent>>,
+    sessions: dashmap::DashMap<u64, SessionInbox>,
     partitions: Mutex<HashMap<PartitionId, Addr<PartitionActor>>>,
     next_session_id: AtomicU64,
     /// "A peer link came back" notifications for sessions.
@@ -299,13 +318,22 @@ impl Router {
         }
     }
 
-    /// Registers a new local session and returns its id and inbox.
-    pub fn register_session(&self) -> (u64, mpsc::Receiver<SessionEvent>) {
+    /// Registers a new local session: its id, its inbox and its overflow signal.
+    pub fn register_session(&self) -> SessionRegistration {
         let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(self.config.limits.mailbox_capacity());
-        self.sessions.insert(id, tx);
+        let (tx, inbox) = mpsc::channel(self.config.limits.mailbox_capacity());
+        let overflowed = CancellationToken::new();
+        let entry = SessionInbox {
+            tx,
+            overflowed: overflowed.clone(),
+        };
+        self.sessions.insert(id, entry);
         metrics::gauge!("bmq_client_sessions").set(self.sessions.len() as f64);
-        (id, rx)
+        SessionRegistration {
+            id,
+            inbox,
+            overflowed,
+        }
     }
 
     /// Removes a local session and tells every primary it used to release its consumers.
@@ -319,9 +347,10 @@ impl Router {
         let told: BTreeSet<NodeId> = primaries.into_iter().collect();
         for primary in told {
             if primary == self.self_id {
-                self.each_partition(|addr| {
-                    let _ = addr.try_send(PartitionSessionGone { session });
-                });
+                // `do_send`: a release lost to a full mailbox would leave the session's
+                // messages held by it for ever; one per session end and partition, so bounded
+                // by the rate of client disconnections.
+                self.each_partition(|addr| addr.do_send(PartitionSessionGone { session }));
             } else {
                 let msg = PeerMessage {
                     kind: Some(PeerKind::SessionGone(SessionGone {
@@ -340,17 +369,37 @@ impl Router {
     }
 
     /// Delivers `event` to a local session's inbox. Returns false when the session is gone or
-    /// its inbox is full (the message is dropped and counted; PUTs are retransmitted and
-    /// unconfirmed PUSHes redelivered, so nothing acknowledged is lost).
+    /// its inbox is full.
+    ///
+    /// A full inbox means the session fell `limits.mailbox_capacity` events behind (its client
+    /// reads too slowly). The event is dropped and counted, and the session is *closed*: it is
+    /// removed from the router (no further event reaches it) and its overflow signal ends it
+    /// at once ([`SessionRegistration::overflowed`]). Ending it releases its consumers at
+    /// their primaries, so a PUSH dropped here is redelivered, to another consumer or to the
+    /// same client once it reconnects; going on instead would leave that message held by a
+    /// consumer that never got it for as long as the session lives. A dropped ACK or open
+    /// answer is covered anyway (the proxy resends PUTs and opens it has no answer for).
     pub fn to_local_session(&self, session_id: u64, event: SessionEvent) -> bool {
-        let Some(tx) = self.sessions.get(&session_id).map(|s| s.clone()) else {
+        let Some(tx) = self.sessions.get(&session_id).map(|s| s.tx.clone()) else {
             return false;
         };
-        if tx.try_send(event).is_err() {
-            metrics::counter!("bmq_session_inbox_dropped_total").increment(1);
-            return false;
+        match tx.try_send(event) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                metrics::counter!("bmq_session_inbox_dropped_total").increment(1);
+                if let Some((_, inbox)) = self.sessions.remove(&session_id) {
+                    inbox.overflowed.cancel();
+                    metrics::counter!("bmq_session_inbox_overflows_total").increment(1);
+                    warn!(
+                        session = session_id,
+                        capacity = self.config.limits.mailbox_capacity,
+                        "session inbox full: closing the session, its consumers' messages go to others"
+                    );
+                }
+                false
+            }
         }
-        true
     }
 
     /// Adds a session's request for the primary `primary` of `partition` to `dispatch`.
@@ -555,9 +604,9 @@ impl Router {
                     // What the session sent before it went comes first (a confirm must not
                     // turn into a redelivery).
                     self.dispatch(&mut dispatch);
-                    self.each_partition(|addr| {
-                        let _ = addr.try_send(PartitionSessionGone { session });
-                    });
+                    // `do_send`, as for local sessions (`unregister_session`): one per session
+                    // end at the peer and partition.
+                    self.each_partition(|addr| addr.do_send(PartitionSessionGone { session }));
                 }
                 _ => {
                     metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
@@ -639,9 +688,11 @@ impl Router {
     /// consumer it proxied (their unconfirmed messages are redelivered to other consumers, or
     /// to the same ones once they reopen, with the same delivery attempt).
     pub fn handle_node_gone(&self, node: NodeId) {
-        self.each_partition(|addr| {
-            let _ = addr.try_send(PartitionNodeGone { node });
-        });
+        // `do_send`: a release lost to a full mailbox would leave the messages pushed through
+        // the lost link held for ever; one per data link loss and partition (a link returns
+        // only after a reconnection or once its queue has drained to half, so losses are
+        // rate-bounded by the peer links).
+        self.each_partition(|addr| addr.do_send(PartitionNodeGone { node }));
     }
 
     /// Graceful stop: every local partition pushes nothing new from now on.

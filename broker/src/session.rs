@@ -42,10 +42,11 @@ use tokio::io::{ReadHalf, WriteHalf};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, ClientIdentity};
-use crate::router::{Dispatch, Router, SessionEvent};
+use crate::router::{Dispatch, Router, SessionEvent, SessionRegistration};
 
 /// A buffered PUT with no answer for this long is sent again.
 const RETRANSMIT_INTERVAL: Duration = Duration::from_millis(1_000);
@@ -60,6 +61,8 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const TLS_HANDSHAKES_MAX: usize = 256;
 /// Most frames written per flush: one flush per loop turn carries many frames.
 const FRAMES_PER_FLUSH_MAX: usize = 1024;
+/// Why a session whose inbox overflowed ended (`Router::to_local_session`).
+const INBOX_OVERFLOWED: &str = "its inbox overflowed: the client read too slowly";
 /// Bytes a session gathers for its client before it must write them (it writes once per loop
 /// turn anyway).
 const WRITE_BATCH_BYTES: usize = 256 * 1024;
@@ -380,7 +383,11 @@ pub(crate) async fn run<W: ClientWire>(
     remote: String,
     router: Arc<Router>,
 ) {
-    let (id, mut inbox) = router.register_session();
+    let SessionRegistration {
+        id,
+        mut inbox,
+        overflowed,
+    } = router.register_session();
     debug!(%remote, session = id, client = %client_id, "client session started");
     if wire.flush().await.is_err() {
         router.unregister_session(id, []);
@@ -403,6 +410,7 @@ pub(crate) async fn run<W: ClientWire>(
         identity,
         out: Vec::new(),
         ack_latency: metrics::histogram!("bmq_queue_ack_latency_seconds"),
+        overflowed,
     };
     let reason = session.event_loop(&mut wire, &mut inbox).await;
     info!(%remote, session = id, %reason, "client session ended");
@@ -423,6 +431,9 @@ struct Session {
     /// `bmq_queue_ack_latency_seconds`, registered once: looking it up per ACK (a registry
     /// look-up and an allocation) was ~0.6% of the brokers' CPU (issue 18).
     ack_latency: metrics::Histogram,
+    /// Cancelled by the router when this session's inbox overflowed (an event was dropped):
+    /// the session ends at once, even in the middle of a write.
+    overflowed: CancellationToken,
 }
 
 impl Session {
@@ -495,6 +506,7 @@ impl Session {
                     let state = self.cluster.borrow().clone();
                     self.proxy.handle_tick(Instant::now(), &route_in(&state));
                 }
+                _ = self.overflowed.cancelled() => return INBOX_OVERFLOWED.into(),
             }
             self.execute();
             for m in self.out.drain(..) {
@@ -509,10 +521,15 @@ impl Session {
     }
 
     /// Writes what `wire` holds, within the request timeout: a client that reads nothing for
-    /// that long is given up (`Err` with the reason; the session ends).
+    /// that long is given up (`Err` with the reason; the session ends), and so is one whose
+    /// inbox overflowed meanwhile.
     async fn flush<W: ClientWire>(&self, wire: &mut W) -> Result<(), String> {
         let timeout = self.router.config().limits.request_timeout();
-        match tokio::time::timeout(timeout, wire.flush()).await {
+        let written = tokio::select! {
+            written = tokio::time::timeout(timeout, wire.flush()) => written,
+            _ = self.overflowed.cancelled() => return Err(INBOX_OVERFLOWED.into()),
+        };
+        match written {
             Ok(result) => result,
             Err(_) => {
                 metrics::counter!("bmq_client_write_timeouts_total").increment(1);

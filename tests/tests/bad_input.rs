@@ -257,13 +257,43 @@ fn bmqctl_with_a_closed_stdout_does_not_panic() -> anyhow::Result<()> {
 /// still waiting, and every message it held is delivered to the other consumer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_that_stops_reading_is_closed_and_its_messages_go_to_another() {
+    stuck_consumer_releases_its_messages(
+        |c| c.limits.request_timeout_ms = 2000,
+        "bmq_client_write_timeouts_total",
+    )
+    .await;
+}
+
+/// A consumer whose session falls a whole inbox behind does not keep its messages either:
+/// with a request timeout far beyond the test's patience and an inbox of 16 events, the PUSH
+/// dropped on the full inbox closes the session at once, and every message it held is
+/// delivered to the other consumer (before, that PUSH stayed held by the session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_inbox_overflows_is_closed_and_its_messages_go_to_another() {
+    stuck_consumer_releases_its_messages(
+        |c| {
+            c.limits.request_timeout_ms = 600_000;
+            c.limits.mailbox_capacity = 16;
+        },
+        "bmq_session_inbox_overflows_total",
+    )
+    .await;
+}
+
+/// One node configured by `configure`; a raw consumer that opens a queue and then reads
+/// nothing, a library consumer and a producer of 400 x 64 KiB messages, one at a time: every
+/// message must reach the library consumer within 30 s, and the stuck consumer's session must
+/// have been closed for the reason `closed_by` counts.
+async fn stuck_consumer_releases_its_messages(
+    configure: impl Fn(&mut bmq_config::BrokerConfig),
+    closed_by: &str,
+) {
     const QUEUE: &str = "bmq://bmq.test/stuck-consumer";
     const COUNT: usize = 400;
     // 400 x 64 KiB: the half pushed to the consumer that never reads is far more than its
     // socket buffers hold, so its session's write blocks.
     const SIZE: usize = 64 * 1024;
-    let mut cluster =
-        Cluster::configure(1, |c| c.limits.request_timeout_ms = 2000).expect("configure cluster");
+    let mut cluster = Cluster::configure(1, configure).expect("configure cluster");
     let result = async {
         cluster.start_node(1)?;
         cluster.wait_for_leader(Duration::from_secs(20)).await?;
@@ -309,14 +339,11 @@ async fn a_consumer_that_stops_reading_is_closed_and_its_messages_go_to_another(
             .await?;
         let producer = Client::connect(ClientConfig::new(cluster.client_addrs())).await?;
         producer.open_queue(QUEUE, OpenOptions::write()).await?;
-        let mut acks = Vec::new();
+        // One PUT at a time, so each PUSH reaches the stuck session's inbox as its own event.
         for i in 0..COUNT {
             let mut payload = vec![0u8; SIZE];
             payload[..8].copy_from_slice(&(i as u64).to_le_bytes());
-            acks.push(producer.put(QUEUE, payload.into(), vec![]).await?);
-        }
-        for ack in acks {
-            let ack = ack.await?;
+            let ack = producer.put(QUEUE, payload.into(), vec![]).await?.await?;
             ensure!(ack.status == AckStatus::Success as i32, "{ack:?}");
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -336,8 +363,8 @@ async fn a_consumer_that_stops_reading_is_closed_and_its_messages_go_to_another(
             consumer.confirm(&message.uri, message.guid).await?;
         }
         ensure!(
-            metric(&admin, "bmq_client_write_timeouts_total").await? >= 1.0,
-            "the stuck consumer's session was not closed for its write timeout"
+            metric(&admin, closed_by).await? >= 1.0,
+            "the stuck consumer's session was not closed ({closed_by} is 0)"
         );
         drop(stuck);
         anyhow::Ok(())
