@@ -114,6 +114,7 @@ fn register_counters_at_zero() {
         "bmq_partition_overloaded_total",
         "bmq_partition_invalid_requests_total",
         "bmq_peer_frame_errors_total",
+        "bmq_peer_connection_timeouts_total",
         "bmq_peer_connections_refused_total",
         "bmq_peer_messages_invalid_total",
         "bmq_metadata_ledger_rollovers_total",

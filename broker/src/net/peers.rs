@@ -9,7 +9,10 @@
 //!
 //! Liveness: the dialer sends a `LinkHeartbeat` every `link.heartbeat_period`; a peer is
 //! *available* while our control connection to it is up and its control connection to us has
-//! delivered a frame within `link.heartbeat_timeout`. Changes are reported through
+//! delivered a frame within `link.heartbeat_timeout`. An accepted connection (either channel)
+//! that delivers nothing for `link.heartbeat_timeout` is closed (counted in
+//! `bmq_peer_connection_timeouts_total`): its peer is hung, or dialed a new one after losing it
+//! without a reset reaching us. Changes are reported through
 //! [`PeerInbound::on_availability`]; a killed peer is noticed at once (the socket closes and the
 //! monitor recomputes availability right then, not at its next tick), a paused one after the
 //! timeout.
@@ -49,7 +52,7 @@ use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_util::codec::{Framed, FramedRead};
+use tokio_util::codec::FramedRead;
 use tracing::{debug, info, warn};
 
 use bmq_proto::{member_name, BoxedStream};
@@ -346,8 +349,8 @@ impl PeerHub {
                 (Box::new(tls_stream), Some(cert))
             }
         };
-        let mut framed = Framed::new(
-            stream,
+        let mut framed = FramedRead::new(
+            ReadClock::new(stream),
             FrameCodec::<PeerMessage>::new(self.config.frame_size_max),
         );
         let first = tokio::time::timeout(Duration::from_secs(5), framed.next())
@@ -399,9 +402,20 @@ impl PeerHub {
         });
         self.links_changed.notify_one();
         let mut batch = Vec::new();
+        let silence_max = self.config.heartbeat_timeout;
         let result = loop {
-            // Wait for a frame, then take every frame already read (one batch per read).
-            let mut next = Some(framed.next().await);
+            // Wait for a frame, then take every frame already read (one batch per read). The
+            // peer's dialer sends a heartbeat every `heartbeat_period` on both channels, so a
+            // connection that brings no byte for `heartbeat_timeout` is hung, or dead without a
+            // reset we would ever see (the peer dialed a new one): closed, so its task and
+            // socket do not stay for ever. (Bytes, not frames: a large frame on a slow network
+            // may take longer than that to arrive whole.)
+            let Some(first) = next_frame_within(&mut framed, silence_max).await else {
+                metrics::counter!("bmq_peer_connection_timeouts_total").increment(1);
+                info!(peer = %from, channel = channel_label(channel), %remote, "peer connection silent for the heartbeat timeout; closed");
+                break Err(format!("nothing received for {silence_max:?}"));
+            };
+            let mut next = Some(first);
             let mut end = None;
             while let Some(frame) = next.take() {
                 match frame {
@@ -458,6 +472,51 @@ impl PeerHub {
         metrics::counter!("bmq_peer_connections_refused_total").increment(1);
         warn!(%remote, %reason, "peer connection refused");
         reason.to_string()
+    }
+}
+
+/// A reader that remembers when it last read a byte ([`next_frame_within`]).
+struct ReadClock<S> {
+    inner: S,
+    last_read: Instant,
+}
+
+impl<S> ReadClock<S> {
+    fn new(inner: S) -> Self {
+        ReadClock {
+            inner,
+            last_read: Instant::now(),
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ReadClock<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.last_read = Instant::now();
+        }
+        polled
+    }
+}
+
+/// The next frame of `framed` (as `FramedRead::next` gives it), or `None` once no byte has
+/// arrived for `silence_max`.
+async fn next_frame_within<S: tokio::io::AsyncRead + Unpin>(
+    framed: &mut FramedRead<ReadClock<S>, FrameCodec<PeerMessage>>,
+    silence_max: Duration,
+) -> Option<Option<Result<PeerMessage, bmq_proto::FrameError>>> {
+    loop {
+        let left = silence_max.checked_sub(framed.get_ref().last_read.elapsed())?;
+        // `FramedRead::next` is cancel-safe: a frame partly read stays in its buffer.
+        if let Ok(frame) = tokio::time::timeout(left, framed.next()).await {
+            return Some(frame);
+        }
     }
 }
 

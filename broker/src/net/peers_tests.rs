@@ -1,5 +1,6 @@
 //! Two [`PeerHub`]s over real loopback TCP: what each reports as availability and as the data
-//! link when one DATA connection is lost alone.
+//! link when one DATA connection is lost alone; and a hub closing an accepted connection that
+//! goes silent.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -188,4 +189,65 @@ async fn a_data_message_dropped_on_a_full_queue_is_a_data_link_loss_then_return(
     assert!(after_2.is_empty(), "node 2 reported {after_2:?}");
     hub_1.stop();
     hub_2.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_accepted_connection_silent_for_the_heartbeat_timeout_is_closed() {
+    // A peer's DATA connection that says hello and then nothing — as one whose reset never
+    // reached us after its node dialed a new one — is closed by the listening hub once the
+    // heartbeat timeout (2 s here) passes without a byte, instead of staying open for ever.
+    // One that keeps sending heartbeats stays open.
+    use futures::{SinkExt, StreamExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // Node 1's own dialer goes to a port nobody listens on: only the test's connections reach
+    // the hub.
+    let unused = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let unused_addr = unused.local_addr().unwrap().to_string();
+    drop(unused);
+    let (hub, pending) = PeerHub::new(config(2, 1, unused_addr, 64));
+    hub.start(pending, listener, std::sync::Arc::new(Reports::default()));
+
+    let hello = PeerMessage {
+        kind: Some(Kind::Hello(PeerHello {
+            cluster_name: "peers-test".into(),
+            node_id: 1,
+            channel: Channel::Data as i32,
+            protocol_version: bmq_proto::PROTOCOL_VERSION,
+        })),
+    };
+    let connect = || async {
+        let stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let mut framed =
+            tokio_util::codec::Framed::new(stream, bmq_proto::FrameCodec::<PeerMessage>::new(1024));
+        framed.send(hello.clone()).await.unwrap();
+        framed
+    };
+    let mut silent = connect().await;
+    let mut beating = connect().await;
+    let started = tokio::time::Instant::now();
+    let closed_after = loop {
+        tokio::select! {
+            read = silent.next() => {
+                assert!(read.is_none() || read.is_some_and(|r| r.is_err()), "the hub wrote to a peer connection");
+                break started.elapsed();
+            }
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                assert!(started.elapsed() < Duration::from_secs(10), "the silent connection is still open after 10 s");
+                let heartbeat = PeerMessage { kind: Some(Kind::LinkHeartbeat(LinkHeartbeat::default())) };
+                beating.send(heartbeat).await.unwrap();
+            }
+        }
+    };
+    assert!(
+        closed_after >= Duration::from_millis(1900),
+        "closed after {closed_after:?}, before the heartbeat timeout"
+    );
+    // The connection that kept beating is still open: nothing to read, no end.
+    let still_open = tokio::time::timeout(Duration::from_millis(300), beating.next()).await;
+    assert!(
+        still_open.is_err(),
+        "the beating connection ended: {still_open:?}"
+    );
+    hub.stop();
 }
