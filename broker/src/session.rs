@@ -506,7 +506,11 @@ impl Session {
                     let state = self.cluster.borrow().clone();
                     self.proxy.handle_tick(Instant::now(), &route_in(&state));
                 }
-                _ = self.overflowed.cancelled() => return INBOX_OVERFLOWED.into(),
+            }
+            // An overflow while the session was busy (not blocked in a write, which watches
+            // for it): an atomic load per turn, not a waiter registered per turn.
+            if self.overflowed.is_cancelled() {
+                return INBOX_OVERFLOWED.into();
             }
             self.execute();
             for m in self.out.drain(..) {
@@ -525,7 +529,10 @@ impl Session {
     /// inbox overflowed meanwhile.
     async fn flush<W: ClientWire>(&self, wire: &mut W) -> Result<(), String> {
         let timeout = self.router.config().limits.request_timeout();
+        // `biased`: a write that completes at once is all that is polled (no timer is
+        // registered, no waiter on the overflow signal); both only when the write blocks.
         let written = tokio::select! {
+            biased;
             written = tokio::time::timeout(timeout, wire.flush()) => written,
             _ = self.overflowed.cancelled() => return Err(INBOX_OVERFLOWED.into()),
         };

@@ -403,6 +403,8 @@ impl PeerHub {
         self.links_changed.notify_one();
         let mut batch = Vec::new();
         let silence_max = self.config.heartbeat_timeout;
+        let silence = tokio::time::sleep(silence_max);
+        tokio::pin!(silence);
         let result = loop {
             // Wait for a frame, then take every frame already read (one batch per read). The
             // peer's dialer sends a heartbeat every `heartbeat_period` on both channels, so a
@@ -410,10 +412,22 @@ impl PeerHub {
             // reset we would ever see (the peer dialed a new one): closed, so its task and
             // socket do not stay for ever. (Bytes, not frames: a large frame on a slow network
             // may take longer than that to arrive whole.)
-            let Some(first) = next_frame_within(&mut framed, silence_max).await else {
-                metrics::counter!("bmq_peer_connection_timeouts_total").increment(1);
-                info!(peer = %from, channel = channel_label(channel), %remote, "peer connection silent for the heartbeat timeout; closed");
-                break Err(format!("nothing received for {silence_max:?}"));
+            // One timer for the connection, moved only when it fires (a timer per wait was a
+            // registration in the runtime's timer wheel per batch read).
+            let first = tokio::select! {
+                biased;
+                // `FramedRead::next` is cancel-safe: a frame partly read stays in its buffer.
+                frame = framed.next() => frame,
+                () = &mut silence => {
+                    let last_read = framed.get_ref().last_read;
+                    if last_read.elapsed() < silence_max {
+                        silence.as_mut().reset((last_read + silence_max).into());
+                        continue;
+                    }
+                    metrics::counter!("bmq_peer_connection_timeouts_total").increment(1);
+                    info!(peer = %from, channel = channel_label(channel), %remote, "peer connection silent for the heartbeat timeout; closed");
+                    break Err(format!("nothing received for {silence_max:?}"));
+                }
             };
             let mut next = Some(first);
             let mut end = None;
@@ -475,7 +489,8 @@ impl PeerHub {
     }
 }
 
-/// A reader that remembers when it last read a byte ([`next_frame_within`]).
+/// A reader that remembers when it last read a byte (an accepted peer connection silent for
+/// the heartbeat timeout is closed: `PeerHub::serve_connection`).
 struct ReadClock<S> {
     inner: S,
     last_read: Instant,
@@ -502,21 +517,6 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ReadClock<S> {
             self.last_read = Instant::now();
         }
         polled
-    }
-}
-
-/// The next frame of `framed` (as `FramedRead::next` gives it), or `None` once no byte has
-/// arrived for `silence_max`.
-async fn next_frame_within<S: tokio::io::AsyncRead + Unpin>(
-    framed: &mut FramedRead<ReadClock<S>, FrameCodec<PeerMessage>>,
-    silence_max: Duration,
-) -> Option<Option<Result<PeerMessage, bmq_proto::FrameError>>> {
-    loop {
-        let left = silence_max.checked_sub(framed.get_ref().last_read.elapsed())?;
-        // `FramedRead::next` is cancel-safe: a frame partly read stays in its buffer.
-        if let Ok(frame) = tokio::time::timeout(left, framed.next()).await {
-            return Some(frame);
-        }
     }
 }
 
