@@ -410,10 +410,10 @@ impl PeerHub {
             // peer's dialer sends a heartbeat every `heartbeat_period` on both channels, so a
             // connection that brings no byte for `heartbeat_timeout` is hung, or dead without a
             // reset we would ever see (the peer dialed a new one): closed, so its task and
-            // socket do not stay for ever. (Bytes, not frames: a large frame on a slow network
-            // may take longer than that to arrive whole.)
-            // One timer for the connection, moved only when it fires (a timer per wait was a
-            // registration in the runtime's timer wheel per batch read).
+            // socket do not stay for ever. Bytes count, not frames (a large frame on a slow
+            // network may take longer than that to arrive whole), and the connection has one
+            // timer, moved only when it fires (a timer per wait was a registration in the
+            // runtime's timer wheel per batch read).
             let first = tokio::select! {
                 biased;
                 // `FramedRead::next` is cancel-safe: a frame partly read stays in its buffer.
