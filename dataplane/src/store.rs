@@ -1063,12 +1063,15 @@ impl Store {
         id
     }
 
-    /// The index of `app` among the apps of queue `queue`, if it is one of them.
+    /// The index of `app` among the apps of queue `queue`, if it is one of them. Called for
+    /// every confirm record; most queues have the one default app id (empty), which is matched
+    /// by its length: comparing the strings called glibc's `memcmp` even for two empty ones,
+    /// 3% of the brokers' CPU samples at the maximum rate (issue 18, 2026-11-28 profile).
     fn app_index(&self, queue: u32, app: &str) -> Option<u8> {
         self.queues[queue as usize]
             .apps
             .iter()
-            .position(|a| a == app)
+            .position(|a| a.len() == app.len() && (app.is_empty() || a == app))
             .map(|i| i as u8)
     }
 
