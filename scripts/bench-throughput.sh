@@ -21,7 +21,9 @@
 #   ROUNDS=3 COUNT=500000 RATE=50000 scripts/bench-throughput.sh ...
 #   PLACEMENT=primary scripts/bench-throughput.sh ...
 # The client is one `bmqctl` for every build (BMQCTL, default: the last build's), so only the
-# brokers differ.
+# brokers differ; with CLIENT=each every build's runs use its own `bmqctl` (to compare client
+# library changes). The last column is the client's CPU per message (user + system, from the
+# shell's `times` of the `bmqctl` process; producer and consumer are one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
@@ -58,26 +60,36 @@ print(next(x["primary"] for x in s["partitions"] if x["partition_id"] == p))' "$
   echo "127.0.0.1:$((BASE + node))"
 }
 
-# Runs one `bmqctl bench messages` and prints: msgs/s, ACK p50, p99, p99.9 (ms), broker us/msg.
+# Runs one `bmqctl bench messages` and prints: msgs/s, ACK p50, p99, p99.9 (ms), broker us/msg,
+# client us/msg.
 measure() {
   local bin=$1; shift
-  local c0 c1 json
+  local c0 c1 json client=$BMQCTL out
+  [ "${CLIENT:-}" = each ] && client=$bin/bmqctl
+  out=$DIR.measure
   c0=$(broker_cpu_ms)
-  json=$("$BMQCTL" bench messages "$@" --size 1024 --queue-prefix bench-tp --run-id "$RUN_ID" --broker "$CLIENT_BROKER" --no-tls --token "" --json --quiet)
+  # `times` in the subshell: the CPU of its one child, the client (user and system lines).
+  (
+    "$client" bench messages "$@" --size 1024 --queue-prefix bench-tp --run-id "$RUN_ID" --broker "$CLIENT_BROKER" --no-tls --token "" --json --quiet >"$out.json"
+    times >"$out.times"
+  )
   c1=$(broker_cpu_ms)
-  python3 - "$json" "$((c1 - c0))" <<'PY'
-import json, sys
+  json=$(cat "$out.json")
+  python3 - "$json" "$((c1 - c0))" "$(tail -n 1 "$out.times")" <<'PY'
+import json, re, sys
 r = json.loads(sys.argv[1]); cpu_ms = int(sys.argv[2])
+# `times`' second line: the children's user and system time, "XmY.YYYs XmY.YYYs".
+client_s = sum(int(m) * 60 + float(sec) for m, sec in re.findall(r"(\d+)m([\d.]+)s", sys.argv[3]))
 a = r["ack_latency"]
 n = max(r["consumed"]["messages"], 1)
 ok = "" if r["missing"] == 0 and r["errors"] == 0 and not r["nacks"] else f"  (missing {r['missing']} errors {r['errors']} nacks {r['nacks']})"
-print(f'{r["consumed"]["msgs_per_sec"]:9.0f} {a["p50_us"]/1000:8.2f} {a["p99_us"]/1000:8.2f} {a["p999_us"]/1000:8.2f} {cpu_ms / 1000 / n * 1e6:9.1f}{ok}')
+print(f'{r["consumed"]["msgs_per_sec"]:9.0f} {a["p50_us"]/1000:8.2f} {a["p99_us"]/1000:8.2f} {a["p999_us"]/1000:8.2f} {cpu_ms / 1000 / n * 1e6:9.1f} {client_s / n * 1e6:9.1f}{ok}')
 PY
 }
 
 echo "# bench-throughput $(date -u +%FT%TZ), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# builds: ${BUILDS[*]}; client: $BMQCTL"
-echo "# placement: $PLACEMENT; columns: msgs/s consumed, ACK p50 / p99 / p99.9 ms, broker CPU us per message"
+echo "# placement: $PLACEMENT; columns: msgs/s consumed, ACK p50 / p99 / p99.9 ms, broker CPU us per message, client CPU us per message"
 for round in $(seq "$ROUNDS"); do
   for bin in "${BUILDS[@]}"; do
     start_cluster "$bin"

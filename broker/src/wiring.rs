@@ -176,11 +176,30 @@ impl PeerDemux {
     }
 }
 
+/// Whether a peer message belongs to the data plane (the router's), not the elector's or the
+/// metadata core's.
+fn is_data(kind: &Option<Kind>) -> bool {
+    matches!(
+        kind,
+        Some(Kind::Forwarded(_))
+            | Some(Kind::SessionGone(_))
+            | Some(Kind::ConsumersReleased(_))
+            | Some(Kind::Partition(_))
+            | Some(Kind::PrimaryActive(_))
+    )
+}
+
 impl PeerInbound for PeerDemux {
     fn on_messages(&self, from: NodeId, _channel: Channel, messages: Vec<PeerMessage>) {
-        // Data-plane traffic goes to the router as one batch, in order.
+        // Data-plane traffic goes to the router as one batch, in order. A batch of nothing else
+        // (every batch of a DATA connection) goes as it came, not moved into another vector.
+        if messages.iter().all(|m| is_data(&m.kind)) {
+            self.router.handle_peer_data(from, messages);
+            return;
+        }
         let mut data = Vec::new();
-        for message in messages {
+        let n = messages.len();
+        for (i, message) in messages.into_iter().enumerate() {
             match message.kind {
                 Some(Kind::Elector(m)) => {
                     if self
@@ -192,11 +211,13 @@ impl PeerInbound for PeerDemux {
                     }
                 }
                 Some(Kind::Metadata(m)) => self.metadata_message(from, m),
-                kind @ (Some(Kind::Forwarded(_))
-                | Some(Kind::SessionGone(_))
-                | Some(Kind::ConsumersReleased(_))
-                | Some(Kind::Partition(_))
-                | Some(Kind::PrimaryActive(_))) => data.push(PeerMessage { kind }),
+                kind if is_data(&kind) => {
+                    // Sized once for the rest of the batch (a data batch is all data).
+                    if data.capacity() == 0 {
+                        data.reserve_exact(n - i);
+                    }
+                    data.push(PeerMessage { kind })
+                }
                 _ => {
                     metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
                 }

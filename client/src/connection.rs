@@ -173,7 +173,10 @@ pub(super) struct Connection {
     queues: HashMap<String, QueueEntry>,
     open_requests: HashMap<u64, String>,
     close_requests: HashMap<u64, oneshot::Sender<Result<(), ClientError>>>,
-    puts: HashMap<Bytes, PendingPut>,
+    /// Keyed by GUID with foldhash (seeded at random per map), not std's SipHash: an insert per
+    /// PUT and a removal per ACK, where a profile of `bmqctl bench messages` put ~3.7% of the
+    /// client's samples (the removal and SipHash's rounds).
+    puts: HashMap<Bytes, PendingPut, foldhash::quality::RandomState>,
     next_put_sequence: u64,
     retry_tx: mpsc::UnboundedSender<String>,
     retry_rx: Option<mpsc::UnboundedReceiver<String>>,
@@ -328,7 +331,7 @@ impl Connection {
             queues: HashMap::new(),
             open_requests: HashMap::new(),
             close_requests: HashMap::new(),
-            puts: HashMap::new(),
+            puts: HashMap::default(),
             next_put_sequence: 0,
             retry_tx,
             retry_rx: Some(retry_rx),

@@ -438,8 +438,9 @@ const URI_CACHE_MAX: usize = 256;
 thread_local! {
     static GUID_SLAB: std::cell::RefCell<bytes::BytesMut> =
         std::cell::RefCell::new(bytes::BytesMut::new());
-    static URI_CACHE: std::cell::RefCell<std::collections::HashMap<Box<str>, Bytes>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    static URI_CACHE: std::cell::RefCell<
+        std::collections::HashMap<Box<str>, Bytes, foldhash::quality::RandomState>,
+    > = std::cell::RefCell::new(std::collections::HashMap::default());
 }
 
 /// A new random 16-byte GUID (from the thread's random generator, as `rand::random` draws),
