@@ -201,8 +201,9 @@ pub struct Router {
     sessions: dashmap::DashMap<u64, SessionInbox>,
     partitions: Mutex<HashMap<PartitionId, Addr<PartitionActor>>>,
     next_session_id: AtomicU64,
-    /// "A peer link came back" notifications for sessions.
-    peer_back: broadcast::Sender<NodeId>,
+    /// "A peer's data link came back" notifications for sessions: the peer and the data link's
+    /// generation ([`PeerHub::data_generation`]) when it did.
+    peer_back: broadcast::Sender<(NodeId, u64)>,
     /// Opens waiting for a queue's assignment to commit, by URI ([`Router::watch_assignment`]).
     assignment_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
     /// Opens waiting for a queue's assignment to be proposed, by URI
@@ -594,7 +595,9 @@ impl Router {
                     info!(peer = %from, "peer's data link came back: releasing its consumers, reopening ours");
                     self.dispatch(&mut dispatch);
                     self.handle_node_gone(from);
-                    let _ = self.peer_back.send(from);
+                    let _ = self
+                        .peer_back
+                        .send((from, self.peers.data_generation(from)));
                 }
                 Some(PeerKind::SessionGone(g)) => {
                     let session = SessionAddr {
@@ -676,12 +679,20 @@ impl Router {
         };
         self.peers.send(node, Channel::Data, notice);
         // No receiver (no session) is fine.
-        let _ = self.peer_back.send(node);
+        let _ = self
+            .peer_back
+            .send((node, self.peers.data_generation(node)));
     }
 
-    /// Subscribes to "peer link came back" notifications (see [`Router::handle_node_back`]).
-    pub fn subscribe_peer_back(&self) -> broadcast::Receiver<NodeId> {
+    /// Subscribes to "peer's data link came back" notifications (see
+    /// [`Router::handle_node_back`]): the peer, and the data link's generation then.
+    pub fn subscribe_peer_back(&self) -> broadcast::Receiver<(NodeId, u64)> {
         self.peer_back.subscribe()
+    }
+
+    /// The data link generation of `peer` now ([`PeerHub::data_generation`]).
+    pub fn data_generation(&self, peer: NodeId) -> u64 {
+        self.peers.data_generation(peer)
     }
 
     /// The data link with a peer was lost (or the peer told us it lost it): release every

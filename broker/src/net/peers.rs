@@ -125,10 +125,19 @@ struct LinkState {
     inbound_data_open: u32,
     /// A DATA connection with this peer closed since the monitor last looked.
     data_interrupted: bool,
+    /// Interruptions of the data link so far (see [`PeerHub::data_generation`]).
+    data_generation: u64,
     data_link_up: bool,
 }
 
 impl LinkState {
+    /// A DATA connection closed or a DATA message was dropped: the monitor reports a data link
+    /// loss (then a return), and senders that stamped the old generation hold their PUTs.
+    fn interrupt_data(&mut self) {
+        self.data_interrupted = true;
+        self.data_generation += 1;
+    }
+
     /// The data link's state as the monitor reports it (module doc).
     fn data_link_ready(&self) -> bool {
         self.available && self.outbound_data_up && self.inbound_data_open > 0
@@ -238,7 +247,7 @@ impl PeerHub {
                 if channel == Channel::Data && matches!(e, mpsc::error::TrySendError::Full(_)) {
                     // A forwarded request or a push is gone while the link stays up: the data
                     // plane must see a loss, as if the connection had dropped (module doc).
-                    self.with_link(to, |l| l.data_interrupted = true);
+                    self.with_link(to, LinkState::interrupt_data);
                     self.links_changed.notify_one();
                 }
                 false
@@ -251,6 +260,22 @@ impl PeerHub {
         for (peer, _) in &self.config.peers {
             self.send(*peer, channel, message.clone());
         }
+    }
+
+    /// How many times the data link with `peer` was interrupted so far (a DATA connection
+    /// closed, or a DATA message dropped on a full queue), counted the moment it happens —
+    /// before the monitor reports the loss. A DATA message queued under an older generation
+    /// may have been lost while later ones get through on a new connection: a client session
+    /// stamps the generation it last synchronised with (at a data link's return) and holds its
+    /// PUTs for the peer while the two differ, so a producer's PUTs never overtake the ones the
+    /// interruption lost (they are all resent, in order, after the reopen). 0 for an unknown
+    /// peer.
+    pub fn data_generation(&self, peer: NodeId) -> u64 {
+        self.links
+            .lock()
+            .expect("link state lock")
+            .get(&peer)
+            .map_or(0, |l| l.data_generation)
     }
 
     /// Whether `peer` is currently available (see the module doc).
@@ -471,7 +496,7 @@ impl PeerHub {
                 l.inbound_control_open = l.inbound_control_open.saturating_sub(1);
             } else {
                 l.inbound_data_open = l.inbound_data_open.saturating_sub(1);
-                l.data_interrupted = true;
+                l.interrupt_data();
             }
         });
         self.links_changed.notify_one();
@@ -540,6 +565,8 @@ async fn dial_loop(
 ) {
     let cfg = hub.config.clone();
     let mut backoff = cfg.reconnect_backoff_min;
+    // Whether a connection of this loop was up before (and so may have lost what it held).
+    let mut lost_one = false;
     while !hub.stopping.load(Ordering::SeqCst) {
         let connected =
             tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(&addr)).await;
@@ -556,6 +583,12 @@ async fn dial_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        if channel == Channel::Data && lost_one {
+            // What was queued while no DATA connection was up came after what the last one lost
+            // (module doc): sent first on this one, it would overtake those, which the data
+            // plane resends only once the loss is reported. Dropped, as on a failed dial.
+            while rx.try_recv().is_ok() {}
+        }
         let local = stream
             .local_addr()
             .map_or_else(|_| "unknown".to_string(), |a| a.to_string());
@@ -617,6 +650,7 @@ async fn dial_loop(
             Channel::Control => l.outbound_control_up = true,
             Channel::Data => l.outbound_data_up = true,
         });
+        lost_one = true;
         hub.links_changed.notify_one();
         let mut heartbeat = tokio::time::interval(cfg.heartbeat_period);
         let started = Instant::now();
@@ -659,7 +693,7 @@ async fn dial_loop(
             Channel::Control => l.outbound_control_up = false,
             Channel::Data => {
                 l.outbound_data_up = false;
-                l.data_interrupted = true;
+                l.interrupt_data();
             }
         });
         hub.links_changed.notify_one();
