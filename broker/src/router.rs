@@ -595,9 +595,7 @@ impl Router {
                     info!(peer = %from, "peer's data link came back: releasing its consumers, reopening ours");
                     self.dispatch(&mut dispatch);
                     self.handle_node_gone(from);
-                    let _ = self
-                        .peer_back
-                        .send((from, self.peers.data_generation(from)));
+                    self.announce_peer_back(from);
                 }
                 Some(PeerKind::SessionGone(g)) => {
                     let session = SessionAddr {
@@ -678,6 +676,12 @@ impl Router {
             kind: Some(PeerKind::ConsumersReleased(ConsumersReleased {})),
         };
         self.peers.send(node, Channel::Data, notice);
+        self.announce_peer_back(node);
+    }
+
+    /// Tells the sessions that the data link with `node` is back, with its generation now: they
+    /// reopen their queues there and send their PUTs under it again.
+    fn announce_peer_back(&self, node: NodeId) {
         // No receiver (no session) is fine.
         let _ = self
             .peer_back

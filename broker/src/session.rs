@@ -565,8 +565,6 @@ impl Session {
         }
     }
 
-    /// Executes the proxy's outputs (requests for primaries as one batch per destination) and
-    /// publishes its counters.
     /// Whether `message` is a PUT for a peer whose data link was interrupted since this
     /// session last synchronised with it (see `link_generations`).
     fn holds_put(&mut self, primary: NodeId, message: &ClientMessage) -> bool {
@@ -577,6 +575,8 @@ impl Session {
         *self.link_generations.entry(primary).or_insert(now) != now
     }
 
+    /// Executes the proxy's outputs (requests for primaries as one batch per destination) and
+    /// publishes its counters.
     fn execute(&mut self) {
         let mut dispatch = Dispatch::default();
         while let Some(output) = self.proxy.poll_output() {

@@ -198,8 +198,7 @@ impl PeerInbound for PeerDemux {
             return;
         }
         let mut data = Vec::new();
-        let n = messages.len();
-        for (i, message) in messages.into_iter().enumerate() {
+        for message in messages {
             match message.kind {
                 Some(Kind::Elector(m)) => {
                     if self
@@ -211,13 +210,7 @@ impl PeerInbound for PeerDemux {
                     }
                 }
                 Some(Kind::Metadata(m)) => self.metadata_message(from, m),
-                kind if is_data(&kind) => {
-                    // Sized once for the rest of the batch (a data batch is all data).
-                    if data.capacity() == 0 {
-                        data.reserve_exact(n - i);
-                    }
-                    data.push(PeerMessage { kind })
-                }
+                kind if is_data(&kind) => data.push(PeerMessage { kind }),
                 _ => {
                     metrics::counter!("bmq_peer_messages_invalid_total").increment(1);
                 }
