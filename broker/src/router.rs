@@ -424,8 +424,11 @@ impl Router {
     }
 
     /// Hands what `dispatch` gathered to its destinations (see [`Dispatch`]) and empties it.
-    /// A partition whose mailbox is full, or that this node does not run yet, refuses the
-    /// requests (OVERLOADED, NOT_READY: the proxy keeps its PUTs and resends); replication
+    /// A partition whose mailbox is full refuses the requests with OVERLOADED (a PUT gets a
+    /// `LIMIT_REACHED` NACK, which the proxy passes on to its producer: never ACKed, so
+    /// nothing is lost and no later PUT overtakes an accepted one); one this node does not run
+    /// yet with NOT_READY (the proxy keeps its PUTs, holds the queue's later ones, and
+    /// resends in order once reopened: `bmq_dataplane::proxy`); replication
     /// traffic that finds a full mailbox is dropped and counted (replication resends what
     /// gets no receipt).
     pub fn dispatch(&self, dispatch: &mut Dispatch) {

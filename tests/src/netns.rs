@@ -625,6 +625,23 @@ impl Network {
         Ok(())
     }
 
+    /// Refuses node `id`'s new TCP connections to node `to`'s peer port ([`PEER_PORT`]): their
+    /// SYNs are dropped, so a dial waits out its timeout and fails, while the connections
+    /// already open (either way) carry on. [`Network::heal`] lifts it.
+    pub fn refuse_new_peer_connections(&mut self, id: u32, to: u32) -> anyhow::Result<()> {
+        let to_ip = self.node_ip(to).to_string();
+        let port = PEER_PORT.to_string();
+        run_in(
+            self.namespace(id),
+            "iptables",
+            &[
+                "-w", "-A", "OUTPUT", "-p", "tcp", "--syn", "-d", &to_ip, "--dport", &port, "-j",
+                "DROP",
+            ],
+        )?;
+        Ok(())
+    }
+
     /// Bytes node `id` has written to its TCP connection from `local_port` that the peer has
     /// not acknowledged (the socket's send queue, from `ss`); an error when no such connection
     /// is open.
