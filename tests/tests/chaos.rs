@@ -961,9 +961,12 @@ async fn soak() {
                     ));
                 }
                 2 => {
-                    ctx.nc.net.cut(leader, other)?;
+                    // `other` differs from the victim, not from the leader; when it is the
+                    // leader, the victim is not (no new draw: a seed's later rounds stay).
+                    let peer = if other == leader { victim } else { other };
+                    ctx.nc.net.cut(leader, peer)?;
                     ctx.recorder
-                        .fault(format!("cut leader n{leader} <-> n{other} for {hold:?}"));
+                        .fault(format!("cut leader n{leader} <-> n{peer} for {hold:?}"));
                 }
                 3 => {
                     let loss = rng.gen_range(5..40) as f64;
