@@ -169,6 +169,30 @@ impl Ctx {
             .with_context(|| format!("local address {local:?}"))
     }
 
+    /// Waits (up to 10 s) until node `on`'s connection from `local_port` holds at least
+    /// `bytes` unacknowledged by its peer (a silenced connection filling up); an error names
+    /// what it holds then.
+    async fn wait_unacknowledged(
+        &self,
+        on: u32,
+        local_port: u16,
+        bytes: u64,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let queued = self.nc.net.unacknowledged_bytes(on, local_port)?;
+            if queued >= bytes {
+                return Ok(());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "n{on}'s silenced connection from port {local_port} holds {queued} bytes \
+                 unacknowledged, not {bytes}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Starts the recorded workload on `queues` (two producers and one consumer per queue),
     /// its clients attached to every node except `avoid`.
     async fn start_workload(&mut self, queues: Vec<String>, avoid: &[u32]) -> anyhow::Result<()> {
@@ -760,18 +784,9 @@ async fn data_connection_lost_on_one_side_redelivers() {
         );
         // The record replicated to the proxy node and the PUSH to its consumer both went into
         // the silenced connection: wait until the socket holds both, unacknowledged.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let queued = ctx.nc.net.unacknowledged_bytes(primary, port)?;
-            if queued >= queued_before + 2 * SIZE as u64 {
-                break;
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the silenced connection holds {queued} bytes, not the record and the PUSH"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        ctx.wait_unacknowledged(primary, port, queued_before + 2 * SIZE as u64)
+            .await
+            .context("the record and the PUSH")?;
         ctx.nc.net.abort_connection(primary, port)?;
         ctx.recorder.fault(format!(
             "destroy that connection on n{primary} (the reset is dropped)"
@@ -831,18 +846,9 @@ async fn data_connection_lost_under_producers_keeps_order() {
             // Let PUTs pile up unacknowledged in the silenced socket: at least 32 of them
             // (256-byte payloads) before the connection is destroyed.
             let queued_before = ctx.nc.net.unacknowledged_bytes(proxy, port)?;
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                let queued = ctx.nc.net.unacknowledged_bytes(proxy, port)?;
-                if queued >= queued_before + 32 * 256 {
-                    break;
-                }
-                ensure!(
-                    Instant::now() < deadline,
-                    "the silenced connection holds only {queued} bytes: PUTs do not cross it"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            ctx.wait_unacknowledged(proxy, port, queued_before + 32 * 256)
+                .await
+                .context("32 PUTs")?;
             // The proxy's next dials fail for a while (their SYNs are dropped), so PUTs its
             // producers send meanwhile queue up behind the lost ones: the window in which they
             // could overtake them.
