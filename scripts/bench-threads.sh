@@ -5,6 +5,8 @@
 # /proc/<pid>/task/*/{stat,status} before and after the run and divided by the operations.
 #   WORKLOAD=messages  1 producer / 1 consumer, 1 KiB, strong, window 256, COUNT messages
 #                      (default 200,000), the client attached to node 1;
+#                      with RATE, the producer is paced at RATE msgs/s (`--rate`), and
+#                      CONSUMERS=0 runs it without a consumer (`--consumers`);
 #   WORKLOAD=metadata  COUNT (default 20,000) queue assignments with PARALLEL (64) in flight,
 #                      the client attached to the leader (an open and a close each).
 #   scripts/bench-threads.sh [BIN_DIR]       # default: this tree's release build
@@ -34,6 +36,6 @@ esac
 echo "nodes 1-3: pids ${PIDS[*]}; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 bench_load "$BIN" "$WORKLOAD" 20000 >/dev/null
 python3 scripts/lib/thread_cpu.py snap "$DIR/before.json" "${PIDS[@]}"
-bench_load "$BIN" "$WORKLOAD" "$COUNT"
+bench_load "$BIN" "$WORKLOAD" "$COUNT" ${RATE:+--rate "$RATE"} ${CONSUMERS:+--consumers "$CONSUMERS"}
 python3 scripts/lib/thread_cpu.py snap "$DIR/after.json" "${PIDS[@]}"
 python3 scripts/lib/thread_cpu.py diff "$DIR/before.json" "$DIR/after.json" "$COUNT"

@@ -34,6 +34,7 @@ def snap(pids):
 def diff(a, b, ops):
     hz = os.sysconf("SC_CLK_TCK")
     total = 0.0
+    total_switches = 0.0
     for p in b:
         for t, (name, cpu, vol, nonvol) in sorted(b[p].items(), key=lambda kv: int(kv[0])):
             if t not in a.get(p, {}):
@@ -42,11 +43,13 @@ def diff(a, b, ops):
             us = (cpu - cpu0) / hz * 1e6 / ops
             total += us
             switches = (vol - vol0 + nonvol - nonvol0) / ops
+            total_switches += switches
             if us > 0.05 or switches > 0.01:
                 main = " (main)" if t == p else ""
                 print(f"pid {p} tid {t} {name + main:24s} CPU {us:7.2f} us/op  "
                       f"switches {switches:6.3f}/op (voluntary {(vol - vol0) / ops:.3f})")
-    print(f"all broker threads: CPU {total:.2f} us/op (clock tick {1e6 / hz:.0f} us)")
+    print(f"all broker threads: CPU {total:.2f} us/op (clock tick {1e6 / hz:.0f} us), "
+          f"switches {total_switches:.3f}/op")
 
 
 if __name__ == "__main__":
