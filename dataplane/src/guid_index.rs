@@ -7,7 +7,8 @@
 //! side, no gaps: a removal moves the last entry into the hole), kept in fixed chunks of 1,024
 //! so that growing it never copies it, and the hash table holds only the 4-byte position of
 //! each entry (a [`PositionTable`], hashing the GUID it points at): 1,000,000 GUIDs with
-//! 32-byte values take 48 MB of entries (plus at most two chunks) and 10 MiB of table.
+//! 32-byte values take 48 MB of entries (plus at most two chunks) and 8 MiB of table (12 MiB
+//! while a resize runs).
 //! The chunks are freed as they empty and the table shrinks once it is less than a quarter
 //! full, so memory follows what is held now, not the most ever held.
 //!
@@ -208,11 +209,8 @@ impl<V> GuidIndex<V> {
                 return;
             }
             let p = self.migrated;
-            let (slots, hasher) = (&self.slots, &self.hasher);
-            let hash = Self::hash(hasher, slots[p].guid());
-            self.table.migrate(hash, p as u32, |j| {
-                Self::hash(hasher, slots[j as usize].guid())
-            });
+            let hash = Self::hash(&self.hasher, self.slots[p].guid());
+            self.table.migrate(hash, p as u32);
             self.migrated += 1;
         }
     }
@@ -248,10 +246,7 @@ impl<V> GuidIndex<V> {
     pub(crate) fn insert_new(&mut self, guid: u128, value: V) {
         debug_assert!(!self.contains(guid), "guid {guid:032x} already indexed");
         let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 entries");
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        if self.table.insert(Self::hash(hasher, guid), i, |j| {
-            Self::hash(hasher, slots[j as usize].guid())
-        }) {
+        if self.table.insert(Self::hash(&self.hasher, guid), i) {
             self.begin_walk();
         }
         self.slots.push(Slot {
@@ -272,13 +267,10 @@ impl<V> GuidIndex<V> {
         if i < last {
             // The last entry moved into the hole: point its table entry at its new position
             // (into the new table if the hole is below the resize's walk).
-            let (slots, hasher) = (&self.slots, &self.hasher);
-            let moved = Self::hash(hasher, slots[i].guid());
+            let moved = Self::hash(&self.hasher, self.slots[i].guid());
             let found = self
                 .table
-                .repoint(moved, last as u32, i as u32, i < self.migrated, |j| {
-                    Self::hash(hasher, slots[j as usize].guid())
-                });
+                .repoint(moved, last as u32, i as u32, i < self.migrated);
             debug_assert!(found, "every entry is in the table");
         }
         self.migrate_some();
@@ -295,12 +287,9 @@ impl<V> GuidIndex<V> {
         }
         self.table
             .clear_for((2 * self.slots.len()).max(SHRINK_FLOOR));
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        for (i, s) in slots.iter().enumerate() {
+        for (i, s) in self.slots.iter().enumerate() {
             self.table
-                .insert_rebuilt(Self::hash(hasher, s.guid()), i as u32, |j| {
-                    Self::hash(hasher, slots[j as usize].guid())
-                });
+                .insert_rebuilt(Self::hash(&self.hasher, s.guid()), i as u32);
         }
         self.give_back_memory();
     }
@@ -393,20 +382,21 @@ mod tests {
     #[test]
     fn takes_about_what_its_entries_hold_and_gives_memory_back() {
         // 1,000,000 GUIDs with 32-byte values: 48 bytes per entry in chunks at most two of
-        // which are not full, and 10 MiB of table, plus the 5 MiB old table of a resize still
-        // running — at most 65 MB (a HashMap takes 103 MB); emptied, it shrinks back to its
-        // floor.
+        // which are not full, and at most ~9 MiB of table plus the old table of a resize
+        // while one runs — at most 65 MB at every size on the way (a HashMap takes 103 MB);
+        // emptied, it shrinks back to its floor.
         let mut index: GuidIndex<[u64; 4]> = GuidIndex::new();
+        let (mut most, mut resizing_seen) = (0, 0);
         for n in 0..1_000_000u128 {
             index.insert_new(n << 64 | n, [n as u64; 4]);
+            if n % 1_000 == 999 {
+                most = most.max(index.allocated_bytes());
+                resizing_seen += usize::from(index.table.resizing());
+            }
         }
         assert_eq!(std::mem::size_of::<Slot<[u64; 4]>>(), 48);
-        let bytes = index.allocated_bytes();
-        assert!(
-            index.table.resizing(),
-            "the resize that started at 917,504 entries still runs at 1,000,000"
-        );
-        assert!(bytes <= 65_000_000, "{bytes} bytes");
+        assert!(resizing_seen > 0, "sampled while a resize ran");
+        assert!(most <= 65_000_000, "{most} bytes");
         for n in 0..1_000_000u128 {
             assert_eq!(index.remove(n << 64 | n), Some([n as u64; 4]));
         }
@@ -422,8 +412,7 @@ mod tests {
     fn grows_and_shrinks_a_little_at_a_time() {
         // Waves: fill to 60,000, empty down to 50 (in a scattered order, so entries move into
         // holes on both sides of a resize's walk), three times. The index always equals the
-        // model, no call makes hashbrown rehash everything at once (its hasher panics in debug
-        // builds), and every resize ends.
+        // model, and every resize ends (a table never fills: `BucketTable` asserts it).
         let mut index: GuidIndex<u64> = GuidIndex::new();
         let mut model: HashMap<u128, u64> = HashMap::new();
         let guid = |n: u64| u128::from(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) << 64 | u128::from(n);

@@ -26,6 +26,7 @@
 //! `bmq-broker` only execute those outputs.
 #![warn(missing_docs)]
 
+mod bucket_table;
 mod chunked_ring;
 mod guid_index;
 mod guid_window;

@@ -3,9 +3,9 @@
 //! entry vector, a ring of GUIDs), found by the key stored at the position — that resizes a
 //! little at a time instead of all at once.
 //!
-//! A `hashbrown` table that runs out of room rehashes every element in one call, and here
-//! rehashing an element means reading its key from the caller's store at a random place: a
-//! cache miss each. Measured on 2026-11-26 (BENCHMARKS.md, "No stop-the-world rehash"): the
+//! A hash table that runs out of room and rehashes every element in one call (as `hashbrown`
+//! does, which this module used until 2026-11-29) reads each element's key from the caller's
+//! store at a random place: a cache miss each. Measured on 2026-11-26 (BENCHMARKS.md, "No stop-the-world rehash"): the
 //! duplicate window stopped its partition's thread for 13 ms at 229,000 GUIDs, 35 ms at
 //! 459,000 and 69 ms at 918,000, on every node at about the same moment (they all see the same
 //! messages), and the index of outstanding messages did the same as a backlog grew. Every
@@ -17,12 +17,12 @@
 //! ([`PositionTable::migrate`], walking its own store in position order), until the old one
 //! is empty and is freed — incremental rehashing, as Redis does for its dictionaries. With
 //! [`MIGRATE_PER_OP`] positions moved per operation and the new table sized for twice what is
-//! held, a resize always ends before the new table fills, so `hashbrown` never rehashes on its
-//! own (tested: the hasher closure handed to it is never called). While a resize runs, a look-up
+//! held, a resize always ends before the new table fills (a [`BucketTable`] never grows on its
+//! own, and asserts that it is never filled). While a resize runs, a look-up
 //! that misses the new table also probes the old one, and the old table's memory (half the
 //! new one's when growing) is held until it is empty.
 
-use hashbrown::HashTable;
+use crate::bucket_table::BucketTable;
 
 /// A shrink never asks for less than this capacity; a table is shrunk only while its capacity
 /// is above twice this (see [`PositionTable::maybe_shrink`]).
@@ -38,21 +38,10 @@ pub(crate) const MIGRATE_PER_OP: usize = 2;
 #[derive(Debug, Default)]
 pub(crate) struct PositionTable {
     /// Where positions are inserted; where all of them are when no resize runs.
-    table: HashTable<u32>,
+    table: BucketTable,
     /// The table being emptied into `table` while a resize runs; otherwise empty and
     /// unallocated.
-    old: HashTable<u32>,
-}
-
-/// The hasher handed to `hashbrown`, which asks for one with every insert in case it must
-/// rehash: a resize's new table never needs to (see the module doc), so in debug builds this
-/// panics when called — tests fail if a table ever rehashes all at once; in release builds it
-/// hashes correctly, and the cost is only the pause this module avoids.
-fn rehash_with(hash_of: &impl Fn(u32) -> u64) -> impl Fn(&u32) -> u64 + '_ {
-    move |&p| {
-        debug_assert!(false, "a position table rehashed all at once");
-        hash_of(p)
-    }
+    old: BucketTable,
 }
 
 impl PositionTable {
@@ -72,12 +61,18 @@ impl PositionTable {
         !self.old.is_empty()
     }
 
+    /// Starts loading the buckets that an operation on `hash` will read, in both tables while
+    /// a resize runs (see [`BucketTable::prefetch`]); returns a value to fold into
+    /// `std::hint::black_box`.
+    pub(crate) fn prefetch(&self, hash: u64) -> u32 {
+        self.table.prefetch(hash) ^ self.old.prefetch(hash)
+    }
+
     /// The position whose key `eq` accepts, among those hashed to `hash`.
     pub(crate) fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
         self.table
-            .find(hash, |&p| eq(p))
-            .or_else(|| self.old.find(hash, |&p| eq(p)))
-            .copied()
+            .find(hash, &mut eq)
+            .or_else(|| self.old.find(hash, &mut eq))
     }
 
     /// Removes the position whose key `eq` accepts, among those hashed to `hash`.
@@ -94,104 +89,74 @@ impl PositionTable {
         in_old: bool,
     ) -> Option<u32> {
         if in_old {
-            if let Ok(entry) = self.old.find_entry(hash, |&p| eq(p)) {
-                let removed = entry.remove().0;
+            if let Some(removed) = self.old.remove(hash, &mut eq) {
                 self.drop_old_if_empty();
                 return Some(removed);
             }
         }
-        if let Ok(entry) = self.table.find_entry(hash, |&p| eq(p)) {
-            return Some(entry.remove().0);
+        if let Some(removed) = self.table.remove(hash, &mut eq) {
+            return Some(removed);
         }
-        let removed = self.old.find_entry(hash, |&p| eq(p)).ok()?.remove().0;
+        let removed = self.old.remove(hash, &mut eq)?;
         self.drop_old_if_empty();
         Some(removed)
     }
 
     /// Adds `position` (its key hashes to `hash`; the caller checked that the key is not
-    /// held). A full table starts a resize to twice what is held. `hash_of` gives the hash of
-    /// the key at a held position (here and below: used only if hashbrown had to rehash).
-    /// Returns whether a resize started: every position held before this one is in the old
-    /// table, and the caller's walk begins.
-    pub(crate) fn insert(
-        &mut self,
-        hash: u64,
-        position: u32,
-        hash_of: impl Fn(u32) -> u64,
-    ) -> bool {
+    /// held). A full table starts a resize to twice what is held. Returns whether a resize
+    /// started: every position held before this one is in the old table, and the caller's
+    /// walk begins.
+    pub(crate) fn insert(&mut self, hash: u64, position: u32) -> bool {
         let started = self.table.len() >= self.table.capacity()
             && !self.resizing()
             && self.start_resize((2 * self.len()).max(8));
-        self.table
-            .insert_unique(hash, position, rehash_with(&hash_of));
+        self.table.insert_unique(hash, position);
         started
     }
 
-    /// Adds `position` unless a position whose key `eq` accepts is held (one probe of each
-    /// table, as [`PositionTable::find`] then [`PositionTable::insert`] would take two of the
-    /// new one). `None` when the key is held; otherwise whether a resize started, as
-    /// [`PositionTable::insert`] returns.
+    /// Adds `position` unless a position whose key `eq` accepts is held. `None` when the key
+    /// is held; otherwise whether a resize started, as [`PositionTable::insert`] returns.
     pub(crate) fn insert_if_absent(
         &mut self,
         hash: u64,
         position: u32,
         mut eq: impl FnMut(u32) -> bool,
-        hash_of: impl Fn(u32) -> u64,
     ) -> Option<bool> {
-        if self.old.find(hash, |&p| eq(p)).is_some() {
+        if self.find(hash, &mut eq).is_some() {
             return None;
         }
-        if self.table.len() < self.table.capacity() {
-            return match self.table.entry(hash, |&p| eq(p), rehash_with(&hash_of)) {
-                hashbrown::hash_table::Entry::Occupied(_) => None,
-                hashbrown::hash_table::Entry::Vacant(place) => {
-                    place.insert(position);
-                    Some(false)
-                }
-            };
-        }
-        if self.table.find(hash, |&p| eq(p)).is_some() {
-            return None;
-        }
-        Some(self.insert(hash, position, hash_of))
+        Some(self.insert(hash, position))
     }
 
     /// Points the entry of the key hashed to `hash` from position `from` to position `to`
     /// (the caller moved the entry in its store). `settled`: `to` is below the caller's
     /// migration cursor, where every position must be in the new table — an entry still in
     /// the old one moves over.
-    pub(crate) fn repoint(
-        &mut self,
-        hash: u64,
-        from: u32,
-        to: u32,
-        settled: bool,
-        hash_of: impl Fn(u32) -> u64,
-    ) -> bool {
-        if let Some(p) = self.table.find_mut(hash, |&p| p == from) {
+    pub(crate) fn repoint(&mut self, hash: u64, from: u32, to: u32, settled: bool) -> bool {
+        if let Some(p) = self.table.find_mut(hash, |p| p == from) {
             *p = to;
             return true;
         }
-        let Ok(entry) = self.old.find_entry(hash, |&p| p == from) else {
-            return false;
-        };
         if settled {
-            entry.remove();
-            self.table.insert_unique(hash, to, rehash_with(&hash_of));
+            if self.old.remove(hash, |p| p == from).is_none() {
+                return false;
+            }
+            self.table.insert_unique(hash, to);
             self.drop_old_if_empty();
         } else {
-            *entry.into_mut() = to;
+            let Some(p) = self.old.find_mut(hash, |p| p == from) else {
+                return false;
+            };
+            *p = to;
         }
         true
     }
 
     /// Moves `position` (its key hashes to `hash`) from the old table to the new one, if it
     /// is still in the old one.
-    pub(crate) fn migrate(&mut self, hash: u64, position: u32, hash_of: impl Fn(u32) -> u64) {
-        if let Ok(entry) = self.old.find_entry(hash, |&p| p == position) {
-            entry.remove();
-            self.table
-                .insert_unique(hash, position, rehash_with(&hash_of));
+    pub(crate) fn migrate(&mut self, hash: u64, position: u32) {
+        if self.old.remove(hash, |p| p == position).is_some() {
+            self.table.insert_unique(hash, position);
             self.drop_old_if_empty();
         }
     }
@@ -200,20 +165,18 @@ impl PositionTable {
     /// quarter of the capacity is used (not while a resize runs), when that halves the table
     /// at least. Returns whether a resize started, as [`PositionTable::insert`] returns.
     ///
-    /// hashbrown gives a table 7/8 of a power of two of buckets, so asking for the floor's
-    /// 1,024 gives 1,792: below twice the floor, a "shrink" would make a table as large as
-    /// the one it replaces and only move every position again. It did: the index of a few
-    /// hundred outstanding messages (a table of 1,792 whenever it held fewer than 448) was
-    /// resized every ~150 messages on every node at 40,000-60,000 msgs/s (issue 18). Above
-    /// twice the floor a quarter-full table always at least halves.
+    /// Below twice the floor a shrink is not worth its walk. (Under `hashbrown`, whose tables
+    /// have 7/8 of a power of two of buckets, asking for the floor's 1,024 gave 1,792, and a
+    /// "shrink" below twice the floor made a table as large as the one it replaced: the index
+    /// of a few hundred outstanding messages was resized every ~150 messages on every node at
+    /// 40,000-60,000 msgs/s, issue 18.) Above twice the floor a quarter-full table always at
+    /// least halves.
     pub(crate) fn maybe_shrink(&mut self) -> bool {
         let cap = self.table.capacity();
         if self.resizing() || cap <= 2 * SHRINK_FLOOR || cap / 4 <= self.len() {
             return false;
         }
         let started = self.start_resize((2 * self.len()).max(SHRINK_FLOOR));
-        // `capacity()` counts hashbrown's tombstones out, so the old table may report less
-        // than its buckets hold: what a shrink must give is a smaller table, whatever that.
         debug_assert!(
             self.table.capacity() < cap,
             "a shrink from {cap} made a table of {}",
@@ -224,48 +187,34 @@ impl PositionTable {
 
     /// Empties the table (both halves of a running resize).
     pub(crate) fn clear_for(&mut self, capacity: usize) {
-        self.old = HashTable::new();
-        self.table = HashTable::with_capacity(capacity);
+        self.old = BucketTable::default();
+        self.table = BucketTable::with_capacity(capacity);
     }
 
     /// Adds `position` to a table being rebuilt from scratch after [`PositionTable::clear_for`]
     /// (no resize starts: the table was sized for the rebuild).
-    pub(crate) fn insert_rebuilt(
-        &mut self,
-        hash: u64,
-        position: u32,
-        hash_of: impl Fn(u32) -> u64,
-    ) {
-        self.table
-            .insert_unique(hash, position, rehash_with(&hash_of));
+    pub(crate) fn insert_rebuilt(&mut self, hash: u64, position: u32) {
+        self.table.insert_unique(hash, position);
     }
 
     /// Moves every position to the old table behind a new one of `capacity`; returns whether
     /// a resize runs (not when nothing was held).
     fn start_resize(&mut self, capacity: usize) -> bool {
         debug_assert!(!self.resizing());
-        self.old = std::mem::replace(&mut self.table, HashTable::with_capacity(capacity));
+        self.old = std::mem::replace(&mut self.table, BucketTable::with_capacity(capacity));
         self.drop_old_if_empty();
         self.resizing()
     }
 
     fn drop_old_if_empty(&mut self) {
         if self.old.is_empty() && self.old.capacity() > 0 {
-            self.old = HashTable::new();
+            self.old = BucketTable::default();
         }
     }
 
-    /// Bytes held by both tables (hashbrown keeps one control byte per bucket, and at least
-    /// 8/7 buckets per capacity).
+    /// Bytes held by both tables.
     #[cfg(test)]
     pub(crate) fn allocated_bytes(&self) -> usize {
-        let bytes = |t: &HashTable<u32>| {
-            if t.capacity() == 0 {
-                0
-            } else {
-                (t.capacity() * 8 / 7).next_power_of_two() * (std::mem::size_of::<u32>() + 1)
-            }
-        };
-        bytes(&self.table) + bytes(&self.old)
+        self.table.allocated_bytes() + self.old.allocated_bytes()
     }
 }

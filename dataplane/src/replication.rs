@@ -553,9 +553,7 @@ impl ReplicationCore {
     /// an ACK instead of a second copy. Every rise of the base leads here (it makes
     /// [`ReplicationCore::needs_sync`] true).
     fn remember_retired(&mut self, now: Instant) {
-        for guid in self.store.take_retired() {
-            self.guids.insert(now, guid);
-        }
+        self.guids.insert_all(now, self.store.take_retired());
         // Bounded on every node, whether or not PUTs ever ask it.
         self.guids
             .expire(now, self.cfg.guid_window_max, self.cfg.guid_window_age);

@@ -47,8 +47,8 @@
 //! counted in `bmq_journal_torn_tail_truncations_total`; anything else wrong is
 //! [`StoreError::Corrupt`] naming the file and offset.
 //!
-//! **Costs.** Memory: 53 to 71 bytes per outstanding message in the index (entry and GUID, 48
-//! bytes, in one dense vector grown by a quarter at a time, plus 5 to 11 bytes of hash table,
+//! **Costs.** Memory: 55 to 74 bytes per outstanding message in the index (entry and GUID, 48
+//! bytes, in one dense vector grown by a quarter at a time, plus 7 to 14 bytes of hash table,
 //! see `guid_index.rs`; both shrink as messages leave) plus 16 per record held on disk, plus
 //! the cache. Restart: reads every retained segment once —
 //! the outstanding data plus at most about two segments of dead records (compaction keeps the
