@@ -35,9 +35,15 @@ fn guid(n: u64) -> u128 {
     u128::from(n.wrapping_mul(0x9e37_79b9_7f4a_7c15)) << 64 | u128::from(n ^ 0x5851_f42d)
 }
 
-fn report(what: &str, n: u64, (total, worst, at, slow): (Duration, Duration, u64, usize)) {
+/// Prints the mean time per item (`n` items: GUIDs, or calls) and the longest call.
+fn report(
+    what: &str,
+    n: u64,
+    item: &str,
+    (total, worst, at, slow): (Duration, Duration, u64, usize),
+) {
     println!(
-        "{what:<48} {n:>9} calls, {:>6.0} ns/call, longest {:>9.3} ms (call {at}), {slow} calls over 1 ms",
+        "{what:<48} {n:>9} {item}s, {:>6.0} ns/{item}, longest call {:>9.3} ms (call {at}), {slow} calls over 1 ms",
         total.as_nanos() as f64 / n as f64,
         worst.as_secs_f64() * 1e3,
     );
@@ -61,17 +67,20 @@ fn pause_bench() {
     report(
         "window: insert 32 + expire, growing to 1M",
         n,
+        "GUID",
         time_each(0..n / GROUP, &mut insert),
     );
     report(
         "window: insert 32 + expire, full at 1M",
         2 * n,
+        "GUID",
         time_each(n / GROUP..3 * n / GROUP, &mut insert),
     );
     let calls = 1_000_000u64.div_ceil(crate::guid_window::AGE_OUT_PER_CALL as u64);
     report(
         "window: 1M age out (calls of a timer)",
         calls,
+        "call",
         time_each(0..calls, |_| w.expire(t0 + age * 2, 1_000_000, age)),
     );
     let mut index: GuidIndex<[u64; 4]> = GuidIndex::new();
@@ -79,11 +88,13 @@ fn pause_bench() {
     report(
         "index: insert to 1.5M (a backlog builds)",
         n,
+        "GUID",
         time_each(0..n, |i| index.insert_new(guid(i), [i; 4])),
     );
     report(
         "index: remove all (the backlog drains)",
         n,
+        "GUID",
         time_each(0..n, |i| {
             index.remove(guid(i));
         }),
