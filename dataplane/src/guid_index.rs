@@ -236,6 +236,14 @@ impl<V> GuidIndex<V> {
         self.position(guid).map(|i| &mut self.slots[i].value)
     }
 
+    /// Starts loading the table bucket that an operation on `guid` reads, and returns a value
+    /// to fold into `std::hint::black_box` (see `BucketTable::prefetch`): a caller with a
+    /// batch of GUIDs to look up or insert calls this for all of them first, so that their
+    /// cache misses overlap.
+    pub(crate) fn prefetch(&self, guid: u128) -> u32 {
+        self.table.prefetch(Self::hash(&self.hasher, guid))
+    }
+
     /// Whether `guid` is held.
     pub(crate) fn contains(&self, guid: u128) -> bool {
         self.position(guid).is_some()

@@ -99,4 +99,18 @@ fn pause_bench() {
             index.remove(guid(i));
         }),
     );
+    // As a replica indexes a batch of replicated records: the buckets of 32 loaded first.
+    let mut index: GuidIndex<[u64; 4]> = GuidIndex::new();
+    report(
+        "index: insert to 1.5M, 32 at a time, prefetched",
+        n,
+        "GUID",
+        time_each(0..n / GROUP, |g| {
+            let loaded = (g * GROUP..(g + 1) * GROUP).fold(0, |l, i| l ^ index.prefetch(guid(i)));
+            std::hint::black_box(loaded);
+            for i in g * GROUP..(g + 1) * GROUP {
+                index.insert_new(guid(i), [i; 4]);
+            }
+        }),
+    );
 }
