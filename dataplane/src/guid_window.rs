@@ -77,6 +77,12 @@ impl GuidWindow {
         self.order.len()
     }
 
+    /// Starts loading the table bucket that [`GuidWindow::contains`] of `guid` reads; returns a
+    /// value to fold into `std::hint::black_box` (see `BucketTable::prefetch`).
+    pub(crate) fn prefetch(&self, guid: u128) -> u32 {
+        self.table.prefetch(Self::hash(&self.hasher, guid))
+    }
+
     /// Whether `guid` is remembered.
     pub(crate) fn contains(&self, guid: u128) -> bool {
         let (order, popped) = (&self.order, self.popped);

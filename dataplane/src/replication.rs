@@ -1578,6 +1578,14 @@ impl ReplicationCore {
         }
     }
 
+    /// Starts loading what [`ReplicationCore::duplicate_of`] (and a confirm's look-up) of
+    /// `guid` reads — the index's bucket and the duplicate window's — so that a batch's cache
+    /// misses overlap; returns a value to fold into `std::hint::black_box`.
+    pub fn prefetch_guid(&self, guid: &[u8]) -> u32 {
+        let key = guid_key(guid);
+        self.store.prefetch_outstanding(key) ^ self.guids.prefetch(key)
+    }
+
     /// The sequence of the stored copy of `guid` when a PUT of it is a resend: the
     /// outstanding message's, or 0 for one already confirmed within the duplicate window
     /// (committed, so its ACK is due at once). `None` for a new message.

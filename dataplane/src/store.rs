@@ -2222,6 +2222,14 @@ impl Store {
         proto_runs(&self.runs)
     }
 
+    /// Starts loading what a look-up of `guid` ([`guid_key`]) in the index of outstanding
+    /// messages reads, so that a caller with a batch of GUIDs has their cache misses overlap;
+    /// returns a value to pass to `std::hint::black_box` (folded with the others), which keeps
+    /// the loads from being optimised away.
+    pub fn prefetch_outstanding(&self, guid: u128) -> u32 {
+        self.index.prefetch(guid)
+    }
+
     /// The sequence of the outstanding message `guid` ([`guid_key`]), if it is outstanding.
     pub fn outstanding_sequence(&self, guid: u128) -> Option<u64> {
         self.index.get(guid).map(|e| e.sequence)

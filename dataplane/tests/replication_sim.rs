@@ -785,7 +785,9 @@ impl Sim {
             })),
         };
         self.note(format!("PUT p{producer}#{seq} -> node {}", primary + 1));
-        self.input(primary, |p, now| p.handle_requests(now, [(session, put)]));
+        self.input(primary, |p, now| {
+            p.handle_requests(now, vec![(session, put)])
+        });
     }
 
     fn consumer_addr(&self) -> SessionAddr {
@@ -888,7 +890,7 @@ impl Sim {
             })),
         };
         let addr = self.consumer_addr();
-        self.input(n, |p, now| p.handle_requests(now, [(addr, confirm)]));
+        self.input(n, |p, now| p.handle_requests(now, vec![(addr, confirm)]));
         let after = self.nodes[n]
             .p
             .as_ref()
