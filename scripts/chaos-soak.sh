@@ -44,9 +44,11 @@ if [[ -z "$seed" ]]; then
   seed=$(( (RANDOM << 30) | (RANDOM << 15) | RANDOM ))
 fi
 if [[ -z "$report" ]]; then
-  mkdir -p target/chaos
   report="$PWD/target/chaos/report-$seed.json"
 fi
+# Absolute: the test runs in the tests crate's directory, not this one.
+report=$(realpath -m "$report")
+mkdir -p "$(dirname "$report")"
 
 echo "chaos-soak: ${seconds}s, ${nodes} nodes, seed ${seed}, report ${report}"
 cargo build -q "${profile[@]}" --workspace --all-targets

@@ -923,6 +923,11 @@ async fn soak() {
     if !chaos_enabled("soak") {
         return;
     }
+    // The report's directory exists before the run, not only when the report is written at
+    // its end: a path in a missing directory once lost a whole soak's report.
+    if let Some(dir) = report_path.parent() {
+        std::fs::create_dir_all(dir).expect("create the report's directory");
+    }
     let _serial = SERIAL.lock().await;
     let mut ctx = Ctx::start("soak", nodes).await.expect("start soak cluster");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
