@@ -4,8 +4,8 @@
 # per run. Each run first sends WARM (1,050,000) messages to one queue, so that the window of
 # its partition holds its bound (duplicate_guid_window_max, 1,000,000 by default) on every
 # node, then COUNT (400,000) more to the same queue (1 producer / 1 consumer, 1 KiB, strong,
-# window 256, client on any node) while `perf record` samples the brokers (cpu-clock, 499 Hz,
-# no call graphs). It prints msgs/s of the measured part, the brokers' CPU per message (utime +
+# window 256, client on any node; paced at RATE msgs/s when RATE is set, else as fast as it
+# goes) while `perf record` samples the brokers (cpu-clock, 499 Hz, no call graphs). It prints msgs/s of the measured part, the brokers' CPU per message (utime +
 # stime, /proc/<pid>/stat) and the share of the brokers' samples in the window's and the
 # index's tables (symbols of guid_window, guid_index, position_table, bucket_table and
 # hashbrown's tables), with the four largest. `scripts/bench-throughput.sh` never fills the
@@ -14,6 +14,7 @@
 #   scripts/bench-full-window.sh                          # this tree's release build
 #   scripts/bench-full-window.sh /tmp/before /tmp/after   # release directories to compare
 #   ROUNDS=3 WARM=1050000 COUNT=400000 scripts/bench-full-window.sh ...
+#   RATE=50000 scripts/bench-full-window.sh ...         # the measured part paced
 #
 # Installs `perf` when missing (apt-get, root). Compare builds made the same way (BENCHMARKS.md,
 # "The targets on a faster host").
@@ -22,6 +23,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-2}
 WARM=${WARM:-1050000}
 COUNT=${COUNT:-400000}
+RATE=${RATE:-0}
 BASE=${BASE_PORT:-35800}
 DIR=${DIR:-/tmp/bmq-bench-full-window}
 # shellcheck source=lib/cluster.sh
@@ -33,7 +35,7 @@ trap 'exit 130' INT TERM
 TABLES='guid_window|guid_index|position_table|bucket_table|GuidWindow|GuidIndex|PositionTable|BucketTable|hashbrown::raw|hashbrown::table'
 
 echo "# bench-full-window $(date -u +%FT%TZ), load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# builds: ${BUILDS[*]}; warm-up $WARM messages, measured $COUNT, one queue"
+echo "# builds: ${BUILDS[*]}; warm-up $WARM messages, measured $COUNT at rate $RATE (0: unpaced), one queue"
 for round in $(seq "$ROUNDS"); do
   for bin in "${BUILDS[@]}"; do
     start_cluster "$bin"
@@ -43,7 +45,7 @@ for round in $(seq "$ROUNDS"); do
     perf record -e cpu-clock -F 499 -p "$(IFS=,; echo "${PIDS[*]}")" -o "$DIR.perf" 2>/dev/null &
     rec=$!
     t0=$(date +%s.%N)
-    bench_load "$bin" messages "$COUNT" --queue-prefix bench-fw --run-id b8 >/dev/null
+    bench_load "$bin" messages "$COUNT" --queue-prefix bench-fw --run-id b8 --rate "$RATE" >/dev/null
     t1=$(date +%s.%N)
     kill -INT "$rec"
     wait "$rec" || true
