@@ -13,11 +13,11 @@
 //! position `popped`, and a position is stored modulo 2^32 (the ring never holds 2^32 GUIDs).
 //! Ages are kept per second of traffic, not per GUID: one `(Instant, count)` per
 //! [`GUID_BUCKET`]. With the default 1,000,000 GUIDs per partition the window takes 16 MiB of
-//! ring and 8 MiB of table (12 MiB while a resize runs), and both shrink as GUIDs leave. The table resizes
-//! incrementally ([`PositionTable`]: a few positions move to the new table with every insert,
-//! oldest first, and forgetting the oldest GUIDs empties the old table too), so no insert stops
-//! to rehash the whole window —
-//! which took 69 ms at 918,000 GUIDs, on every node at once.
+//! ring and 8 MiB of table (12 MiB while a resize runs), and both shrink as GUIDs leave. The
+//! table resizes incrementally ([`PositionTable`]: a few positions move to the new table with
+//! every insert, oldest first, and forgetting the oldest GUIDs empties the old table too), so
+//! no insert stops to rehash the whole window — which took 69 ms at 918,000 GUIDs, on every
+//! node at once.
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
