@@ -392,8 +392,12 @@ async fn a_full_disk_refuses_puts_and_recovers_when_space_returns() -> anyhow::R
     }
     stop.store(1, Ordering::Relaxed);
     task.await??;
-    drop(cluster);
+    // Unmount first (lazily: the brokers still hold their journals open), then stop the
+    // cluster, whose directory is then removed whole — as on an early return, where the mounts,
+    // declared last, are dropped first. The other order left the directory behind (its
+    // removal met the mount points still mounted).
     drop(mounts);
+    drop(cluster);
     Ok(())
 }
 
