@@ -46,9 +46,9 @@ fi
 if [[ -z "$report" ]]; then
   report="$PWD/target/chaos/report-$seed.json"
 fi
-# Absolute: the test runs in the tests crate's directory, not this one.
+# Absolute: the test runs in the tests crate's directory, not this one (the test makes the
+# report's directory).
 report=$(realpath -m "$report")
-mkdir -p "$(dirname "$report")"
 
 echo "chaos-soak: ${seconds}s, ${nodes} nodes, seed ${seed}, report ${report}"
 cargo build -q "${profile[@]}" --workspace --all-targets

@@ -132,6 +132,12 @@ impl BucketTable {
         u128::from(w[0]) | u128::from(w[1]) << 32 | u128::from(w[2]) << 64
     }
 
+    /// The slots of `bucket` whose tag is `tag` (0: the free ones), as a mask with 0x80 in the
+    /// byte of each.
+    fn slots_tagged(&self, bucket: usize, tag: u8) -> u128 {
+        bytes_equal(self.tags(bucket), tag) & TAG_BYTES
+    }
+
     fn set_tag(&mut self, bucket: usize, slot: usize, tag: u8) {
         let shift = (slot % 4) * 8;
         let w = self.word_mut(bucket, slot / 4);
@@ -139,14 +145,14 @@ impl BucketTable {
     }
 
     /// Where the position that `eq` accepts among those hashed to `hash` is: its bucket and
-    /// slot, and its home bucket.
+    /// slot.
     fn locate(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<(usize, usize)> {
         if self.len == 0 {
             return None;
         }
         let (mut bucket, tag) = self.home(hash);
         for _ in 0..self.buckets {
-            let mut hits = bytes_equal(self.tags(bucket), tag) & TAG_BYTES;
+            let mut hits = self.slots_tagged(bucket, tag);
             while hits != 0 {
                 let slot = hits.trailing_zeros() as usize / 8;
                 if eq(self.word(bucket, POSITIONS + slot)) {
@@ -215,7 +221,7 @@ impl BucketTable {
         );
         let (mut bucket, tag) = self.home(hash);
         loop {
-            let free = bytes_equal(self.tags(bucket), 0) & TAG_BYTES;
+            let free = self.slots_tagged(bucket, 0);
             if free != 0 {
                 let slot = free.trailing_zeros() as usize / 8;
                 self.set_tag(bucket, slot, tag);
@@ -232,6 +238,8 @@ impl BucketTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
     use std::collections::HashMap;
 
     #[test]
@@ -264,13 +272,8 @@ mod tests {
             assert!(t.capacity() >= 1_000);
             assert_eq!((t.words.as_ptr() as usize + t.base * 4) % 64, 0, "aligned");
             let mut model: HashMap<u32, u64> = HashMap::new();
-            let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-            let mut next = || {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng
-            };
+            let mut rng = ChaCha8Rng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
+            let mut next = || rng.gen::<u64>();
             let hash_of = |p: u32, spread: u64| {
                 if spread == 0 {
                     // Every home the last bucket: the chain wraps around to bucket 0.

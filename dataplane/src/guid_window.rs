@@ -101,6 +101,11 @@ impl GuidWindow {
     }
 
     /// Moves the next few positions of a running resize to the new table, oldest first.
+    /// The hash of the GUID at position `p` (held: `popped <= p < popped + order.len()`).
+    fn hash_at(&self, p: u64) -> u64 {
+        Self::hash(&self.hasher, self.order[(p - self.popped) as usize])
+    }
+
     fn migrate_some(&mut self) {
         for _ in 0..MIGRATE_PER_OP {
             if !self.table.resizing() {
@@ -111,8 +116,7 @@ impl GuidWindow {
                 debug_assert!(false, "a resize outlived its walk");
                 return;
             }
-            let hash = Self::hash(&self.hasher, self.order[(p - self.popped) as usize]);
-            self.table.migrate(hash, p as u32);
+            self.table.migrate(self.hash_at(p), p as u32);
             self.migrated = p + 1;
         }
     }
@@ -160,10 +164,7 @@ impl GuidWindow {
         }
         let start = self.migrated.max(self.popped);
         let end = (start + count as u64).min(self.resize_end);
-        (start..end).fold(0, |loaded, p| {
-            let guid = self.order[(p - self.popped) as usize];
-            loaded ^ self.table.prefetch(Self::hash(&self.hasher, guid))
-        })
+        (start..end).fold(0, |loaded, p| loaded ^ self.table.prefetch(self.hash_at(p)))
     }
 
     fn insert_hashed(&mut self, now: Instant, guid: u128, hash: u64) {
@@ -230,7 +231,7 @@ impl GuidWindow {
             let mut hashes = [0u64; GROUP];
             let mut loaded = 0;
             for (i, hash) in hashes[..k].iter_mut().enumerate() {
-                *hash = Self::hash(&self.hasher, self.order[i]);
+                *hash = self.hash_at(self.popped + i as u64);
                 loaded ^= self.table.prefetch(*hash);
             }
             std::hint::black_box(loaded);
