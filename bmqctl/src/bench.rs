@@ -3,7 +3,7 @@
 //!
 //! - `bmqctl bench messages`: P producers and C consumers over Q fresh queues (producer `i`
 //!   writes to queue `i % Q`, consumer `j` reads queue `j % Q`), each with its own client
-//!   connection. Producers send `--size`-byte payloads, unthrottled or at `--rate` messages per
+//!   connection on a thread of its own (a current-thread tokio runtime). Producers send `--size`-byte payloads, unthrottled or at `--rate` messages per
 //!   second in total, for `--count` messages in total or for `--duration-secs`; at most
 //!   `--window` PUTs per producer are unacknowledged at once. Measured: messages and bytes
 //!   produced (ACKed) and consumed per second, ACK latency (PUT handed to the client library ->
@@ -25,6 +25,7 @@
 //! consumed in time), never on a slow figure.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,7 +36,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use tokio::sync::{mpsc, watch, Mutex};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::connect::{connect, resolve_brokers};
 use crate::credentials::ClientSecurityArgs;
@@ -525,77 +526,80 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
     let drain = Duration::from_secs(args.drain_timeout_secs.max(1));
     let counters = Arc::new(Counters::default());
 
-    // Consumers first, so no message waits for its consumer to attach.
-    let mut consumer_clients = Vec::new();
+    // Every client runs on a thread of its own (`on_own_thread`). Consumers first, so no
+    // message waits for its consumer to attach; nothing is sent before every client is ready.
+    let (go_tx, go_rx) = watch::channel(None::<Instant>);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut consumers = Vec::new();
     for j in 0..args.consumers {
-        let client = connect(brokers.clone(), 1, drain, "bench-consumer", &args.security).await?;
-        let uri = &queues[j % queues.len()];
+        let (brokers, security) = (brokers.clone(), args.security.clone());
+        let uri = queues[j % queues.len()].clone();
         let options = ConsumerOptions {
             max_unconfirmed_messages: args.max_unconfirmed,
             ..Default::default()
         };
-        client
-            .open_queue(uri, OpenOptions::read(options))
-            .await
-            .with_context(|| format!("cannot open {uri} for reading"))?;
-        consumer_clients.push(client);
-    }
-    let mut producer_clients = Vec::new();
-    for i in 0..args.producers {
-        let client = connect(
-            brokers.clone(),
-            args.window,
-            drain,
-            "bench-producer",
-            &args.security,
-        )
-        .await?;
-        let uri = &queues[i % queues.len()];
-        client
-            .open_queue(uri, OpenOptions::write())
-            .await
-            .with_context(|| format!("cannot open {uri} for writing"))?;
-        producer_clients.push(client);
-    }
-
-    let start = Instant::now();
-    let e2e = Arc::new(Mutex::new(histogram()));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut consumers = Vec::new();
-    for client in consumer_clients {
-        consumers.push(tokio::spawn(consume(
-            client,
-            start,
-            counters.clone(),
-            e2e.clone(),
-            stop_rx.clone(),
-        )));
+        let (counters, go, stop) = (counters.clone(), go_rx.clone(), stop_rx.clone());
+        let (ready, thread) =
+            on_own_thread(format!("bench-consumer-{j}"), move |ready| async move {
+                let client = connect(brokers, 1, drain, "bench-consumer", &security).await?;
+                client
+                    .open_queue(&uri, OpenOptions::read(options))
+                    .await
+                    .with_context(|| format!("cannot open {uri} for reading"))?;
+                let _ = ready.send(());
+                let Some(start) = wait_for_start(go).await else {
+                    let _ = client.disconnect().await;
+                    return Ok(histogram());
+                };
+                Ok(consume(client, start, counters, stop).await)
+            })?;
+        client_ready(ready, &mut consumers, thread).await?;
     }
 
     let (bar, target) = match args.duration_secs {
         Some(secs) => (progress(args.quiet, secs, "s"), None),
         None => (progress(args.quiet, args.count, "acked"), Some(args.count)),
     };
-    let deadline = args.duration_secs.map(|s| start + Duration::from_secs(s));
     let filler = vec![0x5a_u8; args.size];
     let mut producers = Vec::new();
-    for (i, client) in producer_clients.into_iter().enumerate() {
+    for i in 0..args.producers {
         // Producer i sends its share of --count (the first ones take the remainder).
         let share = target
             .map(|n| n / args.producers as u64 + u64::from((i as u64) < n % args.producers as u64));
         let per_producer_rate = args.rate as f64 / args.producers as f64;
-        producers.push(tokio::spawn(produce(
-            client,
+        let (brokers, security) = (brokers.clone(), args.security.clone());
+        let (uri, filler, window) = (
             queues[i % queues.len()].clone(),
             filler.clone(),
-            share,
-            deadline,
-            per_producer_rate,
             args.window,
-            start,
-            counters.clone(),
-        )));
+        );
+        let (counters, go, duration) = (counters.clone(), go_rx.clone(), args.duration_secs);
+        let (ready, thread) =
+            on_own_thread(format!("bench-producer-{i}"), move |ready| async move {
+                let client = connect(brokers, window, drain, "bench-producer", &security).await?;
+                client
+                    .open_queue(&uri, OpenOptions::write())
+                    .await
+                    .with_context(|| format!("cannot open {uri} for writing"))?;
+                let _ = ready.send(());
+                let Some(start) = wait_for_start(go).await else {
+                    let _ = client.disconnect().await;
+                    return Ok((histogram(), BTreeMap::new()));
+                };
+                let deadline = duration.map(|s| start + Duration::from_secs(s));
+                let run = Run {
+                    share,
+                    deadline,
+                    rate: per_producer_rate,
+                    window,
+                    start,
+                };
+                produce(client, uri, filler, run, counters).await
+            })?;
+        client_ready(ready, &mut producers, thread).await?;
     }
+    let start = Instant::now();
+    let _ = go_tx.send(Some(start));
 
     // Progress: ACKed messages (count mode) or seconds (duration mode).
     let ticker = {
@@ -626,7 +630,7 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
     let mut ack_hist = histogram();
     let mut nacks: BTreeMap<String, u64> = BTreeMap::new();
     for p in producers {
-        let (h, n) = p.await.context("producer task panicked")??;
+        let (h, n) = finished(p).await?;
         ack_hist.add(&h).expect("same histogram bounds");
         for (k, v) in n {
             *nacks.entry(k).or_default() += v;
@@ -648,14 +652,14 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
     ticker.abort();
     bar.finish_and_clear();
     let _ = stop_tx.send(true);
+    let mut e2e = histogram();
     for c in consumers {
-        c.await.context("consumer task panicked")?;
+        e2e.add(&finished(c).await?).expect("same histogram bounds");
     }
 
     let ns = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
     let received = counters.received.load(Ordering::Relaxed);
     let first_deliveries = received - counters.redeliveries.load(Ordering::Relaxed);
-    let e2e = e2e.lock().await;
     Ok(MessagesReport {
         queues,
         producers: args.producers,
@@ -687,20 +691,32 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
     })
 }
 
-/// One producer: sends its share (or until the deadline), paced to `rate` if not 0; a collector
-/// task awaits the ACKs in order and records their latency.
-#[allow(clippy::too_many_arguments)]
-async fn produce(
-    client: Client,
-    uri: String,
-    filler: Vec<u8>,
+/// What one producer sends: its share of `--count` (or until `deadline`), paced to `rate`
+/// messages per second if not 0, at most `window` unacknowledged, timed from `start`.
+struct Run {
     share: Option<u64>,
     deadline: Option<Instant>,
     rate: f64,
     window: usize,
     start: Instant,
+}
+
+/// One producer: sends what `run` says; a collector task awaits the ACKs in order and records
+/// their latency. Returns the ACK latency histogram and the NACKs by status.
+async fn produce(
+    client: Client,
+    uri: String,
+    filler: Vec<u8>,
+    run: Run,
     counters: Arc<Counters>,
 ) -> anyhow::Result<(Histogram<u64>, BTreeMap<String, u64>)> {
+    let Run {
+        share,
+        deadline,
+        rate,
+        window,
+        start,
+    } = run;
     let size = filler.len() as u64;
     let (tx, mut rx) = mpsc::channel::<(Instant, PendingAck)>(window);
     let collector = {
@@ -764,14 +780,13 @@ async fn produce(
 }
 
 /// One consumer: records end-to-end latency and confirms every message until `stop` turns
-/// true, then adds its samples to `e2e` and disconnects.
+/// true, then disconnects and returns its end-to-end latency histogram.
 async fn consume(
     client: Client,
     start: Instant,
     counters: Arc<Counters>,
-    e2e: Arc<Mutex<Histogram<u64>>>,
     mut stop: watch::Receiver<bool>,
-) {
+) -> Histogram<u64> {
     let mut local = histogram();
     loop {
         let message = tokio::select! {
@@ -800,8 +815,81 @@ async fn consume(
             .fetch_max(now.as_nanos() as u64, Ordering::Relaxed);
         let _ = client.confirm(&message.uri, message.guid).await;
     }
-    e2e.lock().await.add(&local).expect("same histogram bounds");
     let _ = client.disconnect().await;
+    local
+}
+
+/// A bench client's thread, as `on_own_thread` started it: its result once it ends (closed
+/// without one if it panicked).
+type ClientThread<T> = oneshot::Receiver<anyhow::Result<T>>;
+
+/// Runs one bench client on a thread of its own, named `name`, under a current-thread tokio
+/// runtime, so that its connection task, its PUTs or deliveries and its ACK collector wake each
+/// other without crossing threads, while clients still run in parallel (BENCHMARKS.md, "A
+/// thread per benchmark client"). `body` gets the sender with which it says that its client is
+/// connected and its queue open. Returns the receiver of that signal and the thread.
+///
+/// Errors: the thread cannot be started.
+fn on_own_thread<T, F, Fut>(
+    name: String,
+    body: F,
+) -> anyhow::Result<(oneshot::Receiver<()>, ClientThread<T>)>
+where
+    T: Send + 'static,
+    F: FnOnce(oneshot::Sender<()>) -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(move || {
+            let result = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(body(ready_tx)),
+                Err(e) => Err(anyhow::Error::new(e).context("cannot start a tokio runtime")),
+            };
+            let _ = done_tx.send(result);
+        })
+        .with_context(|| format!("cannot start thread {name}"))?;
+    Ok((ready_rx, done_rx))
+}
+
+/// Waits until `thread`'s client says it is ready, then keeps the thread in `threads`.
+///
+/// Errors: the client's own (no broker, queue refused) when the thread ends without being
+/// ready.
+async fn client_ready<T>(
+    ready: oneshot::Receiver<()>,
+    threads: &mut Vec<ClientThread<T>>,
+    thread: ClientThread<T>,
+) -> anyhow::Result<()> {
+    if ready.await.is_ok() {
+        threads.push(thread);
+        return Ok(());
+    }
+    finished(thread).await?;
+    bail!("a bench client's thread ended before its client was ready")
+}
+
+/// What a bench client's thread returned.
+///
+/// Errors: the client's own, or its thread panicked.
+async fn finished<T>(thread: ClientThread<T>) -> anyhow::Result<T> {
+    thread
+        .await
+        .map_err(|_| anyhow::anyhow!("a bench client's thread panicked"))?
+}
+
+/// The run's start, once `run_messages` gives it (every client is ready); `None` when it gave
+/// up instead (another client failed).
+async fn wait_for_start(mut go: watch::Receiver<Option<Instant>>) -> Option<Instant> {
+    go.wait_for(Option::is_some)
+        .await
+        .ok()
+        .and_then(|start| *start)
 }
 
 /// Runs `bmqctl bench metadata` (see the module doc) and returns its report.

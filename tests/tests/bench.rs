@@ -79,6 +79,56 @@ async fn message_bench_reports_every_message_produced_and_consumed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_bench_fails_with_the_clients_error_when_a_queue_is_refused() {
+    // Each bench client runs on a thread of its own: a client whose queue is refused ends the
+    // run with its error (not a hang, not a panic), and so does one whose broker is gone.
+    let cluster = Cluster::start(1).expect("cluster starts");
+    cluster
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .expect("a leader is elected");
+    let args = |domain: &str, broker: Vec<String>| MessagesArgs {
+        domain: domain.into(),
+        queue_prefix: "bench-refused".into(),
+        run_id: None,
+        queues: 1,
+        producers: 1,
+        consumers: 1,
+        size: 64,
+        count: 10,
+        duration_secs: None,
+        rate: 0,
+        window: 10,
+        max_unconfirmed: 10,
+        broker,
+        drain_timeout_secs: 5,
+        json: true,
+        quiet: true,
+        security: plain(),
+    };
+    let refused = tokio::time::timeout(
+        Duration::from_secs(60),
+        bench::run_messages(args("no.such.domain", cluster.client_addrs())),
+    )
+    .await
+    .expect("the run ends")
+    .expect_err("an unknown domain is refused");
+    assert!(
+        format!("{refused:#}").contains("cannot open"),
+        "{refused:#}"
+    );
+    drop(cluster);
+    let gone = tokio::time::timeout(
+        Duration::from_secs(60),
+        bench::run_messages(args("bmq.test", vec!["127.0.0.1:1".into()])),
+    )
+    .await
+    .expect("the run ends")
+    .expect_err("nobody listens on port 1");
+    assert!(format!("{gone:#}").contains("cannot connect"), "{gone:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_bench_commits_one_assignment_per_new_queue() {
     // Opening 20 new queues commits 20 assignments, visible in every node's cluster state.
     let cluster = Cluster::start(3).expect("cluster starts");
