@@ -21,6 +21,8 @@
 #   META_COUNT     metadata writes per run (500)
 #   META_PARALLEL  in-flight values of the metadata workload ("1 64")
 #   FAILOVER_RUNS  runs of each failover scenario per system (5; 0 skips failover)
+#   PROBE          the probe binary (default: scripts/peer-probe's release build, made here);
+#                  another build of the probe, to compare two probes on the same systems
 #   OUT            results directory (/tmp/bmq-bench-peers): results.jsonl (one JSON line per
 #                  run), report.md (the table), logs of every node
 #   BASE_PORT      first port (23000, below Linux's ephemeral range 32768-60999, so no
@@ -96,7 +98,7 @@ echo "== building the probe (scripts/peer-probe, a standalone crate)"
 # adds it to the lock (the only change it makes) and says so.
 cargo build --release --locked --manifest-path scripts/peer-probe/Cargo.toml 2>/dev/null ||
   cargo build --release --manifest-path scripts/peer-probe/Cargo.toml
-PROBE=$ROOT/scripts/peer-probe/target/release/peer-probe
+PROBE=${PROBE:-$ROOT/scripts/peer-probe/target/release/peer-probe}
 
 rm -rf "$OUT"
 mkdir -p "$OUT"

@@ -25,7 +25,6 @@
 //! consumed in time), never on a slow figure.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,8 +35,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
+use crate::client_thread::{client_ready, finished, on_own_thread, wait_for_start};
 use crate::connect::{connect, resolve_brokers};
 use crate::credentials::ClientSecurityArgs;
 use bmq_client::{Client, OpenOptions, PendingAck};
@@ -817,79 +817,6 @@ async fn consume(
     }
     let _ = client.disconnect().await;
     local
-}
-
-/// A bench client's thread, as `on_own_thread` started it: its result once it ends (closed
-/// without one if it panicked).
-type ClientThread<T> = oneshot::Receiver<anyhow::Result<T>>;
-
-/// Runs one bench client on a thread of its own, named `name`, under a current-thread tokio
-/// runtime, so that its connection task, its PUTs or deliveries and its ACK collector wake each
-/// other without crossing threads, while clients still run in parallel (BENCHMARKS.md, "A
-/// thread per benchmark client"). `body` gets the sender with which it says that its client is
-/// connected and its queue open. Returns the receiver of that signal and the thread.
-///
-/// Errors: the thread cannot be started.
-fn on_own_thread<T, F, Fut>(
-    name: String,
-    body: F,
-) -> anyhow::Result<(oneshot::Receiver<()>, ClientThread<T>)>
-where
-    T: Send + 'static,
-    F: FnOnce(oneshot::Sender<()>) -> Fut + Send + 'static,
-    Fut: Future<Output = anyhow::Result<T>>,
-{
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (done_tx, done_rx) = oneshot::channel();
-    std::thread::Builder::new()
-        .name(name.clone())
-        .spawn(move || {
-            let result = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime.block_on(body(ready_tx)),
-                Err(e) => Err(anyhow::Error::new(e).context("cannot start a tokio runtime")),
-            };
-            let _ = done_tx.send(result);
-        })
-        .with_context(|| format!("cannot start thread {name}"))?;
-    Ok((ready_rx, done_rx))
-}
-
-/// Waits until `thread`'s client says it is ready, then keeps the thread in `threads`.
-///
-/// Errors: the client's own (no broker, queue refused) when the thread ends without being
-/// ready.
-async fn client_ready<T>(
-    ready: oneshot::Receiver<()>,
-    threads: &mut Vec<ClientThread<T>>,
-    thread: ClientThread<T>,
-) -> anyhow::Result<()> {
-    if ready.await.is_ok() {
-        threads.push(thread);
-        return Ok(());
-    }
-    finished(thread).await?;
-    bail!("a bench client's thread ended before its client was ready")
-}
-
-/// What a bench client's thread returned.
-///
-/// Errors: the client's own, or its thread panicked.
-async fn finished<T>(thread: ClientThread<T>) -> anyhow::Result<T> {
-    thread
-        .await
-        .map_err(|_| anyhow::anyhow!("a bench client's thread panicked"))?
-}
-
-/// The run's start, once `run_messages` gives it (every client is ready); `None` when it gave
-/// up instead (another client failed).
-async fn wait_for_start(mut go: watch::Receiver<Option<Instant>>) -> Option<Instant> {
-    go.wait_for(Option::is_some)
-        .await
-        .ok()
-        .and_then(|start| *start)
 }
 
 /// Runs `bmqctl bench metadata` (see the module doc) and returns its report.

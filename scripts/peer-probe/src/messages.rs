@@ -1,5 +1,6 @@
 //! The message workload: P producers and C consumers on one fresh queue (ours) or stream
-//! (NATS), each with its own connection. Producer `i` dials node `i % N` first, consumer `j`
+//! (NATS), each with its own connection on a thread of its own (a current-thread runtime, as
+//! `bmqctl bench messages` runs its clients). Producer `i` dials node `i % N` first, consumer `j`
 //! node `(j + 1) % N`, so with 1/1 the producer and the consumer sit on different nodes of
 //! either system.
 //!
@@ -21,7 +22,8 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, watch, Mutex, Semaphore};
+use bmqctl::client_thread::{client_ready, finished, on_own_thread, wait_for_start};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::measure::{self, Percentiles};
 use crate::systems::{self, Consumer, Producer, System};
@@ -153,98 +155,104 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     let stream = format!("PEER_{run_id:08x}");
     let subject = format!("peer.{run_id:08x}");
     let durable = "probe";
-    let mut consumers = Vec::new();
-    match args.system {
-        System::Bmq => {
-            for j in 0..args.consumers {
-                let c =
-                    systems::bmq_connect(systems::rotated(servers, j + 1), 1, "consumer").await?;
-                consumers.push(Consumer::bmq(c, &uri, args.max_unconfirmed).await?);
-            }
-        }
-        System::Nats => {
-            let admin = systems::nats_connect(servers).await?;
-            let js = systems::nats_js(admin.clone(), timeout);
-            let s = systems::nats_create_stream(&js, &stream, &subject, args.replicas).await?;
-            s.create_consumer(jetstream::consumer::pull::Config {
-                durable_name: Some(durable.to_string()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                max_ack_pending: i64::from(args.max_unconfirmed),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot create consumer: {e}"))?;
-            let _ = admin.drain().await;
-            for j in 0..args.consumers {
-                let c = systems::nats_connect(&systems::rotated(servers, j + 1)).await?;
-                consumers.push(Consumer::nats(c, timeout, &stream, durable).await?);
-            }
-        }
-        System::Etcd => bail!("etcd has no message workload (use `metadata`)"),
+    if args.system == System::Etcd {
+        bail!("etcd has no message workload (use `metadata`)");
     }
-    let mut producers = Vec::new();
-    for i in 0..args.producers {
-        let first = systems::rotated(servers, i);
-        producers.push(match args.system {
-            System::Bmq => {
-                let client = systems::bmq_connect(first, args.window, "producer").await?;
-                client
-                    .open_queue(&uri, bmq_client::OpenOptions::write())
-                    .await
-                    .with_context(|| format!("cannot open {uri} for writing"))?;
-                Producer::Bmq {
-                    client,
-                    uri: uri.clone(),
-                }
-            }
-            _ => Producer::Nats {
-                js: systems::nats_js(systems::nats_connect(&first).await?, timeout),
-                subject: subject.clone(),
-            },
-        });
+    if args.system == System::Nats {
+        let admin = systems::nats_connect(servers).await?;
+        let js = systems::nats_js(admin.clone(), timeout);
+        let s = systems::nats_create_stream(&js, &stream, &subject, args.replicas).await?;
+        s.create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some(durable.to_string()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            max_ack_pending: i64::from(args.max_unconfirmed),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot create consumer: {e}"))?;
+        let _ = admin.drain().await;
     }
 
+    // Every client on a thread of its own, for both systems (bmqctl's `client_thread`: a
+    // current-thread runtime each); nothing is sent before every client is ready.
     let counters = Arc::new(Counters::default());
-    let e2e = Arc::new(Mutex::new(measure::histogram()));
+    let (go_tx, go_rx) = watch::channel(None::<Instant>);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let start = Instant::now();
-    let consumer_tasks: Vec<_> = consumers
-        .into_iter()
-        .map(|c| {
-            tokio::spawn(consume(
-                c,
-                start,
-                counters.clone(),
-                e2e.clone(),
-                stop_rx.clone(),
-            ))
-        })
-        .collect();
-    let deadline = args.duration_secs.map(|s| start + Duration::from_secs(s));
+    let mut consumer_threads = Vec::new();
+    for j in 0..args.consumers {
+        let (system, servers) = (args.system, systems::rotated(servers, j + 1));
+        let (uri, stream, max_unconfirmed) = (uri.clone(), stream.clone(), args.max_unconfirmed);
+        let (counters, go, stop) = (counters.clone(), go_rx.clone(), stop_rx.clone());
+        let (ready, thread) =
+            on_own_thread(format!("probe-consumer-{j}"), move |ready| async move {
+                let consumer = match system {
+                    System::Bmq => {
+                        let c = systems::bmq_connect(servers, 1, "consumer").await?;
+                        Consumer::bmq(c, &uri, max_unconfirmed).await?
+                    }
+                    _ => {
+                        let c = systems::nats_connect(&servers).await?;
+                        Consumer::nats(c, timeout, &stream, durable).await?
+                    }
+                };
+                let _ = ready.send(());
+                let Some(start) = wait_for_start(go).await else {
+                    consumer.close().await;
+                    return Ok(measure::histogram());
+                };
+                Ok(consume(consumer, start, counters, stop).await)
+            })?;
+        client_ready(ready, &mut consumer_threads, thread).await?;
+    }
     let filler = vec![0x5a_u8; args.size];
-    let producer_tasks: Vec<_> = producers
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let n = args.count;
-            let share = args.duration_secs.is_none().then(|| {
-                n / args.producers as u64 + u64::from((i as u64) < n % args.producers as u64)
-            });
-            tokio::spawn(produce(
-                p,
-                filler.clone(),
-                share,
-                deadline,
-                args.rate as f64 / args.producers as f64,
-                args.window,
-                start,
-                counters.clone(),
-            ))
-        })
-        .collect();
+    let mut producer_threads = Vec::new();
+    for i in 0..args.producers {
+        let (system, first) = (args.system, systems::rotated(servers, i));
+        let (uri, subject, window) = (uri.clone(), subject.clone(), args.window);
+        let n = args.count;
+        let share = args.duration_secs.is_none().then(|| {
+            n / args.producers as u64 + u64::from((i as u64) < n % args.producers as u64)
+        });
+        let rate = args.rate as f64 / args.producers as f64;
+        let (filler, duration) = (filler.clone(), args.duration_secs);
+        let (counters, go) = (counters.clone(), go_rx.clone());
+        let (ready, thread) =
+            on_own_thread(format!("probe-producer-{i}"), move |ready| async move {
+                let producer = match system {
+                    System::Bmq => {
+                        let client = systems::bmq_connect(first, window, "producer").await?;
+                        client
+                            .open_queue(&uri, bmq_client::OpenOptions::write())
+                            .await
+                            .with_context(|| format!("cannot open {uri} for writing"))?;
+                        Producer::Bmq { client, uri }
+                    }
+                    _ => Producer::Nats {
+                        js: systems::nats_js(systems::nats_connect(&first).await?, timeout),
+                        subject,
+                    },
+                };
+                let _ = ready.send(());
+                let Some(start) = wait_for_start(go).await else {
+                    producer.close().await;
+                    return Ok(measure::histogram());
+                };
+                let run = Run {
+                    share,
+                    deadline: duration.map(|s| start + Duration::from_secs(s)),
+                    rate,
+                    window,
+                    start,
+                };
+                Ok(produce(producer, filler, run, counters).await)
+            })?;
+        client_ready(ready, &mut producer_threads, thread).await?;
+    }
+    let start = Instant::now();
+    let _ = go_tx.send(Some(start));
     let mut ack_hist = measure::histogram();
-    for p in producer_tasks {
-        let h = p.await.context("producer task panicked")?;
+    for p in producer_threads {
+        let h = finished(p).await?;
         ack_hist.add(&h).expect("same histogram bounds");
     }
     let acked = counters.acked.load(Ordering::Relaxed);
@@ -257,8 +265,9 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
         }
     }
     let _ = stop_tx.send(true);
-    for c in consumer_tasks {
-        c.await.context("consumer task panicked")?;
+    let mut e2e = measure::histogram();
+    for c in consumer_threads {
+        e2e.add(&finished(c).await?).expect("same histogram bounds");
     }
     if args.system == System::Nats {
         // Free the stream's disk for the next runs (best effort).
@@ -271,7 +280,6 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     }
     let ns = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
     let received = counters.received.load(Ordering::Relaxed);
-    let e2e = e2e.lock().await;
     Ok(MessagesResult {
         kind: "messages".into(),
         system: args.system,
@@ -299,19 +307,30 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     })
 }
 
-/// One producer: sends its share (or until the deadline), paced to `rate` if not 0, with at
-/// most `window` PUTs unacknowledged; a collector times each ACK as it completes.
-#[allow(clippy::too_many_arguments)]
-async fn produce(
-    producer: Producer,
-    filler: Vec<u8>,
+/// What one producer sends: its share of `--count` (or until `deadline`), paced to `rate`
+/// messages per second if not 0, at most `window` unacknowledged, timed from `start`.
+struct Run {
     share: Option<u64>,
     deadline: Option<Instant>,
     rate: f64,
     window: usize,
     start: Instant,
+}
+
+/// One producer: sends what `run` says; a collector times each ACK as it completes.
+async fn produce(
+    producer: Producer,
+    filler: Vec<u8>,
+    run: Run,
     counters: Arc<Counters>,
 ) -> Histogram<u64> {
+    let Run {
+        share,
+        deadline,
+        rate,
+        window,
+        start,
+    } = run;
     let window = Arc::new(Semaphore::new(window));
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, systems::AckFuture, _)>();
     let collector = {
@@ -385,14 +404,14 @@ async fn produce(
     h
 }
 
-/// One consumer: times and acknowledges every message until `stop` turns true.
+/// One consumer: times and acknowledges every message until `stop` turns true, then closes
+/// and returns its end-to-end latency histogram.
 async fn consume(
     mut consumer: Consumer,
     start: Instant,
     counters: Arc<Counters>,
-    e2e: Arc<Mutex<Histogram<u64>>>,
     mut stop: watch::Receiver<bool>,
-) {
+) -> Histogram<u64> {
     let mut local = measure::histogram();
     loop {
         let next = tokio::select! {
@@ -426,6 +445,6 @@ async fn consume(
             eprintln!("peer-probe: ack failed: {e:#}");
         }
     }
-    e2e.lock().await.add(&local).expect("same histogram bounds");
     consumer.close().await;
+    local
 }
