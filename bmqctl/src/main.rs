@@ -73,10 +73,16 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
         )
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // `produce` and `consume` drive one client: on a current-thread runtime its connection
+    // task and the command's own loop never hand work between threads (BENCHMARKS.md, "A
+    // thread per benchmark client"). The others keep tokio's multi-thread runtime.
+    let one_client = matches!(cli.command, Command::Produce(_) | Command::Consume(_));
+    let mut builder = if one_client {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the tokio runtime: {e}");
