@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use async_nats::jetstream;
+use bmqctl::client_thread::{client_ready, finished, on_own_thread, wait_for_start};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
-use bmqctl::client_thread::{client_ready, finished, on_own_thread, wait_for_start};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::measure::{self, Percentiles};
@@ -210,9 +210,10 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
         let (system, first) = (args.system, systems::rotated(servers, i));
         let (uri, subject, window) = (uri.clone(), subject.clone(), args.window);
         let n = args.count;
-        let share = args.duration_secs.is_none().then(|| {
-            n / args.producers as u64 + u64::from((i as u64) < n % args.producers as u64)
-        });
+        let share = args
+            .duration_secs
+            .is_none()
+            .then(|| n / args.producers as u64 + u64::from((i as u64) < n % args.producers as u64));
         let rate = args.rate as f64 / args.producers as f64;
         let (filler, duration) = (filler.clone(), args.duration_secs);
         let (counters, go) = (counters.clone(), go_rx.clone());
