@@ -5,8 +5,9 @@
 # its partition holds its bound (duplicate_guid_window_max, 1,000,000 by default) on every
 # node, then COUNT (400,000) more to the same queue (1 producer / 1 consumer, 1 KiB, strong,
 # window 256, client on any node; paced at RATE msgs/s when RATE is set, else as fast as it
-# goes) while `perf record` samples the brokers (cpu-clock, 499 Hz, no call graphs). It prints msgs/s of the measured part, the brokers' CPU per message (utime +
-# stime, /proc/<pid>/stat) and the share of the brokers' samples in the window's and the
+# goes) while `perf record` samples the brokers (cpu-clock, 499 Hz, no call graphs). It prints
+# msgs/s of the measured part, the brokers' CPU per message (utime + stime,
+# /proc/<pid>/stat) and the share of the brokers' samples in the window's and the
 # index's tables (symbols of guid_window, guid_index, position_table, bucket_table and
 # hashbrown's tables), with the four largest. `scripts/bench-throughput.sh` never fills the
 # window (300,000 messages): this measures the steady state a long-running cluster is in.

@@ -100,12 +100,12 @@ impl GuidWindow {
         self.resize_end = self.popped + self.order.len() as u64;
     }
 
-    /// Moves the next few positions of a running resize to the new table, oldest first.
     /// The hash of the GUID at position `p` (held: `popped <= p < popped + order.len()`).
     fn hash_at(&self, p: u64) -> u64 {
         Self::hash(&self.hasher, self.order[(p - self.popped) as usize])
     }
 
+    /// Moves the next few positions of a running resize to the new table, oldest first.
     fn migrate_some(&mut self) {
         for _ in 0..MIGRATE_PER_OP {
             if !self.table.resizing() {
