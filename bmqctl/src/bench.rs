@@ -562,18 +562,16 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
     };
     let filler = vec![0x5a_u8; args.size];
     let mut producers = Vec::new();
+    let (producer_count, rate) = (args.producers, args.rate as f64);
+    let duration = args.duration_secs.map(Duration::from_secs);
     for i in 0..args.producers {
-        // Producer i sends its share of --count (the first ones take the remainder).
-        let share = target
-            .map(|n| n / args.producers as u64 + u64::from((i as u64) < n % args.producers as u64));
-        let per_producer_rate = args.rate as f64 / args.producers as f64;
         let (brokers, security) = (brokers.clone(), args.security.clone());
         let (uri, filler, window) = (
             queues[i % queues.len()].clone(),
             filler.clone(),
             args.window,
         );
-        let (counters, go, duration) = (counters.clone(), go_rx.clone(), args.duration_secs);
+        let (counters, go) = (counters.clone(), go_rx.clone());
         let (ready, thread) =
             on_own_thread(format!("bench-producer-{i}"), move |ready| async move {
                 let client = connect(brokers, window, drain, "bench-producer", &security).await?;
@@ -586,14 +584,8 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
                     let _ = client.disconnect().await;
                     return Ok((histogram(), BTreeMap::new()));
                 };
-                let deadline = duration.map(|s| start + Duration::from_secs(s));
-                let run = Run {
-                    share,
-                    deadline,
-                    rate: per_producer_rate,
-                    window,
-                    start,
-                };
+                let run =
+                    ProducerRun::new(i, producer_count, target, duration, rate, window, start);
                 produce(client, uri, filler, run, counters).await
             })?;
         client_ready(ready, &mut producers, thread).await?;
@@ -691,14 +683,45 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
     })
 }
 
-/// What one producer sends: its share of `--count` (or until `deadline`), paced to `rate`
-/// messages per second if not 0, at most `window` unacknowledged, timed from `start`.
-struct Run {
-    share: Option<u64>,
-    deadline: Option<Instant>,
-    rate: f64,
-    window: usize,
-    start: Instant,
+/// What one benchmark producer sends (`bench messages`, and scripts/peer-probe for every system
+/// it drives).
+#[derive(Debug, Clone, Copy)]
+pub struct ProducerRun {
+    /// Messages to send; `None`: until `deadline`.
+    pub share: Option<u64>,
+    /// When to stop, for a run of a set duration.
+    pub deadline: Option<Instant>,
+    /// Messages per second; 0: unpaced.
+    pub rate: f64,
+    /// Most unacknowledged PUTs.
+    pub window: usize,
+    /// The run's start, from which send times and pacing count.
+    pub start: Instant,
+}
+
+impl ProducerRun {
+    /// Producer `i` of `producers` (at least 1) in a run that starts at `start`: its share of
+    /// `count` messages in all (the first producers take the remainder), or with `count` `None`
+    /// until `duration` has passed; paced at its share of `rate` messages per second, all
+    /// producers together (0: unpaced); at most `window` unacknowledged.
+    pub fn new(
+        i: usize,
+        producers: usize,
+        count: Option<u64>,
+        duration: Option<Duration>,
+        rate: f64,
+        window: usize,
+        start: Instant,
+    ) -> Self {
+        let n = producers.max(1) as u64;
+        ProducerRun {
+            share: count.map(|c| c / n + u64::from((i as u64) < c % n)),
+            deadline: duration.map(|d| start + d),
+            rate: rate / n as f64,
+            window,
+            start,
+        }
+    }
 }
 
 /// One producer: sends what `run` says; a collector task awaits the ACKs in order and records
@@ -707,10 +730,10 @@ async fn produce(
     client: Client,
     uri: String,
     filler: Vec<u8>,
-    run: Run,
+    run: ProducerRun,
     counters: Arc<Counters>,
 ) -> anyhow::Result<(Histogram<u64>, BTreeMap<String, u64>)> {
-    let Run {
+    let ProducerRun {
         share,
         deadline,
         rate,
@@ -1015,6 +1038,26 @@ fn print_metadata(r: &MetadataReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn producer_runs_split_the_count_and_the_rate() {
+        // 10 messages over 3 producers: 4, 3, 3 (the first take the remainder); 900 msgs/s
+        // in all, 300 each; no deadline without a duration, no share with one.
+        let start = Instant::now();
+        let runs: Vec<ProducerRun> = (0..3)
+            .map(|i| ProducerRun::new(i, 3, Some(10), None, 900.0, 7, start))
+            .collect();
+        let shares: Vec<Option<u64>> = runs.iter().map(|r| r.share).collect();
+        assert_eq!(shares, [Some(4), Some(3), Some(3)]);
+        assert!(runs.iter().all(|r| r.rate == 300.0 && r.window == 7));
+        assert!(runs
+            .iter()
+            .all(|r| r.deadline.is_none() && r.start == start));
+        let timed = ProducerRun::new(2, 3, None, Some(Duration::from_secs(5)), 0.0, 7, start);
+        assert_eq!(timed.share, None);
+        assert_eq!(timed.deadline, Some(start + Duration::from_secs(5)));
+        assert_eq!(timed.rate, 0.0);
+    }
 
     #[test]
     fn leader_commit_latency_comes_from_the_bucket_deltas() {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use async_nats::jetstream;
+use bmqctl::bench::ProducerRun;
 use bmqctl::client_thread::{client_ready, finished, on_own_thread, wait_for_start};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
@@ -206,17 +207,13 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     }
     let filler = vec![0x5a_u8; args.size];
     let mut producer_threads = Vec::new();
+    let count = args.duration_secs.is_none().then_some(args.count);
+    let duration = args.duration_secs.map(Duration::from_secs);
+    let (producer_count, rate) = (args.producers, args.rate as f64);
     for i in 0..args.producers {
         let (system, first) = (args.system, systems::rotated(servers, i));
         let (uri, subject, window) = (uri.clone(), subject.clone(), args.window);
-        let n = args.count;
-        let share = args
-            .duration_secs
-            .is_none()
-            .then(|| n / args.producers as u64 + u64::from((i as u64) < n % args.producers as u64));
-        let rate = args.rate as f64 / args.producers as f64;
-        let (filler, duration) = (filler.clone(), args.duration_secs);
-        let (counters, go) = (counters.clone(), go_rx.clone());
+        let (filler, counters, go) = (filler.clone(), counters.clone(), go_rx.clone());
         let (ready, thread) =
             on_own_thread(format!("probe-producer-{i}"), move |ready| async move {
                 let producer = match system {
@@ -238,13 +235,7 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
                     producer.close().await;
                     return Ok(measure::histogram());
                 };
-                let run = Run {
-                    share,
-                    deadline: duration.map(|s| start + Duration::from_secs(s)),
-                    rate,
-                    window,
-                    start,
-                };
+                let run = ProducerRun::new(i, producer_count, count, duration, rate, window, start);
                 Ok(produce(producer, filler, run, counters).await)
             })?;
         client_ready(ready, &mut producer_threads, thread).await?;
@@ -308,24 +299,14 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     })
 }
 
-/// What one producer sends: its share of `--count` (or until `deadline`), paced to `rate`
-/// messages per second if not 0, at most `window` unacknowledged, timed from `start`.
-struct Run {
-    share: Option<u64>,
-    deadline: Option<Instant>,
-    rate: f64,
-    window: usize,
-    start: Instant,
-}
-
 /// One producer: sends what `run` says; a collector times each ACK as it completes.
 async fn produce(
     producer: Producer,
     filler: Vec<u8>,
-    run: Run,
+    run: ProducerRun,
     counters: Arc<Counters>,
 ) -> Histogram<u64> {
-    let Run {
+    let ProducerRun {
         share,
         deadline,
         rate,
