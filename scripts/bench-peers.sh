@@ -3,7 +3,9 @@
 # and etcd" gives the method and the figures). One system at a time, never two at once: a
 # 3-node cluster of it on loopback with fsync'd storage in a temporary directory, the same
 # workloads through the same probe (scripts/peer-probe: same measurement code, HDR histograms),
-# then it is stopped. At the end a table with every figure, ours / peer.
+# then it is stopped. At the end a table with every figure, ours / peer. Beside each workload
+# run, the CPU time (user + system) its three server processes used over it, per message or
+# per metadata write (`server_cpu` lines in results.jsonl; clock-tick resolution, 10 ms).
 #
 #   scripts/bench-peers.sh                           # everything, one round
 #   ROUNDS=3 FAILOVER_RUNS=10 scripts/bench-peers.sh # three alternating rounds, 10 failovers each
@@ -236,23 +238,48 @@ stop_cluster() {
   echo "== $sys: stopped"
 }
 
+# server_cpu_us: the CPU time (utime + stime, /proc/<pid>/stat, every thread) of the running
+# system's three server processes so far, µs (clock-tick resolution, 10 ms).
+server_cpu_us() {
+  local t=0 i
+  for i in 1 2 3; do t=$((t + $(awk '{print $14 + $15}' "/proc/${PIDS[$i]}/stat"))); done
+  echo $((t * 1000000 / $(getconf CLK_TCK)))
+}
+
+# measured SYSTEM WORKLOAD LABEL PROBE-ARGS...: one probe run, then a `server_cpu` line in the
+# results: the servers' CPU over the run per operation (the messages it sent or the metadata
+# writes it made, as its own result line says).
+measured() {
+  local sys=$1 workload=$2 label=$3 before after ops
+  shift 3
+  before=$(server_cpu_us)
+  "$PROBE" "$workload" --system "$sys" --servers "$(clients_of "$sys")" --label "$label" "$@" --out "$RESULTS"
+  after=$(server_cpu_us)
+  case $workload in
+    messages) ops=$(tail -n 1 "$RESULTS" | sed -n 's/.*"sent":\([0-9]*\).*/\1/p') ;;
+    metadata) ops=$(tail -n 1 "$RESULTS" | sed -n 's/.*"writes":\([0-9]*\).*/\1/p') ;;
+  esac
+  if [ -n "$ops" ] && [ "$ops" -gt 0 ]; then
+    echo "{\"kind\":\"server_cpu\",\"system\":\"$sys\",\"label\":\"$label\",\"workload\":\"$workload\",\"ops\":$ops,\"cpu_us_per_op\":$(awk "BEGIN {printf \"%.3f\", ($after - $before) / $ops}")}" >>"$RESULTS"
+    echo "$sys $workload [$label]: servers' CPU $(((after - before) / 1000)) ms, $(awk "BEGIN {printf \"%.1f\", ($after - $before) / $ops}") us per operation"
+  fi
+}
+
 workloads() {
-  local sys=$1 servers
-  servers=$(clients_of "$sys")
+  local sys=$1
   if [ "$sys" != etcd ]; then
-    "$PROBE" messages --system "$sys" --servers "$servers" --label "${PRODUCERS}p/${CONSUMERS}c, window $WINDOW" \
+    measured "$sys" messages "${PRODUCERS}p/${CONSUMERS}c, window $WINDOW" \
       --producers "$PRODUCERS" --consumers "$CONSUMERS" --size "$SIZE" --window "$WINDOW" \
-      --count "$MSG_COUNT" --out "$RESULTS"
+      --count "$MSG_COUNT"
     if [ "$PACED_RATE" != 0 ]; then
-      "$PROBE" messages --system "$sys" --servers "$servers" --label "${PRODUCERS}p/${CONSUMERS}c paced at $PACED_RATE msgs/s" \
+      measured "$sys" messages "${PRODUCERS}p/${CONSUMERS}c paced at $PACED_RATE msgs/s" \
         --producers "$PRODUCERS" --consumers "$CONSUMERS" --size "$SIZE" --window "$WINDOW" \
-        --rate "$PACED_RATE" --duration-secs "$PACED_SECS" --out "$RESULTS"
+        --rate "$PACED_RATE" --duration-secs "$PACED_SECS"
     fi
   fi
   if [ "$sys" != nats ]; then
     for k in $META_PARALLEL; do
-      "$PROBE" metadata --system "$sys" --servers "$servers" --label "metadata writes, $k in flight" \
-        --count "$META_COUNT" --parallel "$k" --out "$RESULTS"
+      measured "$sys" metadata "metadata writes, $k in flight" --count "$META_COUNT" --parallel "$k"
     done
   fi
 }

@@ -108,6 +108,15 @@ pub fn render(text: &str) -> anyhow::Result<String> {
                 add(2, l, 3, "latency p99 (ms)", s, r.latency.p99_ms);
                 add(2, l, 4, "errors", s, r.errors as f64);
             }
+            Some("server_cpu") => {
+                let r: ServerCpu = serde_json::from_value(v)
+                    .with_context(|| format!("line {}: server CPU", n + 1))?;
+                match r.workload.as_str() {
+                    "messages" => add(1, &r.label, 7, CPU_PER_MESSAGE, r.system, r.cpu_us_per_op),
+                    "metadata" => add(2, &r.label, 5, CPU_PER_WRITE, r.system, r.cpu_us_per_op),
+                    other => anyhow::bail!("line {}: unknown workload {other:?}", n + 1),
+                }
+            }
             Some("failover") => {
                 let r: FailoverResult = serde_json::from_value(v)
                     .with_context(|| format!("line {}: failover result", n + 1))?;
@@ -206,6 +215,24 @@ pub fn render(text: &str) -> anyhow::Result<String> {
 /// Name of the failover gap figure (p50 / p99 over the runs).
 const GAP: &str = "signal -> recovery p50 / p99 (ms)";
 
+/// Names of the servers' CPU figures (`server_cpu` lines).
+const CPU_PER_MESSAGE: &str = "servers' CPU per message (µs)";
+const CPU_PER_WRITE: &str = "servers' CPU per write (µs)";
+
+/// A `server_cpu` line, written by `scripts/bench-peers.sh` after each workload run: the CPU
+/// time (user + system, `/proc/<pid>/stat`) of the system's three server processes over that
+/// run, divided by its operations (messages sent, or metadata writes made).
+#[derive(Debug, serde::Deserialize)]
+struct ServerCpu {
+    system: System,
+    /// The run's label, as its result line gives it.
+    label: String,
+    /// `messages` or `metadata`.
+    workload: String,
+    /// Microseconds of server CPU per operation, all three servers together.
+    cpu_us_per_op: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +269,36 @@ mod tests {
         .unwrap();
         assert!(t.contains("| s (vs NATS) | signal -> recovery p50 / p99 (ms) | 100 / 300 (n=2) | 1,000 / 1,000 (n=1) | 0.10 |"), "{t}");
         assert!(t.contains("| s (vs etcd) | signal -> recovery p50 / p99 (ms) | 100 / 300 (n=2) | 400 / 400 (n=1) | 0.25 |"), "{t}");
+    }
+
+    #[test]
+    fn server_cpu_lines_make_rows_beside_their_workloads() {
+        // The servers' CPU of a messages run and of a metadata run, ours against each peer.
+        let cpu = |sys: &str, workload: &str, label: &str, us: f64| {
+            format!(
+                r#"{{"kind":"server_cpu","system":"{sys}","label":"{label}","workload":"{workload}","ops":1000,"cpu_us_per_op":{us}}}"#
+            )
+        };
+        let t = render(
+            &[
+                cpu("bmq", "messages", "1p1c", 10.0),
+                cpu("nats", "messages", "1p1c", 40.0),
+                cpu("bmq", "metadata", "meta", 50.0),
+                cpu("etcd", "metadata", "meta", 100.0),
+            ]
+            .join("\n"),
+        )
+        .unwrap();
+        assert!(
+            t.contains("| 1p1c (vs NATS) | servers' CPU per message (µs) | 10.0 | 40.0 | 0.25 |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| meta (vs etcd) | servers' CPU per write (µs) | 50.0 | 100 | 0.50 |"),
+            "{t}"
+        );
+        // A workload the report does not know is an error, not a silent skip.
+        assert!(render(&cpu("bmq", "other", "x", 1.0)).is_err());
     }
 
     #[test]
