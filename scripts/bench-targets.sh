@@ -14,7 +14,10 @@
 #      maximum rate and paced at PEER_PACED_RATE (a rate NATS sustains here); installs
 #      nats-server and etcd-server from Debian's packages when missing;
 #   3. scripts/bench-many-queues.sh (Q queues, one round): assignments/s with 64 in flight up to
-#      Q assigned queues, and 1p/1c msgs/s beside them.
+#      Q assigned queues, and 1p/1c msgs/s beside them;
+#   4. scripts/bench-metadata.sh: metadata commits with one in flight (the client on the leader,
+#      then on a follower) and with 64, on a fresh cluster (~100 queues) and again with 100,000
+#      queues assigned (the "the same figures with 100 and with 100,000 queues").
 # Then one line per target: its bound, the figure of every round (or the percentile over all
 # runs for the failovers), and in how many rounds the figure met the bound. Raw output of each
 # benchmark in OUT.
@@ -45,16 +48,18 @@ mkdir -p "$OUT"
 echo "# bench-targets $(date -u +%FT%TZ) on $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs; build $BIN"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-echo "== 1/3 scripts/bench-throughput.sh (ROUNDS=$ROUNDS)"
+echo "== 1/4 scripts/bench-throughput.sh (ROUNDS=$ROUNDS)"
 ROUNDS=$ROUNDS scripts/bench-throughput.sh "$BIN" | tee "$OUT/throughput.txt" | grep -E '^round'
-echo "== 2/3 scripts/bench-peers.sh (ROUNDS=$PEER_ROUNDS FAILOVER_RUNS=$FAILOVER_RUNS)"
+echo "== 2/4 scripts/bench-peers.sh (ROUNDS=$PEER_ROUNDS FAILOVER_RUNS=$FAILOVER_RUNS)"
 BIN=$BIN ROUNDS=$PEER_ROUNDS FAILOVER_RUNS=$FAILOVER_RUNS META_COUNT=$META_COUNT \
   PACED_RATE=$PEER_PACED_RATE OUT="$OUT/peers" scripts/bench-peers.sh >"$OUT/peers.txt" 2>&1 || {
   echo "bench-peers.sh failed: see $OUT/peers.txt" >&2
   exit 1
 }
-echo "== 3/3 scripts/bench-many-queues.sh (Q=$Q)"
+echo "== 3/4 scripts/bench-many-queues.sh (Q=$Q)"
 Q=$Q ROUNDS=1 scripts/bench-many-queues.sh "$BIN" | tee "$OUT/many-queues.txt" | grep -E 'assigned|beside'
+echo "== 4/4 scripts/bench-metadata.sh (~100 and 100,000 queues)"
+BIN=$BIN PREFILLS=100000 scripts/bench-metadata.sh | tee "$OUT/metadata.txt" | grep -E '^metadata bench'
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 
@@ -143,6 +148,27 @@ assigned = [float(m.group(1)) for m in
             (re.search(r"queues assigned:\s+([0-9.]+) per s", l) for l in open(f"{out}/many-queues.txt")) if m]
 judge("assignments/s with 64 in flight, up to 100,000 queues", ">= 20,000",
       assigned, lambda x: x >= 20_000)
+
+# 4. bench-metadata.sh: a "## ... queues assigned N; bmqctl bench metadata ... --parallel P"
+# line before each run, then "metadata bench: ... (R/s), P in parallel" and "open (commit) P50 ...".
+meta = {}  # (parallel, "~100" | "100,000") -> [(rate, p50)]
+assigned_before = parallel = rate = None
+for line in open(f"{out}/metadata.txt"):
+    if m := re.search(r"queues assigned (\d+);", line):
+        assigned_before = int(m.group(1))
+    elif m := re.search(r"\(([0-9.]+)/s\), (\d+) in parallel", line):
+        rate, parallel = float(m.group(1)), int(m.group(2))
+    elif line.startswith("open (commit)") and rate is not None:
+        # The prefill between the two sets (from ~22,000 to 100,000 queues) is neither.
+        size = "100,000" if assigned_before >= 100_000 else "~100" if assigned_before < 10_000 else None
+        if size:
+            meta.setdefault((parallel, size), []).append((rate, float(line.split()[2])))
+        rate = None
+for size in ("~100", "100,000"):
+    judge(f"metadata write p50, 1 in flight, {size} queues assigned", "<= 0.5 ms",
+          [p50 for _, p50 in meta.get((1, size), [])], lambda x: x <= 0.5, " ms", "{:.2f}")
+    judge(f"metadata writes/s, 64 in flight, {size} queues assigned", ">= 20,000",
+          [r for r, _ in meta.get((64, size), [])], lambda x: x >= 20_000)
 
 w = [max(len(r[i]) for r in rows) for i in range(3)]
 print(f"{'target':<{w[0]}}  {'bound':<{w[1]}}  {'figures':<{w[2]}}  verdict")
