@@ -250,15 +250,19 @@ server_cpu_us() {
 # results: the servers' CPU over the run per operation (the messages it sent or the metadata
 # writes it made, as its own result line says).
 measured() {
-  local sys=$1 workload=$2 label=$3 before after ops
+  local sys=$1 workload=$2 label=$3 before after ops="" lines
   shift 3
+  lines=$(wc -l <"$RESULTS")
   before=$(server_cpu_us)
   "$PROBE" "$workload" --system "$sys" --servers "$(clients_of "$sys")" --label "$label" "$@" --out "$RESULTS"
   after=$(server_cpu_us)
-  case $workload in
-    messages) ops=$(tail -n 1 "$RESULTS" | sed -n 's/.*"sent":\([0-9]*\).*/\1/p') ;;
-    metadata) ops=$(tail -n 1 "$RESULTS" | sed -n 's/.*"writes":\([0-9]*\).*/\1/p') ;;
-  esac
+  # Only a result line this run added counts (a run that wrote none gets no CPU line).
+  if [ "$(wc -l <"$RESULTS")" -gt "$lines" ]; then
+    case $workload in
+      messages) ops=$(tail -n 1 "$RESULTS" | sed -n 's/.*"sent":\([0-9]*\).*/\1/p') ;;
+      metadata) ops=$(tail -n 1 "$RESULTS" | sed -n 's/.*"writes":\([0-9]*\).*/\1/p') ;;
+    esac
+  fi
   if [ -n "$ops" ] && [ "$ops" -gt 0 ]; then
     echo "{\"kind\":\"server_cpu\",\"system\":\"$sys\",\"label\":\"$label\",\"workload\":\"$workload\",\"ops\":$ops,\"cpu_us_per_op\":$(awk "BEGIN {printf \"%.3f\", ($after - $before) / $ops}")}" >>"$RESULTS"
     echo "$sys $workload [$label]: servers' CPU $(((after - before) / 1000)) ms, $(awk "BEGIN {printf \"%.1f\", ($after - $before) / $ops}") us per operation"
