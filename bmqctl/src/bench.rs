@@ -3,14 +3,14 @@
 //!
 //! - `bmqctl bench messages`: P producers and C consumers over Q fresh queues (producer `i`
 //!   writes to queue `i % Q`, consumer `j` reads queue `j % Q`), each with its own client
-//!   connection on a thread of its own (a current-thread tokio runtime). Producers send `--size`-byte payloads, unthrottled or at `--rate` messages per
-//!   second in total, for `--count` messages in total or for `--duration-secs`; at most
-//!   `--window` PUTs per producer are unacknowledged at once. Measured: messages and bytes
-//!   produced (ACKed) and consumed per second, ACK latency (PUT handed to the client library ->
-//!   ACK), end-to-end latency (PUT -> PUSH received by a consumer; producer and consumers share
-//!   this process's monotonic clock, so there is no clock skew), errors, NACKs by status and
-//!   redeliveries. Percentiles come from HDR histograms (microsecond resolution, 3 significant
-//!   digits).
+//!   connection on a thread of its own (a current-thread tokio runtime). Producers send
+//!   `--size`-byte payloads, unthrottled or at `--rate` messages per second in total, for
+//!   `--count` messages in total or for `--duration-secs`; at most `--window` PUTs per producer
+//!   are unacknowledged at once. Measured: messages and bytes produced (ACKed) and consumed
+//!   per second, ACK latency (PUT handed to the client library -> ACK), end-to-end latency
+//!   (PUT -> PUSH received by a consumer; producer and consumers share this process's
+//!   monotonic clock, so there is no clock skew), errors, NACKs by status and redeliveries.
+//!   Percentiles come from HDR histograms (microsecond resolution, 3 significant digits).
 //! - `bmqctl bench metadata`: opens N fresh queues for writing, `--parallel` at a time. Opening a
 //!   queue nobody opened before waits for the leader to commit its `QueueAssignmentAdvisory`
 //!   (DESIGN.md §7), so the open latency is the assignment's commit latency seen by a client,
