@@ -56,7 +56,10 @@
 //! **Replica**: accepts `SyncRecords` from a primary with a lease at least its own, and then
 //! `ReplicateRecords` of that lease that follow its last record; anything else from a current
 //! primary is answered with its shape (the primary then synchronises it). Stale leases are
-//! dropped.
+//! dropped. A sync never cuts a record that matches the sender's journal (the same lease at the
+//! same position; the sync carries the sender's lease runs), as Raft's AppendEntries deletes
+//! only from a conflict (§5.3): a sync may answer an older shape, and what the replica holds
+//! beyond it may already be receipted, and counted towards a quorum.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -851,7 +854,9 @@ impl ReplicationCore {
             install_through: 0,
             covered_through: covered,
             settled_through: self.store.base(),
-            runs: Vec::new(),
+            // Our whole shape, so that a receiver holding more than these records keeps what
+            // matches ours beyond them (see `on_sync`).
+            runs: self.store.runs(),
             install_id: 0,
             install_through_lease: 0,
         })
@@ -1073,8 +1078,24 @@ impl ReplicationCore {
                             (last, &s.records[overlap..])
                         } else {
                             // We hold more than the message accounts for, of an older lease:
-                            // what follows its end may diverge.
-                            (end, &s.records[overlap..])
+                            // what follows its end is kept as far as it matches the sender's
+                            // journal (its lease runs, which the message carries), and may
+                            // diverge beyond. Cutting a matching record there dropped one a
+                            // quorum counted on: a late sync of lease 4 cut records 528-545
+                            // of lease 3 that the replica had receipted (replication
+                            // simulator, 3 nodes, seed 10021). A sender that sends no runs
+                            // (an older version) is cut to, as before.
+                            let keep = if s.runs.is_empty() {
+                                end
+                            } else {
+                                let sender = JournalShape {
+                                    runs: s.runs.clone(),
+                                    last_sequence: s.sender_last_sequence,
+                                    floor: 0,
+                                };
+                                common_prefix(&shape, &sender).clamp(end, last)
+                            };
+                            (keep, &s.records[overlap..])
                         }
                     }
                 }

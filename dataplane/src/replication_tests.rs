@@ -515,6 +515,7 @@ fn healing_pulls_from_the_most_advanced_member() {
         records: vec![rec(1, 3), rec(1, 4)],
         sender_last_sequence: 4,
         covered_through: 4,
+        runs: shape_of(&[(1, 1)], 4).runs,
         ..Default::default()
     };
     assert_eq!(
@@ -537,6 +538,7 @@ fn healing_pulls_from_the_most_advanced_member() {
                 records: vec![],
                 sender_last_sequence: 4,
                 covered_through: 4,
+                runs: shape_of(&[(1, 1)], 4).runs,
                 ..Default::default()
             }))
         },]
@@ -609,6 +611,7 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
         sender_last_sequence: 4,
         covered_through: 4,
         settled_through: 3,
+        runs: shape_of(&[(1, 1), (2, 4)], 4).runs,
         ..Default::default()
     };
     assert_eq!(
@@ -991,6 +994,75 @@ fn a_late_copy_of_a_sync_cuts_nothing_the_replica_holds() {
     };
     replica.handle_message(now, NodeId(3), msg(MsgKind::Sync(conflicting)));
     assert_eq!(records(&replica), journal(&[(1, 3), (2, 1)]));
+}
+
+#[test]
+fn a_late_sync_keeps_records_of_an_older_lease_that_match_the_sender() {
+    // Replication simulator, 3 nodes, seed 10021: a replica held records of lease 3 through
+    // 545 under the primary of lease 4 and had receipted them; a late sync (answering an older
+    // shape) accounted only through 527, and the replica cut 528-545 because they were of an
+    // older lease than the sync's, though the primary holds them too. The receipt still in
+    // flight then counted them, and the primary ACKed a message one node held.
+    let now = Instant::now();
+    let mut replica = node(2, vec![]);
+    replica.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    drain(&mut replica);
+    // The primary of lease 2 holds five records of lease 1.
+    let primary_runs = shape_of(&[(1, 1)], 5).runs;
+    let first = SyncRecords {
+        partition_id: 0,
+        lease: 2,
+        truncate_after: 0,
+        records: journal(&[(1, 3)]),
+        sender_last_sequence: 5,
+        covered_through: 3,
+        runs: primary_runs.clone(),
+        ..Default::default()
+    };
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first.clone())));
+    replica.sync(now).unwrap();
+    let more = ReplicateRecords {
+        partition_id: 0,
+        lease: 2,
+        prev_sequence: 3,
+        records: vec![],
+        covered_through: 5,
+        settled_through: 0,
+        framed_records: encode_frames(&[rec(1, 4), rec(1, 5)]),
+    };
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Replicate(more)));
+    replica.sync(now).unwrap();
+    let receipts = drain(&mut replica);
+    assert!(
+        receipts
+            .iter()
+            .any(|o| matches!(o, Output::Send { message, .. }
+            if matches!(&message.kind, Some(MsgKind::Receipt(r)) if r.sequence == 5))),
+        "{receipts:?}"
+    );
+    // The late copy of the first sync: its runs say the sender holds lease 1 through 5.
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first.clone())));
+    assert_eq!(
+        records(&replica),
+        journal(&[(1, 5)]),
+        "receipted records are kept"
+    );
+    assert_eq!(replica.store().durable(), 5);
+    assert!(!replica.needs_sync(), "nothing was rewritten");
+    // A sender whose journal diverges at 5 (lease 2 there): the replica keeps through 4 only.
+    let diverging = SyncRecords {
+        runs: shape_of(&[(1, 1), (2, 5)], 5).runs,
+        ..first.clone()
+    };
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(diverging)));
+    assert_eq!(records(&replica), journal(&[(1, 4)]));
+    // A sender that sends no runs (an older version): cut after what the message accounts for.
+    let bare = SyncRecords {
+        runs: vec![],
+        ..first
+    };
+    replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(bare)));
+    assert_eq!(records(&replica), journal(&[(1, 3)]));
 }
 
 #[test]

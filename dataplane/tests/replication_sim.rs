@@ -1499,6 +1499,11 @@ const SEEDS_THAT_FOUND_DEFECTS: &[(usize, u64)] = &[
     // again, and the install restarted with its second chunk after a gap, forever (fixed with
     // it: an install's chunks continue from its first).
     (5, 4294968040),
+    // A late sync cut records of an older lease beyond what it accounted for, though they
+    // matched the primary's and the replica had receipted them; the receipt still in flight
+    // counted them, and the primary ACKed a message one node held (fixed 2026-11-29: a sync
+    // carries the sender's lease runs, and the receiver keeps what matches them).
+    (3, 10021),
 ];
 
 #[cfg(not(feature = "defect-injection"))]
