@@ -1083,8 +1083,8 @@ impl ReplicationCore {
                             // diverge beyond. Cutting a matching record there dropped one a
                             // quorum counted on: a late sync of lease 4 cut records 528-545
                             // of lease 3 that the replica had receipted (replication
-                            // simulator, 3 nodes, seed 10021). A sender that sends no runs
-                            // (an older version) is cut to, as before.
+                            // simulator, 3 nodes, seed 10021). From a sender that sends no
+                            // runs (an older version), what follows the end is cut, as before.
                             let keep = if s.runs.is_empty() {
                                 end
                             } else {
@@ -1093,7 +1093,7 @@ impl ReplicationCore {
                                     last_sequence: s.sender_last_sequence,
                                     floor: 0,
                                 };
-                                common_prefix(&shape, &sender).clamp(end, last)
+                                common_prefix(&shape, &sender).max(end).min(last)
                             };
                             (keep, &s.records[overlap..])
                         }
