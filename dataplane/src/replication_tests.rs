@@ -929,31 +929,17 @@ fn the_duplicate_window_holds_finished_messages_only() {
     }
 }
 
-#[test]
-fn a_late_copy_of_a_sync_cuts_nothing_the_replica_holds() {
-    // Found by the replication simulator: a sync answering an older shape of the replica
-    // arrives after records that followed it. Cutting back to its `truncate_after` would drop
-    // records the replica has receipted as durable (the primary may have committed, and ACKed,
-    // on that receipt). Matching records (same lease at the same position) are kept, as Raft's
-    // AppendEntries keeps matching entries.
-    let now = Instant::now();
+/// A replica of the primary node 1 at `lease`, synchronised with `first` (records 1-3 of
+/// lease 1) and then streamed records 4-5 of lease 1, all durable and receipted through 5.
+fn replica_receipted_through_5(now: Instant, lease: u64, first: &SyncRecords) -> Node {
     let mut replica = node(2, vec![]);
-    replica.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    replica.handle_role(now, Some(NodeId(1)), LeaseId(lease));
     drain(&mut replica);
-    let first = SyncRecords {
-        partition_id: 0,
-        lease: 1,
-        truncate_after: 0,
-        records: journal(&[(1, 3)]),
-        sender_last_sequence: 3,
-        covered_through: 3,
-        ..Default::default()
-    };
     replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first.clone())));
     replica.sync(now).unwrap();
     let more = ReplicateRecords {
         partition_id: 0,
-        lease: 1,
+        lease,
         prev_sequence: 3,
         records: vec![],
         covered_through: 5,
@@ -970,6 +956,27 @@ fn a_late_copy_of_a_sync_cuts_nothing_the_replica_holds() {
             if matches!(&message.kind, Some(MsgKind::Receipt(r)) if r.sequence == 5))),
         "{receipts:?}"
     );
+    replica
+}
+
+#[test]
+fn a_late_copy_of_a_sync_cuts_nothing_the_replica_holds() {
+    // Found by the replication simulator: a sync answering an older shape of the replica
+    // arrives after records that followed it. Cutting back to its `truncate_after` would drop
+    // records the replica has receipted as durable (the primary may have committed, and ACKed,
+    // on that receipt). Matching records (same lease at the same position) are kept, as Raft's
+    // AppendEntries keeps matching entries.
+    let now = Instant::now();
+    let first = SyncRecords {
+        partition_id: 0,
+        lease: 1,
+        truncate_after: 0,
+        records: journal(&[(1, 3)]),
+        sender_last_sequence: 3,
+        covered_through: 3,
+        ..Default::default()
+    };
+    let mut replica = replica_receipted_through_5(now, 1, &first);
     // The late copy of the first sync.
     replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first)));
     assert_eq!(replica.last_sequence(), 5);
@@ -1004,11 +1011,7 @@ fn a_late_sync_keeps_records_of_an_older_lease_that_match_the_sender() {
     // older lease than the sync's, though the primary holds them too. The receipt still in
     // flight then counted them, and the primary ACKed a message one node held.
     let now = Instant::now();
-    let mut replica = node(2, vec![]);
-    replica.handle_role(now, Some(NodeId(1)), LeaseId(2));
-    drain(&mut replica);
     // The primary of lease 2 holds five records of lease 1.
-    let primary_runs = shape_of(&[(1, 1)], 5).runs;
     let first = SyncRecords {
         partition_id: 0,
         lease: 2,
@@ -1016,30 +1019,10 @@ fn a_late_sync_keeps_records_of_an_older_lease_that_match_the_sender() {
         records: journal(&[(1, 3)]),
         sender_last_sequence: 5,
         covered_through: 3,
-        runs: primary_runs.clone(),
+        runs: shape_of(&[(1, 1)], 5).runs,
         ..Default::default()
     };
-    replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first.clone())));
-    replica.sync(now).unwrap();
-    let more = ReplicateRecords {
-        partition_id: 0,
-        lease: 2,
-        prev_sequence: 3,
-        records: vec![],
-        covered_through: 5,
-        settled_through: 0,
-        framed_records: encode_frames(&[rec(1, 4), rec(1, 5)]),
-    };
-    replica.handle_message(now, NodeId(1), msg(MsgKind::Replicate(more)));
-    replica.sync(now).unwrap();
-    let receipts = drain(&mut replica);
-    assert!(
-        receipts
-            .iter()
-            .any(|o| matches!(o, Output::Send { message, .. }
-            if matches!(&message.kind, Some(MsgKind::Receipt(r)) if r.sequence == 5))),
-        "{receipts:?}"
-    );
+    let mut replica = replica_receipted_through_5(now, 2, &first);
     // The late copy of the first sync: its runs say the sender holds lease 1 through 5.
     replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first.clone())));
     assert_eq!(
