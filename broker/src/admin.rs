@@ -132,6 +132,9 @@ fn register_counters_at_zero() {
         "bmq_journal_segments_recycled_total",
         "bmq_journal_compactions_total",
         "bmq_journal_torn_tail_truncations_total",
+        "bmq_journal_delete_errors_total",
+        "bmq_ledger_torn_tail_truncations_total",
+        "bmq_proxy_puts_held_total",
     ];
     for name in COUNTERS {
         metrics::counter!(*name).increment(0);
