@@ -132,6 +132,12 @@ def rate(metric, by, extra=""):
     return f"sum by ({by}) (rate({metric}{{{sel}}}[$__rate_interval]))"
 
 
+def increase(metric, by, extra=""):
+    """Events per rate interval (for counters of rare events, where a rate would show 0.07/s)."""
+    sel = SEL + extra
+    return f"sum by ({by}) (increase({metric}{{{sel}}}[$__rate_interval]))"
+
+
 def quantiles(metric, qs=(0.5, 0.9, 0.99)):
     return [(f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{SEL}}}"
              f"[$__rate_interval])))", f"p{q * 100:g}") for q in qs]
@@ -170,6 +176,22 @@ def cluster():
             "bmq_elector_heartbeats_missed_total per node, per rate interval.",
             [(f"sum by (node) (increase(bmq_elector_heartbeats_missed_total{{{SEL}}}"
               "[$__rate_interval]))", "{{node}}")])
+    d.panel("Leader heartbeat intervals (p99)",
+            "bmq_elector_heartbeat_send_interval_seconds on the leader (the period is 100 ms; "
+            "more means its elector thread was held up) and "
+            "bmq_elector_heartbeat_receive_interval_seconds on each follower (sender, network "
+            "and receiver delays together). A follower starts ElectionScouting after 800 ms "
+            "without one.",
+            [("histogram_quantile(0.99, sum by (node, le) (rate("
+              f"bmq_elector_heartbeat_send_interval_seconds_bucket{{{SEL}}}[$__rate_interval])))",
+              "sent {{node}}"),
+             ("histogram_quantile(0.99, sum by (node, le) (rate("
+              f"bmq_elector_heartbeat_receive_interval_seconds_bucket{{{SEL}}}"
+              "[$__rate_interval])))", "received {{node}}")], unit="s", w=16)
+    d.panel("Elector messages dropped",
+            "bmq_elector_messages_dropped_total: stale, from an unknown sender or malformed, "
+            "per rate interval.",
+            [(increase("bmq_elector_messages_dropped_total", "node"), "{{node}}")], decimals=0)
     d.row("Metadata ledger")
     d.panel("Last and committed LSN (sequence)",
             "bmq_metadata_lsn_sequence and bmq_metadata_committed_lsn_sequence; the LSN is "
@@ -190,6 +212,13 @@ def cluster():
             [(f"bmq_metadata_role{{{SEL}}}", "{{node}}")], mappings=METADATA_ROLES)
     d.panel("Ledger size", "bmq_metadata_ledger_bytes: size of the current ledger file.",
             [(f"bmq_metadata_ledger_bytes{{{SEL}}}", "{{node}}")], unit="bytes")
+    d.panel("Ledger rollovers and torn tails",
+            "bmq_metadata_ledger_rollovers_total: ledger files rolled over (a snapshot of the "
+            "committed state starts the next); bmq_ledger_torn_tail_truncations_total: "
+            "incomplete records cut from the ledger's tail when a node started after a crash.",
+            [(increase("bmq_metadata_ledger_rollovers_total", "node"), "rollovers {{node}}"),
+             (increase("bmq_ledger_torn_tail_truncations_total", "node"),
+              "torn tails {{node}}")], decimals=0)
     d.row("Node health")
     d.panel("Nodes up", "Prometheus `up`: 1 when the node's /metrics answered the last scrape.",
             [(f"up{{{SEL}}}", "{{node}}")], mappings=[(0, "down"), (1, "up")])
@@ -199,7 +228,8 @@ def cluster():
     d.panel("Available members (per node's view)",
             "This node plus its available peers, against the elector quorum.",
             [(f"1 + sum by (node) (bmq_peer_available{{{SEL}}})", "{{node}}"),
-             (f"max(bmq_elector_quorum{{{SEL}}})", "quorum")], decimals=0)
+             (f"max(bmq_elector_quorum{{{SEL}}})", "quorum"),
+             (f"max(bmq_cluster_members{{{SEL}}})", "configured members")], decimals=0)
     d.row("Partitions (the leader's committed view)")
     d.panel("Primary per partition",
             "bmq_cluster_partition_primary_node_id as the leader sees it (0 = none).",
@@ -303,6 +333,120 @@ def queues():
     d.panel("NACKs by reason",
             "bmq_queue_nack_total: PUTs answered with a failure status, by reason.",
             [(rate("bmq_queue_nack_total", "reason"), "{{reason}}")], unit="ops")
+    d.panel("PUTs resent and duplicates dropped",
+            "On the producer's node: PUTs resent to a primary after no answer or a change of "
+            "primary (bmq_session_put_retransmissions_total), opens sent again "
+            "(bmq_session_open_retransmissions_total), PUTs held back while the data link to "
+            "their primary was interrupted, to be resent in order (bmq_proxy_puts_held_total). "
+            "On the primary: resent PUTs dropped because their GUID was already stored "
+            "(bmq_queue_put_duplicates_total). All rise during a failover and return to 0.",
+            [(rate("bmq_session_put_retransmissions_total", "node"), "PUTs resent {{node}}"),
+             (rate("bmq_session_open_retransmissions_total", "node"), "opens resent {{node}}"),
+             (rate("bmq_proxy_puts_held_total", "node"), "PUTs held {{node}}"),
+             (rate("bmq_queue_put_duplicates_total", "node"), "duplicates dropped {{node}}")],
+            unit="ops")
+    d.write()
+
+
+# A partition's active primary, as the node that runs it reports (the join keeps the series of
+# the node whose bmq_partition_primary_active is 1: healed and serving).
+ON_PRIMARY = 'and on(instance, partition) (bmq_partition_primary_active{job="bmq"} == 1)'
+
+
+def storage():
+    d = Dash("bmq-storage", "bmq / Storage and replication",
+             "Per partition: replication to the replicas, the journals on disk, and storage "
+             "failures.")
+    d.row("Replication (each partition's active primary)")
+    d.panel("Uncommitted records",
+            "On each partition's active primary, its last journal sequence "
+            "(bmq_partition_journal_last_sequence) minus the highest one a quorum holds "
+            "(bmq_partition_committed_sequence): records whose strong ACKs wait for the "
+            "replicas. Near 0 while a quorum keeps up, 0 when traffic stops; growing while "
+            "the commits stand still is a stall (alert BmqPartitionReplicationStalled).",
+            [(f"max by (partition) ((bmq_partition_journal_last_sequence{{{SEL}}} - "
+              f"bmq_partition_committed_sequence{{{SEL}}}) {ON_PRIMARY})",
+              "partition {{partition}}")], decimals=0)
+    d.panel("Commits per second",
+            "Growth of bmq_partition_committed_sequence on each partition's active primary: "
+            "records (messages, confirms, removals) that reached a quorum, per second.",
+            [(f"sum by (partition) (deriv(bmq_partition_committed_sequence{{{SEL}}}"
+              f"[$__rate_interval]) {ON_PRIMARY})", "partition {{partition}}")],
+            unit="ops")
+    d.panel("Slowest replica behind (records)",
+            "bmq_partition_replication_lag_records on each partition's active primary: "
+            "records its slowest replica has not acknowledged. A replica down or far behind "
+            "slows nothing while a quorum holds, but the primary keeps the dead records it "
+            "lacks (settled sequence below) until it catches up.",
+            [(f"max by (partition) (bmq_partition_replication_lag_records{{{SEL}}} "
+              f"{ON_PRIMARY})", "partition {{partition}}")], decimals=0)
+    d.panel("Primaries per node",
+            "Partitions each node runs as primary (bmq_partition_is_primary) and how many "
+            "of them finished healing and serve (bmq_partition_primary_active).",
+            [(f"sum by (node) (bmq_partition_is_primary{{{SEL}}})", "primary {{node}}"),
+             (f"sum by (node) (bmq_partition_primary_active{{{SEL}}})", "active {{node}}")],
+            decimals=0)
+    d.panel("Primary lease per partition (per node)",
+            "bmq_partition_primary_lease_id: the highest primary lease each node knows for "
+            "each partition. The nodes agree once a new primary's lease has reached them.",
+            [(f"max by (node, partition) (bmq_partition_primary_lease_id{{{SEL}}})",
+              "{{node}} partition {{partition}}")], decimals=0, w=16)
+    d.row("Journals")
+    d.panel("Journal size",
+            "bmq_journal_bytes: this node's journal segments per partition (the outstanding "
+            "data plus about two segments); bmq_journal_live_bytes: the live records in them.",
+            [(f"sum by (node) (bmq_journal_bytes{{{SEL}}})", "segments {{node}}"),
+             (f"sum by (node) (bmq_journal_live_bytes{{{SEL}}})", "live {{node}}")],
+            unit="bytes")
+    d.panel("Journal writes",
+            "bmq_journal_written_bytes_total: bytes appended to the journals per second.",
+            [(rate("bmq_journal_written_bytes_total", "node"), "{{node}}")], unit="Bps")
+    d.panel("Outstanding messages",
+            "bmq_journal_outstanding_messages: messages in the journals that some app has "
+            "neither confirmed nor had removed (every node holds them).",
+            [(f"sum by (node) (bmq_journal_outstanding_messages{{{SEL}}})", "{{node}}")],
+            decimals=0)
+    d.panel("Journal segments",
+            "bmq_journal_segments: segment files per node, all partitions.",
+            [(f"sum by (node) (bmq_journal_segments{{{SEL}}})", "{{node}}")], decimals=0)
+    d.panel("Journal cache",
+            "bmq_journal_cache_bytes: payloads of recent records held in memory for "
+            "deliveries (bounded by [storage] cache_mb per partition; 0 on a replica).",
+            [(f"sum by (node) (bmq_journal_cache_bytes{{{SEL}}})", "{{node}}")],
+            unit="bytes")
+    d.panel("Journal positions (primary)",
+            "On each partition's active primary: the last sequence, the settled sequence "
+            "(bmq_journal_settled_sequence: committed and held by every in-sync replica, so "
+            "dead records up to it may be removed) and the floor (bmq_journal_floor_sequence: "
+            "removed from disk). A settled sequence that stops while the last grows is a "
+            "replica out of sync, and the journal grows until it returns.",
+            [(f"max by (partition) (bmq_partition_journal_last_sequence{{{SEL}}} "
+              f"{ON_PRIMARY})", "last {{partition}}"),
+             (f"max by (partition) (bmq_journal_settled_sequence{{{SEL}}} {ON_PRIMARY})",
+              "settled {{partition}}"),
+             (f"max by (partition) (bmq_journal_floor_sequence{{{SEL}}} {ON_PRIMARY})",
+              "floor {{partition}}")], decimals=0)
+    d.row("Storage failures")
+    d.panel("Disk full",
+            "bmq_journal_disk_full: 1 while a partition's last journal write failed for a "
+            "full disk; its PUTs are NACKed STORAGE_FAILURE until a write succeeds (alert "
+            "BmqJournalDiskFull).",
+            [(f"max by (node, partition) (bmq_journal_disk_full{{{SEL}}})",
+              "{{node}} partition {{partition}}")], mappings=[(0, "no"), (1, "full")])
+    d.panel("Journal write failures",
+            "bmq_journal_write_failures_total: journal writes that failed and were rolled "
+            "back, by reason, per rate interval (alert BmqJournalWriteFailures).",
+            [(increase("bmq_journal_write_failures_total", "node, reason"),
+              "{{node}} {{reason}}")], decimals=0)
+    d.panel("Torn tails and undeleted files",
+            "bmq_journal_torn_tail_truncations_total: incomplete records cut from a journal's "
+            "tail at start (a crash mid-write leaves them; nothing ACKed is lost: an ACK waits "
+            "for the fsync). bmq_journal_delete_errors_total: deleted segments' files that "
+            "could not be removed (the next start removes them).",
+            [(increase("bmq_journal_torn_tail_truncations_total", "node"),
+              "torn tails {{node}}"),
+             (increase("bmq_journal_delete_errors_total", "node"), "delete errors {{node}}")],
+            decimals=0)
     d.write()
 
 
@@ -336,14 +480,102 @@ def node():
             "actor's mailbox at scrape time. It grows with the mailbox backlog.",
             [(f"bmq_actor_mailbox_delay_seconds{{{SEL}}}", "{{node}} {{actor}}")], unit="s")
     d.panel("Rejected client input",
-            "Client frames that failed to decode and protocol violations (per second).",
+            "Client frames that failed to decode, protocol violations, and requests dropped "
+            "as invalid by a session (bmq_client_invalid_requests_total, e.g. a CONFIRM for "
+            "a queue it did not open) or by a partition "
+            "(bmq_partition_invalid_requests_total), per second.",
             [(rate("bmq_client_frame_errors_total", "node"), "bad frame {{node}}"),
-             (rate("bmq_client_protocol_errors_total", "node"), "protocol {{node}}")],
+             (rate("bmq_client_protocol_errors_total", "node"), "protocol {{node}}"),
+             (rate("bmq_client_invalid_requests_total", "node"), "invalid request {{node}}"),
+             (rate("bmq_partition_invalid_requests_total", "node"),
+              "invalid at partition {{node}}")],
             unit="ops")
+    d.row("Overload")
+    d.panel("Requests refused for a full mailbox",
+            "bmq_partition_overloaded_total: client requests a partition refused because its "
+            "mailbox was full (a PUT is NACKed LIMIT_REACHED); bmq_mailbox_full_total: "
+            "messages the elector or metadata actor refused for a full mailbox. Per rate "
+            "interval.",
+            [(increase("bmq_partition_overloaded_total", "node"), "partition {{node}}"),
+             (increase("bmq_mailbox_full_total", "node, actor"), "{{actor}} {{node}}")],
+            decimals=0)
+    d.panel("Slow clients",
+            "Events dropped because a session's inbox was full "
+            "(bmq_session_inbox_dropped_total), sessions closed for it "
+            "(bmq_session_inbox_overflows_total), and clients disconnected because they read "
+            "nothing for the request timeout (bmq_client_write_timeouts_total). A delivery "
+            "dropped this way is redelivered. Per rate interval.",
+            [(increase("bmq_session_inbox_dropped_total", "node"), "events dropped {{node}}"),
+             (increase("bmq_session_inbox_overflows_total", "node"),
+              "sessions closed {{node}}"),
+             (increase("bmq_client_write_timeouts_total", "node"), "write timeouts {{node}}")],
+            decimals=0)
+    d.panel("Client connections refused",
+            "bmq_client_connections_refused_total: client_sessions_max reached, or too many "
+            "TLS handshakes in progress. Per rate interval.",
+            [(increase("bmq_client_connections_refused_total", "node"), "{{node}}")],
+            decimals=0)
+    d.row("Peer links")
+    d.panel("Data link losses",
+            "bmq_peer_data_link_losses_total: losses of the DATA link with each peer "
+            "(closed, a message dropped on a full link queue, or the peer unavailable); each "
+            "releases the peer's consumers here, and their messages are redelivered. Per rate "
+            "interval.",
+            [(increase("bmq_peer_data_link_losses_total", "node, peer"),
+              "{{node}} to {{peer}}")], decimals=0)
+    d.panel("Peer messages dropped",
+            "bmq_peer_messages_dropped_total: messages not queued to a peer (link down or "
+            "queue full), by channel; replication resends what gets no receipt. "
+            "bmq_peer_messages_invalid_total: peer messages dropped as invalid. Per rate "
+            "interval.",
+            [(increase("bmq_peer_messages_dropped_total", "node, channel"),
+              "{{channel}} {{node}}"),
+             (increase("bmq_peer_messages_invalid_total", "node"), "invalid {{node}}")],
+            decimals=0)
+    d.panel("Peer connection errors",
+            "Peer frames that failed to decode (bmq_peer_frame_errors_total), accepted peer "
+            "connections closed for silence (bmq_peer_connection_timeouts_total) and peer "
+            "connections refused (bmq_peer_connections_refused_total). Per rate interval.",
+            [(increase("bmq_peer_frame_errors_total", "node"), "bad frame {{node}}"),
+             (increase("bmq_peer_connection_timeouts_total", "node"), "timeout {{node}}"),
+             (increase("bmq_peer_connections_refused_total", "node"), "refused {{node}}")],
+            decimals=0)
+    d.row("Security")
+    d.panel("Authentication failures",
+            "Hellos with a token no [[auth.tokens]] entry matches "
+            "(bmq_client_auth_failures_total), failed client TLS handshakes "
+            "(bmq_client_tls_failures_total), peers that failed TLS or whose certificate does "
+            "not name the member they claim (bmq_peer_auth_failures_total; alert "
+            "BmqPeerAuthFailures), admin requests without a valid token "
+            "(bmq_admin_auth_failures_total). Per rate interval.",
+            [(increase("bmq_client_auth_failures_total", "node"), "client token {{node}}"),
+             (increase("bmq_client_tls_failures_total", "node"), "client TLS {{node}}"),
+             (increase("bmq_peer_auth_failures_total", "node"), "peer {{node}}"),
+             (increase("bmq_admin_auth_failures_total", "node"), "admin {{node}}")],
+            decimals=0)
+    d.panel("Opens refused NOT_AUTHORIZED",
+            "bmq_client_unauthorized_total: OpenQueue requests refused because the session's "
+            "token lacks produce or consume on the queue's domain. Per rate interval.",
+            [(increase("bmq_client_unauthorized_total", "node"), "{{node}}")], decimals=0)
+    d.row("BlazingMQ SDK clients (bmqp listener)")
+    d.panel("bmqp connections",
+            "bmq_bmqp_connections_total: connections accepted on the bmqp listener, per "
+            "second.",
+            [(rate("bmq_bmqp_connections_total", "node"), "{{node}}")], unit="ops")
+    d.panel("bmqp errors by reason",
+            "bmq_bmqp_errors_total: bad input from BlazingMQ SDK clients by reason (see "
+            "docs/METRICS.md: most close that connection; crc and put_data NACK the PUT). Per "
+            "rate interval.",
+            [(increase("bmq_bmqp_errors_total", "reason"), "{{reason}}")], decimals=0)
+    d.panel("bmqp compressed PUTs",
+            "bmq_bmqp_puts_decompressed_total: PUTs that arrived zlib-compressed and were "
+            "inflated, per second.",
+            [(rate("bmq_bmqp_puts_decompressed_total", "node"), "{{node}}")], unit="ops")
     d.write()
 
 
 if __name__ == "__main__":
     cluster()
     queues()
+    storage()
     node()
