@@ -1,7 +1,7 @@
 # Prometheus from Debian's `prometheus` package, configured to scrape the compose cluster.
 #
-# Same base as the broker image (see docker/Dockerfile); built by scripts/docker-build.sh with
-# the docker/ folder as build context. The package comes from the Debian mirror of the base's
+# Same base as the broker image (see docker/Dockerfile); built by scripts/docker-build.sh, whose
+# build context holds docker/prometheus.yml and dashboards/prometheus/alerts.yml. The package comes from the Debian mirror of the base's
 # apt sources.
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
@@ -18,7 +18,7 @@ RUN printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d \
     && chown -R prometheus:prometheus /var/lib/prometheus
 
 COPY prometheus.yml /etc/prometheus/prometheus.yml
-COPY prometheus-rules.yml /etc/prometheus/rules/bmq.yml
+COPY alerts.yml /etc/prometheus/rules/bmq.yml
 
 USER prometheus
 VOLUME ["/var/lib/prometheus"]

@@ -331,7 +331,11 @@ async fn wait_for_prometheus(p: &Project) -> anyhow::Result<()> {
         });
         let rules = http_get(&addr, "/api/v1/rules");
         let last = match (targets, rules) {
-            (Ok(up), Ok(rules)) if up.len() == 3 && rules.contains("BmqBrokerDown") => {
+            (Ok(up), Ok(rules))
+                if up.len() == 3
+                    && rules.contains("BmqNodeDown")
+                    && rules.contains("BmqPartitionReplicationStalled") =>
+            {
                 // The brokers' own metrics arrive: every node reports its elector term.
                 let q = http_get(&addr, "/api/v1/query?query=count(bmq_elector_term)")?;
                 if q.contains("\"3\"") {
