@@ -180,8 +180,8 @@ def cluster():
             "bmq_elector_heartbeat_send_interval_seconds on the leader (the period is 100 ms; "
             "more means its elector thread was held up) and "
             "bmq_elector_heartbeat_receive_interval_seconds on each follower (sender, network "
-            "and receiver delays together). A follower starts ElectionScouting after 800 ms "
-            "without one.",
+            "and receiver delays together). A follower drops its leader after "
+            "heartbeat_miss_count periods without one (800 ms by default).",
             [("histogram_quantile(0.99, sum by (node, le) (rate("
               f"bmq_elector_heartbeat_send_interval_seconds_bucket{{{SEL}}}[$__rate_interval])))",
               "sent {{node}}"),
@@ -546,7 +546,7 @@ def node():
             "(bmq_client_auth_failures_total), failed client TLS handshakes "
             "(bmq_client_tls_failures_total), peers that failed TLS or whose certificate does "
             "not name the member they claim (bmq_peer_auth_failures_total; alert "
-            "BmqPeerAuthFailures), admin requests without a valid token "
+            "BmqPeerAuthFailures), state-changing admin requests without a valid token "
             "(bmq_admin_auth_failures_total). Per rate interval.",
             [(increase("bmq_client_auth_failures_total", "node"), "client token {{node}}"),
              (increase("bmq_client_tls_failures_total", "node"), "client TLS {{node}}"),
