@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
 
-use bmq_proto::admin_doc::NodeStatusDoc;
+use bmq_proto::admin_doc::{NodeStatusDoc, PartitionDoc};
 
 /// Admin addresses of the default local cluster (`bmqctl cluster up` with default ports).
 pub const DEFAULT_ADMINS: &str = "127.0.0.1:30301,127.0.0.1:30302,127.0.0.1:30303";
@@ -225,17 +225,20 @@ fn render_status(results: &[(String, anyhow::Result<NodeStatusDoc>)]) -> String 
         let rows: Vec<Vec<String>> = d
             .partitions
             .iter()
-            .map(|p| {
-                vec![
-                    p.partition_id.to_string(),
-                    opt_id(p.primary),
-                    p.primary_lease_id.to_string(),
-                    p.status.clone(),
-                ]
-            })
+            .map(|p| partition_row(p, &docs))
             .collect();
         out.push_str(&render_table(
-            &["PARTITION", "PRIMARY", "LEASE", "STATUS"],
+            &[
+                "PARTITION",
+                "PRIMARY",
+                "LEASE",
+                "STATUS",
+                "MESSAGES",
+                "UNCOMMITTED",
+                "REPLICA BEHIND",
+                "JOURNAL",
+                "DISK",
+            ],
             &rows,
         ));
     }
@@ -252,6 +255,44 @@ fn render_status(results: &[(String, anyhow::Result<NodeStatusDoc>)]) -> String 
         out.push_str(&render_table(&["URI", "PARTITION"], &rows));
     }
     out
+}
+
+/// A row of the partitions table: the committed view of `p` (primary, lease, status), then
+/// what its active primary's own document says of it (messages held, records waiting for a
+/// quorum, records the slowest replica lacks, journal size; `-` when the partition has no
+/// active primary or its document is not among `docs`), and `full` when any node's last
+/// journal write for it failed for a full disk.
+fn partition_row(p: &PartitionDoc, docs: &[&NodeStatusDoc]) -> Vec<String> {
+    let on = |node: u32| {
+        docs.iter()
+            .find(|d| d.node_id == node)?
+            .partitions
+            .iter()
+            .find(|q| q.partition_id == p.partition_id)
+    };
+    // A primary still healing (passive) has committed nothing of its lease yet.
+    let at_primary = p.primary.and_then(on).filter(|_| p.status == "active");
+    let figure = |f: fn(&PartitionDoc) -> String| at_primary.map_or("-".to_string(), f);
+    let disk_full = docs.iter().any(|d| {
+        d.partitions
+            .iter()
+            .any(|q| q.partition_id == p.partition_id && q.disk_full)
+    });
+    vec![
+        p.partition_id.to_string(),
+        opt_id(p.primary),
+        p.primary_lease_id.to_string(),
+        p.status.clone(),
+        figure(|q| q.messages.to_string()),
+        figure(|q| {
+            q.journal_last_sequence
+                .saturating_sub(q.committed_sequence)
+                .to_string()
+        }),
+        figure(|q| q.replication_lag.to_string()),
+        figure(|q| format!("{:.1} MiB", q.journal_bytes as f64 / (1u64 << 20) as f64)),
+        if disk_full { "full" } else { "ok" }.to_string(),
+    ]
 }
 
 /// Renders left-aligned columns separated by two spaces. A row shorter than the headers has its
@@ -356,7 +397,7 @@ pub async fn wait_for_leader(admins: &[String], timeout: Duration) -> anyhow::Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bmq_proto::admin_doc::{ElectorDoc, MetadataDoc, PartitionDoc, PeerDoc, QueueDoc};
+    use bmq_proto::admin_doc::{ElectorDoc, MetadataDoc, PeerDoc, QueueDoc};
     use clap::Parser;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -385,7 +426,12 @@ mod tests {
                 primary: Some(node_id),
                 primary_lease_id: 2,
                 status: "active".into(),
-                messages: 0,
+                messages: 10,
+                journal_last_sequence: 120,
+                committed_sequence: 117,
+                replication_lag: 5,
+                journal_bytes: 64 << 20,
+                disk_full: false,
             }],
             queues: vec![QueueDoc {
                 uri: "bmq://bmq.test/orders".into(),
@@ -519,11 +565,35 @@ mod tests {
             out.contains("partitions (as seen by node 2, the leader):"),
             "{out}"
         );
+        // Messages, records waiting for a quorum (120 - 117) and the slowest replica's lag
+        // come from the primary's own document (node 2's).
         assert!(
-            out.contains("PARTITION  PRIMARY  LEASE  STATUS\n0          2        2      active\n"),
+            out.contains(
+                "PARTITION  PRIMARY  LEASE  STATUS  MESSAGES  UNCOMMITTED  REPLICA BEHIND  \
+                 JOURNAL   DISK\n\
+                 0          2        2      active  10        3            5               \
+                 64.0 MiB  ok\n"
+            ),
             "{out}"
         );
         assert!(out.contains("bmq://bmq.test/orders  0"), "{out}");
+    }
+
+    #[test]
+    fn partition_figures_need_the_active_primarys_document() {
+        let leader = doc(2, "leader", Some(2), "active_leader");
+        let mut replica = doc(3, "follower", Some(2), "follower");
+        let mut p = leader.partitions[0].clone();
+        // Primary 1's document is missing: its figures are unknown; node 3's disk is full.
+        p.primary = Some(1);
+        replica.partitions[0].disk_full = true;
+        let row = partition_row(&p, &[&leader, &replica]);
+        assert_eq!(row, ["0", "1", "2", "active", "-", "-", "-", "-", "full"]);
+        // A passive primary (healing) has committed nothing of its lease yet: no figures.
+        p.primary = Some(2);
+        p.status = "passive".into();
+        let row = partition_row(&p, &[&leader]);
+        assert_eq!(row, ["0", "2", "2", "passive", "-", "-", "-", "-", "ok"]);
     }
 
     #[test]

@@ -74,6 +74,24 @@ pub struct PartitionDoc {
     pub status: String,
     /// Messages held by this node for this partition (only meaningful on its primary).
     pub messages: u64,
+    /// This node's last journal sequence for the partition (0 while its journal opens).
+    #[serde(default)]
+    pub journal_last_sequence: u64,
+    /// On the partition's primary (this node): the highest journal sequence a quorum holds;
+    /// `journal_last_sequence - committed_sequence` records wait for a quorum. 0 elsewhere.
+    #[serde(default)]
+    pub committed_sequence: u64,
+    /// On the partition's primary (this node): records its slowest replica has not
+    /// acknowledged. 0 elsewhere.
+    #[serde(default)]
+    pub replication_lag: u64,
+    /// Bytes of this node's journal segments for the partition.
+    #[serde(default)]
+    pub journal_bytes: u64,
+    /// Whether this node's last journal write for the partition failed for a full disk (its
+    /// PUTs are NACKed `STORAGE_FAILURE` until a write succeeds).
+    #[serde(default)]
+    pub disk_full: bool,
 }
 
 /// A queue and the partition it lives in.

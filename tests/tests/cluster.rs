@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context};
 use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_proto::client::{AckStatus, ConsumerOptions};
-use bmq_tests::Cluster;
+use bmq_tests::{primary_of_queue, Cluster};
 use bmqctl::payload;
 
 const QUEUE: &str = "bmq://bmq.test/orders";
@@ -126,6 +126,42 @@ async fn three_nodes_round_trip_failover_and_restart() {
             })
             .await?;
         let assignments = before[0].queues.clone();
+
+        // `/status` of the queue's partition once the traffic stopped: every node's journal
+        // ends at the same sequence; the primary has all of it committed and no replica
+        // behind; a replica reports no primary figures.
+        let (partition, primary) =
+            primary_of_queue(&cluster, QUEUE, Duration::from_secs(10)).await?;
+        let of = |s: &bmq_proto::admin_doc::NodeStatusDoc| {
+            s.partitions
+                .iter()
+                .find(|p| p.partition_id == partition)
+                .cloned()
+        };
+        let last = cluster
+            .wait_for_agreement(Duration::from_secs(10), "the last journal sequence", |s| {
+                of(s).map(|p| p.journal_last_sequence)
+            })
+            .await?
+            .context("the partition is listed")?;
+        ensure!(
+            last >= 10_000,
+            "10,000 messages, last journal sequence {last}"
+        );
+        cluster
+            .wait_for_all(
+                Duration::from_secs(10),
+                "the primary's figures in /status",
+                |s| {
+                    of(s).is_some_and(|p| {
+                        p.journal_bytes > 0
+                            && !p.disk_full
+                            && p.replication_lag == 0
+                            && p.committed_sequence == if s.node_id == primary { last } else { 0 }
+                    })
+                },
+            )
+            .await?;
 
         cluster.kill_node(leader)?;
         let (new_leader, new_term) = cluster
