@@ -33,7 +33,6 @@ use std::time::Duration;
 use actix::Addr;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use bmq_config::{BrokerConfig, Permission};
-use bmq_dataplane::PartitionRole;
 use bmq_metadata::MetadataRole;
 use bmq_proto::admin_doc::{
     ElectorDoc, MetadataDoc, NodeStatusDoc, PartitionDoc, PeerDoc, QueueDoc,
@@ -434,7 +433,6 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
             .map(|(id, p)| {
                 let stats = local.get(id);
                 let gauges = stats.map(|s| &s.gauges);
-                let primary_here = gauges.is_some_and(|g| g.role != PartitionRole::Replica);
                 PartitionDoc {
                     partition_id: id.0,
                     primary: p.primary.map(|n| n.0),
@@ -442,14 +440,9 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
                     status: primary_status_name(p.status).to_string(),
                     messages: stats.map(|s| s.messages).unwrap_or(0),
                     journal_last_sequence: gauges.map(|g| g.last_sequence).unwrap_or(0),
-                    committed_sequence: gauges
-                        .filter(|_| primary_here)
-                        .map(|g| g.committed)
-                        .unwrap_or(0),
-                    replication_lag: gauges
-                        .filter(|_| primary_here)
-                        .map(|g| g.replication_lag)
-                        .unwrap_or(0),
+                    // The primary's figures, 0 on a replica (the core's gauges).
+                    committed_sequence: gauges.map(|g| g.committed).unwrap_or(0),
+                    replication_lag: gauges.map(|g| g.replication_lag).unwrap_or(0),
                     journal_bytes: gauges.map(|g| g.store.bytes).unwrap_or(0),
                     disk_full: gauges.is_some_and(|g| g.disk_full),
                 }

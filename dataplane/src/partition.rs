@@ -240,9 +240,9 @@ pub struct PartitionGauges {
     pub lease: LeaseId,
     /// Last journal sequence held.
     pub last_sequence: u64,
-    /// Highest sequence held by a quorum (primary only).
+    /// Highest sequence held by a quorum (primary only; 0 on a replica).
     pub committed: u64,
-    /// Records the slowest replica lacks (primary only).
+    /// Records the slowest replica lacks (primary only; 0 on a replica).
     pub replication_lag: u64,
     /// The journal's figures (bytes, segments, outstanding messages, base, floor).
     pub store: StoreStats,

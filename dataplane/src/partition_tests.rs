@@ -869,6 +869,23 @@ fn gauges_agree_with_the_stats_that_add_up_the_queues() {
 }
 
 #[test]
+fn a_primary_that_steps_down_reports_no_commit_or_lag() {
+    // The broker publishes `committed` and `replication_lag` on every node as they are: a
+    // replica's must be 0, not what it had as primary.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    p.handle_request(now, session(2), put("bmq://d/q", 1));
+    sync(&mut p, now);
+    drain(&mut p);
+    assert!(p.gauges().committed > 0, "{:?}", p.gauges());
+    p.handle_role(now, Some(NodeId(2)), LeaseId(2), false);
+    let g = p.gauges();
+    assert_eq!(g.role, PartitionRole::Replica);
+    assert_eq!((g.committed, g.replication_lag), (0, 0), "{g:?}");
+    assert!(g.last_sequence > 0, "the journal stays: {g:?}");
+}
+
+#[test]
 fn an_idle_queue_is_dropped_and_created_again_on_next_use() {
     // The primary keeps no entry for a queue opened only to write, nor for one whose consumer
     // confirmed everything and left; a later PUT and consumer find the queue as new.

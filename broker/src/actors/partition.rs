@@ -464,17 +464,12 @@ impl PartitionActor {
         });
         metrics::gauge!("bmq_partition_primary_lease_id", "partition" => p.clone())
             .set(s.lease.0 as f64);
-        // Both are the primary's figures; a replica has none and reports 0 (a node that stepped
-        // down would otherwise keep showing the lag it had as primary).
-        let (lag, committed) = if primary {
-            (s.replication_lag, s.committed)
-        } else {
-            (0, 0)
-        };
+        // The primary's figures, 0 on a replica (the core's): set on every node, so that one
+        // that stepped down does not keep showing the lag it had as primary.
         metrics::gauge!("bmq_partition_replication_lag_records", "partition" => p.clone())
-            .set(lag as f64);
+            .set(s.replication_lag as f64);
         metrics::gauge!("bmq_partition_committed_sequence", "partition" => p.clone())
-            .set(committed as f64);
+            .set(s.committed as f64);
         let j = &s.store;
         for (name, v) in [
             ("bmq_journal_bytes", j.bytes),
