@@ -170,12 +170,10 @@ def cluster():
               "elections won")])
     d.panel("Elector transitions by reason",
             "bmq_elector_transitions_total: state changes per rate interval by TransitionReason.",
-            [(f"sum by (reason) (increase(bmq_elector_transitions_total{{{SEL}}}"
-              "[$__rate_interval]))", "{{reason}}")])
+            [(increase("bmq_elector_transitions_total", "reason"), "{{reason}}")])
     d.panel("Leader heartbeats missed",
             "bmq_elector_heartbeats_missed_total per node, per rate interval.",
-            [(f"sum by (node) (increase(bmq_elector_heartbeats_missed_total{{{SEL}}}"
-              "[$__rate_interval]))", "{{node}}")])
+            [(increase("bmq_elector_heartbeats_missed_total", "node"), "{{node}}")])
     d.panel("Leader heartbeat intervals (p99)",
             "bmq_elector_heartbeat_send_interval_seconds on the leader (the period is 100 ms; "
             "more means its elector thread was held up) and "
@@ -328,8 +326,7 @@ def queues():
             "bmq_queue_removed_total: messages dropped unconfirmed, by reason: ttl, "
             "attempts_exhausted (poison), purged. Each is logged at warn with queue and GUID; "
             "alert BmqMessagesRemovedWithoutConfirm.",
-            [(f"sum by (reason) (increase(bmq_queue_removed_total{{{SEL}}}[$__rate_interval]))",
-              "{{reason}}")], decimals=0)
+            [(increase("bmq_queue_removed_total", "reason"), "{{reason}}")], decimals=0)
     d.panel("NACKs by reason",
             "bmq_queue_nack_total: PUTs answered with a failure status, by reason.",
             [(rate("bmq_queue_nack_total", "reason"), "{{reason}}")], unit="ops")
