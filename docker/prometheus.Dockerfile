@@ -1,8 +1,8 @@
 # Prometheus from Debian's `prometheus` package, configured to scrape the compose cluster.
 #
 # Same base as the broker image (see docker/Dockerfile); built by scripts/docker-build.sh, whose
-# build context holds docker/prometheus.yml and dashboards/prometheus/alerts.yml. The package comes from the Debian mirror of the base's
-# apt sources.
+# build context holds docker/prometheus.yml and dashboards/prometheus/alerts.yml. The package
+# comes from the Debian mirror of the base's apt sources.
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
 LABEL org.bmq.image="prometheus"

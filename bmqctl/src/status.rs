@@ -263,21 +263,22 @@ fn render_status(results: &[(String, anyhow::Result<NodeStatusDoc>)]) -> String 
 /// active primary or its document is not among `docs`), and `full` when any node's last
 /// journal write for it failed for a full disk.
 fn partition_row(p: &PartitionDoc, docs: &[&NodeStatusDoc]) -> Vec<String> {
-    let on = |node: u32| {
-        docs.iter()
-            .find(|d| d.node_id == node)?
+    // Each node's own view of this partition: `(node, its entry)`.
+    let mut views = docs.iter().filter_map(|d| {
+        let q = d
             .partitions
             .iter()
-            .find(|q| q.partition_id == p.partition_id)
-    };
-    // A primary still healing (passive) has committed nothing of its lease yet.
-    let at_primary = p.primary.and_then(on).filter(|_| p.status == "active");
-    let figure = |f: fn(&PartitionDoc) -> String| at_primary.map_or("-".to_string(), f);
-    let disk_full = docs.iter().any(|d| {
-        d.partitions
-            .iter()
-            .any(|q| q.partition_id == p.partition_id && q.disk_full)
+            .find(|q| q.partition_id == p.partition_id)?;
+        Some((d.node_id, q))
     });
+    // A primary still healing (passive) has committed nothing of its lease yet.
+    let at_primary = p
+        .primary
+        .filter(|_| p.status == "active")
+        .and_then(|primary| views.clone().find(|(node, _)| *node == primary))
+        .map(|(_, q)| q);
+    let figure = |f: fn(&PartitionDoc) -> String| at_primary.map_or("-".to_string(), f);
+    let disk_full = views.any(|(_, q)| q.disk_full);
     vec![
         p.partition_id.to_string(),
         opt_id(p.primary),
