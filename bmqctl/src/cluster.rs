@@ -226,6 +226,9 @@ pub fn secure_local_cluster(configs: &mut [BrokerConfig], dir: &Path) -> anyhow:
             },
         ];
         config.auth.bmqp_identity = Some("bmqp-sdk".into());
+        // The bmqp port speaks TLS to SDKs that can; the Python SDK 1.2 and the Java SDK
+        // cannot, and this development cluster admits them in plain bmqp on loopback.
+        config.bmqp.allow_plaintext = true;
     }
     Ok(())
 }

@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bmq_proto::client::ConsumerOptions;
+use bmq_proto::client::{ConsumerOptions, Subscription};
+use bmq_proto::expression::Expression;
 use serde::Serialize;
 
 use crate::connect::{as_secs_f64, connect, resolve_brokers};
@@ -25,7 +26,8 @@ use bmq_proto::uri::QueueUri;
     about = "Receive, verify and confirm messages from a queue",
     after_help = "Examples:\n  \
         bmqctl consume --queue bmq://bmq.test/q --count 10000\n  \
-        bmqctl consume --queue bmq://bmq.test/q --idle-timeout-secs 5 --json"
+        bmqctl consume --queue bmq://bmq.test/q --idle-timeout-secs 5 --json\n  \
+        bmqctl consume --queue bmq://bmq.test/q --subscription 'seq >= 50' --count 50"
 )]
 pub struct ConsumeArgs {
     /// The queue, bmq://<domain>/<queue>.
@@ -51,6 +53,14 @@ pub struct ConsumeArgs {
     /// Print a JSON report instead of the summary line.
     #[arg(long)]
     pub json: bool,
+    /// Receive only the messages whose properties match this expression (BlazingMQ's
+    /// subscription language, e.g. `seq >= 50 && region == "emea"`); the others stay in the
+    /// queue for other consumers.
+    #[arg(long, value_name = "EXPR")]
+    pub subscription: Option<String>,
+    /// The consumer's priority: only the highest-priority consumers of a queue receive.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub priority: i32,
     /// TLS and token.
     #[command(flatten)]
     pub security: crate::credentials::ClientSecurityArgs,
@@ -152,11 +162,28 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ConsumeReport> {
         &args.security,
     )
     .await?;
+    let subscriptions = match &args.subscription {
+        None => Vec::new(),
+        Some(text) => {
+            // Checked here too, for an error that names the offset before any connection.
+            Expression::compile(text)
+                .with_context(|| format!("--subscription {text:?} is not a valid expression"))?;
+            vec![Subscription {
+                id: 1,
+                expression: text.clone(),
+                priority: args.priority,
+                max_unconfirmed_messages: args.max_unconfirmed,
+                max_unconfirmed_bytes: 0,
+            }]
+        }
+    };
     let consumer = ConsumerOptions {
         max_unconfirmed_messages: args.max_unconfirmed,
         max_unconfirmed_bytes: 0,
-        priority: 0,
+        priority: args.priority,
         app_id: String::new(),
+        subscriptions,
+        ..Default::default()
     };
     client
         .open_queue(&uri, OpenOptions::read(consumer))
@@ -286,6 +313,8 @@ mod run_tests {
             max_unconfirmed: 100,
             timeout_secs: 3,
             json: false,
+            subscription: None,
+            priority: 0,
             security: crate::credentials::ClientSecurityArgs {
                 no_tls: true,
                 token: Some(String::new()),

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bmq_proto::client::AckStatus;
+use bmq_proto::client::{AckStatus, Property, PropertyType};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -50,6 +50,14 @@ pub struct ProduceArgs {
     /// Print a JSON report instead of the summary line.
     #[arg(long)]
     pub json: bool,
+    /// A property of every message, KEY=VALUE (a string) or KEY:int=VALUE (a 64-bit
+    /// integer); repeat the flag for more.
+    #[arg(long = "property", value_name = "KEY=VALUE", value_parser = parse_property)]
+    pub properties: Vec<Property>,
+    /// Give every message an integer property of this name holding its sequence number (0, 1,
+    /// ...): for consumers with subscriptions such as `seq >= 50`.
+    #[arg(long, value_name = "NAME")]
+    pub sequence_property: Option<String>,
     /// TLS and token.
     #[command(flatten)]
     pub security: crate::credentials::ClientSecurityArgs,
@@ -159,7 +167,15 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<ProduceReport> {
     let send_all = async {
         for sequence in 0..args.count {
             let body = payload::encode(producer_id, sequence, args.size);
-            let pending = client.put(&uri, body, vec![]).await?;
+            let mut properties = args.properties.clone();
+            if let Some(name) = &args.sequence_property {
+                properties.push(Property {
+                    key: name.clone(),
+                    value: sequence.to_string(),
+                    value_type: PropertyType::Int64 as i32,
+                });
+            }
+            let pending = client.put(&uri, body, properties).await?;
             report.sent += 1;
             if acks_tx.send(pending).await.is_err() {
                 break;
@@ -285,6 +301,21 @@ mod tests {
             .map(String::from)
             .collect()
     }
+
+    #[test]
+    fn properties_parse_with_their_type() {
+        let p = parse_property("region=emea").unwrap();
+        assert_eq!((p.key.as_str(), p.value.as_str()), ("region", "emea"));
+        assert_eq!(p.value_type, PropertyType::String as i32);
+        let p = parse_property("seq:int=-5").unwrap();
+        assert_eq!(
+            (p.key.as_str(), p.value_type),
+            ("seq", PropertyType::Int64 as i32)
+        );
+        assert!(parse_property("seq:int=x").is_err());
+        assert!(parse_property("novalue").is_err());
+        assert!(parse_property("k:float=1").is_err());
+    }
 }
 
 #[cfg(test)]
@@ -301,6 +332,8 @@ mod run_tests {
             broker: vec![addr.to_string()],
             timeout_secs: 5,
             json: false,
+            properties: Vec::new(),
+            sequence_property: None,
             security: crate::credentials::ClientSecurityArgs {
                 no_tls: true,
                 token: Some(String::new()),
@@ -343,4 +376,29 @@ mod run_tests {
         let err = run(a).await.unwrap_err();
         assert!(err.to_string().contains("timed out"), "{err}");
     }
+}
+
+/// `KEY=VALUE` (a string property) or `KEY:int=VALUE` (a 64-bit integer).
+fn parse_property(s: &str) -> Result<Property, String> {
+    let (key, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    let (key, value_type) = match key.rsplit_once(':') {
+        Some((key, "int")) => {
+            value
+                .parse::<i64>()
+                .map_err(|e| format!("{value:?} is not a 64-bit integer: {e}"))?;
+            (key, PropertyType::Int64)
+        }
+        Some((_, other)) => return Err(format!("unknown property type {other:?} (int)")),
+        None => (key, PropertyType::String),
+    };
+    if key.is_empty() {
+        return Err(format!("{s:?} has no key"));
+    }
+    Ok(Property {
+        key: key.to_string(),
+        value: value.to_string(),
+        value_type: value_type as i32,
+    })
 }

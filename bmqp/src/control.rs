@@ -140,6 +140,9 @@ impl ClientIdentity {
     }
 }
 
+/// The app id of the default stream (a reader outside fanout), as the SDKs name it.
+pub const DEFAULT_APP_ID: &str = "__default";
+
 /// `SubQueueIdInfo` (xsd): the sub-queue of a fanout consumer (`uri?id=<appId>`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SubQueueIdInfo {
@@ -190,6 +193,34 @@ impl StreamParameters {
     }
 }
 
+/// One `ConsumerInfo` of a subscription (xsd:429).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConsumerInfo {
+    /// `maxUnconfirmedMessages`.
+    pub max_unconfirmed_messages: i64,
+    /// `maxUnconfirmedBytes`.
+    pub max_unconfirmed_bytes: i64,
+    /// `consumerPriority` (`i32::MIN` when absent: the schema's default).
+    pub consumer_priority: i64,
+    /// `consumerPriorityCount`.
+    pub consumer_priority_count: i64,
+}
+
+/// One `Subscription` of ConfigureStream (xsd:456): its id, expression and consumers (the
+/// first is the highest priority, `bmqp_conversionutil.h`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SubscriptionParameters {
+    /// `sId`, chosen by the client; every PUSH of this subscription carries it in its
+    /// `SUB_QUEUE_INFOS` option.
+    pub s_id: u32,
+    /// `expression.text` (empty: every message).
+    pub expression: String,
+    /// `expression.version`: 0 `E_UNDEFINED`, 1 `E_VERSION_1`.
+    pub expression_version: i64,
+    /// `consumers`.
+    pub consumers: Vec<ConsumerInfo>,
+}
+
 /// The request inside a [`ControlRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -209,12 +240,15 @@ pub enum Request {
         /// `streamParameters`.
         params: StreamParameters,
     },
-    /// `configureStream` (16); `params` is `None` when it has no subscription (deconfigure).
+    /// `configureStream` (16): the subscriptions of one stream (app) of the queue; none at
+    /// all is a "deconfigure" (the reader stops receiving).
     ConfigureStream {
         /// `qId`.
         q_id: u32,
-        /// The first consumer of the first subscription.
-        params: Option<StreamParameters>,
+        /// `streamParameters.appId` (`__default` outside fanout).
+        app_id: String,
+        /// `streamParameters.subscriptions`, in order.
+        subscriptions: Vec<SubscriptionParameters>,
     },
     /// `disconnect` (1).
     Disconnect,
@@ -285,11 +319,20 @@ pub struct BrokerIdentity {
     pub node_id: i64,
     /// `features`; see [`BROKER_FEATURES`].
     pub features: String,
+    /// `BrokerResponse.heartbeatIntervalMs`: how often a client that monitors the broker
+    /// expects to hear from it (libbmq since 2025 sends HEARTBEAT_REQ after one silent
+    /// interval); 0 disables.
+    pub heartbeat_interval_ms: i64,
+    /// `BrokerResponse.maxMissedHeartbeats`: silent intervals before such a client drops
+    /// the connection.
+    pub max_missed_heartbeats: i64,
 }
 
-/// The features this broker advertises: both encodings and the new-style message properties.
-/// `SUBSCRIPTIONS:CONFIGURE_STREAM` is not advertised, so libbmq uses ConfigureQueueStream.
-pub const BROKER_FEATURES: &str = "PROTOCOL_ENCODING:BER,JSON;MPS:MESSAGE_PROPERTIES_EX";
+/// The features this broker advertises: both encodings, the new-style message properties, and
+/// subscriptions (`SUBSCRIPTIONS:CONFIGURE_STREAM`: libbmq then configures readers with
+/// ConfigureStream, as the Java SDK always does; bmqp_protocol.cpp `SubscriptionsFeatures`).
+pub const BROKER_FEATURES: &str =
+    "PROTOCOL_ENCODING:BER,JSON;MPS:MESSAGE_PROPERTIES_EX;SUBSCRIPTIONS:CONFIGURE_STREAM";
 
 // ---------------------------------------------------------------------------------------------
 // Reading
@@ -346,6 +389,23 @@ fn json_str(v: &Json, key: &str) -> Option<String> {
     v.get(key)?.as_str().map(str::to_string)
 }
 
+/// The selection of a named choice at the top of a BER message (NegotiationMessage,
+/// AuthenticationMessage): a `[0]` wrapper holding `[selection]`, which must be `selection`.
+fn named_choice<'a>(
+    top: &'a Tlv,
+    selection: u32,
+    what: &'static str,
+) -> Result<&'a Tlv, ControlError> {
+    let chosen = top
+        .member(0)
+        .and_then(|w| w.members().first())
+        .ok_or(ControlError::Schema(what))?;
+    if chosen.class != class::CONTEXT || chosen.tag != selection {
+        return Err(ControlError::Schema(what));
+    }
+    Ok(chosen)
+}
+
 /// Reads the first CONTROL event of a session: `NegotiationMessage` with `clientIdentity`.
 ///
 /// Errors: [`ControlError`] when it is not one (another choice, a malformed payload).
@@ -373,15 +433,8 @@ pub fn decode_negotiation(event: &RawEvent) -> Result<ClientIdentity, ControlErr
         });
     }
     let top = top_sequence(&bytes)?;
-    // Named choice: [0] wrapper, then [selection]; clientIdentity is selection 0.
-    let selection = top
-        .member(0)
-        .and_then(|w| w.members().first())
-        .ok_or(ControlError::Schema(WHAT))?;
-    if selection.class != class::CONTEXT || selection.tag != 0 {
-        return Err(ControlError::Schema(WHAT));
-    }
-    let c = selection;
+    // clientIdentity is selection 0.
+    let c = named_choice(&top, 0, WHAT)?;
     Ok(ClientIdentity {
         protocol_version: ber_int(c, 0).unwrap_or(1),
         sdk_version: ber_int(c, 1).unwrap_or(0),
@@ -392,6 +445,81 @@ pub fn decode_negotiation(event: &RawEvent) -> Result<ClientIdentity, ControlErr
         sdk_language: ber_int(c, 10).unwrap_or(1),
         guid_client_id: c.member(11).and_then(|g| ber_str(g, 0)).unwrap_or_default(),
     })
+}
+
+/// A client's credentials: `AuthenticationRequest` (xsd:1755) of an AUTHENTICATION event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthenticationRequest {
+    /// `mechanism`, e.g. `BASIC` (data `name:password`) or `ANONYMOUS`.
+    pub mechanism: String,
+    /// `data` (base64 in JSON, raw octets in BER).
+    pub data: Vec<u8>,
+    /// The encoding it came in (the answer uses it).
+    pub encoding: ControlEncoding,
+}
+
+/// Reads an AUTHENTICATION event: `AuthenticationMessage` choice `authenticationRequest`
+/// (xsd:1735-1771), BER or JSON as its header says.
+///
+/// Errors: [`ControlError`] when it is not one.
+pub fn decode_authentication(event: &RawEvent) -> Result<AuthenticationRequest, ControlError> {
+    const WHAT: &str = "AuthenticationMessage.authenticationRequest";
+    let (bytes, encoding) = payload(event)?;
+    if encoding == ControlEncoding::Json {
+        use base64::Engine;
+        let v = parse_json(&bytes)?;
+        let r = v
+            .get("authenticationRequest")
+            .ok_or(ControlError::Schema(WHAT))?;
+        let data = match json_str(r, "data") {
+            Some(d) => base64::engine::general_purpose::STANDARD
+                .decode(d)
+                .map_err(|_| ControlError::Schema(WHAT))?,
+            None => Vec::new(),
+        };
+        return Ok(AuthenticationRequest {
+            mechanism: json_str(r, "mechanism").ok_or(ControlError::Schema(WHAT))?,
+            data,
+            encoding,
+        });
+    }
+    let top = top_sequence(&bytes)?;
+    // authenticationRequest is selection 0.
+    let selection = named_choice(&top, 0, WHAT)?;
+    let data = match selection.member(1).map(|t| &t.value) {
+        Some(Value::Primitive(b)) => b.to_vec(),
+        _ => Vec::new(),
+    };
+    Ok(AuthenticationRequest {
+        mechanism: ber_str(selection, 0).ok_or(ControlError::Schema(WHAT))?,
+        data,
+        encoding,
+    })
+}
+
+/// The broker's answer to an [`AuthenticationRequest`]: `AuthenticationMessage` choice
+/// `authenticationResponse` (xsd:1773) with its status and no `lifetimeMs` (no
+/// re-authentication), as a whole AUTHENTICATION event in `encoding`.
+pub fn authentication_response(
+    encoding: ControlEncoding,
+    category: StatusCategory,
+    message: &str,
+) -> Bytes {
+    let event = if encoding == ControlEncoding::Json {
+        control_event(encoding, |out| {
+            let v = json!({"authenticationResponse": {
+                "status": {"category": category.name(), "code": 0, "message": message}}});
+            out.put_slice(v.to_string().as_bytes())
+        })
+    } else {
+        let response = seq(1, vec![seq(0, ber_status(category, 0, message))]);
+        let top = Tlv::sequence(vec![seq(0, vec![response])]);
+        control_event(ControlEncoding::Ber, |out| ber::encode(&top, out))
+    };
+    // The same layout as a CONTROL event (encoding in the type-specific bits), type 15.
+    let mut bytes = BytesMut::from(&event[..]);
+    bytes[4] = (bytes[4] & 0xc0) | EventType::Authentication.code();
+    bytes.freeze()
 }
 
 fn ber_sub_id_info(t: Option<&Tlv>) -> Option<SubQueueIdInfo> {
@@ -425,6 +553,30 @@ fn ber_stream(t: &Tlv) -> StreamParameters {
     }
 }
 
+fn ber_subscription(t: &Tlv) -> SubscriptionParameters {
+    let expression = t.member(1);
+    SubscriptionParameters {
+        s_id: ber_int(t, 0).unwrap_or(0) as u32,
+        expression: expression.and_then(|e| ber_str(e, 1)).unwrap_or_default(),
+        expression_version: expression.and_then(|e| ber_int(e, 0)).unwrap_or(0),
+        consumers: t
+            .member(2)
+            .map(|array| {
+                array
+                    .members()
+                    .iter()
+                    .map(|c| ConsumerInfo {
+                        max_unconfirmed_messages: ber_int(c, 0).unwrap_or(0),
+                        max_unconfirmed_bytes: ber_int(c, 1).unwrap_or(0),
+                        consumer_priority: ber_int(c, 2).unwrap_or(i64::from(i32::MIN)),
+                        consumer_priority_count: ber_int(c, 3).unwrap_or(0),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
 fn ber_request(selection: &Tlv) -> Result<Request, ControlError> {
     Ok(match selection.tag {
         1 => Request::Disconnect,
@@ -450,22 +602,24 @@ fn ber_request(selection: &Tlv) -> Result<Request, ControlError> {
             ),
         },
         16 => {
-            // ConfigureStream {qId, streamParameters {appId, subscriptions [{sId, expression,
-            // consumers [{maxUnconfirmedMessages, maxUnconfirmedBytes, consumerPriority,
-            // consumerPriorityCount}]}]}} (xsd:275, 383): arrays are repeated members.
+            // ConfigureStream {qId, streamParameters {appId, subscriptions [{sId, expression
+            // {version, text}, consumers [{maxUnconfirmedMessages, maxUnconfirmedBytes,
+            // consumerPriority, consumerPriorityCount}]}]}} (xsd:275, 383). An array is one
+            // constructed member holding its elements under their UNIVERSAL tags (balber's
+            // `encodeArrayImpl`); an empty one may be left out.
             let q_id = ber_int(selection, 0).ok_or(ControlError::Schema("ConfigureStream"))?;
             let sp = selection.member(1);
-            let app_id = sp.and_then(|s| ber_str(s, 0));
-            let consumer = sp.and_then(|s| s.member(1)).and_then(|sub| sub.member(2));
+            let app_id = sp
+                .and_then(|s| ber_str(s, 0))
+                .unwrap_or_else(|| DEFAULT_APP_ID.into());
+            let subscriptions = sp
+                .and_then(|s| s.member(1))
+                .map(|array| array.members().iter().map(ber_subscription).collect())
+                .unwrap_or_default();
             Request::ConfigureStream {
-                q_id: q_id as u32,
-                params: consumer.map(|c| StreamParameters {
-                    sub_id_info: app_id.map(|app_id| SubQueueIdInfo { sub_id: 0, app_id }),
-                    max_unconfirmed_messages: ber_int(c, 0).unwrap_or(0),
-                    max_unconfirmed_bytes: ber_int(c, 1).unwrap_or(0),
-                    consumer_priority: ber_int(c, 2).unwrap_or(0),
-                    consumer_priority_count: ber_int(c, 3).unwrap_or(0),
-                }),
+                q_id: u32::try_from(q_id).map_err(|_| ControlError::Schema("ConfigureStream"))?,
+                app_id,
+                subscriptions,
             }
         }
         other => Request::Unsupported(format!("control message choice {other}")),
@@ -504,6 +658,37 @@ fn json_consumer(c: &Json, sub_id_info: Option<SubQueueIdInfo>) -> StreamParamet
     }
 }
 
+fn json_subscription(v: &Json) -> SubscriptionParameters {
+    let expression = v.get("expression");
+    SubscriptionParameters {
+        s_id: json_int(v, "sId").unwrap_or(0) as u32,
+        expression: expression
+            .and_then(|e| json_str(e, "text"))
+            .unwrap_or_default(),
+        expression_version: match expression.and_then(|e| e.get("version")) {
+            Some(Json::String(s)) if s == "E_VERSION_1" => 1,
+            Some(Json::Number(n)) => n.as_i64().unwrap_or(0),
+            _ => 0,
+        },
+        consumers: v
+            .get("consumers")
+            .and_then(Json::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| ConsumerInfo {
+                        max_unconfirmed_messages: json_int(c, "maxUnconfirmedMessages")
+                            .unwrap_or(0),
+                        max_unconfirmed_bytes: json_int(c, "maxUnconfirmedBytes").unwrap_or(0),
+                        consumer_priority: json_int(c, "consumerPriority")
+                            .unwrap_or(i64::from(i32::MIN)),
+                        consumer_priority_count: json_int(c, "consumerPriorityCount").unwrap_or(0),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
 fn json_request(name: &str, v: &Json) -> Result<Request, ControlError> {
     Ok(match name {
         "disconnect" => Request::Disconnect,
@@ -524,17 +709,19 @@ fn json_request(name: &str, v: &Json) -> Result<Request, ControlError> {
         }
         "configureStream" => {
             let sp = v.get("streamParameters");
-            let app_id = sp.and_then(|s| json_str(s, "appId"));
-            let consumer = sp
+            let app_id = sp
+                .and_then(|s| json_str(s, "appId"))
+                .unwrap_or_else(|| DEFAULT_APP_ID.into());
+            let subscriptions = sp
                 .and_then(|s| s.get("subscriptions"))
-                .and_then(|s| s.get(0))
-                .and_then(|s| s.get("consumers"))
-                .and_then(|c| c.get(0));
+                .and_then(Json::as_array)
+                .map(|subs| subs.iter().map(json_subscription).collect())
+                .unwrap_or_default();
+            let q_id = json_int(v, "qId").ok_or(ControlError::Schema("ConfigureStream"))?;
             Request::ConfigureStream {
-                q_id: json_int(v, "qId").ok_or(ControlError::Schema("ConfigureStream"))? as u32,
-                params: consumer.map(|c| {
-                    json_consumer(c, app_id.map(|app_id| SubQueueIdInfo { sub_id: 0, app_id }))
-                }),
+                q_id: u32::try_from(q_id).map_err(|_| ControlError::Schema("ConfigureStream"))?,
+                app_id,
+                subscriptions,
             }
         }
         other => Request::Unsupported(format!("control message {other:?}")),
@@ -627,6 +814,18 @@ fn ber_status(category: StatusCategory, code: i32, message: &str) -> Vec<Tlv> {
     ]
 }
 
+/// `heartbeatIntervalMs` and `maxMissedHeartbeats` of a BER BrokerResponse: written only when
+/// not the schema's defaults (3000 ms, 10), which a client assumes without them.
+fn heartbeat_fields(broker: &BrokerIdentity) -> Vec<Tlv> {
+    if (broker.heartbeat_interval_ms, broker.max_missed_heartbeats) == (3000, 10) {
+        return Vec::new();
+    }
+    vec![
+        int(5, broker.heartbeat_interval_ms),
+        int(6, broker.max_missed_heartbeats),
+    ]
+}
+
 /// The broker's answer to a client's negotiation (`NegotiationMessage` choice
 /// `brokerResponse`, xsd:1698-1720), as a whole CONTROL event in `encoding`. libbmq checks
 /// only `result.category` and the features (bmqimp_negotiatedchannelfactory.cpp:222-337).
@@ -656,6 +855,8 @@ pub fn broker_response(
                 "sdkLanguage": "E_CPP",
                 "guidInfo": {"clientId": "", "nanoSecondsFromEpoch": 0},
             },
+            "heartbeatIntervalMs": broker.heartbeat_interval_ms,
+            "maxMissedHeartbeats": broker.max_missed_heartbeats,
         }}));
     }
     let identity = vec![
@@ -680,7 +881,10 @@ pub fn broker_response(
             int(2, broker.version),
             int(3, 0),
             seq(4, identity),
-        ],
+        ]
+        .into_iter()
+        .chain(heartbeat_fields(broker))
+        .collect(),
     );
     ber_event(vec![seq(0, vec![response])])
 }

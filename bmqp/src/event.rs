@@ -37,7 +37,10 @@ pub enum EventType {
     HeartbeatReq,
     /// Heartbeat response.
     HeartbeatRsp,
-    /// Any other type value (broker-to-broker types 6-10, 13-15, or unknown): carried through,
+    /// Authentication (BlazingMQ since 2025): the client's credentials before its
+    /// negotiation, and the broker's answer; BER or JSON as CONTROL.
+    Authentication,
+    /// Any other type value (broker-to-broker types 6-10, 13-14, or unknown): carried through,
     /// never interpreted.
     Other(u8),
 }
@@ -53,6 +56,7 @@ impl EventType {
             EventType::Ack => 5,
             EventType::HeartbeatReq => 11,
             EventType::HeartbeatRsp => 12,
+            EventType::Authentication => 15,
             EventType::Other(c) => c & 0x3f,
         }
     }
@@ -67,6 +71,7 @@ impl EventType {
             5 => EventType::Ack,
             11 => EventType::HeartbeatReq,
             12 => EventType::HeartbeatRsp,
+            15 => EventType::Authentication,
             c => EventType::Other(c),
         }
     }

@@ -87,6 +87,39 @@ pub fn sub_queue_infos_option(sub_queue_ids: &[u32]) -> Bytes {
     out.freeze()
 }
 
+/// The sub-queue (or subscription) ids a PUSH's options name, in order: those of its
+/// `SUB_QUEUE_INFOS` option, packed (the default id 0 alone) or not; empty without one.
+/// Other options are skipped.
+///
+/// Errors: [`MessageError::BadHeader`] for an option whose size runs past the options.
+pub fn decode_sub_queue_ids(options: &[u8]) -> Result<Vec<u32>, MessageError> {
+    let mut ids = Vec::new();
+    let mut rest = options;
+    while rest.len() >= 4 {
+        let word = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        let kind = word >> 26;
+        let packed = word >> 25 & 1 == 1;
+        if kind == OPTION_SUB_QUEUE_INFOS && packed {
+            // The header alone; its size bits hold the remaining delivery attempts.
+            ids.push(0);
+            rest = &rest[4..];
+            continue;
+        }
+        let words = (word & 0x1f_ffff) as usize;
+        if words == 0 || 4 * words > rest.len() {
+            return Err(MessageError::BadHeader("option size past the options"));
+        }
+        if kind == OPTION_SUB_QUEUE_INFOS {
+            let item_words = ((word >> 21) & 0xf).max(1) as usize;
+            for item in rest[4..4 * words].chunks_exact(4 * item_words) {
+                ids.push(u32::from_be_bytes([item[0], item[1], item[2], item[3]]));
+            }
+        }
+        rest = &rest[4 * words..];
+    }
+    Ok(ids)
+}
+
 /// Compression algorithm ids (bmqt_compressionalgorithmtype.h:46).
 pub mod compression {
     /// Not compressed.
@@ -461,6 +494,18 @@ mod tests {
         // Type 3, not packed, items of 2 words, 3 words in all; sub-queue 1, unlimited RDA.
         let option = sub_queue_infos_option(&[1]);
         assert_eq!(&option[..], &[0x0c, 0x40, 0, 3, 0, 0, 0, 1, 0x80, 0, 0, 0]);
+        assert_eq!(decode_sub_queue_ids(&option).unwrap(), vec![1]);
+        assert_eq!(
+            decode_sub_queue_ids(&sub_queue_infos_option(&[7, 9])).unwrap(),
+            vec![7, 9]
+        );
+        // The packed form (the default id alone, BlazingMQ's pusheventbuilder), after an
+        // option of another type (MSG_GROUP_ID, 2 words).
+        let mut options = vec![0x08, 0, 0, 2, 1, 2, 3, 4];
+        options.extend_from_slice(&[0x0e, 0, 0, 0x80]);
+        assert_eq!(decode_sub_queue_ids(&options).unwrap(), vec![0]);
+        assert!(decode_sub_queue_ids(&[]).unwrap().is_empty());
+        assert!(decode_sub_queue_ids(&[0x0c, 0x40, 0, 9, 0, 0, 0, 1]).is_err());
     }
 
     fn put(n: u8, data: &[u8]) -> PutMessage {

@@ -237,9 +237,10 @@ fn captured_requests_decode_and_our_responses_match_the_accepted_ones() {
 
 #[test]
 fn our_broker_response_matches_the_accepted_one() {
-    use bmq_bmqp::control::{broker_response, BrokerIdentity, StatusCategory, BROKER_FEATURES};
-    // The identity the throwaway broker of the capture gave; with it our encoder writes the
-    // very bytes the SDK accepted.
+    use bmq_bmqp::control::{broker_response, BrokerIdentity, StatusCategory};
+    // The identity the throwaway broker of the capture gave (its features, without
+    // subscriptions; the heartbeat defaults); with it our encoder writes the very bytes the
+    // SDK accepted.
     let identity = BrokerIdentity {
         version: 999_999,
         process_name: "fakebroker".into(),
@@ -247,7 +248,9 @@ fn our_broker_response_matches_the_accepted_one() {
         host_name: "localhost".into(),
         cluster_name: String::new(),
         node_id: -1,
-        features: BROKER_FEATURES.into(),
+        features: "PROTOCOL_ENCODING:BER,JSON;MPS:MESSAGE_PROPERTIES_EX".into(),
+        heartbeat_interval_ms: 3000,
+        max_missed_heartbeats: 10,
     };
     let ours = broker_response(ControlEncoding::Ber, StatusCategory::Success, "", &identity);
     let accepted = labelled_captures()

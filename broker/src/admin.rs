@@ -96,6 +96,7 @@ fn register_counters_at_zero() {
     const COUNTERS: &[&str] = &[
         "bmq_queue_put_total",
         "bmq_queue_put_duplicates_total",
+        "bmq_bmqp_heartbeat_timeouts_total",
         "bmq_queue_ack_total",
         "bmq_queue_push_total",
         "bmq_queue_confirm_total",
@@ -147,6 +148,7 @@ fn register_counters_at_zero() {
         "quota",
         "storage_failure",
         "invalid",
+        "guid_conflict",
     ] {
         metrics::counter!("bmq_queue_nack_total", "reason" => reason).increment(0);
     }

@@ -66,6 +66,39 @@ pub fn bmqp_identity(settings: &AuthSettings) -> ClientIdentity {
         .map_or(ClientIdentity::Anonymous, ClientIdentity::Token)
 }
 
+/// The identity of a bmqp client that authenticated with BlazingMQ's AUTHENTICATION event:
+/// mechanism `BASIC` with `data` = `name:secret` of a configured token (the name must be that
+/// token's), or `ANONYMOUS` (the identity [`bmqp_identity`] gives). Without tokens configured
+/// every client is unrestricted.
+///
+/// Errors: the reason, for the client and the log: an unknown mechanism, malformed data, or
+/// credentials that match no token.
+pub fn bmqp_authenticate(
+    settings: &AuthSettings,
+    mechanism: &str,
+    data: &[u8],
+) -> Result<ClientIdentity, String> {
+    if settings.is_empty() {
+        return Ok(ClientIdentity::Unrestricted);
+    }
+    match mechanism.to_ascii_uppercase().as_str() {
+        "ANONYMOUS" => Ok(bmqp_identity(settings)),
+        "BASIC" => {
+            let text = std::str::from_utf8(data).map_err(|_| "BASIC data is not UTF-8")?;
+            let (name, secret) = text
+                .split_once(':')
+                .ok_or("BASIC data must be 'name:secret' (a token's name and secret)")?;
+            match authenticate(settings, secret) {
+                Ok(ClientIdentity::Token(t)) if t.name == name => Ok(ClientIdentity::Token(t)),
+                _ => Err(format!("invalid name or secret for token {name:?}")),
+            }
+        }
+        other => Err(format!(
+            "authentication mechanism {other:?} is not supported (BASIC, ANONYMOUS)"
+        )),
+    }
+}
+
 impl ClientIdentity {
     /// Checks an OpenQueue of `domain` with `read`/`write`. `Err` carries the message the
     /// client sees with `NOT_AUTHORIZED`, naming the missing permission and the domain.
@@ -139,6 +172,28 @@ mod tests {
         assert!(bmqp_identity(&AuthSettings::default())
             .authorize_open("any", true, true)
             .is_ok());
+    }
+
+    #[test]
+    fn bmqp_authentication_maps_basic_credentials_onto_tokens() {
+        // BlazingMQ's AUTHENTICATION: BASIC name:secret of a token, ANONYMOUS, nothing else.
+        let mut s = settings();
+        s.bmqp_identity = Some("ops".into());
+        let who = bmqp_authenticate(&s, "BASIC", b"writer:writer-secret-0123456789").unwrap();
+        assert_eq!(who.name(), "writer");
+        assert!(bmqp_authenticate(&s, "BASIC", b"ops:writer-secret-0123456789").is_err());
+        assert!(bmqp_authenticate(&s, "BASIC", b"writer:wrong").is_err());
+        assert!(bmqp_authenticate(&s, "BASIC", b"no-colon").is_err());
+        assert_eq!(
+            bmqp_authenticate(&s, "ANONYMOUS", b"").unwrap().name(),
+            "ops"
+        );
+        let err = bmqp_authenticate(&s, "KERBEROS", b"").unwrap_err();
+        assert!(err.contains("not supported"), "{err}");
+        assert_eq!(
+            bmqp_authenticate(&AuthSettings::default(), "BASIC", b"x:y").unwrap(),
+            ClientIdentity::Unrestricted
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The bmqp listener: applications written with BlazingMQ's own SDKs (C++ libbmq, Java, Python
 //! `blazingmq`) connect to `[[members]] bmqp_port` and produce and consume through the cluster
-//! unchanged (issue 19).
+//! unchanged.
 //!
 //! A connection negotiates first (the SDK's `ClientIdentity`, answered with a
 //! `BrokerResponse` in the client's encoding), then becomes an ordinary client session: this
@@ -9,16 +9,32 @@
 //! de-duplication, authorisation and metrics are the same as for our own clients
 //! ([`crate::session`]). What the translation keeps per connection:
 //!
-//! - the queue ids the client chose (`qId` ↔ URI), and for each open reader the stream
-//!   parameters it configured: deliveries wait until the reader's ConfigureQueueStream, stop at
-//!   its "deconfigure" (priority `i32::MIN`) and respect its `maxUnconfirmedMessages/Bytes`
-//!   (messages past them are held here, and go back to the queue if the reader closes);
-//! - the control requests in flight (`rId`, echoed in each response); an OpenQueue answered
-//!   NOT_READY (no active primary yet, as during a failover) is asked again every 250 ms until
-//!   `limits.request_timeout_ms`, as BlazingMQ holds an open until the queue is ready — libbmq
-//!   gives a queue up if its reopen after a reconnection fails;
+//! - the queue ids the client chose (`qId` ↔ URI). The SDKs give every handle of one queue
+//!   the same `qId` — a writer, a reader, the readers of several fanout apps — each a
+//!   sub-queue (`subQueueId`, BlazingMQ's sub-stream) with its open counts: all of them are
+//!   one open queue of our session (read if any handle reads, write if any writes, one
+//!   consumer per app read), changed by a second OpenQueue as each handle opens, configures
+//!   or closes, and closed when the last one goes;
+//! - each reader's subscriptions (ConfigureStream's, with their ids, priorities and limits,
+//!   or the one of an older SDK's ConfigureQueueStream, whose id is the sub-queue id): the
+//!   primary delivers under them, so a reader's priority and `maxUnconfirmedMessages/Bytes`
+//!   are honoured cluster-wide, a reader gets nothing before its first configure or after its
+//!   "deconfigure", and every PUSH carries the `SUB_QUEUE_INFOS` option naming the
+//!   subscription it went to (the SDKs route a PUSH by it);
+//! - the control requests in flight (`rId`, echoed in each response), one at a time per
+//!   queue id; an open answered NOT_READY (no active primary yet, as during a failover) is
+//!   asked again every 250 ms until `limits.request_timeout_ms`, as BlazingMQ holds an open
+//!   until the queue is ready — libbmq gives a queue up if its reopen after a reconnection
+//!   fails;
 //! - the GUIDs of PUTs sent without `ACK_REQUESTED`: a success is not reported to them, a
-//!   failure is (as BlazingMQ does).
+//!   failure is (as BlazingMQ does);
+//! - for a legacy client (no `guidInfo` in its identity: the Java SDK), the GUID of each of its
+//!   messages, made here, and the correlation id it put in the PUT's GUID field, returned in
+//!   the ACK (BlazingMQ's first hop does the same).
+//!
+//! After the DisconnectResponse the client closes the connection (BlazingMQ's order; an SDK
+//! takes a close by the broker for a lost connection); the broker closes it after
+//! [`DISCONNECT_LINGER`] if the client does not.
 //!
 //! Properties: bmqp's typed properties travel in our `Property` with their type
 //! (`PropertyType`), so an SDK consumer gets back the types an SDK producer sent; our own
@@ -26,10 +42,16 @@
 //! (`MESSAGE_PROPERTIES_EX`) for clients that advertise it, the old style otherwise.
 //! zlib-compressed PUTs are inflated (at most `frame_size_max_bytes`).
 //!
-//! Authorisation: bmqp 1.2 carries no credentials, so an SDK client gets the permissions of
-//! the token that `[auth] bmqp_identity` names (`bmqctl cluster up` names one allowed to
-//! produce and consume everywhere); without it, an anonymous client opens no queue while
-//! tokens are configured, and everything without tokens. The listener is plain TCP: the SDKs of this protocol version have no TLS.
+//! Security, as on our own client listener: with `[tls] client_listener` the port speaks TLS
+//! (the same certificate) to a client that opens with a TLS handshake (libbmq since 2025);
+//! one that opens in plain bmqp (the Python SDK 1.2, the Java SDK) is refused with a log line
+//! naming `[bmqp] allow_plaintext`, unless that is set (`bmqctl cluster up` sets it). A client
+//! may authenticate with BlazingMQ's AUTHENTICATION event before its negotiation: `BASIC`
+//! with `name:secret` of a configured token gives it that token's permissions (wrong
+//! credentials: refused, closed, `bmq_client_auth_failures_total`). Without it, the client
+//! gets the permissions of the token `[auth] bmqp_identity` names (`bmqctl cluster up` names
+//! one allowed to produce and consume everywhere); without that, an anonymous client opens no
+//! queue while tokens are configured, and everything without tokens.
 //!
 //! Bad input — a malformed or oversized event, malformed BER or JSON, an event type a client
 //! never sends, a PUT or CONFIRM for a queue id that is not open — closes this connection
@@ -39,36 +61,45 @@
 //! affects another connection. Never is an ACK or PUSH sent for a queue id the client does not
 //! have open (libbmq does not check, BRIEF.md §1.6).
 //!
-//! Heartbeats: every `HEARTBEAT_REQ` is answered; none is sent (the Java SDK cannot decode
-//! one, and libbmq 1.2 does not need them).
+//! Heartbeats: every `HEARTBEAT_REQ` is answered. The broker sends one after
+//! `[bmqp] heartbeat_interval_ms` without anything from the client, and drops a client silent
+//! for `max_missed_heartbeats` intervals (`bmq_bmqp_heartbeat_timeouts_total`): its session
+//! ends, and what it held unconfirmed goes to other consumers (BlazingMQ's defaults, 3 s and
+//! 10). None goes to the Java SDK, which cannot decode one. The BrokerResponse tells clients
+//! the same values, so the newer libbmq that watches the broker uses them.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bmq_bmqp::control::{
     self, broker_response, queue_flags, BrokerIdentity, ClientIdentity as SdkIdentity,
-    ControlRequest, Request, Response, StatusCategory, StreamParameters, BROKER_FEATURES,
+    ControlRequest, Request, Response, StatusCategory, BROKER_FEATURES,
 };
 use bmq_bmqp::event::{heartbeat, ControlEncoding, EventDecoder, EventType, RawEvent};
 use bmq_bmqp::message::{
     ack_status, decode_confirms, decode_puts, decompress, encode_acks, encode_pushes,
-    sub_queue_infos_option, AckMessage, PushMessage, MESSAGE_PROPERTIES, PUT_ACK_REQUESTED,
+    sub_queue_infos_option, AckMessage, PushMessage, MESSAGE_PROPERTIES, PUSH_OUT_OF_ORDER,
+    PUT_ACK_REQUESTED,
 };
 use bmq_bmqp::properties::{self, PropertyValue};
 use bmq_proto::client::{
     client_message::Kind, AckStatus, ClientMessage, CloseQueue, Confirm, ConsumerOptions,
-    Disconnect, OpenQueue, Property, PropertyType, Put, StatusCode,
+    Disconnect, OpenQueue, Property, PropertyType, Put, Status, StatusCode, Subscription,
 };
 use bmq_proto::{uri_bytes, uri_str, uri_text, UriBytes};
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info, warn};
+use std::os::fd::{AsRawFd, RawFd};
 
-use crate::auth::bmqp_identity;
+use bmq_proto::BoxedStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{info, warn};
+
+use crate::auth::{bmqp_authenticate, bmqp_identity};
 use crate::router::Router;
-use crate::session::{run, ClientWire, WireInput, HELLO_TIMEOUT};
+use crate::session::{
+    run, ClientWire, WireInput, HELLO_TIMEOUT, TLS_HANDSHAKES_MAX, TLS_HANDSHAKE_TIMEOUT,
+};
 
 /// Largest PUSH or ACK event this listener writes; more messages go into further events.
 const EVENT_BYTES_MAX: usize = 1 << 20;
@@ -76,6 +107,8 @@ const EVENT_BYTES_MAX: usize = 1 << 20;
 const OPEN_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
 /// Most requests one [`ClientWire::recv`] hands to the session at once.
 const EVENTS_PER_TURN_MAX: usize = 1024;
+/// How long a client that disconnected has to close its connection before this broker does.
+const DISCONNECT_LINGER: std::time::Duration = std::time::Duration::from_secs(5);
 /// Read buffer size.
 const READ_CHUNK: usize = 64 * 1024;
 /// This broker's version as the SDKs see it (`brokerVersion`; they do not check it).
@@ -87,9 +120,17 @@ fn bad(reason: &'static str, detail: impl std::fmt::Display) -> String {
     format!("{reason}: {detail}")
 }
 
-/// Accepts BlazingMQ SDK connections on `listener` until the process ends.
-pub async fn serve_bmqp_clients(listener: TcpListener, router: Arc<Router>) {
-    info!(addr = ?listener.local_addr().ok(), "bmqp listener (BlazingMQ SDK clients) ready");
+/// Accepts BlazingMQ SDK connections on `listener` until the process ends; with `tls` (the
+/// client listener's acceptor, `[tls] client_listener`), a connection that opens with a TLS
+/// handshake is TLS, and one that opens in plain bmqp is served only with
+/// `[bmqp] allow_plaintext` (else refused, logged, counted).
+pub async fn serve_bmqp_clients(
+    listener: TcpListener,
+    router: Arc<Router>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
+    info!(addr = ?listener.local_addr().ok(), tls = tls.is_some(), "bmqp listener (BlazingMQ SDK clients) ready");
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(TLS_HANDSHAKES_MAX));
     loop {
         let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -106,20 +147,78 @@ pub async fn serve_bmqp_clients(listener: TcpListener, router: Arc<Router>) {
         }
         let _ = stream.set_nodelay(true);
         let router = router.clone();
+        let tls = tls.clone();
+        let handshakes = handshakes.clone();
         tokio::spawn(async move {
             metrics::counter!("bmq_bmqp_connections_total").increment(1);
-            serve_connection(stream, remote.to_string(), router).await;
+            let remote = remote.to_string();
+            let Some((stream, fd)) = secure(stream, &remote, tls, &handshakes, &router).await
+            else {
+                return;
+            };
+            serve_connection(stream, fd, remote, router).await;
         });
     }
 }
 
-/// Negotiation, then the session.
-async fn serve_connection(stream: TcpStream, remote: String, router: Arc<Router>) {
+/// The first byte of a TLS handshake record (RFC 8446 §5.1, `ContentType.handshake`); a bmqp
+/// event opens with the high byte of its length, 0 for any event under 16 MiB.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// The connection as it is to be served: TLS when it opens with a TLS handshake on a TLS
+/// listener, plain when there is no TLS or plaintext is allowed; `None` (logged, counted)
+/// when it is refused or its handshake fails.
+async fn secure(
+    stream: TcpStream,
+    remote: &str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handshakes: &tokio::sync::Semaphore,
+    router: &Router,
+) -> Option<(BoxedStream, RawFd)> {
+    let fd = stream.as_raw_fd();
+    let Some(acceptor) = tls else {
+        return Some((Box::new(stream), fd));
+    };
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(HELLO_TIMEOUT, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return None,
+    }
+    if first[0] != TLS_HANDSHAKE_RECORD {
+        if router.config().bmqp.allow_plaintext {
+            return Some((Box::new(stream), fd));
+        }
+        metrics::counter!("bmq_client_connections_refused_total").increment(1);
+        warn!(%remote, "bmqp connection refused: this listener speaks TLS ([tls] client_listener) and the client started in plain bmqp (an SDK without TLS); set [bmqp] allow_plaintext = true to admit such clients");
+        return None;
+    }
+    let Ok(_permit) = handshakes.try_acquire() else {
+        metrics::counter!("bmq_client_connections_refused_total").increment(1);
+        warn!(%remote, "bmqp connection refused: too many TLS handshakes in progress");
+        return None;
+    };
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(s)) => Some((Box::new(s), fd)),
+        outcome => {
+            metrics::counter!("bmq_client_tls_failures_total").increment(1);
+            let reason = match outcome {
+                Ok(Err(e)) => e.to_string(),
+                _ => "timed out".to_string(),
+            };
+            warn!(%remote, %reason, "bmqp TLS handshake failed; closed");
+            None
+        }
+    }
+}
+
+/// Negotiation, then the session. `fd`: the socket under `stream` (for its TCP options).
+async fn serve_connection(stream: BoxedStream, fd: RawFd, remote: String, router: Arc<Router>) {
     let max_event = router.config().limits.frame_size_max_bytes as usize;
-    let (read, write) = stream.into_split();
+    let (read, write) = tokio::io::split(stream);
     let mut wire = BmqpWire {
         read,
         write,
+        fd,
         decoder: EventDecoder::new(max_event),
         read_buf: BytesMut::with_capacity(READ_CHUNK),
         out: BytesMut::new(),
@@ -134,25 +233,33 @@ async fn serve_connection(stream: TcpStream, remote: String, router: Arc<Router>
         next_request_id: 1,
         disconnect: None,
         unacked_silent: HashSet::new(),
+        legacy: None,
+        heartbeat: None,
+        last_received: tokio::time::Instant::now(),
+        heartbeats_unanswered: 0,
+        to_session: Vec::new(),
         open_retries: Vec::new(),
         open_timeout: router.config().limits.request_timeout(),
         deduplication_ms: i64::try_from(router.config().limits.duplicate_guid_window_ms)
             .unwrap_or(i64::MAX),
     };
-    let negotiated = tokio::time::timeout(HELLO_TIMEOUT, wire.next_event()).await;
-    let event = match negotiated {
-        Ok(Ok(Some(event))) => event,
-        Ok(Ok(None)) => return,
-        Ok(Err(reason)) => {
-            warn!(%remote, %reason, "bmqp connection closed before negotiation");
-            return;
-        }
-        Err(_) => {
-            let _ = bad("negotiation_timeout", "no negotiation message");
-            warn!(%remote, "bmqp client sent no negotiation in time; closed");
-            return;
-        }
+    let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
+    let Some(mut event) = first_event(&mut wire, deadline, &remote).await else {
+        return;
     };
+    // BlazingMQ's AUTHENTICATION comes before the negotiation: credentials mapped onto our
+    // tokens. Without it, the client is who `[auth] bmqp_identity` says.
+    let mut identity = bmqp_identity(&router.config().auth);
+    if event.header.event_type == EventType::Authentication {
+        match authenticated(&mut wire, &event, &router, &remote).await {
+            Some(who) => identity = who,
+            None => return,
+        }
+        event = match first_event(&mut wire, deadline, &remote).await {
+            Some(event) => event,
+            None => return,
+        };
+    }
     let sdk = match (event.header.event_type, control::decode_negotiation(&event)) {
         (EventType::Control, Ok(sdk)) => sdk,
         (t, outcome) => {
@@ -167,7 +274,11 @@ async fn serve_connection(stream: TcpStream, remote: String, router: Arc<Router>
     };
     wire.encoding = sdk.best_encoding();
     wire.properties_ex = sdk.has_feature("MPS", "MESSAGE_PROPERTIES_EX");
+    if sdk.guid_client_id.is_empty() {
+        wire.legacy = Some(LegacyGuids::new());
+    }
     let me = router.config().self_member();
+    let settings = &router.config().bmqp;
     let broker = BrokerIdentity {
         version: BROKER_VERSION,
         process_name: "bmq-broker".into(),
@@ -176,9 +287,16 @@ async fn serve_connection(stream: TcpStream, remote: String, router: Arc<Router>
         cluster_name: router.config().cluster_name.clone(),
         node_id: i64::from(me.id),
         features: BROKER_FEATURES.into(),
+        heartbeat_interval_ms: i64::try_from(settings.heartbeat_interval_ms).unwrap_or(i64::MAX),
+        max_missed_heartbeats: i64::from(settings.max_missed_heartbeats),
     };
+    // The Java SDK knows event types 0-5 only: a HEARTBEAT_REQ would break its decoding.
+    if sdk.sdk_language != 2 {
+        wire.heartbeat = settings
+            .heartbeat_interval()
+            .map(|interval| (interval, settings.max_missed_heartbeats));
+    }
     let client_id = describe(&sdk);
-    let identity = bmqp_identity(&router.config().auth);
     wire.out.extend_from_slice(&broker_response(
         wire.encoding,
         StatusCategory::Success,
@@ -187,6 +305,71 @@ async fn serve_connection(stream: TcpStream, remote: String, router: Arc<Router>
     ));
     info!(%remote, client = %client_id, encoding = ?wire.encoding, "BlazingMQ SDK client negotiated");
     run(wire, identity, &client_id, remote, router).await;
+}
+
+/// The next event before negotiation, by `deadline`; `None` (logged) when the client closed,
+/// sent garbage, or nothing in time.
+async fn first_event(
+    wire: &mut BmqpWire,
+    deadline: tokio::time::Instant,
+    remote: &str,
+) -> Option<RawEvent> {
+    match tokio::time::timeout_at(deadline, wire.next_event()).await {
+        Ok(Ok(Some(event))) => Some(event),
+        Ok(Ok(None)) => None,
+        Ok(Err(reason)) => {
+            warn!(%remote, %reason, "bmqp connection closed before negotiation");
+            None
+        }
+        Err(_) => {
+            let _ = bad("negotiation_timeout", "no negotiation message");
+            warn!(%remote, "bmqp client sent no negotiation in time; closed");
+            None
+        }
+    }
+}
+
+/// Answers an AUTHENTICATION event: `BASIC` credentials `name:secret` of a configured token
+/// (BlazingMQ's basic authenticator, `mqbauthn_basicauthenticator.cpp`) or `ANONYMOUS` (the
+/// bmqp identity). The identity, or `None` once a refusal is written (logged, counted in
+/// `bmq_client_auth_failures_total`).
+async fn authenticated(
+    wire: &mut BmqpWire,
+    event: &RawEvent,
+    router: &Router,
+    remote: &str,
+) -> Option<crate::auth::ClientIdentity> {
+    let request = match control::decode_authentication(event) {
+        Ok(r) => r,
+        Err(e) => {
+            let reason = bad("authentication", e);
+            warn!(%remote, %reason, "bad bmqp authentication; closed");
+            return None;
+        }
+    };
+    let outcome = bmqp_authenticate(&router.config().auth, &request.mechanism, &request.data);
+    let (category, message) = match &outcome {
+        Ok(_) => (StatusCategory::Success, String::new()),
+        Err(why) => (StatusCategory::Refused, why.clone()),
+    };
+    wire.out
+        .extend_from_slice(&control::authentication_response(
+            request.encoding,
+            category,
+            &message,
+        ));
+    let _ = wire.flush().await;
+    match outcome {
+        Ok(identity) => {
+            info!(%remote, mechanism = %request.mechanism, token = %identity.name(), "bmqp client authenticated");
+            Some(identity)
+        }
+        Err(why) => {
+            metrics::counter!("bmq_client_auth_failures_total").increment(1);
+            warn!(%remote, mechanism = %request.mechanism, %why, "bmqp authentication refused; closed");
+            None
+        }
+    }
 }
 
 fn describe(sdk: &SdkIdentity) -> String {
@@ -200,51 +383,152 @@ fn describe(sdk: &SdkIdentity) -> String {
     )
 }
 
-/// One queue the client has open, by its `qId`.
+/// One handle of a queue in the client's session: a sub-stream (BlazingMQ's `subQueueId`): the
+/// default stream (0) of a writer or of a reader outside fanout, or the reader of one app of a
+/// fanout queue (`uri?id=<app>`, the sub-queue id the client chose).
+#[derive(Debug, Clone, PartialEq)]
+struct Stream {
+    /// The app id it reads (empty: the default stream).
+    app_id: String,
+    /// Reader and writer handles the client opened on it, less those it closed.
+    read_count: i64,
+    write_count: i64,
+    /// The reader's subscriptions as last configured (ConfigureStream's, or the one of a
+    /// ConfigureQueueStream, with the sub-queue id as its id); empty until the first
+    /// configure and after a "deconfigure": the reader receives nothing.
+    subscriptions: Vec<Subscription>,
+}
+
+/// A bmqp request for a queue id that is being served: our request id in flight (or, after a
+/// NOT_READY answer, waiting for its retry), and what to restore if it is refused.
+#[derive(Debug)]
+struct InFlight {
+    /// Our request id; `None` while a retry waits.
+    ours: Option<u64>,
+    /// The client's request it answers.
+    request: ControlRequest,
+    /// The streams before the request, restored when it is refused.
+    previous: BTreeMap<u32, Stream>,
+    /// Until when NOT_READY answers are asked again (`limits.request_timeout_ms`): BlazingMQ
+    /// holds an open until the queue's primary is there, and libbmq gives a queue up if its
+    /// reopen after a reconnection fails.
+    deadline: tokio::time::Instant,
+}
+
+/// One queue the client has open, by its `qId`: every handle the client has on it, served as
+/// one open queue of our session (read if any handle reads, write if any writes, one
+/// consumer per app read). BlazingMQ's SDKs give every handle of one queue the same `qId`.
 struct QueueHandle {
+    /// The queue's URI without `?id=`.
     uri: String,
     /// `uri` as the per-message frames carry it (shared by every PUT and CONFIRM: a reference
     /// count each, not an allocation).
     uri_bytes: UriBytes,
-    /// The reader's stream parameters; `None` until its first ConfigureQueueStream, or after
-    /// a deconfigure: deliveries wait.
-    stream: Option<StreamParameters>,
-    /// Delivered and not confirmed by the client: GUID -> application data bytes.
-    unconfirmed: HashMap<[u8; 16], usize>,
-    unconfirmed_bytes: usize,
-    /// Deliveries past the client's limits or before it configured, in order.
-    held: VecDeque<PushMessage>,
-    /// The `SUB_QUEUE_INFOS` option of this handle's PUSHes: a fanout app reader's sub-queue
-    /// id (libbmq routes a PUSH without it to sub-queue 0, the default stream); empty for
-    /// the default stream.
-    push_options: Bytes,
+    /// By sub-queue id.
+    streams: BTreeMap<u32, Stream>,
+    /// Whether our session has the queue open (an open was answered OK).
+    opened: bool,
+    /// The request being served, one at a time per queue id.
+    in_flight: Option<InFlight>,
+    /// Requests for this queue id that came meanwhile, in order.
+    waiting: VecDeque<ControlRequest>,
+    /// Every subscription id configured on this queue, still routed to the client: a PUSH
+    /// under an id the client replaced may still be on its way (the Java SDK keeps old ids,
+    /// libbmq finds the queue by it). Bounded by [`SUBSCRIPTION_IDS_MAX`].
+    known_ids: HashSet<u32>,
 }
 
 impl QueueHandle {
-    fn may_deliver(&self) -> bool {
-        match &self.stream {
-            None => false,
-            Some(p) => {
-                (self.unconfirmed.len() as i64) < p.max_unconfirmed_messages
-                    && (p.max_unconfirmed_bytes <= 0
-                        || (self.unconfirmed_bytes as i64) < p.max_unconfirmed_bytes)
-            }
+    /// The sub-queue of `app_id` (empty or `__default`: the default stream).
+    fn stream_of_app(&self, app_id: &str) -> Option<u32> {
+        let app = normal_app(app_id);
+        self.streams
+            .iter()
+            .find(|(_, s)| s.app_id == app)
+            .map(|(id, _)| *id)
+    }
+
+    /// Our OpenQueue for the handles as they are now.
+    fn our_open(&self, request_id: u64) -> ClientMessage {
+        let consumers: Vec<ConsumerOptions> = self
+            .streams
+            .values()
+            .filter(|s| s.read_count > 0)
+            .map(|s| ConsumerOptions {
+                app_id: s.app_id.clone(),
+                subscriptions: s.subscriptions.clone(),
+                suspended: s.subscriptions.is_empty(),
+                ..Default::default()
+            })
+            .collect();
+        ClientMessage {
+            kind: Some(Kind::OpenQueue(OpenQueue {
+                request_id,
+                uri: self.uri.clone(),
+                read: !consumers.is_empty(),
+                write: self.streams.values().any(|s| s.write_count > 0),
+                consumer: None,
+                consumers,
+            })),
         }
     }
 }
 
-/// What a request in flight to the session was.
-enum Pending {
-    /// An OpenQueue: the request, the client's queue id, and until when a NOT_READY answer
-    /// (no active primary yet, e.g. during a failover) is retried.
-    Open(ControlRequest, u32, tokio::time::Instant),
-    Close(ControlRequest, u32),
+/// Most subscription ids remembered per queue for routing late PUSHes.
+const SUBSCRIPTION_IDS_MAX: usize = 4096;
+
+/// `__default` (the SDKs' name of the default stream) as our empty app id.
+fn normal_app(app_id: &str) -> &str {
+    if app_id == control::DEFAULT_APP_ID {
+        ""
+    } else {
+        app_id
+    }
+}
+
+/// bmqp's signed limits as ours (a negative value is 0: the broker's default).
+fn limit(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// A ConfigureStream subscription as ours: its highest-priority consumer's priority and
+/// limits (the first, `bmqp_conversionutil.h`); `None` for one that receives nothing (no
+/// consumer, or a deconfigure's priority `i32::MIN` / no capacity).
+fn our_subscription(s: &control::SubscriptionParameters) -> Option<Subscription> {
+    let c = s.consumers.first()?;
+    if c.max_unconfirmed_messages <= 0 || c.consumer_priority == i64::from(i32::MIN) {
+        return None;
+    }
+    // As BlazingMQ's primary, an expression counts only in version 1 (`mqbblp_routers.cpp`):
+    // an undefined version is every message.
+    let expression = if s.expression_version == 1 {
+        s.expression.clone()
+    } else {
+        String::new()
+    };
+    Some(Subscription {
+        id: s.s_id,
+        expression,
+        priority: i32::try_from(c.consumer_priority).unwrap_or(i32::MAX),
+        max_unconfirmed_messages: u32::try_from(c.max_unconfirmed_messages).unwrap_or(u32::MAX),
+        max_unconfirmed_bytes: limit(c.max_unconfirmed_bytes),
+    })
+}
+
+/// What a legacy client's PUT needs for its ACK: the correlation id it put in the GUID field
+/// and whether it asked for an ACK.
+#[derive(Debug, Clone, Copy)]
+struct LegacyPut {
+    correlation_id: u32,
+    ack_requested: bool,
 }
 
 /// BlazingMQ's client protocol as a [`ClientWire`] (see the module doc).
 struct BmqpWire {
-    read: OwnedReadHalf,
-    write: OwnedWriteHalf,
+    read: ReadHalf<BoxedStream>,
+    write: WriteHalf<BoxedStream>,
+    /// The TCP socket under the (possibly TLS) stream.
+    fd: RawFd,
     decoder: EventDecoder,
     read_buf: BytesMut,
     /// Bytes to write, in order (control responses, heartbeats, sealed ACK/PUSH events).
@@ -257,25 +541,70 @@ struct BmqpWire {
     max_app_data: usize,
     queues: HashMap<u32, QueueHandle>,
     by_uri: HashMap<String, u32>,
-    requests: HashMap<u64, Pending>,
+    /// Our requests in flight: request id -> the client's queue id.
+    requests: HashMap<u64, u32>,
     next_request_id: u64,
     disconnect: Option<ControlRequest>,
     /// GUIDs of PUTs without ACK_REQUESTED still waiting for their outcome.
     unacked_silent: HashSet<[u8; 16]>,
-    /// OpenQueues answered NOT_READY, to ask again at the given time: (when, request, queue
-    /// id, deadline).
-    open_retries: Vec<(
-        tokio::time::Instant,
-        ControlRequest,
-        u32,
-        tokio::time::Instant,
-    )>,
-    /// How long an OpenQueue is retried while the answer is NOT_READY:
+    /// A legacy client (it sent no `guidInfo.clientId`): it puts a 24-bit correlation id in
+    /// the GUID field of its PUTs, so this broker makes each message's GUID and returns the
+    /// correlation id in the ACK (BlazingMQ's first hop does the same,
+    /// `mqba_clientsession.cpp`). The Java SDK is one; its correlation ids start again at 1 in
+    /// every process, so taking them for GUIDs would drop the next process's messages as
+    /// duplicates of the last one's.
+    legacy: Option<LegacyGuids>,
+    /// Heartbeats to the client (`[bmqp] heartbeat_interval_ms`, `max_missed_heartbeats`):
+    /// after an interval without anything from it, a HEARTBEAT_REQ; after the maximum of
+    /// silent intervals, the connection is closed and what it held goes to other consumers.
+    /// `None` for the Java SDK and when disabled.
+    heartbeat: Option<(std::time::Duration, u32)>,
+    /// When the client last sent anything.
+    last_received: tokio::time::Instant,
+    /// HEARTBEAT_REQs sent since the client last sent anything.
+    heartbeats_unanswered: u32,
+    /// Requests for the session made while translating its answers (the next request of a
+    /// queue id, served once the one before it was answered), handed over by the next
+    /// [`ClientWire::recv`].
+    to_session: Vec<ClientMessage>,
+    /// Queue ids whose NOT_READY answer is asked again at the given time.
+    open_retries: Vec<(tokio::time::Instant, u32)>,
+    /// How long an open is retried while the answer is NOT_READY:
     /// `limits.request_timeout_ms`.
     open_timeout: std::time::Duration,
     /// `deduplicationTimeMs` told to the SDK (how long it may resend an un-ACKed PUT): the
     /// primaries' duplicate window, `limits.duplicate_guid_window_ms`.
     deduplication_ms: i64,
+}
+
+/// The GUIDs this broker makes for a legacy client's messages, and what their ACKs need.
+struct LegacyGuids {
+    /// This connection's random 8 bytes (version bits `01` set, so never all zero, as
+    /// BlazingMQ's GUIDs), then a counter: unique across connections and nodes.
+    prefix: [u8; 8],
+    next: u64,
+    /// By GUID, until the ACK.
+    puts: HashMap<[u8; 16], LegacyPut>,
+}
+
+impl LegacyGuids {
+    fn new() -> LegacyGuids {
+        let mut prefix: [u8; 8] = rand::random();
+        prefix[0] = 0x40 | (prefix[0] & 0x3f);
+        LegacyGuids {
+            prefix,
+            next: 0,
+            puts: HashMap::new(),
+        }
+    }
+
+    fn make(&mut self) -> [u8; 16] {
+        self.next += 1;
+        let mut guid = [0u8; 16];
+        guid[..8].copy_from_slice(&self.prefix);
+        guid[8..].copy_from_slice(&self.next.to_be_bytes());
+        guid
+    }
 }
 
 impl BmqpWire {
@@ -292,7 +621,9 @@ impl BmqpWire {
             match self.read.read_buf(&mut self.read_buf).await {
                 Ok(0) => return Ok(None),
                 Ok(_) => {
-                    quick_ack(self.read.as_ref());
+                    quick_ack(self.fd);
+                    self.last_received = tokio::time::Instant::now();
+                    self.heartbeats_unanswered = 0;
                     self.decoder.extend(&self.read_buf)
                 }
                 Err(e) => return Err(format!("read failed: {e}")),
@@ -349,19 +680,23 @@ impl BmqpWire {
                 let confirms = decode_confirms(&event.body).map_err(|e| bad("confirm", e))?;
                 for c in confirms {
                     let q_id = c.queue_id as u32;
-                    let Some(handle) = self.queues.get_mut(&q_id) else {
+                    let Some(handle) = self.queues.get(&q_id) else {
                         return Err(bad("unknown_queue", format!("CONFIRM for queue id {q_id}")));
                     };
-                    if let Some(size) = handle.unconfirmed.remove(&c.guid) {
-                        handle.unconfirmed_bytes -= size;
-                    }
+                    // The copy of the app the sub-queue reads; an unknown sub-queue names
+                    // none (the primary takes the copy it gave this session).
+                    let app_id = handle
+                        .streams
+                        .get(&c.sub_queue_id)
+                        .map(|s| s.app_id.clone())
+                        .unwrap_or_default();
                     into.push(ClientMessage {
                         kind: Some(Kind::Confirm(Confirm {
                             uri: handle.uri_bytes.clone(),
                             guid: Bytes::copy_from_slice(&c.guid),
+                            app_id,
                         })),
                     });
-                    self.release(q_id);
                 }
                 Ok(())
             }
@@ -372,6 +707,10 @@ impl BmqpWire {
                 Ok(())
             }
             EventType::HeartbeatRsp => Ok(()),
+            EventType::Authentication => Err(bad(
+                "authentication",
+                "a second AUTHENTICATION (this broker gives no lifetime to renew)",
+            )),
             other => Err(bad("event_type", format!("{other:?} from a client"))),
         }
     }
@@ -382,41 +721,13 @@ impl BmqpWire {
         into: &mut Vec<ClientMessage>,
     ) -> Result<(), String> {
         let request = control::decode_request(event).map_err(|e| bad("control", e))?;
-        match request.request.clone() {
-            Request::OpenQueue(h) => {
-                if self.queues.contains_key(&h.q_id) {
-                    let why = format!("queue id {} is already open", h.q_id);
-                    self.refuse(&request, StatusCategory::InvalidArgument, why);
-                    return Ok(());
-                }
-                let uri = h.uri.split('?').next().unwrap_or_default().to_string();
-                if self.by_uri.contains_key(&uri) {
-                    let why = format!("{uri} is already open in this session");
-                    self.refuse(&request, StatusCategory::InvalidArgument, why);
-                    return Ok(());
-                }
-                let request_id = self.request_id();
-                into.push(our_open(request_id, &h));
-                let deadline = tokio::time::Instant::now() + self.open_timeout;
-                self.requests
-                    .insert(request_id, Pending::Open(request, h.q_id, deadline));
+        match &request.request {
+            Request::OpenQueue(h) => self.queue_request(h.q_id, request.clone(), into),
+            Request::ConfigureQueueStream { q_id, .. } | Request::ConfigureStream { q_id, .. } => {
+                self.queue_request(*q_id, request.clone(), into)
             }
-            Request::ConfigureQueueStream { q_id, params } => {
-                self.configure(&request, q_id, Some(params));
-            }
-            Request::ConfigureStream { q_id, params } => self.configure(&request, q_id, params),
             Request::CloseQueue { params, .. } => {
-                let Some(uri) = self.queues.get(&params.q_id).map(|h| h.uri.clone()) else {
-                    let why = format!("queue id {} is not open", params.q_id);
-                    self.refuse(&request, StatusCategory::InvalidArgument, why);
-                    return Ok(());
-                };
-                let request_id = self.request_id();
-                into.push(ClientMessage {
-                    kind: Some(Kind::CloseQueue(CloseQueue { request_id, uri })),
-                });
-                self.requests
-                    .insert(request_id, Pending::Close(request, params.q_id));
+                self.queue_request(params.q_id, request.clone(), into)
             }
             Request::Disconnect => {
                 self.disconnect = Some(request);
@@ -433,18 +744,153 @@ impl BmqpWire {
         Ok(())
     }
 
-    fn configure(&mut self, request: &ControlRequest, q_id: u32, params: Option<StreamParameters>) {
-        let Some(handle) = self.queues.get_mut(&q_id) else {
-            let why = format!("queue id {q_id} is not open");
-            self.refuse(request, StatusCategory::InvalidArgument, why);
-            return;
-        };
-        handle.stream = params.filter(|p| !p.is_deconfigure());
-        self.respond(request, Response::Configure);
-        self.release(q_id);
+    /// A request for queue id `q_id`: served now, or after the one in flight for it.
+    fn queue_request(&mut self, q_id: u32, request: ControlRequest, into: &mut Vec<ClientMessage>) {
+        match self.queues.get_mut(&q_id) {
+            Some(handle) if handle.in_flight.is_some() => handle.waiting.push_back(request),
+            _ => self.serve(q_id, request, into),
+        }
     }
 
-    /// The OpenQueues whose retry time has come, sent again under new request ids.
+    /// Serves one request for `q_id` (none in flight for it): changes the handles, then asks
+    /// our session for the open that serves them (or the close), or answers at once when
+    /// nothing changes for the session.
+    fn serve(&mut self, q_id: u32, request: ControlRequest, into: &mut Vec<ClientMessage>) {
+        if !self.queues.contains_key(&q_id) {
+            let Request::OpenQueue(h) = &request.request else {
+                let why = format!("queue id {q_id} is not open");
+                return self.refuse(&request, StatusCategory::InvalidArgument, why);
+            };
+            let uri = h.uri.split('?').next().unwrap_or_default().to_string();
+            if let Some(other) = self.by_uri.get(&uri) {
+                let why = format!("{uri} is open in this session under queue id {other}");
+                return self.refuse(&request, StatusCategory::InvalidArgument, why);
+            }
+            self.by_uri.insert(uri.clone(), q_id);
+            self.queues.insert(
+                q_id,
+                QueueHandle {
+                    uri_bytes: uri_bytes(&uri),
+                    uri,
+                    streams: BTreeMap::new(),
+                    opened: false,
+                    in_flight: None,
+                    waiting: VecDeque::new(),
+                    known_ids: HashSet::new(),
+                },
+            );
+        }
+        let handle = self.queues.get_mut(&q_id).expect("inserted above");
+        let previous = handle.streams.clone();
+        let before = handle.our_open(0);
+        if let Err(why) = apply(handle, &request.request) {
+            if !handle.opened {
+                self.drop_handle(q_id);
+            }
+            return self.refuse(&request, StatusCategory::InvalidArgument, why);
+        }
+        let handle = self.queues.get_mut(&q_id).expect("present");
+        for s in handle.streams.values() {
+            handle
+                .known_ids
+                .extend(s.subscriptions.iter().map(|s| s.id));
+        }
+        if handle.known_ids.len() > SUBSCRIPTION_IDS_MAX {
+            handle.known_ids.clear();
+            for s in handle.streams.values() {
+                handle
+                    .known_ids
+                    .extend(s.subscriptions.iter().map(|s| s.id));
+            }
+        }
+        let closing = handle.streams.is_empty();
+        if handle.opened && !closing && handle.our_open(0) == before {
+            // Nothing changes for the session (another writer, a configure that repeats
+            // the last one): answered at once.
+            self.answer_ok(q_id, &request);
+            return self.next_waiting(q_id, into);
+        }
+        let ours = self.request_id();
+        let handle = self.queues.get_mut(&q_id).expect("present");
+        let message = if closing {
+            ClientMessage {
+                kind: Some(Kind::CloseQueue(CloseQueue {
+                    request_id: ours,
+                    uri: handle.uri.clone(),
+                })),
+            }
+        } else {
+            handle.our_open(ours)
+        };
+        handle.in_flight = Some(InFlight {
+            ours: Some(ours),
+            request,
+            previous,
+            deadline: tokio::time::Instant::now() + self.open_timeout,
+        });
+        self.requests.insert(ours, q_id);
+        into.push(message);
+    }
+
+    /// The success answer to `request` (the handles it changed are served).
+    fn answer_ok(&mut self, q_id: u32, request: &ControlRequest) {
+        let response = match &request.request {
+            Request::OpenQueue(_) => Response::OpenQueue {
+                deduplication_ms: self.deduplication_ms,
+            },
+            Request::CloseQueue { .. } => Response::CloseQueue,
+            _ => Response::Configure,
+        };
+        if matches!(request.request, Request::CloseQueue { .. }) && !self.queues.contains_key(&q_id)
+        {
+            // Deliveries of this turn for the closed queue stay unsent: the close gave them
+            // back to the queue (never a PUSH for a queue id the client does not have).
+            self.pushes.retain(|p| p.queue_id as u32 != q_id);
+        }
+        self.respond(request, response);
+    }
+
+    /// Serves the next request waiting for `q_id`, if any and none is in flight.
+    fn next_waiting(&mut self, q_id: u32, into: &mut Vec<ClientMessage>) {
+        let next = match self.queues.get_mut(&q_id) {
+            Some(h) if h.in_flight.is_none() => h.waiting.pop_front(),
+            _ => None,
+        };
+        if let Some(request) = next {
+            self.serve(q_id, request, into);
+        }
+    }
+
+    fn drop_handle(&mut self, q_id: u32) -> Option<QueueHandle> {
+        let handle = self.queues.remove(&q_id)?;
+        self.by_uri.remove(&handle.uri);
+        Some(handle)
+    }
+
+    /// At a heartbeat time: a HEARTBEAT_REQ queued for the client if it has been silent for
+    /// an interval, or why the connection ends if it has been for the maximum of intervals.
+    fn heartbeat_due(&mut self) -> Option<String> {
+        let (interval, max_missed) = self.heartbeat?;
+        let now = tokio::time::Instant::now();
+        let silent = now.saturating_duration_since(self.last_received);
+        if silent < interval * (self.heartbeats_unanswered + 1) {
+            return None;
+        }
+        if self.heartbeats_unanswered + 1 >= max_missed {
+            metrics::counter!("bmq_bmqp_heartbeat_timeouts_total").increment(1);
+            return Some(format!(
+                "nothing from the client for {silent:?} ({max_missed} heartbeat intervals of \
+                 {interval:?}): dropped"
+            ));
+        }
+        self.heartbeats_unanswered += 1;
+        self.seal();
+        self.out
+            .extend_from_slice(&heartbeat(EventType::HeartbeatReq));
+        None
+    }
+
+    /// The queues whose retry time has come, asked again under new request ids.
     fn due_open_retries(&mut self) -> Vec<ClientMessage> {
         let now = tokio::time::Instant::now();
         let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.open_retries)
@@ -452,31 +898,19 @@ impl BmqpWire {
             .partition(|r| r.0 <= now);
         self.open_retries = later;
         let mut out = Vec::with_capacity(due.len());
-        for (_, request, q_id, deadline) in due {
-            let Request::OpenQueue(h) = &request.request else {
+        for (_, q_id) in due {
+            let ours = self.request_id();
+            let Some(handle) = self.queues.get_mut(&q_id) else {
                 continue;
             };
-            let request_id = self.request_id();
-            out.push(our_open(request_id, h));
-            self.requests
-                .insert(request_id, Pending::Open(request, q_id, deadline));
+            let Some(in_flight) = handle.in_flight.as_mut() else {
+                continue;
+            };
+            in_flight.ours = Some(ours);
+            out.push(handle.our_open(ours));
+            self.requests.insert(ours, q_id);
         }
         out
-    }
-
-    /// Delivers held messages of `q_id` while the client's limits allow.
-    fn release(&mut self, q_id: u32) {
-        let Some(handle) = self.queues.get_mut(&q_id) else {
-            return;
-        };
-        while handle.may_deliver() {
-            let Some(push) = handle.held.pop_front() else {
-                break;
-            };
-            handle.unconfirmed.insert(push.guid, push.app_data.len());
-            handle.unconfirmed_bytes += push.app_data.len();
-            self.pushes.push(push);
-        }
     }
 
     fn handle_puts(
@@ -485,18 +919,35 @@ impl BmqpWire {
         into: &mut Vec<ClientMessage>,
     ) -> Result<(), String> {
         let puts = decode_puts(&event.body).map_err(|e| bad("put", e))?;
-        for put in puts {
+        for mut put in puts {
             let q_id = put.queue_id as u32;
             let Some(handle) = self.queues.get(&q_id) else {
                 return Err(bad("unknown_queue", format!("PUT for queue id {q_id}")));
             };
             let uri = handle.uri_bytes.clone();
+            let mut ack_requested = put.flags & PUT_ACK_REQUESTED != 0;
+            let mut correlation_id = 0;
+            if let Some(legacy) = self.legacy.as_mut() {
+                // BlazingMQ reads the correlation id before it overwrites the field with the
+                // GUID it makes, and aligns ACK_REQUESTED with it (a PUT with a correlation
+                // id wants its ACK, one without does not).
+                correlation_id = u32::from_be_bytes([0, put.guid[1], put.guid[2], put.guid[3]]);
+                ack_requested = correlation_id != 0;
+                put.guid = legacy.make();
+                legacy.puts.insert(
+                    put.guid,
+                    LegacyPut {
+                        correlation_id,
+                        ack_requested,
+                    },
+                );
+            }
             let nack = |reason: &'static str, detail: String| {
                 metrics::counter!("bmq_bmqp_errors_total", "reason" => reason).increment(1);
                 warn!(uri = %uri_text(&uri), %detail, "bmqp PUT refused");
                 AckMessage {
                     status: ack_status::UNKNOWN,
-                    correlation_id: 0,
+                    correlation_id,
                     guid: put.guid,
                     queue_id: put.queue_id,
                 }
@@ -504,6 +955,7 @@ impl BmqpWire {
             if !put.crc_ok() {
                 let detail = format!("CRC32-C {:#010x} does not match the data", put.crc32c);
                 self.acks.push(nack("crc", detail));
+                self.forget_legacy(&put.guid);
                 continue;
             }
             let decoded = decode_app_data(
@@ -517,13 +969,14 @@ impl BmqpWire {
                 Ok(d) => d,
                 Err(detail) => {
                     self.acks.push(nack("put_data", detail));
+                    self.forget_legacy(&put.guid);
                     continue;
                 }
             };
             if put.compression != 0 {
                 metrics::counter!("bmq_bmqp_puts_decompressed_total").increment(1);
             }
-            if put.flags & PUT_ACK_REQUESTED == 0 {
+            if !ack_requested && self.legacy.is_none() {
                 self.unacked_silent.insert(put.guid);
             }
             into.push(ClientMessage {
@@ -538,79 +991,90 @@ impl BmqpWire {
         Ok(())
     }
 
+    fn forget_legacy(&mut self, guid: &[u8; 16]) {
+        if let Some(legacy) = self.legacy.as_mut() {
+            legacy.puts.remove(guid);
+        }
+    }
+
+    /// The answer of our session to the request in flight for a queue: serves the client's
+    /// request (or retries a NOT_READY, or restores the handles of a refused change).
+    fn on_answer(&mut self, ours: u64, status: Status, into: &mut Vec<ClientMessage>) {
+        let Some(q_id) = self.requests.remove(&ours) else {
+            return;
+        };
+        let Some(handle) = self.queues.get_mut(&q_id) else {
+            return;
+        };
+        if handle.in_flight.as_ref().and_then(|f| f.ours) != Some(ours) {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let in_flight = handle.in_flight.as_mut().expect("checked above");
+        if status.code == StatusCode::NotReady as i32 && now + OPEN_RETRY_DELAY < in_flight.deadline
+        {
+            // BlazingMQ holds an open until the queue's primary is there; libbmq does not
+            // retry a failed reopen after a reconnection. Ask again shortly.
+            in_flight.ours = None;
+            self.open_retries.push((now + OPEN_RETRY_DELAY, q_id));
+            return;
+        }
+        let in_flight = handle.in_flight.take().expect("checked above");
+        if status.code == StatusCode::Ok as i32 {
+            if handle.streams.is_empty() {
+                self.drop_handle(q_id);
+            } else {
+                handle.opened = true;
+            }
+            self.answer_ok(q_id, &in_flight.request);
+        } else {
+            handle.streams = in_flight.previous;
+            let (category, message) = status_of(status.code, status.message);
+            if !handle.opened {
+                let waiting = self
+                    .drop_handle(q_id)
+                    .map(|h| h.waiting)
+                    .unwrap_or_default();
+                self.refuse(&in_flight.request, category, message);
+                // Requests that waited on a queue id that never opened start afresh.
+                for request in waiting {
+                    self.queue_request(q_id, request, into);
+                }
+                return;
+            }
+            self.refuse(&in_flight.request, category, message);
+        }
+        self.next_waiting(q_id, into);
+    }
+
     /// Translates one answer of the session for the client.
-    fn translate(&mut self, message: ClientMessage) {
+    fn translate(&mut self, message: ClientMessage, into: &mut Vec<ClientMessage>) {
         match message.kind {
             Some(Kind::OpenQueueResponse(r)) => {
-                let Some(Pending::Open(request, q_id, deadline)) =
-                    self.requests.remove(&r.request_id)
-                else {
-                    return;
-                };
-                let status = r.status.unwrap_or_default();
-                let now = tokio::time::Instant::now();
-                if status.code == StatusCode::NotReady as i32 && now + OPEN_RETRY_DELAY < deadline {
-                    // BlazingMQ holds an open until the queue's primary is there; libbmq does
-                    // not retry a failed reopen after a reconnection. Ask again shortly.
-                    self.open_retries
-                        .push((now + OPEN_RETRY_DELAY, request, q_id, deadline));
-                    return;
-                }
-                if status.code == StatusCode::Ok as i32 {
-                    let push_options = match &request.request {
-                        Request::OpenQueue(h) => h
-                            .sub_id_info
-                            .as_ref()
-                            .filter(|s| s.sub_id != 0)
-                            .map(|s| sub_queue_infos_option(&[s.sub_id]))
-                            .unwrap_or_default(),
-                        _ => Bytes::new(),
-                    };
-                    self.by_uri.insert(r.uri.clone(), q_id);
-                    self.queues.insert(
-                        q_id,
-                        QueueHandle {
-                            uri_bytes: uri_bytes(&r.uri),
-                            uri: r.uri,
-                            stream: None,
-                            unconfirmed: HashMap::new(),
-                            unconfirmed_bytes: 0,
-                            held: VecDeque::new(),
-                            push_options,
-                        },
-                    );
-                    self.respond(
-                        &request,
-                        Response::OpenQueue {
-                            deduplication_ms: self.deduplication_ms,
-                        },
-                    );
-                } else {
-                    let (category, message) = status_of(status.code, status.message);
-                    self.refuse(&request, category, message);
-                }
+                self.on_answer(r.request_id, r.status.unwrap_or_default(), into);
             }
             Some(Kind::CloseQueueResponse(r)) => {
-                let Some(Pending::Close(request, q_id)) = self.requests.remove(&r.request_id)
-                else {
-                    return;
-                };
-                // Held deliveries go back to the queue with the close (our session's proxy
-                // counts them as the consumer's, as it does for any consumer that leaves).
-                if let Some(handle) = self.queues.remove(&q_id) {
-                    self.by_uri.remove(&handle.uri);
-                    let n = handle.held.len();
-                    if n > 0 {
-                        debug!(uri = %handle.uri, held = n, "bmqp reader closed with held deliveries");
+                let waiting = self
+                    .requests
+                    .get(&r.request_id)
+                    .and_then(|q_id| self.queues.get(q_id))
+                    .map(|h| h.waiting.clone())
+                    .unwrap_or_default();
+                let q_id = self.requests.get(&r.request_id).copied();
+                self.on_answer(r.request_id, r.status.unwrap_or_default(), into);
+                // Requests that came after the close (a new open of the same queue id) are
+                // served afresh once the queue id is free.
+                if let Some(q_id) = q_id.filter(|q| !self.queues.contains_key(q)) {
+                    for request in waiting {
+                        self.queue_request(q_id, request, into);
                     }
                 }
-                self.pushes.retain(|p| p.queue_id as u32 != q_id);
-                self.respond(&request, Response::CloseQueue);
             }
             Some(Kind::Ack(ack)) => {
                 let Some(&q_id) = uri_str(&ack.uri).and_then(|u| self.by_uri.get(u)) else {
                     metrics::counter!("bmq_bmqp_errors_total", "reason" => "ack_after_close")
                         .increment(1);
+                    self.forget_legacy_bytes(&ack.guid);
                     return;
                 };
                 let Ok(guid) = <[u8; 16]>::try_from(&ack.guid[..]) else {
@@ -623,12 +1087,21 @@ impl BmqpWire {
                     Ok(AckStatus::StorageFailure) => ack_status::STORAGE_FAILURE,
                     _ => ack_status::UNKNOWN,
                 };
-                if self.unacked_silent.remove(&guid) && status == ack_status::SUCCESS {
+                let mut correlation_id = 0;
+                if let Some(legacy) = self.legacy.as_mut() {
+                    match legacy.puts.remove(&guid) {
+                        Some(p) if p.ack_requested => correlation_id = p.correlation_id,
+                        // A success nobody asked for is not reported; a failure is, without a
+                        // correlation id (as BlazingMQ does).
+                        _ if status == ack_status::SUCCESS => return,
+                        _ => {}
+                    }
+                } else if self.unacked_silent.remove(&guid) && status == ack_status::SUCCESS {
                     return;
                 }
                 self.acks.push(AckMessage {
                     status,
-                    correlation_id: 0,
+                    correlation_id,
                     guid,
                     queue_id: q_id as i32,
                 });
@@ -643,6 +1116,20 @@ impl BmqpWire {
                 let Ok(guid) = <[u8; 16]>::try_from(&push.guid[..]) else {
                     return;
                 };
+                let Some(handle) = self.queues.get(&q_id) else {
+                    return;
+                };
+                if !handle.known_ids.contains(&push.subscription_id)
+                    || handle.stream_of_app(&push.app_id).is_none()
+                {
+                    // A subscription or app the client never configured: it would not find
+                    // a queue for it. The message stays unconfirmed and goes back to the
+                    // queue when the reader leaves.
+                    metrics::counter!("bmq_bmqp_errors_total", "reason" => "push_unknown_subscription")
+                        .increment(1);
+                    return;
+                }
+                let options = sub_queue_infos_option(&[push.subscription_id]);
                 let (flags, schema_wire, app_data) = match encode_app_data(
                     &push.properties,
                     push.payload,
@@ -654,19 +1141,20 @@ impl BmqpWire {
                         (0, 0, Bytes::new())
                     }
                 };
-                let Some(handle) = self.queues.get_mut(&q_id) else {
-                    return;
+                let flags = if push.out_of_order {
+                    flags | PUSH_OUT_OF_ORDER
+                } else {
+                    flags
                 };
-                handle.held.push_back(PushMessage {
+                self.pushes.push(PushMessage {
                     flags,
                     queue_id: q_id as i32,
                     guid,
                     schema_wire,
                     compression: 0,
-                    options: handle.push_options.clone(),
+                    options,
                     app_data,
                 });
-                self.release(q_id);
             }
             Some(Kind::DisconnectResponse(_)) => {
                 if let Some(request) = self.disconnect.take() {
@@ -680,13 +1168,138 @@ impl BmqpWire {
             _ => {}
         }
     }
+
+    fn forget_legacy_bytes(&mut self, guid: &[u8]) {
+        if let Ok(guid) = <[u8; 16]>::try_from(guid) {
+            self.forget_legacy(&guid);
+        }
+    }
+}
+
+/// Applies one client request to the handles of a queue: OpenQueue adds a handle (its read
+/// and write counts to its sub-queue's), ConfigureQueueStream / ConfigureStream set a
+/// reader's subscriptions, CloseQueue takes the counts it names away (a sub-queue without
+/// handles left, or closed with `isFinal`, is gone). `Err` says why the request is invalid
+/// (nothing changed).
+fn apply(handle: &mut QueueHandle, request: &Request) -> Result<(), String> {
+    match request {
+        Request::OpenQueue(h) => {
+            let uri = h.uri.split('?').next().unwrap_or_default();
+            if uri != handle.uri {
+                return Err(format!(
+                    "queue id {} is open for {}, not {uri}",
+                    h.q_id, handle.uri
+                ));
+            }
+            let sub_id = h.sub_id_info.as_ref().map_or(0, |s| s.sub_id);
+            let app_id = h
+                .sub_id_info
+                .as_ref()
+                .map(|s| normal_app(&s.app_id).to_string())
+                .filter(|a| !a.is_empty())
+                .or_else(|| app_of(&h.uri).map(str::to_string))
+                .unwrap_or_default();
+            let read = h.flags & queue_flags::READ != 0;
+            let write = h.flags & queue_flags::WRITE != 0;
+            if !read && !write {
+                return Err("an open must read or write".into());
+            }
+            let stream = handle.streams.entry(sub_id).or_insert_with(|| Stream {
+                app_id: app_id.clone(),
+                read_count: 0,
+                write_count: 0,
+                subscriptions: Vec::new(),
+            });
+            if stream.app_id != app_id {
+                return Err(format!(
+                    "sub-queue {sub_id} of queue id {} reads app {:?}, not {app_id:?}",
+                    h.q_id, stream.app_id
+                ));
+            }
+            if read {
+                stream.read_count += h.read_count.max(1);
+            }
+            if write {
+                stream.write_count += h.write_count.max(1);
+            }
+            Ok(())
+        }
+        Request::ConfigureQueueStream { q_id, params } => {
+            let sub_id = params.sub_id_info.as_ref().map_or(0, |s| s.sub_id);
+            let Some(stream) = handle.streams.get_mut(&sub_id) else {
+                return Err(format!("sub-queue {sub_id} of queue id {q_id} is not open"));
+            };
+            stream.subscriptions = if params.is_deconfigure() {
+                Vec::new()
+            } else {
+                vec![Subscription {
+                    id: sub_id,
+                    expression: String::new(),
+                    priority: i32::try_from(params.consumer_priority).unwrap_or(i32::MAX),
+                    max_unconfirmed_messages: u32::try_from(params.max_unconfirmed_messages)
+                        .unwrap_or(u32::MAX),
+                    max_unconfirmed_bytes: limit(params.max_unconfirmed_bytes),
+                }]
+            };
+            Ok(())
+        }
+        Request::ConfigureStream {
+            q_id,
+            app_id,
+            subscriptions,
+        } => {
+            let Some(sub_id) = handle.stream_of_app(app_id) else {
+                return Err(format!("app {app_id:?} of queue id {q_id} is not open"));
+            };
+            let stream = handle.streams.get_mut(&sub_id).expect("found above");
+            stream.subscriptions = subscriptions.iter().filter_map(our_subscription).collect();
+            Ok(())
+        }
+        Request::CloseQueue { params, is_final } => {
+            let sub_id = params.sub_id_info.as_ref().map_or(0, |s| s.sub_id);
+            let Some(stream) = handle.streams.get_mut(&sub_id) else {
+                return Err(format!(
+                    "sub-queue {sub_id} of queue id {} is not open",
+                    params.q_id
+                ));
+            };
+            let read = params.flags & queue_flags::READ != 0;
+            let write = params.flags & queue_flags::WRITE != 0;
+            stream.read_count -= if read { params.read_count.max(1) } else { 0 };
+            stream.write_count -= if write { params.write_count.max(1) } else { 0 };
+            stream.read_count = stream.read_count.max(0);
+            stream.write_count = stream.write_count.max(0);
+            if stream.read_count == 0 && stream.write_count == 0 {
+                handle.streams.remove(&sub_id);
+            } else if stream.read_count == 0 {
+                stream.subscriptions.clear();
+            }
+            if *is_final {
+                // The SDKs set it on the close of a queue id's last sub-queue: nothing of the
+                // queue id stays open.
+                handle.streams.clear();
+            }
+            Ok(())
+        }
+        Request::Disconnect | Request::Unsupported(_) => Ok(()),
+    }
 }
 
 impl ClientWire for BmqpWire {
     async fn recv(&mut self) -> WireInput {
+        if !self.to_session.is_empty() {
+            return WireInput::Many(std::mem::take(&mut self.to_session));
+        }
         loop {
             let next_retry = self.open_retries.iter().map(|r| r.0).min();
-            let event = match next_retry {
+            let next_heartbeat = self.heartbeat.map(|(interval, _)| {
+                self.last_received + interval * (self.heartbeats_unanswered + 1)
+            });
+            let wake = match (next_retry, next_heartbeat) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let event = match wake {
                 None => self.next_event().await,
                 Some(at) => {
                     let woke = tokio::select! {
@@ -696,8 +1309,11 @@ impl ClientWire for BmqpWire {
                     match woke {
                         Some(event) => event,
                         None => {
+                            if let Some(reason) = self.heartbeat_due() {
+                                return WireInput::Closed(reason);
+                            }
                             let due = self.due_open_retries();
-                            if due.is_empty() {
+                            if due.is_empty() && !self.has_output() {
                                 continue;
                             }
                             return WireInput::Many(due);
@@ -734,7 +1350,22 @@ impl ClientWire for BmqpWire {
     }
 
     fn push(&mut self, message: ClientMessage) {
-        self.translate(message);
+        let mut into = std::mem::take(&mut self.to_session);
+        self.translate(message, &mut into);
+        self.to_session = into;
+    }
+
+    async fn linger(&mut self) {
+        // BlazingMQ lets the client close the connection after the DisconnectResponse; an SDK
+        // takes a close by the broker for a lost connection and reconnects.
+        let mut buf = [0u8; 1024];
+        let end = tokio::time::Instant::now() + DISCONNECT_LINGER;
+        loop {
+            match tokio::time::timeout_at(end, self.read.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+                Ok(Ok(_)) => {}
+            }
+        }
     }
 
     fn has_output(&self) -> bool {
@@ -757,16 +1388,16 @@ impl ClientWire for BmqpWire {
 /// Why: libbmq does not disable Nagle's algorithm on its socket, so an SDK producer sends its
 /// next small PUT only once the previous segment is acknowledged; with delayed ACKs every
 /// producer waits up to 40 ms per round trip (measured: 4,600 msg/s whatever the window).
-fn quick_ack(stream: &TcpStream) {
+fn quick_ack(fd: RawFd) {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd;
         let one: libc::c_int = 1;
-        // SAFETY: a valid socket descriptor for the life of `stream`, and a c_int option value
-        // of the size given; a failure only leaves delayed ACKs on.
+        // SAFETY: the socket of this connection, open while the connection is (the wire owns
+        // the stream that owns it), and a c_int option value of the size given; a failure only
+        // leaves delayed ACKs on.
         unsafe {
             libc::setsockopt(
-                stream.as_raw_fd(),
+                fd,
                 libc::IPPROTO_TCP,
                 libc::TCP_QUICKACK,
                 (&one as *const libc::c_int).cast(),
@@ -775,32 +1406,7 @@ fn quick_ack(stream: &TcpStream) {
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = stream;
-}
-
-/// Our OpenQueue for the SDK's handle parameters: the URI without `?id=`, read and write from
-/// the flags, a reader's app id from `subIdInfo` or the URI (fanout).
-fn our_open(request_id: u64, h: &control::QueueHandleParameters) -> ClientMessage {
-    let app_id = h
-        .sub_id_info
-        .as_ref()
-        .map(|s| s.app_id.clone())
-        .filter(|a| a != "__default")
-        .or_else(|| app_of(&h.uri).map(str::to_string))
-        .unwrap_or_default();
-    let read = h.flags & queue_flags::READ != 0;
-    ClientMessage {
-        kind: Some(Kind::OpenQueue(OpenQueue {
-            request_id,
-            uri: h.uri.split('?').next().unwrap_or_default().to_string(),
-            read,
-            write: h.flags & queue_flags::WRITE != 0,
-            consumer: read.then(|| ConsumerOptions {
-                app_id,
-                ..Default::default()
-            }),
-        })),
-    }
+    let _ = fd;
 }
 
 /// `uri?id=<app>` -> the app id.
@@ -838,7 +1444,9 @@ fn event(event_type: EventType, body: Bytes) -> Bytes {
 /// Our status code -> the SDK's status category and message.
 fn status_of(code: i32, message: String) -> (StatusCategory, String) {
     let category = match StatusCode::try_from(code) {
-        Ok(StatusCode::UnknownDomain | StatusCode::InvalidUri) => StatusCategory::InvalidArgument,
+        Ok(StatusCode::UnknownDomain | StatusCode::InvalidUri | StatusCode::InvalidArgument) => {
+            StatusCategory::InvalidArgument
+        }
         Ok(StatusCode::NotReady) => StatusCategory::NotReady,
         Ok(StatusCode::Timeout) => StatusCategory::Timeout,
         Ok(StatusCode::NotAuthorized | StatusCode::Refused | StatusCode::LimitReached) => {

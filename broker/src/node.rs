@@ -356,12 +356,13 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     tokio::spawn(crate::session::serve_clients(
         tokio::net::TcpListener::from_std(listeners.client)?,
         actors.router.clone(),
-        client_tls,
+        client_tls.clone(),
     ));
     if let Some(bmqp) = listeners.bmqp {
         tokio::spawn(crate::bmqp_session::serve_bmqp_clients(
             tokio::net::TcpListener::from_std(bmqp)?,
             actors.router.clone(),
+            client_tls,
         ));
     }
     let admin_stop = Arc::new(tokio::sync::Notify::new());

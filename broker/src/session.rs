@@ -58,10 +58,10 @@ const RETRANSMIT_CHECK_PERIOD: Duration = Duration::from_millis(250);
 /// How long a client has to send its Hello (or a BlazingMQ SDK its negotiation).
 pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client's TLS handshake may take.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most client connections in their TLS handshake at once; beyond that new connections are
 /// closed at once and counted in `bmq_client_connections_refused_total`.
-const TLS_HANDSHAKES_MAX: usize = 256;
+pub(crate) const TLS_HANDSHAKES_MAX: usize = 256;
 /// Most frames written per flush: one flush per loop turn carries many frames.
 const FRAMES_PER_FLUSH_MAX: usize = 1024;
 /// Why a session whose inbox overflowed ended (`Router::to_local_session`).
@@ -290,6 +290,9 @@ pub(crate) trait ClientWire {
     fn has_output(&self) -> bool;
     /// Writes everything queued. Errors: the write failed (the session ends).
     async fn flush(&mut self) -> Result<(), String>;
+    /// After the client disconnected and was answered: waits (bounded) for it to close the
+    /// connection, for protocols whose clients expect to close it themselves.
+    async fn linger(&mut self) {}
 }
 
 /// Our own client protocol: length-delimited protobuf [`ClientMessage`]s (DESIGN.md §8).
@@ -419,7 +422,13 @@ pub(crate) async fn run<W: ClientWire>(
     let reason = session.event_loop(&mut wire, &mut inbox).await;
     info!(%remote, session = id, %reason, "client session ended");
     router.unregister_session(id, session.proxy.attached_primaries());
+    if reason == DISCONNECTED {
+        wire.linger().await;
+    }
 }
+
+/// Why a session that the client ended with a Disconnect ended.
+const DISCONNECTED: &str = "client disconnected";
 
 /// One client session (see the module doc).
 struct Session {
@@ -480,7 +489,7 @@ impl Session {
                         let bye = Kind::DisconnectResponse(DisconnectResponse {});
                         wire.push(ClientMessage { kind: Some(bye) });
                         let _ = self.flush(wire).await;
-                        return "client disconnected".into();
+                        return DISCONNECTED.into();
                     }
                 },
                 event = inbox.recv() => match event {
@@ -710,7 +719,7 @@ impl Session {
             info!(session = self.id, token = %self.identity.name(), uri = %open.uri, read = open.read, write = open.write, "open queue refused: not authorized");
             return self.refuse_open(open, StatusCode::NotAuthorized, message);
         }
-        self.proxy.handle_open(open);
+        self.proxy.handle_open(Instant::now(), open);
     }
 
     fn handle_event(&mut self, event: SessionEvent) {

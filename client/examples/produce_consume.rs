@@ -35,6 +35,7 @@ async fn main() -> anyhow::Result<()> {
         max_unconfirmed_bytes: 0, // the broker's default
         priority: 0,
         app_id: String::new(), // only fanout domains use it
+        ..Default::default()
     };
     client
         .open_queue(URI, OpenOptions::read_write(consumer))

@@ -474,7 +474,12 @@ impl Connection {
             }
             Command::Confirm { uri, guid } => {
                 // Without a connection the confirm is dropped: the broker redelivers.
-                self.feed(Kind::Confirm(Confirm { uri, guid })).await;
+                self.feed(Kind::Confirm(Confirm {
+                    uri,
+                    guid,
+                    ..Default::default()
+                }))
+                .await;
             }
             Command::Close { uri, reply } => {
                 if let Some(entry) = self.queues.remove(&uri) {
@@ -659,6 +664,7 @@ impl Connection {
             read: entry.options.read,
             write: entry.options.write,
             consumer: Some(entry.options.consumer.clone()),
+            ..Default::default()
         })
     }
 

@@ -141,6 +141,7 @@ impl FakeBroker {
                             properties: vec![],
                             delivery_attempt: 1,
                             out_of_order: false,
+                            ..Default::default()
                         }));
                     }
                 }

@@ -26,6 +26,7 @@ fn consumer() -> ConsumerOptions {
         max_unconfirmed_bytes: 1000,
         priority: 2,
         app_id: String::new(),
+        ..Default::default()
     }
 }
 
@@ -71,6 +72,7 @@ async fn round_trip() {
         properties: vec![],
         delivery_attempt: 1,
         out_of_order: true,
+        ..Default::default()
     })));
     let message = tokio::time::timeout(WAIT, client.next_message())
         .await

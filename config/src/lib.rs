@@ -33,9 +33,10 @@ pub use domains::{validate_domains, Consistency, DomainConfig, DomainMode};
 pub use error::ConfigError;
 pub use local::{local_cluster, LOCAL_CLUSTER_BASE_PORT, LOCAL_CLUSTER_TOML};
 pub use sections::{
-    is_valid_host, CpuScheduling, ElectorSettings, FsyncSetting, LimitsSettings, LinkSettings,
-    LogSettings, MemberConfig, MetadataSettings, ProcessSettings, ReplicationSettings,
-    StorageSettings, FRAME_SIZE_MAX_BYTES, FRAME_SIZE_MIN_BYTES, LEDGER_FILE_SIZE_MIN_BYTES,
+    is_valid_host, BmqpSettings, CpuScheduling, ElectorSettings, FsyncSetting, LimitsSettings,
+    LinkSettings, LogSettings, MemberConfig, MetadataSettings, ProcessSettings,
+    ReplicationSettings, StorageSettings, FRAME_SIZE_MAX_BYTES, FRAME_SIZE_MIN_BYTES,
+    LEDGER_FILE_SIZE_MIN_BYTES,
 };
 pub use security::{
     constant_time_eq, is_loopback_host, AdminSettings, AuthSettings, Permission, TlsSettings,
@@ -120,6 +121,10 @@ pub struct BrokerConfig {
     /// authentication ([`AuthSettings`]).
     #[serde(default, skip_serializing_if = "AuthSettings::is_empty")]
     pub auth: AuthSettings,
+    /// The bmqp listener for BlazingMQ's SDKs: heartbeats, plaintext under TLS
+    /// ([`BmqpSettings`]).
+    #[serde(default, skip_serializing_if = "BmqpSettings::is_default")]
+    pub bmqp: BmqpSettings,
 }
 
 fn default_partition_count() -> u32 {
@@ -203,6 +208,7 @@ impl BrokerConfig {
         validate_domains(&self.domains)?;
         self.log.validate()?;
         self.admin.validate()?;
+        self.bmqp.validate()?;
         if let Some(tls) = &self.tls {
             tls.validate()?;
         }

@@ -715,3 +715,58 @@ impl StorageSettings {
 pub fn is_valid_host(host: &str) -> bool {
     !host.is_empty() && !host.chars().any(|c| c.is_whitespace() || c == '/')
 }
+
+/// The bmqp listener (BlazingMQ's own client protocol, `[[members]] bmqp_port`): heartbeats
+/// to SDK clients, and whether it admits SDKs without TLS when `[tls]` is set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BmqpSettings {
+    /// After this long without anything from an SDK client, the broker sends it a
+    /// HEARTBEAT_REQ (ms; 0 = none; BlazingMQ's `heartbeatIntervalMs`, default 3000). Not sent
+    /// to the Java SDK, which cannot decode one.
+    pub heartbeat_interval_ms: u64,
+    /// A client silent for this many heartbeat intervals is dropped, and what it held
+    /// unconfirmed goes to other consumers (at least 1; BlazingMQ's `maxMissedHeartbeats`,
+    /// default 10).
+    pub max_missed_heartbeats: u32,
+    /// With `[tls] client_listener`, the bmqp port speaks TLS to clients that start a TLS
+    /// handshake; a client that starts in plain bmqp (the SDKs without TLS, e.g. the Python
+    /// SDK 1.2 and the Java SDK) is refused with a log line naming this setting, unless it is
+    /// true. Without `[tls]` the port is plain TCP whatever this says. Default false.
+    pub allow_plaintext: bool,
+}
+
+impl Default for BmqpSettings {
+    fn default() -> Self {
+        BmqpSettings {
+            heartbeat_interval_ms: 3000,
+            max_missed_heartbeats: 10,
+            allow_plaintext: false,
+        }
+    }
+}
+
+impl BmqpSettings {
+    /// `heartbeat_interval_ms` as a duration (`None`: no heartbeats).
+    pub fn heartbeat_interval(&self) -> Option<Duration> {
+        (self.heartbeat_interval_ms > 0).then(|| Duration::from_millis(self.heartbeat_interval_ms))
+    }
+
+    /// Checks `max_missed_heartbeats` is at least 1.
+    ///
+    /// Errors: [`ConfigError::Invalid`] on `bmqp.max_missed_heartbeats`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_missed_heartbeats == 0 {
+            return Err(ConfigError::invalid(
+                "bmqp.max_missed_heartbeats",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the settings are the defaults (then not written out).
+    pub fn is_default(&self) -> bool {
+        *self == BmqpSettings::default()
+    }
+}

@@ -59,7 +59,8 @@ use std::time::{Duration, Instant};
 
 use bmq_proto::client::{
     client_message::Kind, Ack, AckStatus, ClientMessage, CloseQueue, CloseQueueResponse, Confirm,
-    OpenQueue, OpenQueueResponse, Push, Put, Status, StatusCode,
+    ConsumerOptions as ProtoConsumerOptions, OpenQueue, OpenQueueResponse, Push, Put, Status,
+    StatusCode,
 };
 use bmq_proto::peer::{
     journal_record::Kind as RecordKind, PartitionMessage, StoredConfirm, StoredFailure,
@@ -76,6 +77,7 @@ use crate::store::{
     guid_key, ClosedFiles, CompactionDone, CompactionTicket, Store, StoreError, StoreStats,
     SyncTicket,
 };
+use bmq_proto::expression::Expression;
 
 /// Old defects the replication simulator must find (issue 16), put back on purpose; compiled
 /// only with the `defect-injection` feature (see `docs/REPLICATION_VERIFICATION.md`).
@@ -284,6 +286,9 @@ pub struct PartitionCounters {
     pub nacks_storage_failure: u64,
     /// PUTs with a GUID that is not 16 bytes (`INVALID`).
     pub nacks_invalid: u64,
+    /// PUTs with the GUID of another message the partition holds, with another queue or
+    /// payload (`INVALID`): not a resend, and never ACKed for the other message.
+    pub nacks_guid_conflict: u64,
     /// Pushes sent (first deliveries and redeliveries).
     pub pushes: u64,
     /// Pushes with `delivery_attempt > 1`.
@@ -313,6 +318,74 @@ struct QueueEntry {
     last_put: u64,
     /// The queue is in [`Partition::awaiting_marks`].
     awaiting_marks: bool,
+}
+
+/// A GUID in hex, for logs and answers.
+fn hex_guid(guid: &[u8]) -> String {
+    guid.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A consumer's subscriptions as the queue core takes them.
+type Subscriptions = Vec<(ConsumerOptions, Option<Arc<Expression>>)>;
+
+/// A consumer's subscriptions as the queue core takes them: the broker's defaults for zero
+/// limits, none for a suspended consumer, one of every message with the consumer's own
+/// priority and limits when it names none, and each expression compiled.
+///
+/// Errors: an expression that does not compile, in the words BlazingMQ's SDK uses for it
+/// (`bmqt_queueoptions.cpp`).
+fn subscriptions(
+    c: &ProtoConsumerOptions,
+    defaults: ConsumerDefaults,
+) -> Result<Subscriptions, String> {
+    if c.suspended {
+        return Ok(Vec::new());
+    }
+    let options = |priority, messages: u32, bytes: u64, subscription_id| ConsumerOptions {
+        priority,
+        max_unconfirmed_messages: if messages == 0 {
+            defaults.max_unconfirmed_messages
+        } else {
+            messages
+        },
+        max_unconfirmed_bytes: if bytes == 0 {
+            defaults.max_unconfirmed_bytes
+        } else {
+            bytes
+        },
+        subscription_id,
+    };
+    if c.subscriptions.is_empty() {
+        let o = options(
+            c.priority,
+            c.max_unconfirmed_messages,
+            c.max_unconfirmed_bytes,
+            0,
+        );
+        return Ok(vec![(o, None)]);
+    }
+    c.subscriptions
+        .iter()
+        .map(|s| {
+            let expression = match s.expression.trim() {
+                "" => None,
+                text => Some(Arc::new(Expression::compile(text).map_err(|e| {
+                    format!(
+                        "Expression validation failed: [ expression: {text:?}, rc: {}, \
+                         reason: \"{e}\" ]",
+                        e.code()
+                    )
+                })?)),
+            };
+            let o = options(
+                s.priority,
+                s.max_unconfirmed_messages,
+                s.max_unconfirmed_bytes,
+                s.id,
+            );
+            Ok((o, expression))
+        })
+        .collect()
 }
 
 impl QueueEntry {
@@ -818,6 +891,10 @@ impl Partition {
         self.queues.get_mut(uri)
     }
 
+    /// An OpenQueue, or a second one of a queue this session has open: the consumers it
+    /// lists (one per app of a fanout domain) replace the session's consumers of the queue —
+    /// an app it no longer reads is released as by a close — and a request that names an app
+    /// the domain does not have, or one app twice, changes nothing and is refused.
     fn handle_open(&mut self, now: Instant, from: SessionAddr, open: OpenQueue) {
         let defaults = self.consumer_defaults;
         let Some(entry) = self.queue(&open.uri) else {
@@ -825,14 +902,28 @@ impl Partition {
             self.open_response(from, &open, StatusCode::UnknownDomain, why);
             return;
         };
-        if open.read {
-            let c = open.consumer.clone().unwrap_or_default();
-            let fanout = matches!(entry.policy.mode, DeliveryMode::Fanout { .. });
-            let target = entry
+        let wanted = match (open.read, open.consumers.is_empty()) {
+            (false, _) => Vec::new(),
+            (true, true) => vec![open.consumer.clone().unwrap_or_default()],
+            (true, false) => open.consumers.clone(),
+        };
+        let fanout = matches!(entry.policy.mode, DeliveryMode::Fanout { .. });
+        let mut targets: Vec<(usize, Subscriptions)> = Vec::with_capacity(wanted.len());
+        for c in &wanted {
+            if !fanout && !c.app_id.is_empty() {
+                // As BlazingMQ: only a fanout queue has apps to read.
+                let why = format!(
+                    "app id {:?} given for a queue whose domain is not in fanout mode",
+                    c.app_id
+                );
+                self.open_response(from, &open, StatusCode::Refused, &why);
+                return;
+            }
+            let Some(app) = entry
                 .apps
-                .iter_mut()
-                .find(|(app, _)| !fanout || *app == c.app_id);
-            let Some((_, queue)) = target else {
+                .iter()
+                .position(|(app, _)| !fanout || *app == c.app_id)
+            else {
                 let why = format!(
                     "app id {:?} is not one of this fanout domain's app ids",
                     c.app_id
@@ -840,24 +931,47 @@ impl Partition {
                 self.open_response(from, &open, StatusCode::Refused, &why);
                 return;
             };
-            queue.add_consumer(
-                from,
-                ConsumerOptions {
-                    priority: c.priority,
-                    max_unconfirmed_messages: if c.max_unconfirmed_messages == 0 {
-                        defaults.max_unconfirmed_messages
-                    } else {
-                        c.max_unconfirmed_messages
-                    },
-                    max_unconfirmed_bytes: if c.max_unconfirmed_bytes == 0 {
-                        defaults.max_unconfirmed_bytes
-                    } else {
-                        c.max_unconfirmed_bytes
-                    },
-                },
-            );
+            if targets.iter().any(|(a, _)| *a == app) {
+                let why = format!("app id {:?} is read twice in one open", c.app_id);
+                self.open_response(from, &open, StatusCode::Refused, &why);
+                return;
+            }
+            match subscriptions(c, defaults) {
+                Ok(subs) => targets.push((app, subs)),
+                Err(why) => {
+                    self.open_response(from, &open, StatusCode::InvalidArgument, &why);
+                    return;
+                }
+            }
         }
-        if open.read {
+        let entry = self.queues.get_mut(&open.uri).expect("resolved above");
+        // Checked for every app before any changes: a refused open changes nothing.
+        let refused = targets
+            .iter()
+            .find_map(|(app, subs)| entry.apps[*app].1.subscriptions_fit(from, subs).err());
+        if let Some(why) = refused {
+            self.open_response(from, &open, StatusCode::InvalidArgument, &why);
+            return;
+        }
+        for (i, (_, queue)) in entry.apps.iter_mut().enumerate() {
+            match targets.iter_mut().find(|(app, _)| *app == i) {
+                Some((_, subs)) => {
+                    let set = queue.set_subscriptions(from, std::mem::take(subs));
+                    debug_assert!(set.is_ok(), "checked above: {set:?}");
+                }
+                // Not (or no longer) read by this session: closing an app's reader while it
+                // holds messages is a consumer failure, as a close is.
+                None => queue.remove_consumer(from, true),
+            }
+        }
+        if targets.is_empty() {
+            if let Some(queues) = self.consumer_queues.get_mut(&from) {
+                queues.remove(&open.uri);
+                if queues.is_empty() {
+                    self.consumer_queues.remove(&from);
+                }
+            }
+        } else {
             self.consumer_queues
                 .entry(from)
                 .or_default()
@@ -865,6 +979,20 @@ impl Partition {
         }
         self.open_response(from, &open, StatusCode::Ok, "");
         self.deliver(now, &open.uri);
+    }
+
+    /// Whether `put` is a resend of the message stored as record `sequence`: the same queue
+    /// and payload. Read back from the journal (a duplicate is rare: a resend after a failover
+    /// or a lost ACK). A record that cannot be read counts as the same message: the journal's
+    /// own failure handling deals with it where it is delivered.
+    fn is_resend_of(&self, sequence: u64, put: &Put) -> bool {
+        match self.replication.store().read(sequence) {
+            Ok(Some(record)) => match record.kind {
+                Some(RecordKind::Message(m)) => m.uri == put.uri && m.payload == put.payload,
+                _ => true,
+            },
+            _ => true,
+        }
     }
 
     fn handle_put(&mut self, now: Instant, from: SessionAddr, put: Put) {
@@ -890,6 +1018,22 @@ impl Partition {
         }
         let strong = entry.policy.strong;
         if let Some(sequence) = self.replication.duplicate_of(now, &put.guid) {
+            // A GUID names one message: a PUT of a held message's GUID with another queue or
+            // payload is no resend, and is refused — never ACKed for a copy that is not its
+            // own. (A finished message's GUID in the duplicate window cannot be compared: its
+            // payload is gone; the clients' GUIDs are unique by construction — random, the
+            // SDKs' generator, or made by the bmqp listener for a legacy client.)
+            if sequence > 0 && !self.is_resend_of(sequence, &put) {
+                self.counters.nacks_guid_conflict += 1;
+                let why = format!(
+                    "message GUID {} is the GUID of another message held in partition {}",
+                    hex_guid(&put.guid),
+                    self.id
+                );
+                warn!(uri = %name, %why, "PUT refused: GUID conflict");
+                self.reply(from, ack(put.uri, put.guid, AckStatus::Invalid, why));
+                return;
+            }
             // Resent by a proxy: ACKed with the stored copy, not stored again.
             self.counters.put_duplicates += 1;
             self.replication
@@ -985,6 +1129,7 @@ impl Partition {
                 properties: put.properties.clone(),
                 delivery_attempt: 1,
                 out_of_order: false,
+                ..Default::default()
             };
             self.reply(
                 consumer,
@@ -1003,10 +1148,12 @@ impl Partition {
     fn handle_confirm(&mut self, now: Instant, from: SessionAddr, c: Confirm) {
         let key = guid_key(&c.guid);
         let name = uri_str(&c.uri).unwrap_or_default();
+        // The app's copy the confirm names, or (none named) the first this session holds.
         let confirmed_app = self.queues.get_mut(name).and_then(|entry| {
             entry
                 .apps
                 .iter_mut()
+                .filter(|(app, _)| c.app_id.is_empty() || *app == c.app_id)
                 .find_map(|(app, q)| q.confirm(from, key).then(|| app.clone()))
         });
         if let Some(app_id) = confirmed_app {
@@ -1060,10 +1207,33 @@ impl Partition {
         let mut pushes = Vec::new();
         let mut events = Vec::new();
         let delivering = !self.stop_delivering;
+        let fanout = matches!(entry.policy.mode, DeliveryMode::Fanout { .. });
+        // Subscription expressions read a message's properties back from the journal; the
+        // message last read is kept, so that pushing the one just matched does not read it
+        // again.
+        let store = self.replication.store();
+        let last_read = std::cell::RefCell::new(None);
+        let mut properties = |sequence: u64| match store.read(sequence) {
+            Ok(Some(record)) => match record.kind {
+                Some(RecordKind::Message(m)) => {
+                    let properties = m.properties.clone();
+                    *last_read.borrow_mut() = Some((sequence, m));
+                    Some(properties)
+                }
+                _ => None,
+            },
+            _ => None,
+        };
         for (app, queue) in entry.apps.iter_mut() {
             if delivering {
-                while let Some(d) = queue.poll_delivery(now) {
-                    pushes.push(d);
+                while let Some(d) = queue.poll_delivery_with(now, &mut properties) {
+                    let app_id = if fanout { app.clone() } else { String::new() };
+                    let read = last_read
+                        .borrow_mut()
+                        .take()
+                        .filter(|(sequence, _)| *sequence == d.journal_sequence)
+                        .map(|(_, m)| m);
+                    pushes.push((app_id, d, read));
                 }
             }
             while let Some(event) = queue.poll_event() {
@@ -1077,9 +1247,16 @@ impl Partition {
         if pushes.is_empty() && self.queues.get(uri).is_some_and(QueueEntry::is_idle) {
             self.queues.remove(uri);
         }
-        for d in pushes {
+        for (app_id, d, read) in pushes {
             // The payload is read back from the journal (the cache holds recent records).
-            let message = match self.replication.store().read(d.journal_sequence) {
+            let record = match read {
+                Some(m) => Ok(Some(bmq_proto::peer::JournalRecord {
+                    kind: Some(RecordKind::Message(m)),
+                    ..Default::default()
+                })),
+                None => self.replication.store().read(d.journal_sequence),
+            };
+            let message = match record {
                 Ok(Some(record)) => match record.kind {
                     Some(RecordKind::Message(m)) => m,
                     _ => {
@@ -1115,6 +1292,8 @@ impl Partition {
                 properties: message.properties,
                 delivery_attempt: d.delivery_attempt,
                 out_of_order: d.out_of_order,
+                app_id,
+                subscription_id: d.subscription_id,
             };
             self.reply(
                 d.consumer,

@@ -190,6 +190,7 @@ fn open(uri: &str, read: bool, app_id: &str) -> ClientMessage {
                 app_id: app_id.into(),
                 ..Default::default()
             }),
+            ..Default::default()
         })),
     }
 }
@@ -396,6 +397,7 @@ fn a_stopping_node_pushes_nothing_new() {
         kind: Some(Kind::Confirm(Confirm {
             uri: uri.into(),
             guid: guid(1),
+            ..Default::default()
         })),
     };
     p.handle_request(now, session(1), confirm);
@@ -558,6 +560,7 @@ fn rebuilt_queues_hold_unconfirmed_messages_with_their_attempts() {
             priority: 0,
             max_unconfirmed_messages: 100,
             max_unconfirmed_bytes: 1 << 20,
+            subscription_id: 0,
         },
     );
     let pushes: Vec<(u128, u32)> = std::iter::from_fn(|| q.poll_delivery(now))
@@ -847,6 +850,162 @@ fn a_resent_put_is_stored_and_pushed_once() {
 }
 
 #[test]
+fn a_put_with_a_held_messages_guid_and_other_contents_is_refused() {
+    // A GUID names one message: a PUT that reuses the GUID of a held message with another
+    // payload, or for another queue, is no resend. It is refused INVALID naming the conflict
+    // and counted; it is never ACKed for the other message's stored copy, and nothing of it
+    // is stored or pushed.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(2), put(uri, 1));
+    sync(&mut p, now);
+    drain(&mut p);
+    let other_payload = ClientMessage {
+        kind: Some(Kind::Put(Put {
+            uri: bmq_proto::uri_bytes(uri),
+            guid: guid(1),
+            payload: Bytes::from_static(b"another message"),
+            properties: vec![],
+        })),
+    };
+    let other_queue = put("bmq://d/other", 1);
+    for conflicting in [other_payload, other_queue] {
+        p.handle_request(now, session(3), conflicting);
+        assert!(!p.needs_sync(), "nothing written");
+        let statuses = ack_status(&drain(&mut p));
+        assert_eq!(statuses.len(), 1, "{statuses:?}");
+        assert_eq!(statuses[0].0, AckStatus::Invalid as i32);
+        assert!(statuses[0].1.contains("GUID"), "{statuses:?}");
+    }
+    let counters = p.take_counters();
+    assert_eq!(
+        (counters.nacks_guid_conflict, counters.put_duplicates),
+        (2, 0)
+    );
+    let messages = journal(&p)
+        .iter()
+        .filter(|r| matches!(r.kind, Some(RecordKind::Message(_))))
+        .count();
+    assert_eq!(messages, 1, "nothing of the conflicting PUTs is stored");
+    // The true resend is still ACKed with the stored copy.
+    p.handle_request(now, session(3), put(uri, 1));
+    assert_eq!(
+        ack_status(&drain(&mut p)),
+        vec![(AckStatus::Success as i32, String::new())]
+    );
+}
+
+/// An OpenQueue of a reader with `subscriptions` (id, expression, priority).
+fn open_subscribed(
+    uri: &str,
+    request_id: u64,
+    subscriptions: &[(u32, &str, i32)],
+) -> ClientMessage {
+    ClientMessage {
+        kind: Some(Kind::OpenQueue(OpenQueue {
+            request_id,
+            uri: uri.into(),
+            read: true,
+            consumer: Some(ProtoConsumerOptions {
+                subscriptions: subscriptions
+                    .iter()
+                    .map(
+                        |(id, expression, priority)| bmq_proto::client::Subscription {
+                            id: *id,
+                            expression: expression.to_string(),
+                            priority: *priority,
+                            ..Default::default()
+                        },
+                    )
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+    }
+}
+
+#[test]
+fn subscriptions_route_by_the_properties_read_back_from_the_journal() {
+    // A reader's subscriptions (BlazingMQ's ConfigureStream): each message goes to the
+    // subscription whose expression its properties match, read back from the journal; the
+    // push names the subscription. An expression that does not compile refuses the open with
+    // INVALID_ARGUMENT and BlazingMQ's words, and changes nothing.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open_subscribed(uri, 3, &[(5, "seq >", 0)]));
+    let refused = drain(&mut p);
+    let status = refused
+        .iter()
+        .find_map(|o| match o {
+            PartitionOutput::Reply { message, .. } => match &message.kind {
+                Some(Kind::OpenQueueResponse(r)) => r.status.clone(),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("an answer");
+    assert_eq!(status.code, StatusCode::InvalidArgument as i32);
+    assert!(
+        status.message.starts_with("Expression validation failed"),
+        "{status:?}"
+    );
+    assert!(status.message.contains("rc: -100"), "{status:?}");
+
+    p.handle_request(
+        now,
+        session(1),
+        open_subscribed(
+            uri,
+            4,
+            &[(5, "seq >= 2 && kind == \"big\"", 0), (6, "seq < 2", 0)],
+        ),
+    );
+    drain(&mut p);
+    for (n, kind) in [(1u8, "small"), (2, "big"), (3, "small")] {
+        let put = ClientMessage {
+            kind: Some(Kind::Put(Put {
+                uri: bmq_proto::uri_bytes(uri),
+                guid: guid(n),
+                payload: Bytes::from_static(b"x"),
+                properties: vec![
+                    bmq_proto::client::Property {
+                        key: "seq".into(),
+                        value: n.to_string(),
+                        value_type: bmq_proto::client::PropertyType::Int32 as i32,
+                    },
+                    bmq_proto::client::Property {
+                        key: "kind".into(),
+                        value: kind.into(),
+                        value_type: bmq_proto::client::PropertyType::String as i32,
+                    },
+                ],
+            })),
+        };
+        p.handle_request(now, session(2), put);
+    }
+    sync(&mut p, now);
+    let pushed: Vec<(u8, u32)> = drain(&mut p)
+        .iter()
+        .filter_map(|o| match o {
+            PartitionOutput::Reply { message, .. } => match &message.kind {
+                Some(Kind::Push(push)) => Some((push.guid[0], push.subscription_id)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        pushed,
+        vec![(1, 6), (2, 5)],
+        "message 3 matches no subscription"
+    );
+    assert_eq!(p.stats().messages, 3, "it stays held");
+}
+
+#[test]
 fn gauges_agree_with_the_stats_that_add_up_the_queues() {
     // The actor publishes `gauges()` on every timer tick (O(1)) and `stats()` on demand
     // (O(queues)): both must show the same partition.
@@ -908,6 +1067,7 @@ fn an_idle_queue_is_dropped_and_created_again_on_next_use() {
             kind: Some(Kind::Confirm(Confirm {
                 uri: uri.into(),
                 guid: guid(1),
+                ..Default::default()
             })),
         },
     );
@@ -950,4 +1110,132 @@ fn expired_messages_of_a_queue_nobody_serves_are_removed_by_the_timer() {
     assert_eq!(p.take_counters().removed_ttl, 1);
     assert!(journal(&p).iter().any(|r| matches!(&r.kind,
         Some(RecordKind::Removal(rm)) if rm.guid == guid(1) && rm.reason == "ttl")));
+}
+
+/// The cost of subscriptions per message on a primary, against none (BENCHMARKS.md,
+/// "Subscriptions"): 20,480 messages of 1 KiB with two typed properties go through a
+/// single-node partition over a real journal — PUT, sync, push, confirm — to one consumer
+/// with no subscription, with one expression every message matches, and with three
+/// expressions of which each message matches one. A benchmark, not a test: it asserts only
+/// that every message is delivered, and is ignored by default.
+///
+/// ```text
+/// cargo test --release -p bmq-dataplane --lib subscription_cost -- --ignored --nocapture
+/// ```
+#[test]
+#[ignore]
+fn subscription_cost() {
+    const N: u64 = 20_480;
+    const BATCH: u64 = 64;
+    type Case<'a> = (&'a str, Vec<(u32, &'a str, i32)>);
+    let cases: [Case; 3] = [
+        ("no subscription", vec![]),
+        (
+            "one expression, every message matches",
+            vec![(1, "seq >= 0", 0)],
+        ),
+        (
+            "three expressions, one matches each",
+            vec![
+                (1, "seq % 3 == 0 && region == \"emea\"", 0),
+                (2, "seq % 3 == 1", 0),
+                (3, "seq % 3 == 2 || region == \"none\"", 0),
+            ],
+        ),
+    ];
+    // Rounds alternate the cases, so that each case's fastest round sees the machine as the
+    // others do; the ratio of the fastest rounds is the figure.
+    const ROUNDS: usize = 5;
+    let mut best = [f64::MAX; 3];
+    for round in 0..ROUNDS * cases.len() {
+        let case = round % cases.len();
+        let (name, subscriptions) = (&cases[case].0, cases[case].1.clone());
+        let now = Instant::now();
+        let mut p = active_single_node_with(
+            now,
+            StoreConfig {
+                segment_size_max: 64 << 20,
+                cache_bytes_max: 8 << 20,
+                ..store_cfg()
+            },
+        );
+        let uri = "bmq://d/q";
+        let open = if subscriptions.is_empty() {
+            open(uri, true, "")
+        } else {
+            open_subscribed(uri, 1, &subscriptions)
+        };
+        let _ = name;
+        p.handle_request(now, session(1), open);
+        drain(&mut p);
+        let payload = Bytes::from(vec![7u8; 1024]);
+        let t = Instant::now();
+        let mut delivered = 0u64;
+        for batch in 0..N / BATCH {
+            for i in 0..BATCH {
+                let n = batch * BATCH + i;
+                let mut guid = [0u8; 16];
+                guid[..8].copy_from_slice(&n.to_be_bytes());
+                guid[8] = 1;
+                let put = ClientMessage {
+                    kind: Some(Kind::Put(Put {
+                        uri: bmq_proto::uri_bytes(uri),
+                        guid: Bytes::copy_from_slice(&guid),
+                        payload: payload.clone(),
+                        properties: vec![
+                            bmq_proto::client::Property {
+                                key: "seq".into(),
+                                value: n.to_string(),
+                                value_type: bmq_proto::client::PropertyType::Int64 as i32,
+                            },
+                            bmq_proto::client::Property {
+                                key: "region".into(),
+                                value: "emea".into(),
+                                value_type: bmq_proto::client::PropertyType::String as i32,
+                            },
+                        ],
+                    })),
+                };
+                p.handle_request(now, session(2), put);
+            }
+            p.sync(now).unwrap();
+            // Confirm what is pushed, until the confirms free no more deliveries.
+            loop {
+                let mut confirms = Vec::new();
+                for o in drain(&mut p) {
+                    if let PartitionOutput::Reply { message, .. } = o {
+                        if let Some(Kind::Push(push)) = message.kind {
+                            delivered += 1;
+                            confirms.push(ClientMessage {
+                                kind: Some(Kind::Confirm(Confirm {
+                                    uri: push.uri,
+                                    guid: push.guid,
+                                    ..Default::default()
+                                })),
+                            });
+                        }
+                    }
+                }
+                if confirms.is_empty() {
+                    break;
+                }
+                for c in confirms {
+                    p.handle_request(now, session(1), c);
+                }
+                if p.needs_sync() {
+                    p.sync(now).unwrap();
+                }
+            }
+        }
+        let per = t.elapsed().as_nanos() as f64 / N as f64;
+        assert_eq!(delivered, N, "{name}: {:?}", p.stats());
+        best[case] = best[case].min(per);
+    }
+    for (case, (name, _)) in cases.iter().enumerate() {
+        println!(
+            "{name:<42} {:>8.0} ns/message ({:.2}x no subscription; fastest of {ROUNDS})",
+            best[case],
+            best[case] / best[0]
+        );
+    }
 }

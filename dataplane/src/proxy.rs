@@ -126,6 +126,10 @@ enum QueueRoute {
 #[derive(Debug, Clone)]
 struct OpenQueueState {
     request: OpenQueue,
+    /// While a second open of the queue (a change of how it is open) waits for its answer:
+    /// the request it replaced, restored if the change is refused (the primary then keeps
+    /// the queue open as before).
+    replaced: Option<OpenQueue>,
     route: QueueRoute,
     /// When the last OpenQueue went to a primary, until its answer comes
     /// ([`Proxy::handle_tick`] sends it again after the retransmission interval).
@@ -340,14 +344,44 @@ impl Proxy {
     }
 
     /// An OpenQueue the shell validated (URI, domain) and authorised: resolve the queue's
-    /// partition. A second open of the same queue replaces the first.
-    pub fn handle_open(&mut self, open: OpenQueue) {
+    /// partition. An open of a queue this session has open replaces its request (read, write,
+    /// consumers): sent to the primary the queue is attached to, which answers it, or with
+    /// the next attach. One open of a queue is in progress at a time: another one meanwhile
+    /// is refused (`REFUSED`), changing nothing.
+    pub fn handle_open(&mut self, now: Instant, open: OpenQueue) {
         let uri = open.uri.clone();
         let request_id = open.request_id;
+        if let Some(q) = self.queues.get_mut(&uri) {
+            let in_progress = self.pending_opens.contains_key(&uri)
+                || !matches!(q.route, QueueRoute::Assigned { .. });
+            if in_progress {
+                self.counters.invalid_requests += 1;
+                self.reply(ClientMessage {
+                    kind: Some(Kind::OpenQueueResponse(OpenQueueResponse {
+                        request_id,
+                        uri,
+                        status: Some(Status {
+                            code: StatusCode::Refused as i32,
+                            message: "an open of this queue is already in progress".into(),
+                        }),
+                        partition_id: 0,
+                    })),
+                });
+                return;
+            }
+            q.replaced = Some(std::mem::replace(&mut q.request, open.clone()));
+            self.pending_opens.insert(uri, request_id);
+            if let Some((partition, primary)) = q.attached() {
+                q.open_sent_at = Some(now);
+                self.forward(partition, primary, Kind::OpenQueue(open));
+            }
+            return;
+        }
         self.queues.insert(
             uri.clone(),
             OpenQueueState {
                 request: open,
+                replaced: None,
                 route: QueueRoute::Resolving,
                 open_sent_at: None,
             },
@@ -628,8 +662,22 @@ impl Proxy {
         }
         let code = resp.status.as_ref().map(|s| s.code).unwrap_or(0);
         if let Some(request_id) = self.pending_opens.remove(&resp.uri) {
-            if code != StatusCode::Ok as i32 {
-                self.queues.remove(&resp.uri);
+            let replaced = self
+                .queues
+                .get_mut(&resp.uri)
+                .and_then(|q| q.replaced.take());
+            match replaced {
+                // A refused change: the queue stays open as it was.
+                Some(previous) if code != StatusCode::Ok as i32 => {
+                    if let Some(q) = self.queues.get_mut(&resp.uri) {
+                        q.request = previous;
+                    }
+                }
+                Some(_) => {}
+                None if code != StatusCode::Ok as i32 => {
+                    self.queues.remove(&resp.uri);
+                }
+                None => {}
             }
             self.reply(ClientMessage {
                 kind: Some(Kind::OpenQueueResponse(OpenQueueResponse {

@@ -35,6 +35,7 @@ fn open() -> OpenQueue {
         read: false,
         write: true,
         consumer: None,
+        ..Default::default()
     }
 }
 
@@ -63,7 +64,7 @@ fn to_primary(primary: u32, kind: Kind) -> ProxyOutput {
 /// A proxy with `URI` open for writing on primary 2 at lease 1.
 fn attached(now: Instant) -> Proxy {
     let mut p = proxy();
-    p.handle_open(open());
+    p.handle_open(now, open());
     assert_eq!(
         drain(&mut p),
         vec![ProxyOutput::Resolve {
@@ -183,7 +184,7 @@ fn put_before_assignment_waits_for_the_attach() {
     // right after the open once the assignment arrives.
     let now = Instant::now();
     let mut p = proxy();
-    p.handle_open(open());
+    p.handle_open(now, open());
     drain(&mut p);
     p.handle_put(now, put(1));
     assert_eq!(drain(&mut p), vec![]);
@@ -253,7 +254,7 @@ fn withdrawal() -> Kind {
 /// node 2 ahead of the commit.
 fn proposed(now: Instant) -> Proxy {
     let mut p = proxy();
-    p.handle_open(open());
+    p.handle_open(now, open());
     drain(&mut p);
     p.handle_put(now, put(1));
     p.handle_proposed(5, URI, P, &two_routes, now);
@@ -408,7 +409,7 @@ fn a_proposal_is_ignored_unless_the_queue_is_resolving() {
     p.handle_proposed(5, URI, P, &two_routes, now);
     assert_eq!(drain(&mut p), vec![]);
     let mut p = proxy();
-    p.handle_open(open());
+    p.handle_open(now, open());
     drain(&mut p);
     p.handle_proposed(6, URI, P, &two_routes, now);
     let passive = |_| {

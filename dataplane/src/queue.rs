@@ -53,7 +53,10 @@ use std::time::{Duration, Instant};
 
 use foldhash::quality::RandomState;
 
-use bmq_proto::client::AckStatus;
+use std::sync::Arc;
+
+use bmq_proto::client::{AckStatus, Property};
+use bmq_proto::expression::Expression;
 use bmq_proto::{NodeId, SessionAddr};
 
 /// A consumer's priority and flow control, as resolved by the primary (no "0 = default" here:
@@ -62,11 +65,16 @@ use bmq_proto::{NodeId, SessionAddr};
 pub struct ConsumerOptions {
     /// Higher receives first; only the highest priority present receives at all.
     pub priority: i32,
-    /// Most messages pushed to this consumer and not yet confirmed. 0 means it receives nothing.
+    /// Most messages pushed to this consumer and not yet confirmed. 0 means it receives nothing
+    /// and takes no part in the choice of consumers (a suspended consumer, BlazingMQ's
+    /// "deconfigured" reader): it is no standby that keeps lower priorities from receiving.
     pub max_unconfirmed_messages: u32,
     /// Most payload bytes pushed to this consumer and not yet confirmed (a lone message larger
     /// than this is still delivered when nothing else is unconfirmed).
     pub max_unconfirmed_bytes: u64,
+    /// The consumer's subscription its deliveries are made under, echoed in each
+    /// [`Delivery`] (the client routes a push by it).
+    pub subscription_id: u32,
 }
 
 /// A queue's limits, from its domain's configuration.
@@ -87,6 +95,8 @@ pub struct QueueLimits {
 pub struct Delivery {
     /// Who receives it.
     pub consumer: SessionAddr,
+    /// The consumer's subscription it goes to ([`ConsumerOptions::subscription_id`]).
+    pub subscription_id: u32,
     /// The message's GUID as a key (`store::guid_key`).
     pub guid: u128,
     /// The journal position of the message's record (payload and properties are read from
@@ -235,25 +245,58 @@ impl Held {
     }
 }
 
+/// One subscription of a consumer: its priority, flow control and expression, and what it
+/// holds unconfirmed.
+#[derive(Debug)]
+struct Sub {
+    options: ConsumerOptions,
+    /// `None`: every message.
+    expression: Option<Arc<Expression>>,
+    unconfirmed: u64,
+    unconfirmed_bytes: u64,
+}
+
+impl Sub {
+    fn has_capacity_for(&self, size: u64) -> bool {
+        if self.unconfirmed >= u64::from(self.options.max_unconfirmed_messages) {
+            return false;
+        }
+        self.unconfirmed == 0 || self.unconfirmed_bytes + size <= self.options.max_unconfirmed_bytes
+    }
+}
+
+/// A message pushed to a consumer and not yet confirmed, with the subscription it went to.
+#[derive(Debug, Clone, Copy)]
+struct Taken {
+    held: Held,
+    subscription_id: u32,
+}
+
 #[derive(Debug)]
 struct Consumer {
-    options: ConsumerOptions,
-    unconfirmed_bytes: u64,
+    /// Its subscriptions (most consumers have one); none: it receives nothing.
+    subs: Vec<Sub>,
     /// The messages pushed to this consumer and not yet confirmed, by GUID (hashed with
     /// foldhash's keyed `quality::RandomState`, as the GUID index: one insert and one remove per
     /// message, where std's SipHash cost ~2% of the primary's partition thread).
-    unconfirmed: HashMap<u128, Held, RandomState>,
+    unconfirmed: HashMap<u128, Taken, RandomState>,
 }
 
-impl Consumer {
-    fn has_capacity_for(&self, size: u64) -> bool {
-        let count = self.unconfirmed.len() as u64;
-        if count >= u64::from(self.options.max_unconfirmed_messages) {
-            return false;
-        }
-        count == 0 || self.unconfirmed_bytes + size <= self.options.max_unconfirmed_bytes
-    }
+/// A subscription of a consumer: the consumer's key and the subscription's index.
+type Unit = (SessionAddr, usize);
+
+/// A unit that can receive, for the choice of consumers with expressions: its priority and
+/// the index of its expression in [`QueueCore::groups`] (`None`: every message).
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    unit: Unit,
+    priority: i32,
+    group: Option<usize>,
 }
+
+/// Most distinct subscription expressions on one queue (a bit each in a message's match
+/// mask).
+pub const EXPRESSIONS_PER_QUEUE_MAX: usize = 64;
 
 /// A priority-mode queue: stored messages, attached consumers, and who holds what (see the
 /// module doc for the rules).
@@ -273,10 +316,23 @@ pub struct QueueCore {
     /// Messages whose journal sequence is at or below this may be delivered.
     deliverable_through: u64,
     events: VecDeque<QueueEvent>,
-    /// The consumers with the highest priority, sorted by key; the round-robin ring.
-    active: Vec<SessionAddr>,
-    /// Index in `active` of the next consumer to try.
+    /// Without expressions: the subscriptions with the highest priority, sorted by key; the
+    /// round-robin ring.
+    active: Vec<Unit>,
+    /// Index in `active` (or, with expressions, in the candidates of a message) of the next
+    /// subscription to try.
     round_robin_next: usize,
+    /// With expressions: every subscription that can receive.
+    candidates: Vec<Candidate>,
+    /// The distinct expressions of the subscriptions, by text; a message's match mask has bit
+    /// `i` when it matches `groups[i]`.
+    groups: Vec<Arc<Expression>>,
+    /// Match masks of pending messages, by journal sequence (cleared when `groups` changes).
+    masks: HashMap<u64, u64, RandomState>,
+    /// With expressions: pending messages before this index were found undeliverable since
+    /// the last change that could make one deliverable (capacity freed, consumers changed), so
+    /// a scan starts here.
+    scan_from: usize,
     counters: QueueCounters,
 }
 
@@ -295,6 +351,10 @@ impl QueueCore {
             events: VecDeque::new(),
             active: Vec::new(),
             round_robin_next: 0,
+            candidates: Vec::new(),
+            groups: Vec::new(),
+            masks: HashMap::default(),
+            scan_from: 0,
             counters: QueueCounters::default(),
         }
     }
@@ -401,18 +461,80 @@ impl QueueCore {
         self.events.pop_front()
     }
 
-    /// Attaches a consumer, or updates the options of one already attached (its unconfirmed
-    /// messages stay with it).
+    /// Attaches a consumer with one subscription of every message, or updates the options of
+    /// one already attached (its unconfirmed messages stay with it).
     pub fn add_consumer(&mut self, key: SessionAddr, options: ConsumerOptions) {
-        self.consumers
-            .entry(key)
-            .and_modify(|c| c.options = options)
-            .or_insert_with(|| Consumer {
+        let added = self.set_subscriptions(key, vec![(options, None)]);
+        // No expression of its own: it cannot pass the limit the others stay within.
+        debug_assert!(added.is_ok(), "{added:?}");
+    }
+
+    /// Whether `subscriptions` for `key` keep the queue within [`EXPRESSIONS_PER_QUEUE_MAX`]
+    /// distinct expressions (see [`QueueCore::set_subscriptions`]).
+    pub fn subscriptions_fit(
+        &self,
+        key: SessionAddr,
+        subscriptions: &[(ConsumerOptions, Option<Arc<Expression>>)],
+    ) -> Result<(), String> {
+        let mut texts: Vec<&str> = self
+            .consumers
+            .iter()
+            .filter(|(k, _)| **k != key)
+            .flat_map(|(_, c)| c.subs.iter().filter_map(|s| s.expression.as_deref()))
+            .chain(subscriptions.iter().filter_map(|(_, e)| e.as_deref()))
+            .map(Expression::text)
+            .collect();
+        texts.sort_unstable();
+        texts.dedup();
+        if texts.len() > EXPRESSIONS_PER_QUEUE_MAX {
+            return Err(format!(
+                "queue {} would have {} distinct subscription expressions; the limit is \
+                 {EXPRESSIONS_PER_QUEUE_MAX}",
+                self.uri,
+                texts.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Attaches a consumer with `subscriptions` (its options, and its expression: `None` for
+    /// every message), or replaces those of one already attached: its unconfirmed messages
+    /// stay with it, counted against the subscription they went to while it keeps its id.
+    /// No subscription: the consumer stays attached and receives nothing.
+    ///
+    /// Errors: more than [`EXPRESSIONS_PER_QUEUE_MAX`] distinct expressions on the queue;
+    /// nothing is changed.
+    pub fn set_subscriptions(
+        &mut self,
+        key: SessionAddr,
+        subscriptions: Vec<(ConsumerOptions, Option<Arc<Expression>>)>,
+    ) -> Result<(), String> {
+        self.subscriptions_fit(key, &subscriptions)?;
+        let consumer = self.consumers.entry(key).or_insert_with(|| Consumer {
+            subs: Vec::new(),
+            unconfirmed: HashMap::default(),
+        });
+        let mut subs: Vec<Sub> = subscriptions
+            .into_iter()
+            .map(|(options, expression)| Sub {
                 options,
+                expression,
+                unconfirmed: 0,
                 unconfirmed_bytes: 0,
-                unconfirmed: HashMap::default(),
-            });
+            })
+            .collect();
+        for taken in consumer.unconfirmed.values() {
+            if let Some(sub) = subs
+                .iter_mut()
+                .find(|s| s.options.subscription_id == taken.subscription_id)
+            {
+                sub.unconfirmed += 1;
+                sub.unconfirmed_bytes += u64::from(taken.held.size);
+            }
+        }
+        consumer.subs = subs;
         self.recompute_active();
+        Ok(())
     }
 
     /// Detaches a consumer. Its unconfirmed messages go back to the head of the queue, in
@@ -422,7 +544,7 @@ impl QueueCore {
     /// ([`QueueEvent::Removed`]). Unknown keys are ignored.
     pub fn remove_consumer(&mut self, key: SessionAddr, failure: bool) {
         if let Some(consumer) = self.consumers.remove(&key) {
-            let mut held: Vec<Held> = consumer.unconfirmed.into_values().collect();
+            let mut held: Vec<Held> = consumer.unconfirmed.into_values().map(|t| t.held).collect();
             // In delivery order, so the failure records are journaled in a deterministic order
             // (a simulator replays a seed exactly).
             held.sort_unstable_by_key(|h| h.journal_sequence);
@@ -456,7 +578,7 @@ impl QueueCore {
         let mut released: Vec<Held> = Vec::new();
         for key in keys {
             let consumer = self.consumers.remove(&key).expect("key was just listed");
-            released.extend(consumer.unconfirmed.into_values());
+            released.extend(consumer.unconfirmed.into_values().map(|t| t.held));
         }
         self.requeue_front(released);
         self.recompute_active();
@@ -469,22 +591,50 @@ impl QueueCore {
         let Some(consumer) = self.consumers.get_mut(&key) else {
             return false;
         };
-        let Some(held) = consumer.unconfirmed.remove(&guid) else {
+        let Some(taken) = consumer.unconfirmed.remove(&guid) else {
             return false;
         };
-        let size = u64::from(held.size);
-        consumer.unconfirmed_bytes -= size;
+        let size = u64::from(taken.held.size);
+        if let Some(sub) = consumer
+            .subs
+            .iter_mut()
+            .find(|s| s.options.subscription_id == taken.subscription_id)
+        {
+            sub.unconfirmed -= 1;
+            sub.unconfirmed_bytes -= size;
+        }
         self.bytes -= size;
         self.unconfirmed -= 1;
         self.counters.confirms += 1;
+        // Capacity came back: a message skipped for want of it may go now.
+        self.scan_from = 0;
         true
     }
 
     /// The next push to make, or `None` when nothing can be delivered now (empty queue, head
     /// not yet deliverable, no consumer, or every highest-priority consumer at capacity for the
     /// head message). Removes expired and exhausted messages it meets at the head (as events).
-    /// Call until `None`.
+    /// Call until `None`. With subscription expressions, see [`QueueCore::poll_delivery_with`]:
+    /// here a message's properties are unknown, so it matches no expression.
     pub fn poll_delivery(&mut self, now: Instant) -> Option<Delivery> {
+        self.poll_delivery_with(now, &mut |_| None)
+    }
+
+    /// [`QueueCore::poll_delivery`], reading a message's properties (by the journal sequence of
+    /// its record) through `properties` when a subscription has an expression. Then a message
+    /// goes to the highest-priority subscriptions whose expression it matches (round-robin
+    /// among those with capacity); one that matches none, or whose subscriptions are all at
+    /// capacity, stays pending — in its place — and the messages behind it go on
+    /// (BlazingMQ's subscriptions). A message's matches are evaluated once and kept while the
+    /// expressions stay the same.
+    pub fn poll_delivery_with(
+        &mut self,
+        now: Instant,
+        properties: &mut dyn FnMut(u64) -> Option<Vec<Property>>,
+    ) -> Option<Delivery> {
+        if !self.groups.is_empty() {
+            return self.poll_by_subscription(now, properties);
+        }
         loop {
             self.expire(now);
             let Some(held) = self.pending.front().copied() else {
@@ -500,32 +650,124 @@ impl QueueCore {
                 self.remove(held, RemovalReason::AttemptsExhausted);
                 continue;
             }
-            let attempt = held.failures() + 1;
-            let size = u64::from(held.size);
-            let consumer_key = self.pick_consumer(size)?;
+            let unit = self.pick_unit(u64::from(held.size))?;
             self.pending.pop_front();
             self.give_back_memory();
-            let guid = held.guid();
-            let delivery = Delivery {
-                consumer: consumer_key,
-                guid,
-                journal_sequence: held.journal_sequence,
-                delivery_attempt: attempt,
-                out_of_order: held.out_of_order(),
-            };
-            let consumer = self
-                .consumers
-                .get_mut(&consumer_key)
-                .expect("active consumer exists");
-            consumer.unconfirmed.insert(guid, held);
-            consumer.unconfirmed_bytes += size;
-            self.unconfirmed += 1;
-            self.counters.pushes += 1;
-            if attempt > 1 {
-                self.counters.redeliveries += 1;
-            }
-            return Some(delivery);
+            return Some(self.hand_over(unit, held));
         }
+    }
+
+    /// Records the delivery of `held` to `unit` and describes it.
+    fn hand_over(&mut self, unit: Unit, held: Held) -> Delivery {
+        let (key, index) = unit;
+        let attempt = held.failures() + 1;
+        let size = u64::from(held.size);
+        let guid = held.guid();
+        let consumer = self
+            .consumers
+            .get_mut(&key)
+            .expect("active consumer exists");
+        let sub = &mut consumer.subs[index];
+        sub.unconfirmed += 1;
+        sub.unconfirmed_bytes += size;
+        let subscription_id = sub.options.subscription_id;
+        consumer.unconfirmed.insert(
+            guid,
+            Taken {
+                held,
+                subscription_id,
+            },
+        );
+        self.masks.remove(&held.journal_sequence);
+        self.unconfirmed += 1;
+        self.counters.pushes += 1;
+        if attempt > 1 {
+            self.counters.redeliveries += 1;
+        }
+        Delivery {
+            consumer: key,
+            subscription_id,
+            guid,
+            journal_sequence: held.journal_sequence,
+            delivery_attempt: attempt,
+            out_of_order: held.out_of_order(),
+        }
+    }
+
+    /// The delivery rule with subscription expressions (see
+    /// [`QueueCore::poll_delivery_with`]): scans the pending messages from
+    /// [`QueueCore::scan_from`].
+    fn poll_by_subscription(
+        &mut self,
+        now: Instant,
+        properties: &mut dyn FnMut(u64) -> Option<Vec<Property>>,
+    ) -> Option<Delivery> {
+        self.expire(now);
+        let mut i = self.scan_from;
+        while i < self.pending.len() {
+            let held = self.pending[i];
+            if held.journal_sequence > self.deliverable_through {
+                // Arrival order is journal order: nothing further is deliverable either.
+                break;
+            }
+            if self.exhausted(held.failures()) {
+                self.pending.remove(i);
+                self.masks.remove(&held.journal_sequence);
+                self.remove(held, RemovalReason::AttemptsExhausted);
+                continue;
+            }
+            let mask = match self.masks.get(&held.journal_sequence) {
+                Some(mask) => *mask,
+                None => {
+                    let props = properties(held.journal_sequence).unwrap_or_default();
+                    let mask = self
+                        .groups
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, e)| e.matches(&props[..]))
+                        .fold(0u64, |m, (g, _)| m | 1 << g);
+                    self.masks.insert(held.journal_sequence, mask);
+                    mask
+                }
+            };
+            if let Some(unit) = self.pick_matching(mask, u64::from(held.size)) {
+                self.pending.remove(i);
+                self.scan_from = i;
+                self.give_back_memory();
+                return Some(self.hand_over(unit, held));
+            }
+            i += 1;
+        }
+        self.scan_from = i;
+        if self.pending.is_empty() {
+            self.give_back_memory();
+        }
+        None
+    }
+
+    /// Among the subscriptions whose expression matches `mask`, the highest priority ones,
+    /// round-robin: one with capacity for `size` bytes.
+    fn pick_matching(&mut self, mask: u64, size: u64) -> Option<Unit> {
+        let matching = |c: &Candidate| c.group.is_none_or(|g| mask & (1 << g) != 0);
+        let top = self
+            .candidates
+            .iter()
+            .filter(|c| matching(c))
+            .map(|c| c.priority)
+            .max()?;
+        let n = self.candidates.len();
+        for step in 0..n {
+            let c = self.candidates[(self.round_robin_next + step) % n];
+            if c.priority != top || !matching(&c) {
+                continue;
+            }
+            let (key, index) = c.unit;
+            if self.consumers[&key].subs[index].has_capacity_for(size) {
+                self.round_robin_next = (self.round_robin_next + step + 1) % n;
+                return Some(c.unit);
+            }
+        }
+        None
     }
 
     /// Drops the messages at the head of the queue that are older than the TTL at `now`;
@@ -544,6 +786,8 @@ impl QueueCore {
                 break;
             }
             let held = self.pending.pop_front().expect("front exists");
+            self.masks.remove(&held.journal_sequence);
+            self.scan_from = self.scan_from.saturating_sub(1);
             self.remove(held, RemovalReason::Ttl);
             dropped += 1;
         }
@@ -569,10 +813,15 @@ impl QueueCore {
     pub fn purge(&mut self) -> usize {
         let mut held: Vec<Held> = std::mem::take(&mut self.pending).into();
         for consumer in self.consumers.values_mut() {
-            held.extend(consumer.unconfirmed.drain().map(|(_, h)| h));
+            held.extend(consumer.unconfirmed.drain().map(|(_, t)| t.held));
             consumer.unconfirmed.shrink_to_fit();
-            consumer.unconfirmed_bytes = 0;
+            for sub in &mut consumer.subs {
+                sub.unconfirmed = 0;
+                sub.unconfirmed_bytes = 0;
+            }
         }
+        self.masks.clear();
+        self.scan_from = 0;
         held.sort_unstable_by_key(|h| h.journal_sequence);
         self.unconfirmed = 0;
         let removed = held.len();
@@ -626,32 +875,74 @@ impl QueueCore {
         self.counters
     }
 
-    /// Round-robin over the highest-priority consumers, from the cursor, for one with capacity
-    /// for `size` bytes; advances the cursor past it.
-    fn pick_consumer(&mut self, size: u64) -> Option<SessionAddr> {
+    /// Round-robin over the highest-priority subscriptions, from the cursor, for one with
+    /// capacity for `size` bytes; advances the cursor past it.
+    fn pick_unit(&mut self, size: u64) -> Option<Unit> {
         let n = self.active.len();
         for i in 0..n {
             let index = (self.round_robin_next + i) % n;
-            let key = self.active[index];
-            if self.consumers[&key].has_capacity_for(size) {
+            let (key, sub) = self.active[index];
+            if self.consumers[&key].subs[sub].has_capacity_for(size) {
                 self.round_robin_next = (index + 1) % n;
-                return Some(key);
+                return Some((key, sub));
             }
         }
         None
     }
 
+    /// After a change of consumers or subscriptions: the ring of highest-priority
+    /// subscriptions, or (with expressions) the candidates and their expressions.
     fn recompute_active(&mut self) {
-        let Some(top) = self.consumers.values().map(|c| c.options.priority).max() else {
+        // A suspended subscription (no capacity at all) is not a candidate.
+        let units: Vec<(Unit, &Sub)> = self
+            .consumers
+            .iter()
+            .flat_map(|(k, c)| c.subs.iter().enumerate().map(move |(i, s)| ((*k, i), s)))
+            .filter(|(_, s)| s.options.max_unconfirmed_messages > 0)
+            .collect();
+        self.scan_from = 0;
+        let mut texts: Vec<Arc<Expression>> = units
+            .iter()
+            .filter_map(|(_, s)| s.expression.clone())
+            .collect();
+        texts.sort_unstable_by(|a, b| a.text().cmp(b.text()));
+        texts.dedup_by(|a, b| a.text() == b.text());
+        let same = texts.len() == self.groups.len()
+            && texts
+                .iter()
+                .zip(&self.groups)
+                .all(|(a, b)| a.text() == b.text());
+        if !same {
+            self.masks.clear();
+        }
+        self.groups = texts;
+        if !self.groups.is_empty() {
+            let groups = &self.groups;
+            self.candidates = units
+                .iter()
+                .map(|(unit, s)| Candidate {
+                    unit: *unit,
+                    priority: s.options.priority,
+                    group: s
+                        .expression
+                        .as_ref()
+                        .and_then(|e| groups.iter().position(|g| g.text() == e.text())),
+                })
+                .collect();
+            self.active.clear();
+            self.round_robin_next %= self.candidates.len().max(1);
+            return;
+        }
+        self.candidates.clear();
+        let Some(top) = units.iter().map(|(_, s)| s.options.priority).max() else {
             self.active.clear();
             self.round_robin_next = 0;
             return;
         };
-        self.active = self
-            .consumers
+        self.active = units
             .iter()
-            .filter(|(_, c)| c.options.priority == top)
-            .map(|(k, _)| *k)
+            .filter(|(_, s)| s.options.priority == top)
+            .map(|(u, _)| *u)
             .collect();
         self.round_robin_next %= self.active.len();
     }
@@ -737,6 +1028,7 @@ mod tests {
             priority,
             max_unconfirmed_messages: messages,
             max_unconfirmed_bytes: bytes,
+            subscription_id: 0,
         }
     }
 
@@ -1073,6 +1365,7 @@ mod tests {
             d,
             Delivery {
                 consumer: key(4, 2),
+                subscription_id: 0,
                 guid: guid(1),
                 journal_sequence: 17,
                 delivery_attempt: 1,
@@ -1206,5 +1499,153 @@ mod tests {
             .map(|d| (d.guid as u8, d.out_of_order))
             .collect();
         assert_eq!(flags, vec![(1, true), (2, false), (3, true)]);
+    }
+
+    /// Properties `seq = n` for the message of journal sequence `n` (a stand-in for the
+    /// journal the partition reads them from).
+    fn seq_props(sequence: u64) -> Option<Vec<Property>> {
+        Some(vec![Property {
+            key: "seq".into(),
+            value: sequence.to_string(),
+            value_type: bmq_proto::client::PropertyType::Int64 as i32,
+        }])
+    }
+
+    fn sub(
+        priority: i32,
+        messages: u32,
+        id: u32,
+        expression: &str,
+    ) -> (ConsumerOptions, Option<Arc<Expression>>) {
+        let mut o = opts(priority, messages, 1 << 20);
+        o.subscription_id = id;
+        let e =
+            (!expression.is_empty()).then(|| Arc::new(Expression::compile(expression).unwrap()));
+        (o, e)
+    }
+
+    fn deliveries(q: &mut QueueCore, now: Instant) -> Vec<(u8, u32)> {
+        std::iter::from_fn(|| q.poll_delivery_with(now, &mut seq_props))
+            .map(|d| (d.guid as u8, d.subscription_id))
+            .collect()
+    }
+
+    #[test]
+    fn a_message_goes_to_the_highest_priority_subscription_it_matches() {
+        // BlazingMQ's subscriptions: each message to the highest-priority subscriptions whose
+        // expression it matches, round-robin among them; a push names its subscription.
+        let now = Instant::now();
+        let mut q = open(UNLIMITED);
+        for n in 1..=6u8 {
+            q.put(now, guid(n), 10, u64::from(n));
+        }
+        q.set_deliverable_through(6);
+        // Consumer 1: seq > 3 at priority 5; consumer 2: every message at priority 1.
+        q.set_subscriptions(key(1, 1), vec![sub(5, 10, 11, "seq > 3")])
+            .unwrap();
+        q.set_subscriptions(key(1, 2), vec![sub(1, 10, 21, "")])
+            .unwrap();
+        let got = deliveries(&mut q, now);
+        assert_eq!(
+            got,
+            vec![(1, 21), (2, 21), (3, 21), (4, 11), (5, 11), (6, 11)]
+        );
+        assert_eq!(q.unconfirmed(), 6);
+    }
+
+    #[test]
+    fn messages_that_match_no_subscription_wait_for_one() {
+        // A message no subscription matches stays pending, in its place, while those behind it
+        // go on; a later subscription that matches takes it.
+        let now = Instant::now();
+        let mut q = open(UNLIMITED);
+        for n in 1..=4u8 {
+            q.put(now, guid(n), 10, u64::from(n));
+        }
+        q.set_deliverable_through(4);
+        q.set_subscriptions(key(1, 1), vec![sub(0, 10, 7, "seq % 2 == 0")])
+            .unwrap();
+        assert_eq!(deliveries(&mut q, now), vec![(2, 7), (4, 7)]);
+        assert_eq!(q.pending(), 2, "the odd ones wait");
+        // A second subscription of the same consumer takes them.
+        q.set_subscriptions(
+            key(1, 1),
+            vec![sub(0, 10, 7, "seq % 2 == 0"), sub(0, 10, 8, "seq % 2 == 1")],
+        )
+        .unwrap();
+        assert_eq!(deliveries(&mut q, now), vec![(1, 8), (3, 8)]);
+        // The even ones stayed counted against subscription 7: its confirms free it.
+        assert!(q.confirm(key(1, 1), guid(2)));
+        assert_eq!(q.unconfirmed(), 3);
+    }
+
+    #[test]
+    fn a_full_subscription_holds_its_messages_not_others() {
+        // Each subscription has its own limit; a message whose matching subscriptions are all
+        // at capacity waits, and messages for other subscriptions pass it.
+        let now = Instant::now();
+        let mut q = open(UNLIMITED);
+        for n in 1..=6u8 {
+            q.put(now, guid(n), 10, u64::from(n));
+        }
+        q.set_deliverable_through(6);
+        q.set_subscriptions(
+            key(1, 1),
+            vec![sub(0, 1, 1, "seq <= 3"), sub(0, 10, 2, "seq > 3")],
+        )
+        .unwrap();
+        assert_eq!(
+            deliveries(&mut q, now),
+            vec![(1, 1), (4, 2), (5, 2), (6, 2)]
+        );
+        assert!(q.confirm(key(1, 1), guid(1)));
+        assert_eq!(deliveries(&mut q, now), vec![(2, 1)]);
+        // A suspended consumer keeps what it holds and receives nothing.
+        q.set_subscriptions(key(1, 1), Vec::new()).unwrap();
+        assert!(q.confirm(key(1, 1), guid(2)));
+        assert!(deliveries(&mut q, now).is_empty());
+        assert_eq!(q.pending(), 1);
+    }
+
+    #[test]
+    fn a_reader_that_leaves_gives_back_what_matched_it() {
+        // Unconfirmed messages of a consumer that leaves go back to the queue and to the next
+        // subscription that matches them; new puts are checked as they come.
+        let now = Instant::now();
+        let mut q = open(UNLIMITED);
+        q.set_subscriptions(key(1, 1), vec![sub(0, 10, 1, "seq >= 2")])
+            .unwrap();
+        for n in 1..=3u8 {
+            q.put(now, guid(n), 10, u64::from(n));
+            q.set_deliverable_through(u64::from(n));
+        }
+        assert_eq!(deliveries(&mut q, now), vec![(2, 1), (3, 1)]);
+        q.remove_consumer(key(1, 1), false);
+        q.set_subscriptions(key(1, 2), vec![sub(0, 10, 9, "seq != 2")])
+            .unwrap();
+        q.put(now, guid(4), 10, 4);
+        q.set_deliverable_through(4);
+        // Given-back messages go first, as in every mode (redeliveries, out of order).
+        assert_eq!(deliveries(&mut q, now), vec![(3, 9), (1, 9), (4, 9)]);
+        assert_eq!(
+            q.pending(),
+            1,
+            "message 2 waits for a subscription that takes it"
+        );
+    }
+
+    #[test]
+    fn too_many_distinct_expressions_are_refused_and_change_nothing() {
+        let now = Instant::now();
+        let mut q = open(UNLIMITED);
+        let many: Vec<_> = (0..=EXPRESSIONS_PER_QUEUE_MAX as u32)
+            .map(|i| sub(0, 1, i, &format!("seq == {i}")))
+            .collect();
+        let err = q.set_subscriptions(key(1, 1), many).unwrap_err();
+        assert!(err.contains("limit is 64"), "{err}");
+        assert_eq!(q.consumer_count(), 0);
+        q.put(now, guid(1), 10, 1);
+        q.set_deliverable_through(1);
+        assert!(q.poll_delivery(now).is_none());
     }
 }

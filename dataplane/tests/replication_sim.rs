@@ -20,6 +20,8 @@
 //!   resending every unacknowledged PUT with the same GUID to the current primary (as the
 //!   proxy does); a consumer that confirms after 1-100 ms, sometimes holds a message until it
 //!   leaves, and leaves and comes back (a consumer failure). A strong and an eventual queue.
+//!   An impostor (a random stream of its own) sends PUTs under the GUIDs of outstanding
+//!   messages with another payload, as a client that reuses GUIDs would.
 //!
 //! Invariants, checked at every event:
 //! 1. a strong PUT is ACKed only when a quorum of nodes holds its record durably (eventual:
@@ -32,7 +34,9 @@
 //! 4. a push's delivery attempt is at most 1 + the consumer failures the simulation caused for
 //!    that message: primary moves and graceful stops never raise it;
 //! 5. a consumer session receives each producer's messages in order, redeliveries (PUSH
-//!    `out_of_order`) excepted.
+//!    `out_of_order`) excepted;
+//! 6. a PUT under the GUID of an outstanding message with another payload (the impostor's) is
+//!    never ACKed SUCCESS, stored or pushed.
 //!
 //! Then a liveness phase without faults: within [`LIVENESS_BOUND`] every producer has every
 //! PUT ACKed, every ACKed message was delivered (none lost) and confirmed, and every node's
@@ -81,6 +85,12 @@ const EVENTUAL_URI: &str = "bmq://e/q";
 const PRODUCERS: u64 = 3;
 const WINDOW: usize = 8;
 const CLIENT_NODE: NodeId = NodeId(1000);
+/// The session of the impostor: a client that reuses the GUID of another producer's ACKed
+/// message for a message of its own (invariant 6).
+const IMPOSTOR_SESSION: u64 = 1_000_000;
+const IMPOSTOR_PAYLOAD: &[u8] = b"impostor";
+/// Mixed into the seed for the impostor's random stream.
+const IMPOSTOR_SEED: u64 = 0x1e57_a11e;
 
 #[derive(Debug, Clone)]
 enum Event {
@@ -122,6 +132,8 @@ enum Event {
     Produce {
         producer: u64,
     },
+    /// The impostor sends a PUT under the GUID of an ACKed message, with another payload.
+    Impostor,
     Resend {
         producer: u64,
     },
@@ -179,6 +191,10 @@ struct Model {
     confirms_pending: Vec<(u128, usize, u64, u64, u64)>,
     /// Messages whose confirm is committed.
     confirmed: HashSet<u128>,
+    /// Messages the consumer sent a confirm for (taken or not).
+    confirm_sent: HashSet<u128>,
+    /// ACKed messages in the order of their first ACK (the impostor picks from them).
+    acked_order: Vec<u128>,
     /// The committed confirm's record, per message.
     confirmed_at: HashMap<u128, u64>,
     /// Every confirm taken, for diagnostics: guid -> [(node, lease, record sequence)].
@@ -190,6 +206,9 @@ struct Model {
 struct Sim {
     seed: u64,
     rng: ChaCha8Rng,
+    /// The impostor's own stream, so that its choices leave every other draw of a seed as
+    /// it was.
+    impostor_rng: ChaCha8Rng,
     t0: Instant,
     now: Instant,
     events: BTreeMap<(Duration, u64), Event>,
@@ -260,6 +279,7 @@ impl Sim {
         let mut sim = Sim {
             seed,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            impostor_rng: ChaCha8Rng::seed_from_u64(seed ^ IMPOSTOR_SEED),
             t0: now,
             now,
             events: BTreeMap::new(),
@@ -317,6 +337,7 @@ impl Sim {
             sim.schedule(Duration::from_millis(200), Event::Resend { producer: p });
         }
         sim.schedule(Duration::from_millis(40), Event::ConsumerCheck);
+        sim.schedule(Duration::from_millis(60), Event::Impostor);
         sim.schedule_faults();
         sim
     }
@@ -563,6 +584,23 @@ impl Sim {
 
     fn on_reply(&mut self, n: usize, to: SessionAddr, message: ClientMessage) {
         match message.kind {
+            Some(Kind::Ack(ack)) if to.session_id == IMPOSTOR_SESSION => {
+                let guid = guid_key(&ack.guid);
+                let (pr, seq) = producer_of(guid);
+                // A GUID names one message: the impostor's PUT, under the GUID of a message
+                // still outstanding, is no resend of it.
+                if ack.status == AckStatus::Success as i32 {
+                    self.fail(format!(
+                        "the impostor's PUT under the GUID of outstanding p{pr}#{seq} was ACKed \
+                         SUCCESS: a message never stored was ACKed"
+                    ));
+                }
+                self.note(format!(
+                    "node {} ACK status {} to the impostor's p{pr}#{seq}",
+                    n + 1,
+                    ack.status
+                ));
+            }
             Some(Kind::Ack(ack)) => {
                 let guid = guid_key(&ack.guid);
                 let (producer, seq) = producer_of(guid);
@@ -572,7 +610,9 @@ impl Sim {
                     if !self.model.delivered.contains(&guid) {
                         self.check_durable(guid, n, "ACK");
                     }
-                    self.model.acked.insert(guid);
+                    if self.model.acked.insert(guid) {
+                        self.model.acked_order.push(guid);
+                    }
                     self.producers[producer as usize].unacked.remove(&seq);
                     self.note(format!("node {} ACK p{producer}#{seq}", n + 1));
                 } else if ack.status == AckStatus::NotReady as i32 {
@@ -583,6 +623,9 @@ impl Sim {
             }
             Some(Kind::Push(push)) => {
                 let guid = guid_key(&push.guid);
+                if push.payload == IMPOSTOR_PAYLOAD {
+                    self.fail(format!("the impostor's message under {guid:#x} was pushed"));
+                }
                 if to.session_id != self.consumer.session || !self.consumer.present {
                     self.fail(format!("push of {guid:#x} to a session that left ({to:?})"));
                 }
@@ -790,6 +833,54 @@ impl Sim {
         });
     }
 
+    /// The impostor's PUT (faults phase only): the GUID of a random outstanding message —
+    /// ACKed on the strong queue (so every primary holds it) and not confirmed by the consumer
+    /// — its queue, another payload, to the current primary.
+    fn impostor(&mut self) {
+        if !self.faults {
+            return;
+        }
+        let Some(primary) = self.primary.filter(|p| self.live(*p)) else {
+            return;
+        };
+        let outstanding: Vec<u128> = self
+            .model
+            .acked_order
+            .iter()
+            .copied()
+            .filter(|g| self.model.strong_of[g] && !self.model.confirm_sent.contains(g))
+            .collect();
+        if outstanding.is_empty() {
+            return;
+        }
+        let guid = outstanding[self.impostor_rng.gen_range(0..outstanding.len())];
+        let uri = if self.model.strong_of[&guid] {
+            STRONG_URI
+        } else {
+            EVENTUAL_URI
+        };
+        let session = SessionAddr {
+            origin_node: CLIENT_NODE,
+            session_id: IMPOSTOR_SESSION,
+        };
+        let put = ClientMessage {
+            kind: Some(Kind::Put(Put {
+                uri: uri.into(),
+                guid: guid_bytes(guid),
+                payload: Bytes::from_static(IMPOSTOR_PAYLOAD),
+                properties: vec![],
+            })),
+        };
+        let (pr, seq) = producer_of(guid);
+        self.note(format!(
+            "impostor PUT under p{pr}#{seq} -> node {}",
+            primary + 1
+        ));
+        self.input(primary, |p, now| {
+            p.handle_requests(now, vec![(session, put)])
+        });
+    }
+
     fn consumer_addr(&self) -> SessionAddr {
         SessionAddr {
             origin_node: CLIENT_NODE,
@@ -818,6 +909,7 @@ impl Sim {
                     read: true,
                     write: false,
                     consumer: Some(ProtoConsumerOptions::default()),
+                    ..Default::default()
                 })),
             };
             self.input(primary, |p, now| p.handle_request(now, session, open));
@@ -872,6 +964,7 @@ impl Sim {
             return;
         }
         self.consumer.held.remove(&guid);
+        self.model.confirm_sent.insert(guid);
         let before = self.nodes[n]
             .p
             .as_ref()
@@ -887,6 +980,7 @@ impl Sim {
             kind: Some(Kind::Confirm(Confirm {
                 uri: uri.into(),
                 guid: guid_bytes(guid),
+                ..Default::default()
             })),
         };
         let addr = self.consumer_addr();
@@ -1219,6 +1313,11 @@ impl Sim {
                 }
                 let d = self.ms(2, 15);
                 self.schedule(d, Event::Produce { producer });
+            }
+            Event::Impostor => {
+                self.impostor();
+                let d = Duration::from_millis(self.impostor_rng.gen_range(20..=60));
+                self.schedule(d, Event::Impostor);
             }
             Event::Resend { producer } => {
                 self.producers[producer as usize].blocked = false;

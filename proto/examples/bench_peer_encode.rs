@@ -47,6 +47,7 @@ fn main() {
                         properties: vec![],
                         delivery_attempt: 1,
                         out_of_order: false,
+                        ..Default::default()
                     })),
                 }),
             ]

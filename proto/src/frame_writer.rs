@@ -335,6 +335,7 @@ mod tests {
                 properties: vec![],
                 delivery_attempt: 2,
                 out_of_order: true,
+                ..Default::default()
             })),
         }
     }

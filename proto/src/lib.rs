@@ -9,6 +9,8 @@
 //! - [`ids`]: newtypes for node ids, partition ids, terms, primary leases and session
 //!   addresses shared by every crate.
 //! - [`uri`]: the `bmq://<domain>/<queue>` rule, shared by the client, the node and the cores.
+//! - [`expression`]: subscription expressions (BlazingMQ's language over message properties),
+//!   compiled and evaluated the same way by the client, the node and the queue core.
 //! - [`admin_doc`]: the JSON document a node serves at `/status` (read by `bmqctl` and tests).
 //! - [`encode_buf`]: a `BufMut` adapter that writes protobuf varints byte by byte in place.
 //! - [`files`]: a deleted file's disk blocks freed a step at a time (the journals, the ledger).
@@ -19,6 +21,7 @@
 
 pub mod admin_doc;
 pub mod encode_buf;
+pub mod expression;
 pub mod files;
 #[cfg(feature = "codec")]
 pub mod frame_writer;

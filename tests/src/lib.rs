@@ -8,6 +8,7 @@
 //! --workspace`, so it is a no-op after the test build) if the test run did not.
 #![warn(missing_docs)]
 
+pub mod bmqp;
 pub mod history;
 pub mod netns;
 
@@ -220,7 +221,12 @@ impl Cluster {
 
     /// Configures and starts `n` nodes with the default settings.
     pub fn start(n: usize) -> anyhow::Result<Cluster> {
-        let mut cluster = Cluster::configure(n, |_| {})?;
+        Cluster::start_with(n, |_| {})
+    }
+
+    /// [`Cluster::start`] with every node's configuration changed by `edit` first.
+    pub fn start_with(n: usize, edit: impl Fn(&mut BrokerConfig)) -> anyhow::Result<Cluster> {
+        let mut cluster = Cluster::configure(n, edit)?;
         for id in 1..=n as u32 {
             cluster.start_node(id)?;
         }

@@ -141,6 +141,7 @@ async fn unknown_domain_and_malformed_uri_are_refused_with_a_reason() {
                 read: false,
                 write: true,
                 consumer: None,
+                ..Default::default()
             })),
         })
         .await?;
@@ -319,6 +320,7 @@ async fn stuck_consumer_releases_its_messages(
                     read: true,
                     write: false,
                     consumer: None,
+                    ..Default::default()
                 })),
             })
             .await?;

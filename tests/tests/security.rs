@@ -510,3 +510,64 @@ async fn idle_connection_flood_on_the_peer_port_is_bounded() {
         panic!("{e:#}\n{}", sc.cluster.log_tails(30));
     }
 }
+
+/// The bmqp port (BlazingMQ's SDKs) under `[tls]`: a client that starts in plain bmqp is
+/// refused (logged, counted) unless `[bmqp] allow_plaintext`; a TLS client negotiates. With
+/// tokens configured and no `bmqp_identity`, an SDK client that does not authenticate opens
+/// nothing; BlazingMQ's AUTHENTICATION with `BASIC name:secret` of a token gives it that
+/// token's permissions, and wrong credentials are refused with a reason and the connection
+/// closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bmqp_port_speaks_tls_and_maps_authentication_onto_tokens() {
+    use bmq_tests::bmqp::{guid, RawClient};
+    let sc = secure_cluster(1, true).expect("start cluster");
+    let result = async {
+        let cluster = &sc.cluster;
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let node = cluster.node(1);
+        let (addr, admin) = (node.bmqp_addr(), node.admin_addr());
+
+        // Plain bmqp on a TLS listener: closed without an answer, counted.
+        let before = bmq_tests::metric(&admin, "bmq_client_connections_refused_total").await?;
+        let plain = RawClient::connect(&addr).await?.negotiate().await;
+        ensure!(plain.is_err(), "a plaintext SDK client was served");
+        wait_metric(&admin, "bmq_client_connections_refused_total", before + 1.0).await?;
+
+        // TLS: negotiates; without credentials it is anonymous and opens nothing.
+        let mut anonymous = RawClient::connect_tls(&addr, &sc.ca.ca_cert)
+            .await?
+            .negotiate()
+            .await?;
+        let refused = anonymous.open(0, "bmq://bmq.test/bmqp-tls").await;
+        ensure!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("not authorized")),
+            "an anonymous SDK client opened a queue: {refused:?}"
+        );
+
+        // AUTHENTICATION with a token's name and secret: that token's permissions.
+        let mut app = RawClient::connect_tls(&addr, &sc.ca.ca_cert).await?;
+        let (category, message) = app
+            .authenticate("BASIC", format!("app:{APP_TOKEN}").as_bytes())
+            .await?;
+        ensure!(category == 0, "authentication refused: {message}");
+        let mut app = app.negotiate().await?;
+        app.open(0, "bmq://bmq.test/bmqp-tls").await?;
+        ensure!(app.post(0, guid(1), b"over tls", false).await? == 0, "ACK");
+
+        // Wrong credentials: refused with the reason, closed, counted.
+        let failures = bmq_tests::metric(&admin, "bmq_client_auth_failures_total").await?;
+        let mut wrong = RawClient::connect_tls(&addr, &sc.ca.ca_cert).await?;
+        let (category, message) = wrong.authenticate("BASIC", b"app:not-the-secret").await?;
+        ensure!(category == -6, "category {category}: {message}");
+        ensure!(message.contains("invalid name or secret"), "{message}");
+        ensure!(wrong.closed().await?, "the connection stayed open");
+        wait_metric(&admin, "bmq_client_auth_failures_total", failures + 1.0).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", sc.cluster.log_tails(30));
+    }
+}

@@ -422,6 +422,7 @@ impl PartitionActor {
             ("quota", c.nacks_quota),
             ("storage_failure", c.nacks_storage_failure),
             ("invalid", c.nacks_invalid),
+            ("guid_conflict", c.nacks_guid_conflict),
         ] {
             if n > 0 {
                 metrics::counter!("bmq_queue_nack_total", "reason" => reason).increment(n);
