@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data path with the duplicate window full (issue 18; BENCHMARKS.md "The duplicate window
+# The data path with the duplicate window full (issue 18; docs/bench/JOURNAL.md "The duplicate window
 # full"): one or more release builds side by side, alternating, on a fresh local 3-node cluster
 # per run. Each run first sends WARM (1,050,000) messages to one queue, so that the window of
 # its partition holds its bound (duplicate_guid_window_max, 1,000,000 by default) on every
@@ -17,7 +17,7 @@
 #   ROUNDS=3 WARM=1050000 COUNT=400000 scripts/bench-full-window.sh ...
 #   RATE=50000 scripts/bench-full-window.sh ...         # the measured part paced
 #
-# Installs `perf` when missing (apt-get, root). Compare builds made the same way (BENCHMARKS.md,
+# Installs `perf` when missing (apt-get, root). Compare builds made the same way (docs/bench/JOURNAL.md,
 # "The targets on a faster host").
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Metadata commit benchmark (issue 18; method and figures in BENCHMARKS.md, "Metadata commits
+# Metadata commit benchmark (issue 18; method and figures in docs/bench/JOURNAL.md, "Metadata commits
 # (issue 18)"). Starts a 3-node local cluster (plain TCP, metadata fsync on every record), then
 # measures queue assignments (`bmqctl bench metadata`: each open of a never-opened queue is one
 # committed QueueAssignmentAdvisory) sequentially and with 64 in flight, first on a fresh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Our cluster against NATS JetStream and etcd (issue 18; BENCHMARKS.md "Against NATS JetStream
+# Our cluster against NATS JetStream and etcd (issue 18; docs/bench/JOURNAL.md "Against NATS JetStream
 # and etcd" gives the method and the figures). One system at a time, never two at once: a
 # 3-node cluster of it on loopback with fsync'd storage in a temporary directory, the same
 # workloads through the same probe (scripts/peer-probe: same measurement code, HDR histograms),

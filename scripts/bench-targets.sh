@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18's targets measured and judged on this host in one command (BENCHMARKS.md "Issue 18's
+# Issue 18's targets measured and judged on this host in one command (docs/bench/JOURNAL.md "Issue 18's
 # targets at a glance" gives each target's history; the figures follow the host, so run this
 # where a verdict is wanted rather than carrying one over from another machine). It runs, one
 # after the other and never two at once, the benchmarks that measure the targets:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Storage soak (issue 17; BENCHMARKS.md "Storage for months"): memory and disk of every node of a
+# Storage soak (issue 17; docs/bench/JOURNAL.md "Storage for months"): memory and disk of every node of a
 # local 3-node cluster (release build, plain TCP, strong consistency) while many messages pass,
 # while many stay outstanding, across a restart, and while they drain.
 #

@@ -1,4 +1,4 @@
-//! Benchmark clients on threads of their own (issue 18; BENCHMARKS.md, "A thread per benchmark
+//! Benchmark clients on threads of their own (issue 18; docs/bench/JOURNAL.md, "A thread per benchmark
 //! client"): `bmqctl bench messages` (and scripts/peer-probe, for every system it compares) runs
 //! each producer and consumer under a current-thread tokio runtime on its own OS thread. A
 //! client's background connection task, its PUTs or deliveries and its ACK collector then wake
@@ -24,7 +24,7 @@ pub type ClientThread<T> = oneshot::Receiver<anyhow::Result<T>>;
 
 /// Runs one bench client on a thread of its own, named `name`, under a current-thread tokio
 /// runtime, so that its connection task, its PUTs or deliveries and its ACK collector wake each
-/// other without crossing threads, while clients still run in parallel (BENCHMARKS.md, "A
+/// other without crossing threads, while clients still run in parallel (docs/bench/JOURNAL.md, "A
 /// thread per benchmark client"). `body` gets the sender with which it says that its client is
 /// connected and its queue open. Returns the receiver of that signal and the thread.
 ///

@@ -74,7 +74,7 @@ fn main() -> ExitCode {
         )
         .init();
     // `produce` and `consume` drive one client: on a current-thread runtime its connection
-    // task and the command's own loop never hand work between threads (BENCHMARKS.md, "A
+    // task and the command's own loop never hand work between threads (docs/bench/JOURNAL.md, "A
     // thread per benchmark client"). The others keep tokio's multi-thread runtime.
     let one_client = matches!(cli.command, Command::Produce(_) | Command::Consume(_));
     let mut builder = if one_client {

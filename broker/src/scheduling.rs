@@ -14,7 +14,7 @@
 //! (heartbeats, the leader-loss check, election timeouts: failover) are never delayed behind a
 //! busy thread's slice.
 //!
-//! Figures (BENCHMARKS.md, "Fewer context switches"): metadata commits with 64 in flight
+//! Figures (docs/bench/JOURNAL.md, "Fewer context switches"): metadata commits with 64 in flight
 //! 1.03-1.48x (median 1.22x); at 50,000 msgs/s paced a lower ACK p99 and broker CPU per
 //! message (median 0.91x) in 6 of 7 runs; no difference at 30,000 msgs/s or at the maximum
 //! rate; failover times unchanged.

@@ -24,7 +24,7 @@
 //!   multi-thread runtime the workers hand every batch of PUTs and ACKs back and forth.
 //!   `bmqctl bench messages` runs each client so: 2-17% (10% on average) more messages per
 //!   second with 256 in flight on a 2-vCPU host, and less CPU per message in the client and
-//!   the brokers (BENCHMARKS.md, "A thread per benchmark client");
+//!   the brokers (docs/bench/JOURNAL.md, "A thread per benchmark client");
 //! - security: with [`ClientConfig::tls_ca_file`] the connection is TLS, the broker's
 //!   certificate verified against that CA and the host dialed; [`ClientConfig::token`] is sent
 //!   in `Hello`. A token the cluster refuses fails [`Client::connect`] at once; an OpenQueue the

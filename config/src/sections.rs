@@ -316,7 +316,7 @@ pub enum CpuScheduling {
     /// The broker's threads hand work to each other all the time (a session to a partition, a
     /// partition to its fsync thread, a node to its peers over loopback): with wakeup
     /// preemption every hand-off on a busy machine is a context switch in the middle of the
-    /// waker's batch. Measured (BENCHMARKS.md, "Fewer context switches"): 1.03-1.48x the
+    /// waker's batch. Measured (docs/bench/JOURNAL.md, "Fewer context switches"): 1.03-1.48x the
     /// metadata commits/s with 64 in flight (median 1.22x); at 50,000 msgs/s paced, a lower
     /// ACK p99 and CPU per message in 6 of 7 runs; no difference at 30,000 msgs/s or at the
     /// maximum rate. The elector's thread keeps `normal`: its timers decide failover.

@@ -1112,7 +1112,7 @@ fn expired_messages_of_a_queue_nobody_serves_are_removed_by_the_timer() {
         Some(RecordKind::Removal(rm)) if rm.guid == guid(1) && rm.reason == "ttl")));
 }
 
-/// The cost of subscriptions per message on a primary, against none (BENCHMARKS.md,
+/// The cost of subscriptions per message on a primary, against none (docs/bench/JOURNAL.md,
 /// "Subscriptions"): 20,480 messages of 1 KiB with two typed properties go through a
 /// single-node partition over a real journal — PUT, sync, push, confirm — to one consumer
 /// with no subscription, with one expression every message matches, and with three

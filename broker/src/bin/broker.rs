@@ -65,7 +65,7 @@ const HEAP_TRIM_FREE_MIN: usize = 32 << 20;
 /// was busy once would hold its peak for good. The floor keeps a node under steady traffic,
 /// which reuses what it frees, from giving pages back only to fault them in again (trimming at
 /// every period cost 2-3% more broker CPU per message, with the floor 1%, within the spread). Issue 17; figures with and without,
-/// memory and throughput, in BENCHMARKS.md "Storage for months" (mimalloc was measured as
+/// memory and throughput, in docs/bench/JOURNAL.md "Storage for months" (mimalloc was measured as
 /// the other way: higher peaks with 1,000,000 outstanding, the same idle RSS).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn start_heap_trim() {
