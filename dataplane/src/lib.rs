@@ -13,33 +13,24 @@
 //!   where each queue is served from, the retransmission buffer of unacknowledged PUTs, and
 //!   what to resend when a primary moves.
 //! - [`policy`]: [`DomainPolicy`], a domain's settings as the cores use them.
-//! - [`store`]: [`Store`], a partition's journal on disk (segments, CRC32C records, torn
-//!   tails) with the index of outstanding messages, space reclamation and installs: memory
-//!   and disk bounded by what is outstanding, not by the history. Its index is a
-//!   `GuidIndex` (crate-private): GUID -> entry in a dense vector, with a table of 4-byte
-//!   positions.
+//!
+//! The journal under the partition core is the storage floor's ([`bmq_storage::Store`],
+//! re-exported as [`store`]): this crate opens no file itself.
 //!
 //! Every core takes `now` as an argument and returns what to do as a closed output enum,
-//! drained with `poll_output`. The partition core writes its journal itself (the store is
-//! its one file I/O, on the partition's own thread); durability is the shell's call
-//! (`Partition::sync`: fsync, then receipts and ACKs are released). The node's actors in
-//! `bmq-broker` only execute those outputs.
+//! drained with `poll_output`. The partition core writes its journal through the store (on
+//! the partition's own thread); durability is the shell's call (`Partition::sync`: fsync,
+//! then receipts and ACKs are released). The node's actors in `bmq-broker` only execute those
+//! outputs.
 #![warn(missing_docs)]
 
-mod bucket_table;
-mod chunked_ring;
-mod guid_index;
-mod guid_window;
 pub mod partition;
-#[cfg(test)]
-mod pause_bench;
 pub mod policy;
-mod position_table;
 pub mod proxy;
 pub mod queue;
-mod record_view;
 pub mod replication;
-pub mod store;
+/// The partition journal, from the storage floor ([`bmq_storage::store`]).
+pub use bmq_storage::store;
 
 pub use partition::{
     Partition, PartitionConfig, PartitionCounters, PartitionGauges, PartitionOutput, PartitionRole,

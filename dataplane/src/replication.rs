@@ -74,11 +74,11 @@ use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr, UriBytes};
 use bytes::Bytes;
 use tracing::{error, info, warn};
 
-use crate::guid_window::GuidWindow;
 use crate::store::{
     guid_key, Appending, ClosedFiles, CompactionDone, CompactionTicket, FramedBatch, Maintenance,
     Store, StoreError, SyncTicket,
 };
+use bmq_storage::GuidWindow;
 
 /// Most payload bytes in one `ReplicateRecords`/`SyncRecords` message (at least one record).
 pub const BATCH_BYTES_MAX: u64 = 1024 * 1024;

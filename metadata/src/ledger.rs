@@ -402,7 +402,7 @@ impl SnapshotWritten {
 }
 
 /// A file the ledger no longer uses, whose blocks are to be freed: [`LedgerRelease::run`] on a
-/// thread that waits for nothing else (about 1 ms per MiB, [`bmq_proto::files`]), since freeing
+/// thread that waits for nothing else (about 1 ms per MiB, [`bmq_storage::release`]), since freeing
 /// a large file at once holds every fsync of the disk (35-39 ms measured for a 32 MiB ledger
 /// file, on every node at once).
 #[derive(Debug)]
@@ -422,7 +422,7 @@ impl LedgerRelease {
                 warn!(file = %path.display(), error = %e, "discarded ledger snapshot not removed");
             }
         }
-        bmq_proto::files::release_gradually(&self.file);
+        bmq_storage::release::release_gradually(&self.file);
     }
 }
 

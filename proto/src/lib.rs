@@ -13,7 +13,6 @@
 //!   compiled and evaluated the same way by the client, the node and the queue core.
 //! - [`admin_doc`]: the JSON document a node serves at `/status` (read by `bmqctl` and tests).
 //! - [`encode_buf`]: a `BufMut` adapter that writes protobuf varints byte by byte in place.
-//! - [`files`]: a deleted file's disk blocks freed a step at a time (the journals, the ledger).
 //! - `stream` (feature `codec`): one boxed type for plain and TLS connections.
 //!
 //! The code is generated at build time with `protox` + `prost-build`: no system `protoc`.
@@ -22,7 +21,6 @@
 pub mod admin_doc;
 pub mod encode_buf;
 pub mod expression;
-pub mod files;
 #[cfg(feature = "codec")]
 pub mod frame_writer;
 pub mod framing;

@@ -103,3 +103,59 @@ fn only_the_node_uses_actix() {
         assert_free_of(other, &["actix"]);
     }
 }
+
+/// The code of `path` (relative to the workspace) before its inline test module, if any.
+fn code_of(path: &str) -> String {
+    let full = format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("read {full}: {e}"));
+    match text.find("#[cfg(test)]\nmod ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+/// The non-test source files directly under `dir` (relative to the workspace).
+fn sources(dir: &str) -> Vec<String> {
+    let full = format!("{}/../{dir}", env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<String> = std::fs::read_dir(&full)
+        .unwrap_or_else(|e| panic!("list {full}: {e}"))
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".rs") && !n.ends_with("tests.rs"))
+        .map(|n| format!("{dir}/{n}"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn files_and_clocks_stay_out_of_the_cores() {
+    // The storage floor owns the files (DESIGN.md §2): the data plane's cores and the
+    // elector's and metadata's cores open none, and read no clock (they take `now`); the wire
+    // crate starts no thread.
+    let mut cores = sources("dataplane/src");
+    cores.extend(
+        [
+            "elector/src/core.rs",
+            "elector/src/state.rs",
+            "metadata/src/core.rs",
+            "metadata/src/state.rs",
+            "metadata/src/assignment.rs",
+        ]
+        .map(String::from),
+    );
+    for file in &cores {
+        let code = code_of(file);
+        for forbidden in ["std::fs", "rustix", "Instant::now()", "SystemTime::now()"] {
+            assert!(
+                !code.contains(forbidden),
+                "{file} uses {forbidden}: files belong to the storage floor, time is an input"
+            );
+        }
+    }
+    for file in sources("proto/src") {
+        assert!(
+            !code_of(&file).contains("std::thread"),
+            "{file} uses std::thread: the wire crate starts no thread"
+        );
+    }
+}

@@ -84,7 +84,7 @@
 //! damaged in place (not torn) ends the segment instead of failing the open, as in those
 //! systems; the positions after it are then missing on this node only and come back from
 //! the other replicas like any lagging replica's. Measured: the block requests per
-//! `fdatasync` fell from 2.0 to 1.5-1.7 and the mean fsync by 13-25% (BENCHMARKS.md,
+//! `fdatasync` fell from 2.0 to 1.5-1.7 and the mean fsync by 13-25% (docs/bench/JOURNAL.md,
 //! "Recycled segments"). Disk use: up to one segment more per partition (the spare).
 //!
 //! **Disk full.** A full disk shows when a segment is created (its reservation fails) or, without
@@ -101,7 +101,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bmq_proto::files::release_gradually;
+use crate::release::release_gradually;
 use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRun, StoredMarker};
 use bmq_proto::uri_text;
 
@@ -584,7 +584,7 @@ impl ClosedFiles {
     /// Removes the deleted segments' files, closes every file and fsyncs the directory. A
     /// file whose last handle this is and that no name refers to any more (a deleted segment,
     /// one a compaction replaced) has its blocks freed a step at a time first
-    /// ([`bmq_proto::files::release_gradually`]: freed at once, they held every fsync of the
+    /// ([`crate::release::release_gradually`]: freed at once, they held every fsync of the
     /// disk, on every node together). Blocks for tens of milliseconds.
     /// Errors: the first removal or fsync that failed (the space is then reclaimed at the
     /// next open, which removes `.deleted` files); the rest is still done.
@@ -864,27 +864,30 @@ impl<'a> FramedBatch<'a> {
 /// or an older primary's replication), or the records of a [`FramedBatch`] from its `from`-th
 /// on (a replica's replication, as received). Positions strictly increase in both.
 #[derive(Clone, Copy)]
-pub(crate) enum Appending<'r, 'b> {
+pub enum Appending<'r, 'b> {
+    /// Decoded records.
     Records(&'r [JournalRecord]),
+    /// The records of a framed batch from the given index on.
     Frames(&'r FramedBatch<'b>, usize),
 }
 
 impl Appending<'_, '_> {
     /// Records to append.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         match self {
             Appending::Records(r) => r.len(),
             Appending::Frames(b, from) => b.len().saturating_sub(*from),
         }
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// Whether there is nothing to append.
+    pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The position of the `i`-th record appended (below [`Appending::len`]), and whether it
     /// is a marker (never in a framed batch: [`FramedBatch::split`] refuses them).
-    pub(crate) fn position(&self, i: usize) -> (u64, bool) {
+    pub fn position(&self, i: usize) -> (u64, bool) {
         match self {
             Appending::Records(r) => (
                 r[i].sequence,
@@ -896,7 +899,7 @@ impl Appending<'_, '_> {
 
     /// The index of the first record whose position is above `sequence` ([`Appending::len`]
     /// when none is).
-    pub(crate) fn first_above(&self, sequence: u64) -> usize {
+    pub fn first_above(&self, sequence: u64) -> usize {
         match self {
             Appending::Records(r) => r.partition_point(|x| x.sequence <= sequence),
             Appending::Frames(b, from) => b.first_above(sequence).max(*from) - from,
@@ -904,7 +907,7 @@ impl Appending<'_, '_> {
     }
 
     /// The same records without the first `n` (all of them when `n` is past the end).
-    pub(crate) fn skip(self, n: usize) -> Self {
+    pub fn skip(self, n: usize) -> Self {
         match self {
             Appending::Records(r) => Appending::Records(&r[n.min(r.len())..]),
             Appending::Frames(b, from) => Appending::Frames(b, (from + n).min(b.len())),
@@ -1780,7 +1783,7 @@ impl Store {
     }
 
     /// [`Store::append`] of decoded records or of a framed batch's ([`Appending`]).
-    pub(crate) fn append_with(
+    pub fn append_with(
         &mut self,
         appending: Appending<'_, '_>,
         covered_through: u64,

@@ -5,7 +5,7 @@
 //!
 //! A hash table that runs out of room and rehashes every element in one call (as `hashbrown`
 //! does, which this module used until 2026-11-29) reads each element's key from the caller's
-//! store at a random place: a cache miss each. Measured on 2026-11-26 (BENCHMARKS.md, "No stop-the-world rehash"): the
+//! store at a random place: a cache miss each. Measured on 2026-11-26 (docs/bench/JOURNAL.md, "No stop-the-world rehash"): the
 //! duplicate window stopped its partition's thread for 13 ms at 229,000 GUIDs, 35 ms at
 //! 459,000 and 69 ms at 918,000, on every node at about the same moment (they all see the same
 //! messages), and the index of outstanding messages did the same as a backlog grew. Every

@@ -31,11 +31,11 @@ use crate::position_table::{PositionTable, MIGRATE_PER_OP};
 
 /// Width of a [`GuidWindow`] time bucket: GUIDs leave the window at most this much later than
 /// their age says (never earlier), and the window keeps one timestamp per bucket, not per GUID.
-pub(crate) const GUID_BUCKET: Duration = Duration::from_secs(1);
+pub const GUID_BUCKET: Duration = Duration::from_secs(1);
 
 /// GUIDs at most that one [`GuidWindow::expire`] forgets for their age (about 1 ms of work),
 /// besides those the count bound removes (never capped: they follow the inserts).
-pub(crate) const AGE_OUT_PER_CALL: usize = 8_192;
+pub const AGE_OUT_PER_CALL: usize = 8_192;
 
 /// GUIDs inserted or forgotten together, their table buckets loaded before any is used (see
 /// [`GuidWindow::insert_all`]): enough misses in flight to cover a memory latency, few enough
@@ -44,7 +44,7 @@ const GROUP: usize = 16;
 
 /// GUIDs of recently finished messages (see the module doc).
 #[derive(Debug, Default)]
-pub(crate) struct GuidWindow {
+pub struct GuidWindow {
     /// GUIDs in insertion order.
     order: ChunkedRing<u128>,
     /// GUIDs that left the front so far: `order[i]` has position `popped + i`.
@@ -72,19 +72,23 @@ impl GuidWindow {
     }
 
     /// GUIDs remembered.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.order.len()
+    }
+
+    /// Whether no GUID is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.order.len() == 0
     }
 
     /// Starts loading the table bucket that [`GuidWindow::contains`] of `guid` reads; returns a
     /// value to fold into `std::hint::black_box` (see `BucketTable::prefetch`).
-    pub(crate) fn prefetch(&self, guid: u128) -> u32 {
+    pub fn prefetch(&self, guid: u128) -> u32 {
         self.table.prefetch(Self::hash(&self.hasher, guid))
     }
 
     /// Whether `guid` is remembered.
-    pub(crate) fn contains(&self, guid: u128) -> bool {
+    pub fn contains(&self, guid: u128) -> bool {
         let (order, popped) = (&self.order, self.popped);
         self.table
             .find(Self::hash(&self.hasher, guid), |p| {
@@ -133,7 +137,7 @@ impl GuidWindow {
     /// a running resize will move meanwhile) are loaded before any is used, so their cache
     /// misses overlap instead of following one another — at 1,000,000 GUIDs nearly every
     /// bucket is a miss, and the window takes every finished message on every node.
-    pub(crate) fn insert_all(&mut self, now: Instant, guids: impl IntoIterator<Item = u128>) {
+    pub fn insert_all(&mut self, now: Instant, guids: impl IntoIterator<Item = u128>) {
         let mut guids = guids.into_iter();
         loop {
             let mut group = [(0u128, 0u64); GROUP];
@@ -194,7 +198,7 @@ impl GuidWindow {
     /// call beyond what `max` removes: the rest leave at the next calls (later than their age,
     /// never earlier), so a second of a burst at 100,000 msgs/s does not stop the partition
     /// for the 5-9 ms its removal takes.
-    pub(crate) fn expire(&mut self, now: Instant, max: usize, age: Duration) {
+    pub fn expire(&mut self, now: Instant, max: usize, age: Duration) {
         let mut forgot = false;
         let mut aged_budget = AGE_OUT_PER_CALL;
         while let Some(&(start, count)) = self.buckets.front() {
@@ -305,7 +309,7 @@ mod tests {
         assert!(!w.contains(3) && w.contains(4));
         assert_eq!(w.len(), 8);
         w.expire(t0 + Duration::from_secs(60), 10, age);
-        assert!(w.len() == 0 && w.bucket_counts().is_empty());
+        assert!(w.is_empty() && w.bucket_counts().is_empty());
         assert!((0..12).all(|g| !w.contains(g)));
     }
 
@@ -335,7 +339,7 @@ mod tests {
         );
         // Aged out, at most AGE_OUT_PER_CALL per call.
         let mut calls = 0;
-        while w.len() > 0 {
+        while !w.is_empty() {
             let before = w.len();
             w.expire(t0 + age + GUID_BUCKET, 1_000_000, age);
             assert!(before - w.len() <= AGE_OUT_PER_CALL);

@@ -1,5 +1,5 @@
 //! The longest single call of the duplicate window and of the index of outstanding messages
-//! while they grow to 1,000,000+ GUIDs and shrink again (BENCHMARKS.md, "No stop-the-world
+//! while they grow to 1,000,000+ GUIDs and shrink again (docs/bench/JOURNAL.md, "No stop-the-world
 //! rehash"). A benchmark, not a test: it asserts nothing and is ignored by default.
 //!
 //! ```text

@@ -7,7 +7,7 @@
 //! leave a tombstone that the table later rebuilds itself to clear, and nothing lets a caller
 //! start the loads of many probes at once. The duplicate window pays an insert and, once full,
 //! a removal for every finished message on every node: 4-9% of the brokers' CPU per message at
-//! the maximum rate (BENCHMARKS.md, "A moderate rate's CPU is not the thread hand-offs"). Here
+//! the maximum rate (docs/bench/JOURNAL.md, "A moderate rate's CPU is not the thread hand-offs"). Here
 //! a bucket is one cache line holding 12 slots: 12 one-byte tags (8 bits of the hash; 0 marks a free
 //! slot), a count of the entries that passed this bucket because it was full, and 12 positions.
 //!

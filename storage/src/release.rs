@@ -1,5 +1,5 @@
 //! Freeing a deleted file's disk blocks a step at a time, for the partition journals and the
-//! metadata ledger (issue 18; BENCHMARKS.md, "Segments freed a little at a time").
+//! metadata ledger (issue 18; docs/bench/JOURNAL.md, "Segments freed a little at a time").
 //!
 //! The last close of an unlinked file frees all its blocks in one call — on a file system
 //! mounted with `discard`, a TRIM of each — and every other writer's fsync on the disk waits
