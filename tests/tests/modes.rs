@@ -168,3 +168,66 @@ async fn fanout_gives_every_app_its_own_copy() {
         panic!("{e:#}\n{}", cluster.log_tails(40));
     }
 }
+
+/// Subscriptions through our own client (BlazingMQ's expression language): a consumer of
+/// `seq >= 50` gets exactly the messages whose `seq` property is 50 or more, a consumer with
+/// no subscription then gets the others, and an expression that does not compile is refused
+/// with INVALID_ARGUMENT naming the offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_select_messages_by_their_properties() {
+    use bmq_proto::client::{Property, PropertyType, StatusCode, Subscription};
+    const QUEUE: &str = "bmq://bmq.test/subscribed";
+    let cluster = Cluster::start(3).expect("start cluster");
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(30)).await?;
+        let addrs = cluster.client_addrs();
+        let subscribed = |expression: &str| ConsumerOptions {
+            subscriptions: vec![Subscription {
+                id: 1,
+                expression: expression.to_string(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let bad = Client::connect(client(vec![addrs[1].clone()], "bad")).await?;
+        match bad
+            .open_queue(QUEUE, OpenOptions::read(subscribed("seq >=")))
+            .await
+        {
+            Err(bmq_client::ClientError::Refused { code, message }) => ensure!(
+                code == StatusCode::InvalidArgument && message.contains("offset"),
+                "{code:?}: {message}"
+            ),
+            other => anyhow::bail!("an invalid expression was not refused: {other:?}"),
+        }
+        let high = Client::connect(client(vec![addrs[1].clone()], "high")).await?;
+        high.open_queue(QUEUE, OpenOptions::read(subscribed("seq >= 50")))
+            .await?;
+        let producer = Client::connect(client(vec![addrs[0].clone()], "producer")).await?;
+        producer.open_queue(QUEUE, OpenOptions::write()).await?;
+        for seq in 0..100u64 {
+            let seq_property = Property {
+                key: "seq".into(),
+                value: seq.to_string(),
+                value_type: PropertyType::Int64 as i32,
+            };
+            let ack = producer
+                .put(QUEUE, payload::encode(1, seq, 64), vec![seq_property])
+                .await?
+                .await?;
+            ensure!(ack.status == AckStatus::Success as i32, "nack {ack:?}");
+        }
+        let seen = drain_confirming(&high, QUEUE, 50).await?;
+        ensure!(seen == (50..100).collect(), "seq >= 50 got {seen:?}");
+        let rest = Client::connect(client(vec![addrs[2].clone()], "rest")).await?;
+        rest.open_queue(QUEUE, OpenOptions::read(ConsumerOptions::default()))
+            .await?;
+        let seen = drain_confirming(&rest, QUEUE, 50).await?;
+        ensure!(seen == (0..50).collect(), "the rest got {seen:?}");
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", cluster.log_tails(40));
+    }
+}
