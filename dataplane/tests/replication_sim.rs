@@ -1,13 +1,17 @@
-//! Deterministic simulator of the data plane's pure cores (issue 16; DESIGN.md §7): 3 or 5
-//! real [`Partition`]s, each over a real [`Store`] in its own temporary directory, driven
-//! through a simulated network, disk, leader and clients. One seed drives every choice.
+//! Deterministic simulator of the data plane's pure cores (DESIGN.md §7): 3 or 5 real
+//! [`Partition`]s, each over a real [`Store`] on its own simulated disk
+//! ([`bmq_storage::disk::SimDisk`], in memory), driven through a simulated network, leader and
+//! clients. One seed drives every choice.
 //!
-//! - **Disk**: a write reaches the file at once but is durable only once the node's
-//!   simulated group commit runs [`Partition::sync`] (0-5 ms after the write). A crash cuts
-//!   every segment file back to its synced length, or (torn write) to a random length between
-//!   that and its current one, possibly inside a record; the restarted node reopens the real
-//!   store. Segments are 4 KiB, so rollovers, deletions of settled dead segments and
-//!   compactions happen all the time, crashes included.
+//! - **Disk**: the store runs its `fsync = true` path. A write is seen at once but is durable
+//!   only once the node's simulated group commit runs [`Partition::sync`] (0-5 ms after the
+//!   write); a file created, renamed or removed only once its directory is fsynced. A crash
+//!   is a power loss of the node's disk: every file goes back to its last fsync, or (torn
+//!   write) keeps a random prefix of the writes since, the last one cut anywhere (possibly
+//!   inside a record), and every directory to its entries as of its last fsync; the
+//!   restarted node reopens the real store on that disk. Segments are 4 KiB, so rollovers,
+//!   deletions of settled dead segments and compactions happen all the time, crashes
+//!   included.
 //! - **Network**: partition messages are lost (2%), duplicated (1%) and delayed 1-20 ms (so
 //!   reordered); a message in flight dies with its sender's or receiver's incarnation (TCP).
 //! - **Leadership** is an input (the elector and metadata simulators check it): a schedule of
@@ -45,12 +49,11 @@
 //! A failing run prints its seed, the last events and the replay command:
 //! `REPLICATION_SIM_SEED=<seed> cargo test -p bmq-dataplane --test replication_sim -- replay --nocapture`.
 //! CI runs [`CI_SEEDS`] seeds per cluster size (`REPLICATION_SIM_SEEDS` overrides);
-//! `scripts/soak-replication-sim.sh` runs many more. With the `defect-injection` feature, the
+//! `scripts/soak-sim.sh replication` runs many more. With the `defect-injection` feature, the
 //! test `defects_are_found` puts each old defect back and requires the simulator to find it.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::fs::OpenOptions;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -65,6 +68,7 @@ use bmq_proto::client::{
 };
 use bmq_proto::peer::PartitionMessage;
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
+use bmq_storage::disk::{Disk, SimDisk};
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -148,7 +152,9 @@ enum Event {
 }
 
 struct SimNode {
-    dir: tempfile::TempDir,
+    /// The node's disk (in memory, `bmq_storage::disk::SimDisk`): a crash is a power loss of
+    /// it.
+    disk: SimDisk,
     p: Option<Partition>,
     inc: u64,
     sync_queued: bool,
@@ -265,9 +271,14 @@ fn store_cfg() -> StoreConfig {
         cache_bytes_max: 8192,
         quota_bytes: 0,
         recycle: true,
-        fsync: false,
+        // The simulated disk's fsyncs cost nothing, and a power loss keeps only what they
+        // made durable.
+        fsync: true,
     }
 }
+
+/// Where a node's journal lives on its simulated disk.
+const JOURNAL_DIR: &str = "/journal";
 
 impl Sim {
     fn new(seed: u64, size: usize) -> Sim {
@@ -313,9 +324,8 @@ impl Sim {
             watched: Vec::new(),
         };
         for _ in 0..size {
-            let dir = tempfile::tempdir().expect("temporary directory");
             sim.nodes.push(SimNode {
-                dir,
+                disk: SimDisk::new(),
                 p: None,
                 inc: 0,
                 sync_queued: false,
@@ -368,10 +378,14 @@ impl Sim {
             wall_clock_anchor: (self.t0, 0),
         };
         let node = &mut self.nodes[n];
-        let store = Store::open(node.dir.path(), store_cfg(), self.policies.apps_of())
-            .unwrap_or_else(|e| {
-                panic!("seed {}: node {n} cannot reopen its store: {e}", self.seed)
-            });
+        let disk: Arc<dyn Disk> = Arc::new(node.disk.clone());
+        let store = Store::open_on(
+            disk,
+            Path::new(JOURNAL_DIR),
+            store_cfg(),
+            self.policies.apps_of(),
+        )
+        .unwrap_or_else(|e| panic!("seed {}: node {n} cannot reopen its store: {e}", self.seed));
         node.p = Some(Partition::new(cfg, store));
         node.durable_when_down.clear();
         node.stopping = false;
@@ -753,22 +767,19 @@ impl Sim {
             .filter(|o| o.sequence <= store.durable())
             .map(|o| o.guid)
             .collect();
-        let files: Vec<(PathBuf, u64, u64)> = store.files();
         drop(p);
-        for (path, synced, len) in files {
-            if len > synced {
-                let cut = if torn {
-                    self.rng.gen_range(synced..=len)
-                } else {
-                    synced
-                };
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .expect("segment file");
-                file.set_len(cut).expect("cut segment");
+        // What the disk had not made durable is lost; a torn crash keeps some of it, in
+        // order, the last write cut anywhere (possibly inside a record).
+        let disk = self.nodes[n].disk.clone();
+        let rng = &mut self.rng;
+        disk.power_loss(|sizes| {
+            if !torn || sizes.is_empty() {
+                return (0, None);
             }
-        }
+            let kept = rng.gen_range(0..=sizes.len());
+            let cut = (kept > 0).then(|| rng.gen_range(0..=sizes[kept - 1]));
+            (kept, cut)
+        });
         let node = &mut self.nodes[n];
         node.durable_when_down = durable;
         node.inc += 1;

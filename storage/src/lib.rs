@@ -9,6 +9,9 @@
 //!   detection, bounded by count and age.
 //! - [`release`]: a deleted file's disk blocks freed a step at a time (the journals, the
 //!   metadata ledger).
+//! - [`disk`]: the file layer under it all — [`disk::RealDisk`], the operating system's
+//!   files, and [`disk::SimDisk`], a seeded disk in memory that fails fsyncs, runs out of
+//!   space, loses unsynced writes at a power loss and flips bits, for the simulators.
 //!
 //! The index tables (`GuidIndex`, `PositionTable`, `BucketTable`, `ChunkedRing`) are this
 //! crate's own.
@@ -16,6 +19,7 @@
 
 mod bucket_table;
 mod chunked_ring;
+pub mod disk;
 mod guid_index;
 pub mod guid_window;
 #[cfg(test)]

@@ -94,14 +94,11 @@
 //! until space returns. A configured quota (`quota_bytes`) is checked by the caller before a
 //! write ([`Store::would_exceed_quota`]).
 
+use crate::disk::{Disk, FileRef, Open, RealDisk};
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
-use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::release::release_gradually;
 use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, LeaseRun, StoredMarker};
 use bmq_proto::uri_text;
 
@@ -239,23 +236,18 @@ fn spare_path(dir: &Path) -> PathBuf {
     dir.join(SPARE_NAME)
 }
 
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    fsync_dir(dir).map_err(io(dir))
-}
-
-/// fsyncs directory `dir` (its entries: files created, renamed or removed in it).
-fn fsync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
+fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), StoreError> {
+    disk.sync_dir(dir).map_err(io(dir))
 }
 
 /// fsyncs a segment's data; for a segment new since its directory was last fsynced
 /// (`new_in`: that directory), its inode and the directory entry too.
-fn fsync_segment(file: &File, new_in: Option<&Path>) -> std::io::Result<()> {
+fn fsync_segment(disk: &dyn Disk, file: &FileRef, new_in: Option<&Path>) -> std::io::Result<()> {
     match new_in {
         None => file.sync_data(),
         Some(dir) => {
             file.sync_all()?;
-            fsync_dir(dir)
+            disk.sync_dir(dir)
         }
     }
 }
@@ -300,7 +292,7 @@ struct Segment {
     no: u32,
     path: PathBuf,
     /// Shared with a [`SyncTicket`] whose fsync runs on another thread.
-    file: Arc<File>,
+    file: FileRef,
     /// Bytes of the segment: on the file, plus (active segment) the store's write-behind buffer.
     len: u64,
     /// Bytes written to the file; `len - written` wait in [`Store::pending`].
@@ -460,9 +452,6 @@ struct WriteBehind {
     len: usize,
 }
 
-/// Most buffers one `pwritev` takes (Linux's `IOV_MAX`).
-const IOV_MAX: usize = 1024;
-
 impl WriteBehind {
     fn len(&self) -> usize {
         self.len
@@ -522,35 +511,15 @@ impl WriteBehind {
         Some(out)
     }
 
-    /// Writes every byte at `offset` of `file` (`pwritev`, as many calls as it takes).
-    fn write_at(&self, file: &File, mut offset: u64) -> std::io::Result<()> {
-        let (mut chunk, mut skip) = (0, 0);
-        while chunk < self.chunks.len() {
-            let mut slices = Vec::with_capacity((self.chunks.len() - chunk).min(IOV_MAX));
-            slices.push(std::io::IoSlice::new(&self.chunks[chunk][skip..]));
-            for c in self.chunks[chunk + 1..].iter().take(IOV_MAX - 1) {
-                slices.push(std::io::IoSlice::new(c));
-            }
-            let mut written = match rustix::io::pwritev(file, &slices, offset) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(n) => n,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            offset += written as u64;
-            while written > 0 {
-                let left = self.chunks[chunk].len() - skip;
-                if written >= left {
-                    written -= left;
-                    chunk += 1;
-                    skip = 0;
-                } else {
-                    skip += written;
-                    written = 0;
-                }
-            }
-        }
-        Ok(())
+    /// Writes every byte at `offset` of `file` (one vectored write: `pwritev`, as many calls
+    /// as it takes).
+    fn write_at(&self, file: &FileRef, offset: u64) -> std::io::Result<()> {
+        let slices: Vec<std::io::IoSlice<'_>> = self
+            .chunks
+            .iter()
+            .map(|c| std::io::IoSlice::new(c))
+            .collect();
+        file.write_vectored_at(&slices, offset).map(|_| ())
     }
 }
 
@@ -568,7 +537,9 @@ fn deleted_path(path: &Path) -> PathBuf {
 /// waits while the kernel frees a segment's pages and blocks.
 #[derive(Debug, Default)]
 pub struct ClosedFiles {
-    files: Vec<Arc<File>>,
+    /// The disk they are on (set by the store that fills the list).
+    disk: Option<Arc<dyn Disk>>,
+    files: Vec<FileRef>,
     /// Renamed files of deleted segments, to remove.
     unlink: Vec<PathBuf>,
     /// The directory to fsync once they are removed.
@@ -590,18 +561,19 @@ impl ClosedFiles {
     /// next open, which removes `.deleted` files); the rest is still done.
     pub fn finish(self) -> std::io::Result<()> {
         let mut result = Ok(());
+        let disk: Arc<dyn Disk> = self.disk.unwrap_or_else(|| Arc::new(RealDisk));
         for path in &self.unlink {
-            if let Err(e) = std::fs::remove_file(path) {
+            if let Err(e) = disk.remove_file(path) {
                 result = result.and(Err(e));
             }
         }
         for file in self.files {
-            if let Ok(file) = Arc::try_unwrap(file) {
-                release_gradually(&file);
+            if Arc::strong_count(&file) == 1 {
+                file.release();
             }
         }
         if let Some(dir) = &self.sync_dir {
-            if let Err(e) = fsync_dir(dir) {
+            if let Err(e) = disk.sync_dir(dir) {
                 result = result.and(Err(e));
             }
         }
@@ -615,7 +587,8 @@ impl ClosedFiles {
 /// it was issued.
 #[derive(Debug)]
 pub struct SyncTicket {
-    file: Arc<File>,
+    disk: Arc<dyn Disk>,
+    file: FileRef,
     path: PathBuf,
     segment: u32,
     /// Bytes of the segment written when the ticket was issued.
@@ -638,7 +611,7 @@ impl SyncTicket {
         if !self.fsync {
             return Ok(());
         }
-        fsync_segment(&self.file, self.new_segment_dir.as_deref())
+        fsync_segment(&*self.disk, &self.file, self.new_segment_dir.as_deref())
     }
 
     /// The last position this ticket makes durable.
@@ -649,6 +622,8 @@ impl SyncTicket {
 
 /// One partition's journal with its index (see the module doc).
 pub struct Store {
+    /// The disk the journal's files are on.
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     cfg: StoreConfig,
     apps_of: AppsOf,
@@ -930,35 +905,46 @@ impl Store {
     /// complete install or discards an incomplete one, truncates a torn tail; anything else
     /// wrong is [`StoreError::Corrupt`].
     pub fn open(dir: &Path, cfg: StoreConfig, apps_of: AppsOf) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        recover_install(dir)?;
+        Store::open_on(Arc::new(RealDisk), dir, cfg, apps_of)
+    }
+
+    /// [`Store::open`] on `disk` (the simulators' [`crate::disk::SimDisk`], or the real one).
+    ///
+    /// Errors: as [`Store::open`].
+    pub fn open_on(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        cfg: StoreConfig,
+        apps_of: AppsOf,
+    ) -> Result<Store, StoreError> {
+        disk.create_dir_all(dir).map_err(io(dir))?;
+        recover_install(&*disk, dir)?;
         let mut numbers: Vec<u32> = Vec::new();
         let mut spare = false;
-        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-            let entry = entry.map_err(io(dir))?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
+        for path in disk.read_dir(dir).map_err(io(dir))? {
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
             if name.ends_with(DELETED_SUFFIX) {
                 // A deleted segment whose file the node had not removed yet.
-                let path = entry.path();
-                std::fs::remove_file(&path).map_err(io(&path))?;
+                disk.remove_file(&path).map_err(io(&path))?;
                 continue;
             }
             if name == SPARE_NAME {
                 if cfg.recycle {
                     spare = true;
                 } else {
-                    let path = entry.path();
-                    std::fs::remove_file(&path).map_err(io(&path))?;
+                    disk.remove_file(&path).map_err(io(&path))?;
                 }
                 continue;
             }
             if compaction::is_copy(&name) {
                 // A compaction the node did not finish: the segment it was to replace is
                 // intact.
-                let path = entry.path();
                 warn!(path = %path.display(), "unfinished journal compaction removed");
-                std::fs::remove_file(&path).map_err(io(&path))?;
+                disk.remove_file(&path).map_err(io(&path))?;
                 continue;
             }
             if let Some(n) = name
@@ -971,6 +957,7 @@ impl Store {
         }
         numbers.sort_unstable();
         let mut store = Store {
+            disk,
             dir: dir.to_path_buf(),
             cfg: StoreConfig {
                 segment_size_max: cfg.segment_size_max.max(HEADER_LEN + 1),
@@ -1087,10 +1074,9 @@ impl Store {
         effects: &mut Vec<(u64, Effect)>,
     ) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, n);
-        let mut data = Vec::new();
-        File::open(&path)
-            .and_then(|mut f| f.read_to_end(&mut data))
-            .map_err(io(&path))?;
+        let file = self.disk.open(&path, Open::ReadWrite).map_err(io(&path))?;
+        let mut data = vec![0u8; file.len().map_err(io(&path))? as usize];
+        file.read_exact_at(&mut data, 0).map_err(io(&path))?;
         let corrupt = |offset: u64, reason: String| StoreError::Corrupt {
             path: path.clone(),
             offset,
@@ -1099,7 +1085,8 @@ impl Store {
         if data.len() < HEADER_LEN as usize {
             if is_last {
                 warn!(path = %path.display(), "journal segment without a complete header: rewriting it");
-                std::fs::remove_file(&path).map_err(io(&path))?;
+                drop(file);
+                self.disk.remove_file(&path).map_err(io(&path))?;
                 return self.create_segment(n);
             }
             return Err(corrupt(0, "segment shorter than its header".into()));
@@ -1114,15 +1101,10 @@ impl Store {
         // A recycled last segment's records end at the first that is not its own (see
         // "Recycling" in the module doc); everything after is an earlier life's.
         let recycled_tail = version == VERSION_RECYCLED && is_last;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io(&path))?;
         self.segments.push(Segment {
             no: n,
             path: path.clone(),
-            file: Arc::new(file),
+            file: file.clone(),
             len: HEADER_LEN,
             written: HEADER_LEN,
             reserved: 0,
@@ -1200,10 +1182,6 @@ impl Store {
                 }
                 // A torn tail, or (recycled) an earlier life's bytes: cut, so that no record
                 // of this life written after a torn one can ever be taken back.
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(io(&path))?;
                 file.set_len(pos as u64).map_err(io(&path))?;
                 file.sync_all().map_err(io(&path))?;
                 break;
@@ -1523,19 +1501,14 @@ impl Store {
                     // Nothing is lost: the segment is made afresh, as without a spare.
                     warn!(dir = %self.dir.display(), error = %e, "journal spare segment not reusable: removed");
                     self.spare = false;
-                    let _ = std::fs::remove_file(spare_path(&self.dir));
+                    let _ = self.disk.remove_file(&spare_path(&self.dir));
                 }
             }
         }
         let path = segment_path(&self.dir, n);
         let buf = segment_head(&self.marker(n), VERSION);
         let made = (|| {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)?;
+            let file = self.disk.open(&path, Open::Create)?;
             file.write_all_at(&buf, 0)?;
             // The segment's space, reserved now: a full disk shows here, where the append that
             // needs the segment can still be refused, and never in a write-behind.
@@ -1545,7 +1518,7 @@ impl Store {
         let (file, reserved) = match made {
             Ok(made) => made,
             Err(e) => {
-                let _ = std::fs::remove_file(&path);
+                let _ = self.disk.remove_file(&path);
                 return Err(io(&path)(e));
             }
         };
@@ -1562,7 +1535,7 @@ impl Store {
         &mut self,
         n: u32,
         path: PathBuf,
-        file: File,
+        file: FileRef,
         head: u64,
         reserved: u64,
         recycled: bool,
@@ -1572,7 +1545,7 @@ impl Store {
         self.segments.push(Segment {
             no: n,
             path,
-            file: Arc::new(file),
+            file,
             len: head,
             written: head,
             reserved,
@@ -1601,17 +1574,17 @@ impl Store {
         let spare = spare_path(&self.dir);
         let path = segment_path(&self.dir, n);
         let buf = segment_head(&self.marker(n), VERSION_RECYCLED);
-        let file = OpenOptions::new().read(true).write(true).open(&spare)?;
+        let file = self.disk.open(&spare, Open::ReadWrite)?;
         file.write_all_at(&buf, 0)?;
         if self.cfg.fsync {
             file.sync_data()?;
         }
-        std::fs::rename(&spare, &path)?;
+        self.disk.rename(&spare, &path)?;
         self.spare = false;
         let reserved = match reserve(&file, self.cfg.segment_size_max) {
             Ok(r) => r,
             Err(e) => {
-                let _ = std::fs::remove_file(&path);
+                let _ = self.disk.remove_file(&path);
                 return Err(e);
             }
         };
@@ -1709,6 +1682,7 @@ impl Store {
         self.write_pending()?;
         let fsync = self.cfg.fsync;
         let dir = self.dir.clone();
+        let disk = self.disk.clone();
         let s = self.active();
         if s.recycled {
             // Closed segments end at their last record (only the last segment may hold an
@@ -1717,7 +1691,8 @@ impl Store {
         }
         if fsync {
             // Before the next segment exists: its marker says how far this one goes.
-            fsync_segment(&s.file, s.fresh.then_some(dir.as_path())).map_err(io(&s.path))?;
+            fsync_segment(&*disk, &s.file, s.fresh.then_some(dir.as_path()))
+                .map_err(io(&s.path))?;
         }
         s.fresh = false;
         s.synced_len = s.len;
@@ -2025,7 +2000,7 @@ impl Store {
         while self.segments.len() > before.segments {
             let s = self.segments.pop().expect("checked");
             self.bytes_total = self.bytes_total.saturating_sub(s.len);
-            let _ = std::fs::remove_file(&s.path);
+            let _ = self.disk.remove_file(&s.path);
             self.retire_file(s.file);
         }
         let s = self.segments.last_mut().expect("a segment is open");
@@ -2085,11 +2060,13 @@ impl Store {
         let marked_base = self.marked.0;
         let dir = self.dir.clone();
         let behind = through > self.durable;
+        let disk = self.disk.clone();
         let s = self.active();
         // A ticket even without fsyncs (tests): the same steps, with an fsync that does
         // nothing, so that what depends on them is exercised alike.
         if s.synced_len < s.len || s.fresh || behind {
             return Ok(Some(SyncTicket {
+                disk,
                 file: s.file.clone(),
                 path: s.path.clone(),
                 segment: s.no,
@@ -2154,10 +2131,12 @@ impl Store {
     /// [`Store::set_defer_close`]), to finish with [`ClosedFiles::finish`] on another thread.
     /// Nothing reads them again.
     pub fn take_closed_files(&mut self) -> ClosedFiles {
-        std::mem::take(&mut self.closed_files)
+        let mut taken = std::mem::take(&mut self.closed_files);
+        taken.disk = Some(self.disk.clone());
+        taken
     }
 
-    fn retire_file(&mut self, file: Arc<File>) {
+    fn retire_file(&mut self, file: FileRef) {
         if self.defer_close {
             self.closed_files.files.push(file);
         }
@@ -2273,7 +2252,7 @@ impl Store {
             let s = self.segments.pop().expect("checked");
             self.bytes_total = self.bytes_total.saturating_sub(s.len);
             self.live_bytes -= s.live_bytes;
-            std::fs::remove_file(&s.path).map_err(io(&s.path))?;
+            self.disk.remove_file(&s.path).map_err(io(&s.path))?;
             self.retire_file(s.file);
         }
         let fsync = self.cfg.fsync;
@@ -2292,7 +2271,7 @@ impl Store {
             self.bytes_total = self.bytes_total.saturating_sub(removed);
         }
         if fsync {
-            sync_dir(&self.dir)?;
+            sync_dir(&*self.disk, &self.dir)?;
         }
         // Not reached (`maintain` compacts only segments that stay closed), but a segment
         // under compaction must never take appends.
@@ -2345,12 +2324,12 @@ impl Store {
     /// this store's settings, replacing any unfinished one.
     pub fn begin_install(&self) -> Result<Store, StoreError> {
         let staged = self.dir.join(INSTALL_DIR);
-        if staged.exists() {
-            std::fs::remove_dir_all(&staged).map_err(io(&staged))?;
+        if self.disk.exists(&staged) {
+            self.disk.remove_dir_all(&staged).map_err(io(&staged))?;
         }
-        let store = Store::open(&staged, self.cfg, self.apps_of.clone())?;
+        let store = Store::open_on(self.disk.clone(), &staged, self.cfg, self.apps_of.clone())?;
         if self.cfg.fsync {
-            sync_dir(&self.dir)?;
+            sync_dir(&*self.disk, &self.dir)?;
         }
         Ok(store)
     }
@@ -2362,13 +2341,14 @@ impl Store {
         staged.sync()?;
         let install = self.dir.join(INSTALL_DIR);
         let complete = install.join(INSTALL_COMPLETE);
-        File::create(&complete)
+        self.disk
+            .open(&complete, Open::Create)
             .and_then(|f| if self.cfg.fsync { f.sync_all() } else { Ok(()) })
             .map_err(io(&complete))?;
         if self.cfg.fsync {
-            sync_dir(&install)?;
+            sync_dir(&*self.disk, &install)?;
         }
-        recover_install(&self.dir)?;
+        recover_install(&*self.disk, &self.dir)?;
         for s in &mut staged.segments {
             s.path = segment_path(&self.dir, s.no);
         }
@@ -2728,7 +2708,7 @@ impl Store {
         }
         if report.deleted > 0 {
             if self.cfg.fsync && !self.defer_close {
-                sync_dir(&self.dir)?;
+                sync_dir(&*self.disk, &self.dir)?;
             }
             self.maintenance_epoch += 1;
             metrics::counter!("bmq_journal_segments_deleted_total")
@@ -2751,14 +2731,12 @@ impl Store {
     /// leaves a `.deleted` file, removed at open.
     fn delete_segment(&mut self, i: usize, report: &mut Maintenance) -> Result<(), StoreError> {
         let s = self.segments.remove(i);
-        let full = || {
-            s.file
-                .metadata()
-                .is_ok_and(|m| m.len() >= self.cfg.segment_size_max)
-        };
+        let full = || s.file.len().is_ok_and(|l| l >= self.cfg.segment_size_max);
         if self.cfg.recycle && !self.spare && full() {
             // Kept as the spare the next roll-over writes over (its blocks stay allocated).
-            std::fs::rename(&s.path, spare_path(&self.dir)).map_err(io(&s.path))?;
+            self.disk
+                .rename(&s.path, &spare_path(&self.dir))
+                .map_err(io(&s.path))?;
             self.spare = true;
             if self.defer_close && self.cfg.fsync {
                 self.closed_files.sync_dir = Some(self.dir.clone());
@@ -2786,13 +2764,13 @@ impl Store {
     fn remove_file(&mut self, path: &Path) -> Result<(), StoreError> {
         if self.defer_close {
             let deleted = deleted_path(path);
-            std::fs::rename(path, &deleted).map_err(io(path))?;
+            self.disk.rename(path, &deleted).map_err(io(path))?;
             self.closed_files.unlink.push(deleted);
             if self.cfg.fsync {
                 self.closed_files.sync_dir = Some(self.dir.clone());
             }
         } else {
-            std::fs::remove_file(path).map_err(io(path))?;
+            self.disk.remove_file(path).map_err(io(path))?;
         }
         Ok(())
     }
@@ -2864,38 +2842,37 @@ struct Snapshot {
 
 /// Finishes a complete install in `dir` (its `COMPLETE` file exists: delete the journal's
 /// segments, move the staged ones in) or discards an incomplete one.
-fn recover_install(dir: &Path) -> Result<(), StoreError> {
+fn recover_install(disk: &dyn Disk, dir: &Path) -> Result<(), StoreError> {
     let install = dir.join(INSTALL_DIR);
-    if !install.exists() {
+    if !disk.exists(&install) {
         return Ok(());
     }
-    if !install.join(INSTALL_COMPLETE).exists() {
+    if !disk.exists(&install.join(INSTALL_COMPLETE)) {
         warn!(dir = %install.display(), "unfinished journal install discarded");
-        return std::fs::remove_dir_all(&install).map_err(io(&install));
+        return disk.remove_dir_all(&install).map_err(io(&install));
     }
     let segments = |d: &Path| -> Result<Vec<PathBuf>, StoreError> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(d).map_err(io(d))? {
-            let entry = entry.map_err(io(d))?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with("journal-") && name.ends_with(".bmqj") {
-                out.push(entry.path());
-            }
-        }
-        Ok(out)
+        Ok(disk
+            .read_dir(d)
+            .map_err(io(d))?
+            .into_iter()
+            .filter(|p| {
+                let name = p.file_name().unwrap_or_default().to_string_lossy();
+                name.starts_with("journal-") && name.ends_with(".bmqj")
+            })
+            .collect())
     };
     for old in segments(dir)? {
-        std::fs::remove_file(&old).map_err(io(&old))?;
+        disk.remove_file(&old).map_err(io(&old))?;
     }
-    sync_dir(dir)?;
+    sync_dir(disk, dir)?;
     for new in segments(&install)? {
         let to = dir.join(new.file_name().expect("a file name"));
-        std::fs::rename(&new, &to).map_err(io(&to))?;
+        disk.rename(&new, &to).map_err(io(&to))?;
     }
-    sync_dir(dir)?;
-    std::fs::remove_dir_all(&install).map_err(io(&install))?;
-    sync_dir(dir)?;
+    sync_dir(disk, dir)?;
+    disk.remove_dir_all(&install).map_err(io(&install))?;
+    sync_dir(disk, dir)?;
     Ok(())
 }
 
@@ -2947,14 +2924,8 @@ where
 /// (`fallocate` with `FALLOC_FL_KEEP_SIZE`), so writes within them cannot fail for a full disk.
 /// Returns the bytes reserved: `size`, or 0 where the file system cannot reserve.
 /// Errors: the disk has not the space (`ENOSPC`), or another I/O error.
-fn reserve(file: &File, size: u64) -> std::io::Result<u64> {
-    use rustix::fs::{fallocate, FallocateFlags};
-    use rustix::io::Errno;
-    match fallocate(file, FallocateFlags::KEEP_SIZE, 0, size) {
-        Ok(()) => Ok(size),
-        Err(e) if e == Errno::OPNOTSUPP || e == Errno::NOSYS => Ok(0),
-        Err(e) => Err(e.into()),
-    }
+fn reserve(file: &FileRef, size: u64) -> std::io::Result<u64> {
+    Ok(if file.reserve(size)? { size } else { 0 })
 }
 
 /// Reads the record `held` of segment `s` with one positioned read.

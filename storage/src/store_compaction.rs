@@ -27,8 +27,7 @@
 //! A crash at any step leaves the old segment (the copy is removed at open) or, after the
 //! rename, the new one: both hold every record live at a durable base.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use crate::disk::{Disk, FileRef, Open};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,8 +58,10 @@ static NEXT_COPY: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug)]
 pub struct CompactionTicket {
     id: u64,
+    /// The disk the journal is on.
+    disk: Arc<dyn Disk>,
     /// The old segment's file (shared: the partition still reads it) and path.
-    source: Arc<File>,
+    source: FileRef,
     source_path: PathBuf,
     /// The copy's path (`journal-<n>.<id>.bmqj.compact`).
     tmp: PathBuf,
@@ -82,7 +83,7 @@ pub struct CompactionDone {
 /// A finished copy: the new file, and for each kept record (ascending) its new offset.
 #[derive(Debug)]
 struct Copied {
-    file: File,
+    file: FileRef,
     records: Vec<Held>,
     len: u64,
 }
@@ -133,12 +134,9 @@ impl CompactionTicket {
     }
 
     fn copy(&self) -> Result<Copied, StoreError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&self.tmp)
+        let file = self
+            .disk
+            .open(&self.tmp, Open::Create)
             .map_err(io(&self.tmp))?;
         let mut out = self.head.clone();
         let mut written = 0u64;
@@ -261,6 +259,7 @@ impl Store {
             .map_or(0, |h| h.sequence);
         let ticket = CompactionTicket {
             id,
+            disk: self.disk.clone(),
             source: s.file.clone(),
             source_path: s.path.clone(),
             tmp: tmp.clone(),
@@ -386,9 +385,9 @@ impl Store {
             return Ok(report);
         };
         let s = &self.segments[i];
-        std::fs::rename(&c.tmp, &s.path).map_err(io(&s.path))?;
+        self.disk.rename(&c.tmp, &s.path).map_err(io(&s.path))?;
         if self.cfg.fsync {
-            sync_dir(&self.dir)?;
+            sync_dir(&*self.disk, &self.dir)?;
         }
         // The kept records, with their live bits as of now (some died during the copy).
         let s = &mut self.segments[i];
@@ -408,7 +407,7 @@ impl Store {
             })
             .collect();
         let freed = s.len.saturating_sub(copied.len);
-        let replaced = std::mem::replace(&mut s.file, Arc::new(copied.file));
+        let replaced = std::mem::replace(&mut s.file, copied.file);
         s.len = copied.len;
         s.written = copied.len;
         s.synced_len = copied.len;
@@ -436,7 +435,7 @@ impl Store {
     fn remove_later(&mut self, path: PathBuf) {
         if self.defer_close {
             self.closed_files.unlink.push(path);
-        } else if let Err(e) = std::fs::remove_file(&path) {
+        } else if let Err(e) = self.disk.remove_file(&path) {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove a discarded journal compaction");
         }
     }
