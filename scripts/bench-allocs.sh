@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Heap allocations per operation of the three brokers together (issue 18; docs/bench/JOURNAL.md "Fewer
+# Heap allocations per operation of the three brokers together (docs/bench/JOURNAL.md "Fewer
 # allocations per message"): a count, not a time, so it does not move with this machine's load.
 # For each build, alternating ROUNDS times: a fresh local 3-node cluster (plain TCP), a warm-up,
 # then `perf stat` of uprobes on libc's malloc and realloc in the three broker processes while

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Failover benchmark (issue 8; method in scripts/bench_failover.py and BENCHMARKS.md):
+# Failover benchmark (method in scripts/bench_failover.py and BENCHMARKS.md):
 # RUNS (default 20) leader SIGKILLs -> new leader, and RUNS primary SIGKILLs -> first ACK.
 #   scripts/bench-failover.sh            # both
 #   RUNS=50 scripts/bench-failover.sh leader      # or: metadata, primary

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a journal fsync costs (issue 18): for one or more release builds, alternating, a fresh
+# What a journal fsync costs: for one or more release builds, alternating, a fresh
 # local 3-node cluster (plain TCP), a warm-up past the first segment's roll-over (WARMUP,
 # 40,000 messages), then COUNT (200,000) messages, 1 producer / 1 consumer, 1 KiB, strong,
 # window 256, the client on the node list.

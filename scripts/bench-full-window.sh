@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The data path with the duplicate window full (issue 18; docs/bench/JOURNAL.md "The duplicate window
+# The data path with the duplicate window full (docs/bench/JOURNAL.md "The duplicate window
 # full"): one or more release builds side by side, alternating, on a fresh local 3-node cluster
 # per run. Each run first sends WARM (1,050,000) messages to one queue, so that the window of
 # its partition holds its bound (duplicate_guid_window_max, 1,000,000 by default) on every

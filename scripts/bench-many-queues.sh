@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Does the data path stay flat in the number of queues? (issue 18: "the same figures with 100
-# and with 100,000 queues assigned"; docs/bench/JOURNAL.md "Flat in the number of queues".) For each
+# Does the data path stay flat in the number of queues? (The same figures with 100
+# and with 100,000 queues assigned; docs/bench/JOURNAL.md "Flat in the number of queues".) For each
 # release build given (alternating, ROUNDS rounds), on a fresh local 3-node cluster (plain TCP,
 # strong consistency, 4 partitions):
 #   1. messages, no other queue: 1 producer / 1 consumer, 1 KiB, window 256, N messages:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Metadata A/B benchmark (issue 18; docs/bench/JOURNAL.md "Metadata without thread hand-offs"): one or
+# Metadata A/B benchmark (docs/bench/JOURNAL.md "Metadata without thread hand-offs"): one or
 # more release builds side by side, alternating, on a fresh local 3-node cluster per run
 # (plain TCP, metadata fsync on every record). Each run: a warm-up of 200 assignments, then
 # N queue assignments (`bmqctl bench metadata`: an open of a never-opened queue, then its

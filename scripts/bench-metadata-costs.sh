@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What one queue assignment costs with 64 in flight (issue 18; docs/bench/JOURNAL.md "Metadata commits
+# What one queue assignment costs with 64 in flight (docs/bench/JOURNAL.md "Metadata commits
 # with 64 in flight: where the time goes"): a fresh local 3-node cluster (plain TCP), a
 # warm-up, then ROUNDS runs of `bmqctl bench metadata` (COUNT fresh queues, PARALLEL clients,
 # each opening a never-opened queue and closing it; the clients on the metadata leader). Per

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Metadata commit benchmark (issue 18; method and figures in docs/bench/JOURNAL.md, "Metadata commits
-# (issue 18)"). Starts a 3-node local cluster (plain TCP, metadata fsync on every record), then
+# Metadata commit benchmark (method and figures in docs/bench/JOURNAL.md, "Metadata commits",
+# 2026-11-25). Starts a 3-node local cluster (plain TCP, metadata fsync on every record), then
 # measures queue assignments (`bmqctl bench metadata`: each open of a never-opened queue is one
 # committed QueueAssignmentAdvisory) sequentially and with 64 in flight, first on a fresh
 # cluster (~100 queues assigned), then again after PREFILL queues were assigned.

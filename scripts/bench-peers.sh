@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Our cluster against NATS JetStream and etcd (issue 18; docs/bench/JOURNAL.md "Against NATS JetStream
+# Our cluster against NATS JetStream and etcd (docs/bench/JOURNAL.md "Against NATS JetStream
 # and etcd" gives the method and the figures). One system at a time, never two at once: a
 # 3-node cluster of it on loopback with fsync'd storage in a temporary directory, the same
 # workloads through the same probe (scripts/peer-probe: same measurement code, HDR histograms),
@@ -117,6 +117,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# shellcheck source=lib/configs.sh
+. scripts/lib/configs.sh # write_configs
 
 # Addresses of each system, node order 1..3.
 BMQ_BASE=$((BASE + 100))
@@ -182,15 +184,9 @@ setup() {
   mkdir -p "$dir"
   case $sys in
     bmq)
-      # `cluster up` writes the per-node configuration files (plain TCP, fsync every_record, the
-      # default); the nodes are then run directly so the probe can signal them by pid.
-      "$BIN/bmqctl" cluster up --dir "$dir" --base-port "$BMQ_BASE" --no-security --no-prometheus --clean \
-        >"$dir/cluster-up.log" 2>&1 &
-      local up=$!
-      ALL_PIDS+=($up)
-      for _ in $(seq 120); do healthy bmq 1 && break; sleep 0.5; done
-      kill -INT $up
-      wait $up || true
+      # The per-node configuration files (lib/configs.sh: plain TCP, fsync every_record, the
+      # default); the nodes are run directly so the probe can signal them by pid.
+      write_configs "$BIN" "$dir" "$BMQ_BASE" >/dev/null
       ;;
     nats)
       for i in 1 2 3; do

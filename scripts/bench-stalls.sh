@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ACK tail while the per-message tables grow (issue 18; docs/bench/JOURNAL.md "No stop-the-world
+# ACK tail while the per-message tables grow (docs/bench/JOURNAL.md "No stop-the-world
 # rehash"): builds side by side, alternating, on a fresh local 3-node cluster per run (plain TCP,
 # strong consistency, 1 KiB messages, window 256), each run paced at RATE msgs/s for SECS s:
 #   window   1 producer, 1 consumer: RATE x SECS GUIDs pass through every node's duplicate window

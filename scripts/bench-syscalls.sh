@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System calls per message of the three brokers together, by thread name and call (issue 18):
+# System calls per message of the three brokers together, by thread name and call:
 # a fresh local 3-node cluster (plain TCP), a warm-up, then `perf trace -s` of the three broker
 # processes while COUNT (100,000) messages go through, 1 producer / 1 consumer, 1 KiB, strong,
 # window 256, the client on the node list. A count, but batching makes it depend on the load:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 18's targets measured and judged on this host in one command (docs/bench/JOURNAL.md "Issue 18's
-# targets at a glance" gives each target's history; the figures follow the host, so run this
-# where a verdict is wanted rather than carrying one over from another machine). It runs, one
-# after the other and never two at once, the benchmarks that measure the targets:
+# The performance targets (BENCHMARKS.md) measured and judged on this host in one command (the
+# targets "at a glance" section of docs/bench/JOURNAL.md gives each target's history; the
+# figures follow the host, so run this where a verdict is wanted rather than carrying one over
+# from another machine). It runs, one after the other and never two at once, the benchmarks
+# that measure the targets:
 #   1. scripts/bench-throughput.sh (ROUNDS rounds): 1 producer / 1 consumer, 1 KiB, strong,
 #      256 in flight through a proxy hop: msgs/s and the brokers' CPU per message at the
 #      maximum rate; the ACK p99 and the CPU per message paced at 50,000 msgs/s;
@@ -17,7 +18,7 @@
 #      Q assigned queues, and 1p/1c msgs/s beside them;
 #   4. scripts/bench-metadata.sh: metadata commits with one in flight (the client on the leader,
 #      then on a follower) and with 64, on a fresh cluster (~100 queues) and again with 100,000
-#      queues assigned (the issue's "the same figures with 100 and with 100,000 queues").
+#      queues assigned (the same figures with 100 and with 100,000 queues).
 # Then one line per target: its bound, the figure of every round (or the percentile over all
 # runs for the failovers), and in how many rounds the figure met the bound. Raw output of each
 # benchmark in OUT.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the brokers' CPU and context switches go, per thread and per operation (issue 18): a
+# Where the brokers' CPU and context switches go, per thread and per operation: a
 # fresh local 3-node cluster (plain TCP), a warm-up, then one measured run; every thread's
 # utime + stime and voluntary / involuntary context switches are read from
 # /proc/<pid>/task/*/{stat,status} before and after the run and divided by the operations.

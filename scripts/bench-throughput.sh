@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-path throughput benchmark (issue 18; docs/bench/JOURNAL.md "Throughput (issue 18)"): one or more
+# Data-path throughput benchmark (docs/bench/JOURNAL.md "Throughput", 2026-11-25): one or more
 # release builds side by side, alternating, on a fresh local 3-node cluster per run (plain TCP,
 # strong consistency, 1 KiB messages):
 #   max     1 producer, 1 consumer, WINDOW (256) unacknowledged PUTs, COUNT (300,000) messages:

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Failover benchmark (issue 8): leader SIGKILL -> new leader, primary SIGKILL -> first ACK;
-(issue 18) leader SIGKILL -> the next metadata write committed (`metadata`, see metadata_runs).
+"""Failover benchmark: leader SIGKILL -> new leader, primary SIGKILL -> first ACK, and
+leader SIGKILL -> the next metadata write committed (`metadata`, see metadata_runs).
 
 Run through scripts/bench-failover.sh, which builds the release binaries first.
 
 Method
-- A 3-node cluster with the embedded default configuration (`bmqctl cluster up
+- A 3-node cluster with the embedded default configuration (`bmqctl cluster up --configs-only
   --no-security` writes the per-node files, then this script runs the three `broker`
   processes itself so it can kill and restart them one by one).
 - Leader runs: find the leader on /status, SIGKILL it, poll the survivors' /status every
@@ -170,7 +170,7 @@ def leader_runs():
 
 
 def metadata_runs():
-    """Leader SIGKILL -> the next metadata write is committed (issue 18): right after the kill a
+    """Leader SIGKILL -> the next metadata write is committed: right after the kill a
     client opens a never-opened queue through a survivor; the figure is the time until a
     survivor's committed state holds one more queue (its /metrics `bmq_cluster_queues`, polled
     every POLL_S). Election + the new leader's sync + one commit; the open itself may wait
@@ -241,22 +241,22 @@ def primary_runs():
     return out, lost
 
 
+def write_configs():
+    """Fresh configuration files in DIR, written by scripts/lib/configs.sh (`bmqctl cluster up
+    --configs-only --no-security`: plain TCP, no broker started)."""
+    subprocess.run(["bash", "-c", '. "$0" && write_configs "$@"',
+                    os.path.join(ROOT, "scripts", "lib", "configs.sh"), BIN, DIR, str(BASE_PORT)],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def main():
-    subprocess.run(["rm", "-rf", DIR], check=True)
-    up = subprocess.Popen(
-        [os.path.join(BIN, "bmqctl"), "cluster", "up", "--dir", DIR, "--base-port",
-         str(BASE_PORT), "--no-security", "--clean"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        settle(60)
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=30)
+    write_configs()
     for i in NODES:
         start(i)
     try:
+        leader, _ = settle(60)  # the fresh cluster's first election
         if PREFILL:
-            prefill(settle(60)[0])
+            prefill(leader)
         which = sys.argv[1] if len(sys.argv) > 1 else "all"
         results = {}
         if which in ("all", "leader"):

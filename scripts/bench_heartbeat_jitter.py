@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Heartbeat jitter under metadata load (issue 15): does anything delay the leader's heartbeats?
+"""Heartbeat jitter under metadata load: does anything delay the leader's heartbeats?
 
 Run through scripts/bench-heartbeat-jitter.sh, which builds the release binaries first.
 
 Method
 - A 3-node local cluster with the embedded default configuration (`bmqctl cluster up
-  --no-security` writes the per-node files; this script then runs the three `broker`
-  processes itself). Metadata fsync is the default, `every_record`.
+  --configs-only --no-security` writes the per-node files; this script then runs the three
+  `broker` processes itself). Metadata fsync is the default, `every_record`.
 - Each node exports two histograms with 1 ms buckets around the 100 ms heartbeat period:
   `bmq_elector_heartbeat_send_interval_seconds` (leader: time between two heartbeat
   broadcasts) and `bmq_elector_heartbeat_receive_interval_seconds` (followers: time between
@@ -83,18 +83,16 @@ def fmt(ms):
     return "-" if ms is None else ("> 2000" if ms == float("inf") else f"<= {ms:g}")
 
 
+def write_configs():
+    """Fresh configuration files in DIR, written by scripts/lib/configs.sh (`bmqctl cluster up
+    --configs-only --no-security`: plain TCP, no broker started)."""
+    subprocess.run(["bash", "-c", '. "$0" && write_configs "$@"',
+                    os.path.join(ROOT, "scripts", "lib", "configs.sh"), BIN, DIR, str(BASE_PORT)],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def main():
-    subprocess.run(["rm", "-rf", DIR], check=True)
-    up = subprocess.Popen([f"{BIN}/bmqctl", "cluster", "up", "--dir", DIR, "--base-port",
-                           str(BASE_PORT), "--no-security", "--no-prometheus", "--clean"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(120):
-        if subprocess.run([f"{BIN}/bmqctl", "ready", "--admin", admin(1)],
-                          capture_output=True).returncode == 0:
-            break
-        time.sleep(0.5)
-    up.send_signal(2)
-    up.wait()
+    write_configs()
     procs = []
     try:
         for i in NODES:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU profile of the three brokers of a local cluster under the throughput benchmark's load
-# (issue 18), drawn as a flame graph: `perf record` (cpu-clock, call graphs through frame
-# pointers) of every broker process while `bmqctl bench messages` runs 1 producer / 1 consumer,
+# (scripts/bench-throughput.sh), drawn as a flame graph: `perf record` (cpu-clock, call graphs
+# through frame pointers) of every broker process while `bmqctl bench messages` runs 1 producer / 1 consumer,
 # 1 KiB, strong consistency, window 256; folded and drawn with inferno.
 #
 #   scripts/profile-flamegraph.sh OUT.svg                 # this tree, built with frame pointers

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Storage soak (issue 17; docs/bench/JOURNAL.md "Storage for months"): memory and disk of every node of a
+# Storage soak (docs/bench/JOURNAL.md "Storage for months"): memory and disk of every node of a
 # local 3-node cluster (release build, plain TCP, strong consistency) while many messages pass,
 # while many stay outstanding, across a restart, and while they drain.
 #
@@ -67,12 +67,11 @@ peaks() {
   done | tee -a "$OUT/summary.txt"
 }
 
-# `cluster up` writes the per-node configuration files; the nodes are then run directly so one
-# can be killed and restarted and their memory read.
-"$BIN/bmqctl" cluster up --dir "$DIR" --base-port "$BASE" --no-security --clean >"$OUT/cluster-up.log" 2>&1 &
-UP=$!
-for _ in $(seq 120); do ready 1 && break; sleep 0.5; done
-kill -INT $UP; wait $UP || true
+# The per-node configuration files (lib/configs.sh); the nodes are run directly so one can be
+# killed and restarted and their memory read.
+# shellcheck source=lib/configs.sh
+. scripts/lib/configs.sh
+write_configs "$BIN" "$DIR" "$BASE" >"$OUT/cluster-up.log"
 for i in 1 2 3; do start_node $i; done
 for _ in $(seq 120); do ready 1 && ready 2 && ready 3 && break; sleep 0.5; done
 

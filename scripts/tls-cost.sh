@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures what TLS and tokens cost (issue 10): the same produce/consume runs against a local
+# Measures what TLS and tokens cost: the same produce/consume runs against a local
 # 3-node cluster started by `bmqctl cluster up` with security (mutual TLS between nodes, TLS
 # and a token on the client link) and with --no-security.
 #

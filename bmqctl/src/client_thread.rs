@@ -1,4 +1,4 @@
-//! Benchmark clients on threads of their own (issue 18; docs/bench/JOURNAL.md, "A thread per benchmark
+//! Benchmark clients on threads of their own (docs/bench/JOURNAL.md, "A thread per benchmark
 //! client"): `bmqctl bench messages` (and scripts/peer-probe, for every system it compares) runs
 //! each producer and consumer under a current-thread tokio runtime on its own OS thread. A
 //! client's background connection task, its PUTs or deliveries and its ACK collector then wake

@@ -22,6 +22,12 @@
 //! pointed at the new nodes, storing into `<dir>/prometheus/`, on `--prometheus-listen`
 //! (default `127.0.0.1:9090`); `--no-prometheus` skips it. Prometheus is an extra: if it is
 //! missing, its port is taken or it exits, the cluster runs on and a note says why.
+//!
+//! `--configs-only` writes the same files (the nodes' configurations and, unless
+//! `--no-security`, the development CA and tokens), prints their paths and exits 0 without
+//! starting a broker or Prometheus: for scripts that run the `broker` processes themselves (to
+//! read their memory, signal them by pid, or edit a configuration first). It neither needs the
+//! broker binary nor checks that the ports are free, since it binds nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -53,7 +59,8 @@ const LOG_TAIL_BYTES: u64 = 64 * 1024;
     about = "Start a local cluster (N broker processes on 127.0.0.1) and run it until Ctrl-C",
     after_help = "Examples:\n  \
         bmqctl cluster up\n  \
-        bmqctl cluster up --nodes 5 --dir /tmp/bmq --base-port 40000 --clean\n\n\
+        bmqctl cluster up --nodes 5 --dir /tmp/bmq --base-port 40000 --clean\n  \
+        bmqctl cluster up --configs-only --no-security --dir /tmp/bmq --clean\n\n\
         Node i listens on 127.0.0.1 with client port BASE+i, peer port BASE+100+i and admin \
         port BASE+200+i; its configuration, data and log are in DIR/node-<i>."
 )]
@@ -82,6 +89,10 @@ pub struct ClusterUpArgs {
     /// Plain TCP and no tokens (no development CA is written).
     #[arg(long)]
     pub no_security: bool,
+    /// Write the nodes' configurations (and the development CA and tokens unless
+    /// --no-security), print their paths and exit, starting no broker.
+    #[arg(long)]
+    pub configs_only: bool,
 }
 
 /// Default address of the Prometheus that `cluster up` starts (Prometheus's usual port).
@@ -98,12 +109,104 @@ struct Node {
     exit: Option<ExitStatus>,
 }
 
-/// Runs `bmqctl cluster up` until Ctrl-C or SIGTERM.
+/// What `cluster up` writes before it starts any process.
+#[derive(Debug, Clone)]
+pub struct WrittenCluster {
+    /// The cluster's directory, absolute.
+    pub dir: PathBuf,
+    /// Every node's configuration and the `broker.toml` it was written to, in node order.
+    pub nodes: Vec<(BrokerConfig, PathBuf)>,
+    /// `<dir>/security/`, holding the development CA and the tokens; `None` with
+    /// `--no-security`.
+    pub security: Option<PathBuf>,
+}
+
+/// Writes what the cluster needs before its nodes start: removes the directory first with
+/// `--clean`, writes the development CA and tokens unless `--no-security` (see
+/// [`secure_local_cluster`]), then `<dir>/node-<i>/broker.toml` for every node.
+///
+/// Errors: invalid arguments (a node count out of range) or a file that cannot be written.
+pub fn write_cluster(args: &ClusterUpArgs) -> anyhow::Result<WrittenCluster> {
+    let dir = absolute(&args.dir)?;
+    if args.clean && dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("cannot remove {}", dir.display()))?;
+    }
+    let mut configs = local_cluster(args.nodes, args.base_port, &dir)
+        .context("cannot build the cluster configuration")?;
+    let security = if args.no_security {
+        None
+    } else {
+        secure_local_cluster(&mut configs, &dir)?;
+        Some(dir.join(crate::credentials::SECURITY_DIR))
+    };
+    let nodes = configs
+        .into_iter()
+        .map(|config| {
+            let path = write_node_config(&config)?;
+            Ok((config, path))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(WrittenCluster {
+        dir,
+        nodes,
+        security,
+    })
+}
+
+/// Writes a node's configuration to `<data_dir>/broker.toml` and returns that path.
+fn write_node_config(config: &BrokerConfig) -> anyhow::Result<PathBuf> {
+    let node_dir = &config.data_dir;
+    std::fs::create_dir_all(node_dir)
+        .with_context(|| format!("cannot create {}", node_dir.display()))?;
+    let config_path = node_dir.join("broker.toml");
+    let text = format!(
+        "# Written by `bmqctl cluster up`; rewritten at each start.\n{}",
+        config.to_toml_string()
+    );
+    // The configuration holds the tokens: readable by this user only.
+    crate::dev_ca::write_file(&config_path, text.as_bytes(), true)?;
+    Ok(config_path)
+}
+
+/// Prints the files [`write_cluster`] wrote, for `--configs-only`: one line per configuration,
+/// then the security files.
+fn print_written(cluster: &WrittenCluster) {
+    use crate::credentials::{ADMIN_TOKEN_FILE, CA_FILE, CLIENT_TOKEN_FILE};
+    outln!(
+        "wrote the configurations of {} nodes in {} (no broker started):",
+        cluster.nodes.len(),
+        cluster.dir.display()
+    );
+    for (config, path) in &cluster.nodes {
+        outln!("  node {}: {}", config.node_id, path.display());
+    }
+    if let Some(security) = &cluster.security {
+        outln!(
+            "security: CA {}, client token {}, admin token {}",
+            security.join(CA_FILE).display(),
+            security.join(CLIENT_TOKEN_FILE).display(),
+            security.join(ADMIN_TOKEN_FILE).display()
+        );
+    }
+    outln!(
+        "start node i with: broker --config {}",
+        cluster.dir.join("node-<i>").join("broker.toml").display()
+    );
+}
+
+/// Runs `bmqctl cluster up` until Ctrl-C or SIGTERM; with `--configs-only`, writes the files
+/// ([`write_cluster`]), prints their paths and returns.
 ///
 /// Errors: invalid arguments, a missing broker binary, files that cannot be written, a node that
 /// fails to start or exits during start-up (with the tail of its log), or no agreed leader within
 /// [`LEADER_WAIT_TIMEOUT`]. Every started node is stopped on every exit path.
 pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
+    if args.configs_only {
+        let cluster = write_cluster(&args)?;
+        print_written(&cluster);
+        return Ok(());
+    }
     let broker_bin = match &args.broker_bin {
         Some(path) => path.clone(),
         // The `broker` binary next to this `bmqctl`: `cargo build --release --bins` builds
@@ -121,18 +224,16 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
             broker_bin.display()
         );
     }
-    let dir = absolute(&args.dir)?;
-    if args.clean && dir.exists() {
-        std::fs::remove_dir_all(&dir)
-            .with_context(|| format!("cannot remove {}", dir.display()))?;
-    }
-    let mut configs = local_cluster(args.nodes, args.base_port, &dir)
+    // Checked before anything is written or removed: a second `cluster up` on the ports of a
+    // running one fails without touching files.
+    let planned = local_cluster(args.nodes, args.base_port, &absolute(&args.dir)?)
         .context("cannot build the cluster configuration")?;
-    if !args.no_security {
-        secure_local_cluster(&mut configs, &dir)?;
-    }
-
-    check_ports_free(&configs)?;
+    check_ports_free(&planned)?;
+    let WrittenCluster {
+        dir,
+        nodes: configs,
+        ..
+    } = write_cluster(&args)?;
 
     // Both listeners exist before the first node starts: a signal that arrives between two
     // polls of the supervisor is kept by the listener, never lost (a `ctrl_c()` future made
@@ -145,7 +246,7 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
     };
     let targets: Vec<ScrapeTarget> = configs
         .iter()
-        .map(|c| ScrapeTarget {
+        .map(|(c, _)| ScrapeTarget {
             node_id: c.node_id,
             admin_addr: c.self_member().admin_addr(),
         })
@@ -153,8 +254,8 @@ pub async fn run(args: ClusterUpArgs) -> anyhow::Result<()> {
     let mut nodes = Vec::with_capacity(configs.len());
     let mut prometheus_child = None;
     let result = async {
-        for config in configs {
-            nodes.push(start_node(&broker_bin, config)?);
+        for (config, config_path) in configs {
+            nodes.push(start_node(&broker_bin, config, config_path)?);
         }
         if !args.no_prometheus {
             prometheus_child = start_prometheus(&dir, &targets, &args.prometheus_listen);
@@ -372,19 +473,15 @@ async fn stop_prometheus(child: &mut Child) {
     }
 }
 
-/// Writes a node's configuration and starts its process.
-fn start_node(broker_bin: &Path, config: BrokerConfig) -> anyhow::Result<Node> {
+/// Starts a node's process on its configuration, written at `config_path` by
+/// [`write_node_config`].
+fn start_node(
+    broker_bin: &Path,
+    config: BrokerConfig,
+    config_path: PathBuf,
+) -> anyhow::Result<Node> {
     let id = config.node_id;
     let node_dir = config.data_dir.clone();
-    std::fs::create_dir_all(&node_dir)
-        .with_context(|| format!("cannot create {}", node_dir.display()))?;
-    let config_path = node_dir.join("broker.toml");
-    let text = format!(
-        "# Written by `bmqctl cluster up`; rewritten at each start.\n{}",
-        config.to_toml_string()
-    );
-    // The configuration holds the tokens: readable by this user only.
-    crate::dev_ca::write_file(&config_path, text.as_bytes(), true)?;
     let log_path = config
         .log
         .file
@@ -785,6 +882,108 @@ mod tests {
         assert!(!cli.args.clean);
         assert!(!cli.args.no_prometheus);
         assert_eq!(cli.args.prometheus_listen, DEFAULT_PROMETHEUS_LISTEN);
+        assert!(!cli.args.configs_only);
+        let cli = Cli::try_parse_from(["t", "--configs-only", "--no-security"]).unwrap();
+        assert!(cli.args.configs_only);
+        assert!(cli.args.no_security);
+    }
+
+    /// A "broker" that leaves a marker file when it is started, so a test can tell that no
+    /// broker was run.
+    fn marker_broker(dir: &Path) -> (PathBuf, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let marker = dir.join("broker-was-started");
+        let fake = dir.join("fake-broker");
+        std::fs::write(
+            &fake,
+            format!("#!/bin/sh\ntouch '{}'\nexit 0\n", marker.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (fake, marker)
+    }
+
+    #[tokio::test]
+    async fn configs_only_writes_the_secured_configs_and_starts_nothing() {
+        // `--configs-only` with security writes every node's configuration, the development CA
+        // and the tokens, removes what --clean removes, and returns without running a broker.
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, marker) = marker_broker(dir.path());
+        let cluster_dir = dir.path().join("c");
+        std::fs::create_dir_all(&cluster_dir).unwrap();
+        std::fs::write(cluster_dir.join("stale"), "x").unwrap();
+        let args = ClusterUpArgs {
+            nodes: 3,
+            dir: cluster_dir.clone(),
+            // Nothing binds, so the default ports may be taken by a running cluster.
+            base_port: LOCAL_CLUSTER_BASE_PORT,
+            broker_bin: Some(fake),
+            clean: true,
+            no_prometheus: false,
+            prometheus_listen: DEFAULT_PROMETHEUS_LISTEN.into(),
+            no_security: false,
+            configs_only: true,
+        };
+        run(args).await.unwrap();
+        assert!(!marker.exists(), "a broker was started");
+        assert!(!cluster_dir.join("stale").exists());
+        assert!(!cluster_dir.join("prometheus").exists());
+        let security = cluster_dir.join(crate::credentials::SECURITY_DIR);
+        let client_token =
+            std::fs::read_to_string(security.join(crate::credentials::CLIENT_TOKEN_FILE)).unwrap();
+        let admin_token =
+            std::fs::read_to_string(security.join(crate::credentials::ADMIN_TOKEN_FILE)).unwrap();
+        assert!(security.join(crate::credentials::CA_FILE).is_file());
+        for id in 1..=3u32 {
+            let node_dir = cluster_dir.join(format!("node-{id}"));
+            let loaded = BrokerConfig::load(node_dir.join("broker.toml")).unwrap();
+            assert_eq!(loaded.node_id, id);
+            assert_eq!(
+                loaded.self_member().admin_port,
+                LOCAL_CLUSTER_BASE_PORT + 200 + id as u16
+            );
+            assert!(loaded.tls.is_some(), "node {id} has no TLS");
+            assert_eq!(loaded.admin.token.as_deref(), Some(admin_token.trim()));
+            assert!(loaded
+                .auth
+                .tokens
+                .iter()
+                .any(|t| t.secret == client_token.trim()));
+            assert!(!node_dir.join("broker.log").exists());
+        }
+    }
+
+    #[tokio::test]
+    async fn configs_only_without_security_needs_no_broker_binary() {
+        // `--configs-only --no-security` writes plain configurations and no security directory,
+        // and does not look for a broker binary it would not run.
+        let dir = tempfile::tempdir().unwrap();
+        let cluster_dir = dir.path().join("c");
+        let args = ClusterUpArgs {
+            nodes: 2,
+            dir: cluster_dir.clone(),
+            base_port: 30100,
+            broker_bin: Some(dir.path().join("no-such-broker")),
+            clean: false,
+            no_prometheus: true,
+            prometheus_listen: DEFAULT_PROMETHEUS_LISTEN.into(),
+            no_security: true,
+            configs_only: true,
+        };
+        run(args).await.unwrap();
+        assert!(!cluster_dir.join(crate::credentials::SECURITY_DIR).exists());
+        let entries: Vec<String> = std::fs::read_dir(&cluster_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        for id in 1..=2u32 {
+            let loaded =
+                BrokerConfig::load(cluster_dir.join(format!("node-{id}/broker.toml"))).unwrap();
+            assert_eq!(loaded.node_id, id);
+            assert!(loaded.tls.is_none());
+            assert!(loaded.auth.tokens.is_empty());
+        }
     }
 
     #[tokio::test]
@@ -800,6 +999,7 @@ mod tests {
             no_prometheus: true,
             prometheus_listen: DEFAULT_PROMETHEUS_LISTEN.into(),
             no_security: false,
+            configs_only: false,
         };
         let e = run(args).await.unwrap_err().to_string();
         assert!(e.contains("cargo build --release --bins"), "{e}");
@@ -839,6 +1039,7 @@ mod tests {
             no_prometheus: true,
             prometheus_listen: DEFAULT_PROMETHEUS_LISTEN.into(),
             no_security: false,
+            configs_only: false,
         };
         let e = format!("{:#}", run(args).await.unwrap_err());
         assert!(e.contains("exited during start-up (exit code 3)"), "{e}");

@@ -1,4 +1,4 @@
-//! BlazingMQ's client wire protocol, `bmqp` (issue 19): what the official SDKs (C++ libbmq, Java,
+//! BlazingMQ's client wire protocol, `bmqp`: what the official SDKs (C++ libbmq, Java,
 //! Python `blazingmq`) speak to a broker, so they can connect to this cluster unchanged.
 //!
 //! A pure codec: bytes in, typed values out and back, no I/O. The layouts and rules come from

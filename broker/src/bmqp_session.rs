@@ -1387,7 +1387,8 @@ impl ClientWire for BmqpWire {
 ///
 /// Why: libbmq does not disable Nagle's algorithm on its socket, so an SDK producer sends its
 /// next small PUT only once the previous segment is acknowledged; with delayed ACKs every
-/// producer waits up to 40 ms per round trip (measured: 4,600 msg/s whatever the window).
+/// producer waits up to 40 ms per round trip, whatever its window (docs/bench/JOURNAL.md
+/// "BlazingMQ's Python SDK against our own client" has the figures).
 fn quick_ack(fd: RawFd) {
     #[cfg(target_os = "linux")]
     {

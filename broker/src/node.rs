@@ -234,7 +234,7 @@ async fn start_actors(
     let metadata_core = MetadataCore::new(self_id, &members, quorum, storage.recovered);
     let (ledger, transport) = (storage.ledger, control.clone().recipient());
     // On the main thread, beside the peer links: a proposal goes out to the followers, and a
-    // follower's ack comes back, without a hand-off between threads (issue 18); the ledger's
+    // follower's ack comes back, without a hand-off between threads; the ledger's
     // fsyncs run on the actor's own sync thread.
     let metadata = MetadataActor::new(metadata_core, ledger, transport).start();
 

@@ -481,7 +481,7 @@ impl Router {
 
     /// Hands `message` to partition `id`'s actor, through its address where the router keeps
     /// it: cloning an actix `Addr` allocates two `Arc`s and updates the mailbox's sender count
-    /// (two of the ~110 allocations of a queue assignment, issue 18). `Err((message, known))`:
+    /// (two of the ~110 allocations of a queue assignment). `Err((message, known))`:
     /// `known` false when this node has no actor for `id`, true when its mailbox is full or
     /// closed.
     fn send_to_partition<M>(&self, id: PartitionId, message: M) -> Result<(), (M, bool)>

@@ -1,4 +1,4 @@
-//! The CPU scheduling policy of the broker's threads (`[process] cpu_scheduling`, issue 18).
+//! The CPU scheduling policy of the broker's threads (`[process] cpu_scheduling`).
 //!
 //! A broker's threads hand work to each other all the time: a client session on the main
 //! thread to a partition's thread, the partition to its fsync thread and back, one node to the

@@ -442,7 +442,7 @@ struct Session {
     /// turn.
     out: Vec<ClientMessage>,
     /// `bmq_queue_ack_latency_seconds`, registered once: looking it up per ACK (a registry
-    /// look-up and an allocation) was ~0.6% of the brokers' CPU (issue 18).
+    /// look-up and an allocation) showed in the brokers' CPU profile.
     ack_latency: metrics::Histogram,
     /// Cancelled by the router when this session's inbox overflowed (an event was dropped):
     /// the session ends at once, even in the middle of a write.

@@ -5,7 +5,7 @@
 //! - [`CommitFanout`]: relays leadership changes to the metadata actor, and every committed
 //!   cluster state to the router (partition roles; opens waiting for a queue's assignment),
 //!   the state watch (sessions, admin) and the health actor. What it does per commit is
-//!   O(changes), never O(state) (issue 18).
+//!   O(changes), never O(state): its cost per commit does not grow with the number of queues.
 //! - [`PeerDemux`]: routes each frame from a peer to the actor that owns it (elector, metadata,
 //!   health, router); peer availability to the elector and the health actor, and the data
 //!   link's losses and returns to the router.

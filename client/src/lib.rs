@@ -436,7 +436,7 @@ impl Client {
 }
 
 /// Random GUID bytes drawn at once per thread: a GUID is a 16-byte slice of them, so a PUT
-/// allocates no GUID of its own (issue 18).
+/// allocates no GUID of its own.
 const GUID_SLAB_BYTES: usize = 4096;
 
 /// Most queue URIs a thread keeps encoded for [`shared_uri`]; past it the cache starts over.
@@ -466,8 +466,7 @@ fn new_guid() -> Bytes {
 }
 
 /// `uri` as the per-message frames carry it, shared: each thread keeps the queues it sent to
-/// encoded once, so a PUT or CONFIRM costs a reference count, not an allocation and a copy
-/// (issue 18).
+/// encoded once, so a PUT or CONFIRM costs a reference count, not an allocation and a copy.
 fn shared_uri(uri: &str) -> Bytes {
     URI_CACHE.with(|cache| {
         let mut cache = cache.borrow_mut();

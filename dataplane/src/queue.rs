@@ -189,7 +189,7 @@ pub struct QueueCounters {
 }
 
 /// A message held by the queue: 40 bytes, for the memory of a primary with millions of
-/// outstanding messages (issue 17). A pending message is one entry of the pending deque; a
+/// outstanding messages. A pending message is one entry of the pending deque; a
 /// pushed one is in its consumer's table ([`Consumer::unconfirmed`]).
 #[derive(Debug, Clone, Copy)]
 struct Held {
@@ -278,7 +278,7 @@ struct Consumer {
     subs: Vec<Sub>,
     /// The messages pushed to this consumer and not yet confirmed, by GUID (hashed with
     /// foldhash's keyed `quality::RandomState`, as the GUID index: one insert and one remove per
-    /// message, where std's SipHash cost ~2% of the primary's partition thread).
+    /// message, where std's SipHash showed in the profile of the primary's partition thread).
     unconfirmed: HashMap<u128, Taken, RandomState>,
 }
 
@@ -1005,7 +1005,8 @@ mod tests {
 
     #[test]
     fn a_held_message_takes_40_bytes() {
-        // The primary's memory per outstanding message (issue 17): keep it small.
+        // The primary's memory per outstanding message: keep it small, since a primary may hold
+        // millions.
         assert_eq!(std::mem::size_of::<Held>(), 40);
     }
 
@@ -1295,7 +1296,7 @@ mod tests {
     #[test]
     fn a_drained_queue_gives_its_memory_back() {
         // 100,000 pending messages delivered and confirmed leave the pending deque small again
-        // (issue 17: memory follows what is outstanding, not what passed).
+        // (memory follows what is outstanding, not what passed).
         let now = Instant::now();
         let mut q = open(UNLIMITED);
         for n in 1..=100_000u64 {

@@ -141,7 +141,7 @@ pub struct Elector {
     /// was still reported down. A (re)started follower answers the first heartbeat it gets,
     /// which can come before this node's link monitor reports it up; dropping that answer left
     /// the follower uncounted for the whole term, and the loss of another node then cost this
-    /// leader its quorum (issue 18, seen in the failover benchmark). Counted when the link is
+    /// leader its quorum (seen in the failover benchmark). Counted when the link is
     /// reported up, forgotten when it is reported down.
     support_while_unavailable: BTreeSet<NodeId>,
     /// Following: time of the last heartbeat from the leader.
@@ -912,7 +912,7 @@ impl Elector {
             now + self.config.heartbeat_check_period
         };
         // The silent leader is dropped at its deadline itself, not at the first periodic check
-        // after it (issue 18: that cost up to one `heartbeat_check_period`, 50 ms by default).
+        // after it (that cost up to one `heartbeat_check_period`, 50 ms by default).
         self.heartbeat_check_at = Some(next.min(leader_deadline));
     }
 

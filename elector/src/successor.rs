@@ -1,4 +1,4 @@
-//! Who scouts first after the leader is lost (issue 18): a pure decision with its own tests.
+//! Who scouts first after the leader is lost: a pure decision with its own tests.
 //!
 //! The BlazingMQ article has every follower that lost its leader wait "a random interval" before
 //! its `ElectionScouting`, so that the followers do not all scout at once. With a random wait in
@@ -19,9 +19,9 @@ use std::time::Duration;
 /// that both believe they rank first do not scout in lock step. It does not start at 0 because
 /// the other survivors must have seen the loss too, or they answer the scouting `No` (sticky
 /// leader) and it fails only at its timeout: followers of a silent leader drop it at their own
-/// heartbeat deadlines, which differ by the spread of the last heartbeat's arrival (in the
-/// failover benchmark, 1 of 20 silent-leader runs took 1,042 ms instead of ~800 ms that way
-/// with a window starting at 0).
+/// heartbeat deadlines, which differ by the spread of the last heartbeat's arrival (the
+/// failover benchmark caught a silent-leader run failing its first scouting that way with a
+/// window starting at 0: docs/bench/JOURNAL.md "Failover", 2026-11-25).
 const FIRST_WINDOW_START_DIVISOR: u32 = 30;
 /// See [`FIRST_WINDOW_START_DIVISOR`].
 const FIRST_WINDOW_END_DIVISOR: u32 = 10;

@@ -435,8 +435,8 @@ fn follower_drops_unavailable_or_ceding_leader() {
     );
 }
 
-/// After the leader's loss the survivors scout in node-id order (issue 18,
-/// `successor_wait_bounds`): in a cluster of 3 that lost node 1, node 2 scouts within
+/// After the leader's loss the survivors scout in node-id order
+/// (`successor_wait_bounds`): in a cluster of 3 that lost node 1, node 2 scouts within
 /// random_wait_max / 30 .. / 10 and node 3 only from random_wait_max / 2 on, whatever the seed.
 #[test]
 fn survivors_scout_in_node_id_order() {
@@ -464,7 +464,7 @@ fn survivors_scout_in_node_id_order() {
 }
 
 /// A silent leader is dropped at its own deadline (last heartbeat + 800 ms), not at the next
-/// periodic check after it (issue 18): here the checks fall at t+150, t+200, ... and the last
+/// periodic check after it: here the checks fall at t+150, t+200, ... and the last
 /// heartbeat at t+330, so the deadline t+1130 falls between two checks.
 #[test]
 fn silent_leader_dropped_at_its_deadline_between_checks() {
@@ -559,7 +559,7 @@ fn leader_greets_reconnected_peer() {
 }
 
 /// A restarted follower's ElectionResponse that arrives before this leader's link monitor
-/// reports it up is counted once the link is up (issue 18: dropping it left the follower
+/// reports it up is counted once the link is up (dropping it left the follower
 /// uncounted for the whole term, and the later loss of the other supporter cost the leader its
 /// quorum); a response from a peer whose link then goes down again is forgotten.
 #[test]

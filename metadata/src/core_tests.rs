@@ -1206,8 +1206,8 @@ fn catch_up_behind_a_followers_trailing_commit_commits_from_its_own_log() {
     assert_eq!(late.counters().gap, gaps);
 }
 
-// ---------------------------------------------------------------- issue 18: group commit,
-// batched messages, cumulative acks, and what shortens a failover.
+// ---------------------------------------------------------------- group commit, batched
+// messages, cumulative acks, and what shortens a failover.
 
 fn batch(messages: Vec<peer::MetadataMessage>) -> peer::MetadataMessage {
     msg(Msg::Batch(peer::MetadataBatch { messages }))

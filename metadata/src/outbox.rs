@@ -1,5 +1,5 @@
 //! [`PeerOutbox`]: the metadata messages a node's shell gathers between two flushes, batched per
-//! peer (issue 18: many advisories per message).
+//! peer (many advisories per message).
 //!
 //! The shell pushes every `Send` and `Broadcast` output of the core here while it handles the
 //! messages already in its mailbox, and drains the outbox once at the end of that turn: each

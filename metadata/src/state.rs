@@ -3,7 +3,7 @@
 //!
 //! The maps are persistent (structurally shared) B-trees from the `imbl` crate: cloning a state
 //! is O(1) and applying an advisory to a clone copies only the O(log n) nodes on the changed
-//! paths. That is what keeps a metadata commit O(1) in the size of the state (issue 18): the
+//! paths. That is what keeps a metadata commit O(1) in the size of the state: the
 //! core's tip and committed states, the ledger's mirror and every published `Arc<ClusterState>`
 //! share everything an advisory did not change, and `OrdMap::diff` between two published
 //! states visits only what changed.
@@ -897,7 +897,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_queue_advisory_shares_everything_it_does_not_change() {
-        // Scenario: issue 18 — a published copy and the state after the next assignment share
+        // Scenario: a published copy and the state after the next assignment share
         // the partitions, and the diff between them names only the new queue.
         let mut s = ClusterState::new(4);
         s.apply(&primaries(&[(0, Some(1), 1)])).unwrap();

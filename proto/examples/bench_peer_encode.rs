@@ -1,4 +1,4 @@
-//! The peer links' encoding of forwarded client messages (issue 18, docs/bench/JOURNAL.md "Replicas
+//! The peer links' encoding of forwarded client messages (docs/bench/JOURNAL.md "Replicas
 //! read frames in place, and fewer calls per frame"): `FrameWriter::push` (prost's encoding, which
 //! computes a nested message's length again at every level) against `FrameWriter::push_peer`
 //! (the two envelopes written by hand), in one process, alternating rounds, on the frames a

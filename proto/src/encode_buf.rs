@@ -3,9 +3,10 @@
 //!
 //! prost writes every byte of a varint (each tag, length and integer field) with
 //! `BufMut::put_u8`, which `bytes` implements as `put_slice(&[byte])`: for `BytesMut` and
-//! `Vec<u8>` a capacity check and a call to `memmove` for one byte. In the brokers' profile of
-//! 2026-11-28 (issue 18) those calls were ~3% of the samples (`encode_varint`, `put_slice`
-//! and the `memmove`s under them). Wrapping the buffer in an `EncodeBuf` writes the same bytes.
+//! `Vec<u8>` a capacity check and a call to `memmove` for one byte. Those calls showed in the
+//! brokers' profile (`encode_varint`, `put_slice` and the `memmove`s under them;
+//! docs/bench/JOURNAL.md "Replicas read frames in place, and fewer calls per frame").
+//! Wrapping the buffer in an `EncodeBuf` writes the same bytes.
 
 use bytes::buf::UninitSlice;
 use bytes::{Buf, BufMut};

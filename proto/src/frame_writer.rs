@@ -1,15 +1,15 @@
 //! `FrameWriter`: outgoing frames (the same wire format as [`crate::FrameCodec`]: a 4-byte
 //! big-endian body length, then one protobuf message) gathered for vectored writes, so that
 //! large `bytes` fields are written from where they already are instead of being copied into a
-//! write buffer (issue 18).
+//! write buffer.
 //!
 //! A message's small fields are encoded into a buffer as usual; a `bytes` field of at least
 //! [`ZERO_COPY_MIN`] bytes (a payload, a batch of journal frames) becomes a chunk of its own
 //! that shares the message's [`Bytes`] (a reference count, no copy). [`FrameWriter::flush_to`]
 //! hands the chunks to the socket with `writev` (up to [`IOVECS_PER_WRITE`] per call). Before,
 //! a PUT crossing a proxy and replicated to two nodes was copied into a write buffer at every
-//! hop: ~5% of the brokers' CPU went to those copies (`memmove` under prost's encoders in the
-//! 2026-11-26 profile).
+//! hop, and those copies showed in the brokers' profile (`memmove` under prost's encoders;
+//! docs/bench/JOURNAL.md "Where the CPU goes, and fewer copies").
 //!
 //! The bytes on the wire are exactly what [`crate::FrameCodec`] writes (tested); only the
 //! number of copies differs.
@@ -148,8 +148,9 @@ impl FrameWriter {
     /// `ForwardedClientMessage` (every request a proxy sends a primary, every ACK and PUSH a
     /// primary sends back) has its two envelopes written here, so the client message's length
     /// is computed twice instead of four times (prost computes a nested message's length
-    /// again at every level it encodes: 5.6% of the brokers' samples went to the peer links'
-    /// encoding, issue 18). Errors: as [`FrameWriter::push`].
+    /// again at every level it encodes, and the peer links' encoding showed in the brokers'
+    /// profile; docs/bench/JOURNAL.md "Replicas read frames in place, and fewer calls per
+    /// frame"). Errors: as [`FrameWriter::push`].
     pub fn push_peer(&mut self, message: &crate::peer::PeerMessage) -> Result<(), FrameError> {
         use crate::peer::peer_message::Kind;
         use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};

@@ -167,8 +167,8 @@ impl fmt::Display for QueueUri {
 /// as `string` (field type 2, length-delimited), so clients and journals are unchanged; decoded
 /// from a frame they share the frame's buffer and cloning them counts a reference, where a
 /// `String` cost a heap allocation at every decode and clone (12 to 14 per message across the
-/// brokers, issue 18). They are not checked for UTF-8 at decode: a URI is looked up as bytes
-/// or through [`uri_str`], and a name that is not UTF-8 matches no open queue.
+/// brokers). They are not checked for UTF-8 at decode: a URI is looked up as bytes or through
+/// [`uri_str`], and a name that is not UTF-8 matches no open queue.
 pub type UriBytes = bytes::Bytes;
 
 /// The URI bytes of `uri` (one copy; for frames built from a `&str`).

@@ -1,12 +1,15 @@
-# Sourced by the benchmark scripts (bench-throughput.sh, bench-stalls.sh,
-# profile-flamegraph.sh): a local 3-node cluster of one build whose broker processes the script
-# starts itself, so it knows their pids (to read their CPU time, to profile them) and kills them
-# on every exit. Reads DIR (the cluster's directory, replaced), BASE (its base port: clients
-# BASE+1..3, admin BASE+201..203), PARTITIONS (if set: the nodes' partition_count instead of
-# the default, on fresh state), SEGMENT_MB (if set: their storage.segment_size_mb) and
-# LEDGER_MB (if set: their metadata.ledger_max_file_size_bytes, in MiB); sets
-# PIDS and BROKERS (the nodes' client addresses, as `bmqctl --broker` takes them). The caller
-# traps EXIT with stop_cluster.
+# Sourced by the benchmark scripts (bench-local.sh, bench-throughput.sh, bench-stalls.sh,
+# profile-flamegraph.sh and others): a local 3-node cluster of one build whose broker processes
+# the script starts itself, so it knows their pids (to read their CPU time, to profile them) and
+# kills them on every exit. Reads DIR (the cluster's directory, replaced), BASE (its base port:
+# clients BASE+1..3, admin BASE+201..203), PARTITIONS (if set: the nodes' partition_count
+# instead of the default), SEGMENT_MB (if set: their storage.segment_size_mb), LEDGER_MB (if
+# set: their metadata.ledger_max_file_size_bytes, in MiB) and METADATA_FSYNC (if set: their
+# metadata.fsync); sets PIDS and BROKERS (the nodes' client addresses, as `bmqctl --broker`
+# takes them). The caller traps EXIT with stop_cluster.
+
+# shellcheck source=lib/configs.sh
+. "$(dirname "${BASH_SOURCE[0]}")/configs.sh"
 
 PIDS=()
 BROKERS=127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2)),127.0.0.1:$((BASE + 3))
@@ -82,28 +85,17 @@ stop_cluster() {
   PIDS=()
 }
 
-# start_cluster BIN: a fresh cluster of BIN/broker (configuration written by BIN/bmqctl's
-# `cluster up` with its defaults, plain TCP), every node ready; 1 if it does not get ready.
+# start_cluster BIN: a fresh cluster of BIN/broker (configuration from write_configs in
+# configs.sh, then the edits the variables above ask for), every node ready; 1 if it does not
+# get ready.
 start_cluster() {
   local bin=$1
   stop_cluster
-  rm -rf "$DIR"
-  "$bin/bmqctl" cluster up --dir "$DIR" --base-port "$BASE" --no-security --no-prometheus --clean >/dev/null 2>&1 &
-  local up=$!
-  # `cluster up` writes every node's configuration, then starts them; once node 1 is ready
-  # the files are all there.
-  for _ in $(seq 120); do
-    [ -f "$DIR/node-3/broker.toml" ] && "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 && break
-    sleep 0.5
-  done
-  kill -INT $up 2>/dev/null || true; wait $up || true
-  # Its nodes stop on the interrupt: wait until node 1's admin port no longer answers.
-  for _ in $(seq 100); do "$bin/bmqctl" ready --admin 127.0.0.1:$((BASE + 201)) >/dev/null 2>&1 || break; sleep 0.1; done
+  write_configs "$bin" "$DIR" "$BASE" >/dev/null
   if [ -n "${PARTITIONS:-}" ]; then
-    # Another partition count needs a fresh cluster state: the ledger assigned the default's.
+    # The nodes have not started yet, so no ledger holds the default's partitions.
     for i in 1 2 3; do
       sed -i "s/^partition_count = .*/partition_count = $PARTITIONS/" "$DIR/node-$i/broker.toml"
-      rm -rf "$DIR/node-$i/partitions" "$DIR/node-$i/elector" "$DIR/node-$i/ledger"
     done
   fi
   if [ -n "${LEDGER_MB:-}" ]; then
@@ -116,6 +108,14 @@ start_cluster() {
     # Journal segments of another size (storage.segment_size_mb): new segments take it.
     for i in 1 2 3; do
       sed -i "s/^segment_size_mb = .*/segment_size_mb = $SEGMENT_MB/" "$DIR/node-$i/broker.toml"
+    done
+  fi
+  if [ -n "${METADATA_FSYNC:-}" ]; then
+    # metadata.fsync: the only `fsync` key of the file; added under [metadata] if absent.
+    for i in 1 2 3; do
+      local config=$DIR/node-$i/broker.toml
+      sed -i "s/^fsync = .*/fsync = \"$METADATA_FSYNC\"/" "$config"
+      grep -q '^fsync' "$config" || sed -i "s/^\[metadata\]/[metadata]\nfsync = \"$METADATA_FSYNC\"/" "$config"
     done
   fi
   for i in 1 2 3; do

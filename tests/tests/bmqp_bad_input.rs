@@ -1,4 +1,4 @@
-//! Bad input on the bmqp listener (BlazingMQ's client protocol, issue 19), over real TCP to a
+//! Bad input on the bmqp listener (BlazingMQ's client protocol), over real TCP to a
 //! real 3-node cluster: garbage, a truncated event, an oversized length, an event type a client
 //! never sends, malformed BER, a PUT for a queue id never opened — each closes that connection
 //! only, counted in `bmq_bmqp_errors_total`; a PUT whose CRC32-C does not match is NACKed

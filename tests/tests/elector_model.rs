@@ -71,7 +71,7 @@
 //! nodes, and restarts that forget the durable term (BlazingMQ's behaviour, which DESIGN.md §4
 //! goes beyond), both elect two leaders in one term.
 //!
-//! CI runs [`COLD_CI`] and [`STABLE_CI`] in debug mode; `scripts/soak-elector-sim.sh` runs the
+//! CI runs [`COLD_CI`] and [`STABLE_CI`] in debug mode; `scripts/soak-sim.sh elector` runs the
 //! `#[ignore]`d [`COLD_LARGER`] and [`STABLE_LARGER`] in release mode (`BMQ_MODEL_MAX_TERM`,
 //! `BMQ_MODEL_CRASHES`, `BMQ_MODEL_CESSIONS`, `BMQ_MODEL_MISS_COUNT` change their bounds). Each
 //! run prints its bounds and the states explored; figures are in docs/ELECTOR_VERIFICATION.md.
@@ -157,7 +157,7 @@ const STABLE_CI: Bounds = Bounds {
     heartbeat_miss_count: 1,
 };
 
-/// `#[ignore]`d, release build (`scripts/soak-elector-sim.sh`): two terms from a cold start,
+/// `#[ignore]`d, release build (`scripts/soak-sim.sh elector`): two terms from a cold start,
 /// contention for the first election included, with a crash.
 const COLD_LARGER: Bounds = Bounds {
     start: Start::Cold,
@@ -1125,7 +1125,7 @@ fn failover_from_stable_leader_is_safe_within_ci_bounds() {
 }
 
 /// From a cold start with larger bounds (terms up to 2, one crash; `BMQ_MODEL_*` override),
-/// every property holds. Run by `scripts/soak-elector-sim.sh`, in release mode.
+/// every property holds. Run by `scripts/soak-sim.sh elector`, in release mode.
 #[test]
 #[ignore = "long: cargo test --release -p bmq-tests --test elector_model -- --ignored --nocapture"]
 fn cold_start_is_safe_within_larger_bounds() {
@@ -1139,7 +1139,7 @@ fn cold_start_is_safe_within_larger_bounds() {
 }
 
 /// From a stable leader with larger bounds (terms up to 3, one crash; `BMQ_MODEL_*` override),
-/// every property holds. Run by `scripts/soak-elector-sim.sh`, in release mode.
+/// every property holds. Run by `scripts/soak-sim.sh elector`, in release mode.
 #[test]
 #[ignore = "long: cargo test --release -p bmq-tests --test elector_model -- --ignored --nocapture"]
 fn failover_from_stable_leader_is_safe_within_larger_bounds() {

@@ -21,7 +21,7 @@
 //!
 //! A failing run prints its seed and the command that replays it:
 //! `BMQ_SIM_SEED=<seed> cargo test -p bmq-tests --test elector_sim -- replay --nocapture`.
-//! CI runs [`CI_SEEDS`] seeds (`BMQ_SIM_SEEDS` overrides); `scripts/soak-elector-sim.sh` runs
+//! CI runs [`CI_SEEDS`] seeds (`BMQ_SIM_SEEDS` overrides); `scripts/soak-sim.sh elector` runs
 //! many more. The article's two scenarios (non-sticky leader, leader ping-pong) are named tests
 //! below, each paired with a test showing that the bad behaviour appears with ElectionScouting
 //! switched off ([`Elector::set_election_scouting`]).

@@ -243,7 +243,7 @@ fn ledger_files(cluster: &Cluster, id: u32) -> anyhow::Result<Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledgers_roll_over_under_load_and_a_node_killed_meanwhile_agrees_after_restart() {
-    // Scenario (issue 18): with the smallest ledger file size (64 KiB), 1,800 queue
+    // Scenario: with the smallest ledger file size (64 KiB), 1,800 queue
     // assignments roll every node's ledger over at least twice — each rollover's snapshot
     // written beside the fsyncs, then switched to. A follower is SIGKILLed half-way (perhaps in
     // the middle of a rollover) and restarted after more assignments: every node agrees on

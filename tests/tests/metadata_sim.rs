@@ -29,7 +29,7 @@
 //! A failing run prints its seed and the replay command:
 //! `METADATA_SIM_SEED=<seed> cargo test -p bmq-tests --test metadata_sim -- replay --nocapture`.
 //! CI runs [`CI_SEEDS`] seeds per cluster size (`METADATA_SIM_SEEDS` overrides);
-//! `scripts/soak-metadata-sim.sh` runs many more.
+//! `scripts/soak-sim.sh metadata` runs many more.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};

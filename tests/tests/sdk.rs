@@ -1,5 +1,5 @@
 //! BlazingMQ's official Python SDK (`blazingmq==1.2.2` from PyPI, with the C++ libbmq inside)
-//! against a real cluster (issue 19): real `broker` processes, their bmqp listeners, and the
+//! against a real cluster: real `broker` processes, their bmqp listeners, and the
 //! pytest suite in `tests/sdk/` run by the SDK's own interpreter.
 //!
 //! `scripts/sdk-venv.sh` provisions the virtual environment (`target/sdk-venv`) on first use;

@@ -6,7 +6,7 @@
 //! available)` — the pure decision in `bmq_metadata` — and proposes the resulting
 //! `PartitionPrimaryAdvisory` (lease + 1 for each moved partition) through the metadata actor:
 //! at once on each commit and each availability change (a primary's loss is acted on without
-//! waiting for a timer, issue 18), and every `CHECK_PERIOD` as a fallback. One proposal is in
+//! waiting for a timer), and every `CHECK_PERIOD` as a fallback. One proposal is in
 //! flight at a time; it is considered settled at the next commit, or retried after
 //! `PROPOSAL_TIMEOUT`.
 //!

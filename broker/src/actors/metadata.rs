@@ -2,7 +2,7 @@
 //!
 //! - **Role**: one per node. Owns the metadata core and the ledger; executes the core's outputs
 //!   in order; publishes the committed cluster state.
-//! - **Group commit** (issue 18): while handling the messages already in its mailbox, the actor
+//! - **Group commit**: while handling the messages already in its mailbox, the actor
 //!   only buffers — records into the ledger's buffer, peer messages into a [`PeerOutbox`].
 //!   Once the mailbox is empty, one *flush* sends every peer one frame (a
 //!   `MetadataBatch` of everything for it), publishes the committed state once, writes the
@@ -36,8 +36,9 @@
 //!   (never retry an fsync). The node starts it and stops the system if it stops.
 //! - **Threads**: the actor runs on the node's main thread, beside the peer links and the
 //!   client sessions, so a proposal reaches the peers and an ack reaches the core without a
-//!   hand-off between threads (each costs ~35-50 µs of wake-up on the benchmark machine; a
-//!   sequential queue assignment crossed seven of them before, issue 18). The ledger's disk
+//!   hand-off between threads (each costs a thread wake-up, tens of µs; a sequential queue
+//!   assignment crossed seven of them before: docs/bench/JOURNAL.md "Metadata without thread
+//!   hand-offs"). The ledger's disk
 //!   work has two threads of its own: `bmq-ledger-sync` runs the fsyncs, a rollover's switch
 //!   to its new file (about two fsyncs) and a reset's new file; `bmq-ledger-rewrite` runs a
 //!   rollover's snapshot (the whole state encoded, written and fsynced: ~0.35 s with 420,000
@@ -313,7 +314,7 @@ pub struct MetadataActor {
     proposed_at: HashMap<Lsn, Instant>,
     rollovers_reported: u64,
     /// The actor's metrics, registered once (a registry look-up each, with an allocation,
-    /// on every flush was ~3 of the ~130 allocations per queue assignment, issue 18).
+    /// on every flush was ~3 of the ~130 allocations per queue assignment).
     metrics: MetadataMetrics,
     /// Peer messages of this turn, sent at the flush.
     outbox: PeerOutbox,
@@ -1048,7 +1049,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn proposals_that_arrive_together_go_out_in_one_message_per_peer_and_commit_together() {
-        // Scenario: group commit (issue 18) — ten proposals already in the mailbox of a
+        // Scenario: group commit — ten proposals already in the mailbox of a
         // three-node leader are handled in one turn (so written with one fsync) and sent as one
         // MetadataBatch per peer; one ack of the last record commits all ten.
         use bmq_proto::peer::metadata_message::Kind as Msg;

@@ -64,9 +64,11 @@ const HEAP_TRIM_FREE_MIN: usize = 32 << 20;
 /// MB free in its arenas (`malloc_stats`: 157 MB held, 83 MB in use), and a partition that
 /// was busy once would hold its peak for good. The floor keeps a node under steady traffic,
 /// which reuses what it frees, from giving pages back only to fault them in again (trimming at
-/// every period cost 2-3% more broker CPU per message, with the floor 1%, within the spread). Issue 17; figures with and without,
-/// memory and throughput, in docs/bench/JOURNAL.md "Storage for months" (mimalloc was measured as
-/// the other way: higher peaks with 1,000,000 outstanding, the same idle RSS).
+/// every period cost measurably more broker CPU per message; with the floor the cost is within
+/// the run-to-run spread).
+/// Figures with and without, memory and throughput, in docs/bench/JOURNAL.md "Storage for
+/// months" (mimalloc was measured as the other way: higher peaks with 1,000,000 outstanding,
+/// the same idle RSS).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn start_heap_trim() {
     let spawned = std::thread::Builder::new()

@@ -158,7 +158,7 @@ pub struct PeerHub {
     links: Mutex<HashMap<NodeId, LinkState>>,
     stopping: AtomicBool,
     /// Wakes the liveness monitor when a control connection opens or closes, so a killed peer's
-    /// loss is reported at once instead of at the monitor's next tick (issue 18: up to half a
+    /// loss is reported at once instead of at the monitor's next tick (up to half a
     /// heartbeat period, 50 ms by default, on every failover).
     links_changed: tokio::sync::Notify,
     /// Permits for connections not yet authenticated ([`PEER_UNAUTHENTICATED_MAX`]).

@@ -1,5 +1,5 @@
 //! `peer-probe`: the same workloads, timed by the same code, against our cluster, NATS
-//! JetStream and etcd (issue 18; scripts/bench-peers.sh runs it, BENCHMARKS.md has the method).
+//! JetStream and etcd (scripts/bench-peers.sh runs it, BENCHMARKS.md has the method).
 //!
 //! ```text
 //! peer-probe messages --system bmq|nats --servers h:p,h:p,h:p [--producers 1 --consumers 1
