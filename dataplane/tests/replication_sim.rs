@@ -52,12 +52,13 @@
 //! `scripts/soak-sim.sh replication` runs many more. With the `defect-injection` feature, the
 //! test `defects_are_found` puts each old defect back and requires the simulator to find it.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bmq_dataplane::store::guid_key;
+// Hash maps with a fast hash: SipHash showed in the simulator's profile.
 use bmq_dataplane::{
     ConsumerDefaults, DeliveryMode, DomainPolicies, DomainPolicy, Partition, PartitionConfig,
     PartitionOutput, QueueLimits, ReplicationConfig, Store, StoreConfig, SyncTicket,
@@ -70,6 +71,7 @@ use bmq_proto::peer::PartitionMessage;
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use bmq_storage::disk::{Disk, SimDisk};
 use bytes::Bytes;
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -187,6 +189,17 @@ struct Consumer {
     present: bool,
 }
 
+/// Adds a line to the run's trace, formatted only when the run keeps one ([`Sim::traced`]):
+/// formatting every event costs more than the rest of the harness.
+macro_rules! note {
+    ($sim:expr, $($arg:tt)*) => {
+        if $sim.traced {
+            let line = format!($($arg)*);
+            $sim.note(line);
+        }
+    };
+}
+
 /// What the simulation knows of every message.
 #[derive(Default)]
 struct Model {
@@ -199,8 +212,10 @@ struct Model {
     confirmed: HashSet<u128>,
     /// Messages the consumer sent a confirm for (taken or not).
     confirm_sent: HashSet<u128>,
-    /// ACKed messages in the order of their first ACK (the impostor picks from them).
-    acked_order: Vec<u128>,
+    /// ACKed strong messages not confirmed yet (the impostor picks from them), and where each
+    /// is in that list.
+    impostor_targets: Vec<u128>,
+    impostor_target_at: HashMap<u128, usize>,
     /// The committed confirm's record, per message.
     confirmed_at: HashMap<u128, u64>,
     /// Every confirm taken, for diagnostics: guid -> [(node, lease, record sequence)].
@@ -217,7 +232,8 @@ struct Sim {
     impostor_rng: ChaCha8Rng,
     t0: Instant,
     now: Instant,
-    events: BTreeMap<(Duration, u64), Event>,
+    /// Boxed: a B-tree moves its values as it inserts, and peer messages are large.
+    events: BTreeMap<(Duration, u64), Box<Event>>,
     next_event_id: u64,
     nodes: Vec<SimNode>,
     quorum: usize,
@@ -230,6 +246,11 @@ struct Sim {
     consumer: Consumer,
     model: Model,
     faults: bool,
+    /// Whether this run keeps a trace: off for a first run of a seed; a failing seed runs
+    /// again with it on (the run is deterministic), for the failure's last events.
+    traced: bool,
+    /// `REPLICATION_SIM_TRACE` is set: every trace line is printed as it happens.
+    print_trace: bool,
     trace: VecDeque<String>,
     /// Per link (from, to): when its last message arrives (FIFO).
     links: HashMap<(usize, usize), Duration>,
@@ -281,7 +302,7 @@ fn store_cfg() -> StoreConfig {
 const JOURNAL_DIR: &str = "/journal";
 
 impl Sim {
-    fn new(seed: u64, size: usize) -> Sim {
+    fn new(seed: u64, size: usize, traced: bool) -> Sim {
         let now = Instant::now();
         let policies = Arc::new(DomainPolicies::new([
             ("s".to_string(), policy(true)),
@@ -311,16 +332,12 @@ impl Sim {
             },
             model: Model::default(),
             faults: true,
+            traced: traced || watch_env().is_some() || trace_env(),
+            print_trace: trace_env(),
             trace: VecDeque::new(),
             links: HashMap::new(),
             deep: std::env::var_os("REPLICATION_SIM_DEEP").is_some(),
-            watch: std::env::var("REPLICATION_SIM_WATCH").ok().and_then(|w| {
-                let (g, s) = w.split_once(':')?;
-                Some((
-                    u128::from_str_radix(g.trim_start_matches("0x"), 16).ok()?,
-                    s.parse().ok()?,
-                ))
-            }),
+            watch: watch_env(),
             watched: Vec::new(),
         };
         for _ in 0..size {
@@ -394,7 +411,8 @@ impl Sim {
     fn schedule(&mut self, after: Duration, event: Event) {
         let at = self.now.saturating_duration_since(self.t0) + after;
         self.next_event_id += 1;
-        self.events.insert((at, self.next_event_id), event);
+        self.events
+            .insert((at, self.next_event_id), Box::new(event));
     }
 
     fn ms(&mut self, lo: u64, hi: u64) -> Duration {
@@ -413,13 +431,13 @@ impl Sim {
                 _ => Event::ConsumerLeave,
             };
             self.next_event_id += 1;
-            self.events.insert((t, self.next_event_id), event);
+            self.events.insert((t, self.next_event_id), Box::new(event));
         }
     }
 
     fn note(&mut self, what: String) {
         let t = self.now.saturating_duration_since(self.t0).as_micros();
-        if std::env::var_os("REPLICATION_SIM_TRACE").is_some() {
+        if self.print_trace {
             eprintln!("{:>9} us  {what}", t);
         }
         self.trace.push_back(format!("{:>9} us  {what}", t));
@@ -429,6 +447,13 @@ impl Sim {
     }
 
     fn fail(&self, why: String) -> ! {
+        if !self.traced {
+            panic!(
+                "seed {} ({} nodes): {why} (run again with a trace)",
+                self.seed,
+                self.nodes.len()
+            );
+        }
         let trace: Vec<&String> = self.trace.iter().collect();
         let mut out = String::new();
         for line in trace.iter().rev().take(60).rev() {
@@ -580,13 +605,14 @@ impl Sim {
                     // PartitionPrimaryAdvisory), PASSIVE until it heals again.
                     self.lease += 1;
                     self.active = false;
-                    self.note(format!(
+                    note!(
+                        self,
                         "node {} restarted at lease {}: primary -> node {} lease {}",
                         n + 1,
                         lease.0,
                         n + 1,
                         self.lease
-                    ));
+                    );
                     self.announce_role();
                 }
             }
@@ -609,11 +635,12 @@ impl Sim {
                          SUCCESS: a message never stored was ACKed"
                     ));
                 }
-                self.note(format!(
+                note!(
+                    self,
                     "node {} ACK status {} to the impostor's p{pr}#{seq}",
                     n + 1,
                     ack.status
-                ));
+                );
             }
             Some(Kind::Ack(ack)) => {
                 let guid = guid_key(&ack.guid);
@@ -624,11 +651,16 @@ impl Sim {
                     if !self.model.delivered.contains(&guid) {
                         self.check_durable(guid, n, "ACK");
                     }
-                    if self.model.acked.insert(guid) {
-                        self.model.acked_order.push(guid);
+                    if self.model.acked.insert(guid)
+                        && self.model.strong_of[&guid]
+                        && !self.model.confirm_sent.contains(&guid)
+                    {
+                        let m = &mut self.model;
+                        m.impostor_target_at.insert(guid, m.impostor_targets.len());
+                        m.impostor_targets.push(guid);
                     }
                     self.producers[producer as usize].unacked.remove(&seq);
-                    self.note(format!("node {} ACK p{producer}#{seq}", n + 1));
+                    note!(self, "node {} ACK p{producer}#{seq}", n + 1);
                 } else if ack.status == AckStatus::NotReady as i32 {
                     self.producers[producer as usize].blocked = true;
                 } else {
@@ -666,12 +698,13 @@ impl Sim {
                     }
                     self.consumer.last_in_order.insert(producer, seq);
                 }
-                self.note(format!(
+                note!(
+                    self,
                     "node {} PUSH p{producer}#{seq} attempt {}{}",
                     n + 1,
                     push.delivery_attempt,
                     if push.out_of_order { " ooo" } else { "" }
-                ));
+                );
                 self.model.delivered.insert(guid);
                 let lease = self.lease_of(n);
                 let inc = self.nodes[n].inc;
@@ -750,7 +783,7 @@ impl Sim {
         self.lease += 1;
         self.primary = Some(next);
         self.active = false;
-        self.note(format!("primary -> node {} lease {}", next + 1, self.lease));
+        note!(self, "primary -> node {} lease {}", next + 1, self.lease);
         self.announce_role();
     }
 
@@ -792,7 +825,7 @@ impl Sim {
                 self.consumer.attached = None;
             }
         }
-        self.note(format!("node {} crashed", n + 1));
+        note!(self, "node {} crashed", n + 1);
     }
 
     fn restart(&mut self, n: usize) {
@@ -800,7 +833,7 @@ impl Sim {
             return;
         }
         self.open_node(n);
-        self.note(format!("node {} restarted", n + 1));
+        note!(self, "node {} restarted", n + 1);
         if let Some(primary) = self.primary {
             let (lease, active, inc) = (self.lease, self.active, self.nodes[n].inc);
             self.handle(Event::Role {
@@ -838,7 +871,7 @@ impl Sim {
                 properties: vec![],
             })),
         };
-        self.note(format!("PUT p{producer}#{seq} -> node {}", primary + 1));
+        note!(self, "PUT p{producer}#{seq} -> node {}", primary + 1);
         self.input(primary, |p, now| {
             p.handle_requests(now, vec![(session, put)])
         });
@@ -854,17 +887,11 @@ impl Sim {
         let Some(primary) = self.primary.filter(|p| self.live(*p)) else {
             return;
         };
-        let outstanding: Vec<u128> = self
-            .model
-            .acked_order
-            .iter()
-            .copied()
-            .filter(|g| self.model.strong_of[g] && !self.model.confirm_sent.contains(g))
-            .collect();
-        if outstanding.is_empty() {
+        let targets = &self.model.impostor_targets;
+        if targets.is_empty() {
             return;
         }
-        let guid = outstanding[self.impostor_rng.gen_range(0..outstanding.len())];
+        let guid = targets[self.impostor_rng.gen_range(0..targets.len())];
         let uri = if self.model.strong_of[&guid] {
             STRONG_URI
         } else {
@@ -883,10 +910,11 @@ impl Sim {
             })),
         };
         let (pr, seq) = producer_of(guid);
-        self.note(format!(
+        note!(
+            self,
             "impostor PUT under p{pr}#{seq} -> node {}",
             primary + 1
-        ));
+        );
         self.input(primary, |p, now| {
             p.handle_requests(now, vec![(session, put)])
         });
@@ -925,11 +953,12 @@ impl Sim {
             };
             self.input(primary, |p, now| p.handle_request(now, session, open));
         }
-        self.note(format!(
+        note!(
+            self,
             "consumer s{} opened on node {}",
             self.consumer.session,
             primary + 1
-        ));
+        );
     }
 
     fn consumer_leave(&mut self) {
@@ -953,7 +982,7 @@ impl Sim {
                 self.input(n, |p, now| p.handle_session_gone(now, session));
             }
         }
-        self.note(format!("consumer s{} left", self.consumer.session));
+        note!(self, "consumer s{} left", self.consumer.session);
         self.consumer.held.clear();
         self.consumer.last_in_order.clear();
         self.consumer.attached = None;
@@ -976,6 +1005,13 @@ impl Sim {
         }
         self.consumer.held.remove(&guid);
         self.model.confirm_sent.insert(guid);
+        if let Some(i) = self.model.impostor_target_at.remove(&guid) {
+            let m = &mut self.model;
+            m.impostor_targets.swap_remove(i);
+            if let Some(moved) = m.impostor_targets.get(i) {
+                m.impostor_target_at.insert(*moved, i);
+            }
+        }
         let before = self.nodes[n]
             .p
             .as_ref()
@@ -1001,7 +1037,8 @@ impl Sim {
             .as_ref()
             .map_or(0, |p| p.replication().last_sequence());
         let (pr, seq) = producer_of(guid);
-        self.note(format!(
+        note!(
+            self,
             "CONFIRM p{pr}#{seq} on node {} lease {lease}: record {}",
             n + 1,
             if after > before {
@@ -1009,7 +1046,7 @@ impl Sim {
             } else {
                 "none".into()
             }
-        ));
+        );
         if after > before {
             self.model
                 .confirm_log
@@ -1118,7 +1155,7 @@ impl Sim {
                 to: t,
                 to_inc: ti,
                 ..
-            } = event
+            } = &**event
             {
                 if (*f, *t) == (from, to) {
                     if (*fi, *ti) != (from_inc, to_inc) {
@@ -1129,11 +1166,56 @@ impl Sim {
             }
         }
         keys.into_iter()
-            .filter_map(|k| match self.events.remove(&k) {
+            .filter_map(|k| match self.events.remove(&k).map(|e| *e) {
                 Some(Event::Peer { message, .. }) => Some(message),
                 _ => None,
             })
             .collect()
+    }
+
+    /// A trace line for a peer message that a trace follows (receipts, syncs, shapes, and
+    /// replication to node 2).
+    fn note_peer_message(&mut self, from: usize, to: usize, message: &PartitionMessage) {
+        match &message.kind {
+            Some(bmq_proto::peer::partition_message::Kind::Receipt(r)) => {
+                note!(self, "node {} -> node {}: receipt {}", from + 1, to + 1, r.sequence)
+            }
+            Some(bmq_proto::peer::partition_message::Kind::Sync(r)) => note!(self,
+                "node {} -> node {}: sync lease {} truncate_after {} install {} through {} records {:?} covered {} settled {}",
+                from + 1,
+                to + 1,
+                r.lease,
+                r.truncate_after,
+                r.install,
+                r.install_through,
+                r.records.first().map(|f| (f.sequence, r.records.last().map(|l| l.sequence))),
+                r.covered_through,
+                r.settled_through
+            ),
+            Some(bmq_proto::peer::partition_message::Kind::StateResponse(r)) => {
+                let shape = r.shape.clone().unwrap_or_default();
+                note!(self,
+                    "node {} -> node {}: shape lease {} last {} floor {} runs {:?}",
+                    from + 1,
+                    to + 1,
+                    r.lease,
+                    shape.last_sequence,
+                    shape.floor,
+                    shape.runs.iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>()
+                )
+            }
+            Some(bmq_proto::peer::partition_message::Kind::Replicate(r)) if to == 1 => {
+                note!(self,
+                    "node {} -> node {}: replicate prev {} records {} settled {}",
+                    from + 1,
+                    to + 1,
+                    r.prev_sequence,
+                    r.records.len(),
+                    r.settled_through
+                )
+            }
+            _ => {}
+        }
     }
 
     fn handle(&mut self, event: Event) {
@@ -1148,45 +1230,8 @@ impl Sim {
                 if self.nodes[from].inc != from_inc || self.nodes[to].inc != to_inc {
                     return;
                 }
-                match &message.kind {
-                    Some(bmq_proto::peer::partition_message::Kind::Receipt(r)) => {
-                        self.note(format!("node {} -> node {}: receipt {}", from + 1, to + 1, r.sequence))
-                    }
-                    Some(bmq_proto::peer::partition_message::Kind::Sync(r)) => self.note(format!(
-                        "node {} -> node {}: sync lease {} truncate_after {} install {} through {} records {:?} covered {} settled {}",
-                        from + 1,
-                        to + 1,
-                        r.lease,
-                        r.truncate_after,
-                        r.install,
-                        r.install_through,
-                        r.records.first().map(|f| (f.sequence, r.records.last().map(|l| l.sequence))),
-                        r.covered_through,
-                        r.settled_through
-                    )),
-                    Some(bmq_proto::peer::partition_message::Kind::StateResponse(r)) => {
-                        let shape = r.shape.clone().unwrap_or_default();
-                        self.note(format!(
-                            "node {} -> node {}: shape lease {} last {} floor {} runs {:?}",
-                            from + 1,
-                            to + 1,
-                            r.lease,
-                            shape.last_sequence,
-                            shape.floor,
-                            shape.runs.iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>()
-                        ))
-                    }
-                    Some(bmq_proto::peer::partition_message::Kind::Replicate(r)) if to == 1 => {
-                        self.note(format!(
-                            "node {} -> node {}: replicate prev {} records {} settled {}",
-                            from + 1,
-                            to + 1,
-                            r.prev_sequence,
-                            r.records.len(),
-                            r.settled_through
-                        ))
-                    }
-                    _ => {}
+                if self.traced {
+                    self.note_peer_message(from, to, &message);
                 }
                 // What else this link carries within the next 2 ms arrives with it, as one
                 // read of a TCP connection brings several frames: the partition handles them
@@ -1200,7 +1245,7 @@ impl Sim {
                 if self.nodes[node].inc != inc {
                     return;
                 }
-                self.note(format!("node {} sync", node + 1));
+                note!(self, "node {} sync", node + 1);
                 self.nodes[node].sync_queued = false;
                 let now = self.now;
                 if let Some(p) = self.nodes[node].p.as_mut() {
@@ -1220,7 +1265,7 @@ impl Sim {
                 if self.nodes[node].inc != inc {
                     return;
                 }
-                self.note(format!("node {} sync done", node + 1));
+                note!(self, "node {} sync done", node + 1);
                 let now = self.now;
                 let ticket = self.nodes[node].ticket.take();
                 if let (Some(p), Some(ticket)) = (self.nodes[node].p.as_mut(), ticket) {
@@ -1263,7 +1308,7 @@ impl Sim {
                 }
             }
             Event::PowerLoss => {
-                self.note("power loss".into());
+                note!(self, "power loss");
                 for n in 0..self.nodes.len() {
                     self.crash(n, true);
                     let d = self.ms(50, 300);
@@ -1282,7 +1327,7 @@ impl Sim {
                     return;
                 }
                 self.nodes[n].stopping = true;
-                self.note(format!("node {} stopping gracefully", n + 1));
+                note!(self, "node {} stopping gracefully", n + 1);
                 self.input(n, |p, now| p.handle_stop_delivering(now));
                 // The drain, then the primary moves to a node that is not stopping.
                 let d = self.ms(50, 250);
@@ -1365,10 +1410,10 @@ impl Sim {
     }
 
     fn step(&mut self) -> bool {
-        let Some((&(at, id), _)) = self.events.iter().next() else {
+        let Some(((at, _), event)) = self.events.pop_first() else {
             return false;
         };
-        let event = self.events.remove(&(at, id)).expect("listed");
+        let event = *event;
         self.now = self.t0 + at;
         if !self.faults
             && matches!(
@@ -1395,10 +1440,11 @@ impl Sim {
                 });
                 let key = format!("{view:?}");
                 if self.watched.get(i) != Some(&key) {
-                    self.note(format!(
+                    note!(
+                        self,
                         "WATCH node {}: (index, lease at {at}, base, last) = {key}",
                         i + 1
-                    ));
+                    );
                     if self.watched.len() <= i {
                         self.watched.resize(i + 1, String::new());
                     }
@@ -1421,7 +1467,7 @@ impl Sim {
         }
         // Liveness: no more faults; every node up; one primary that is not stopping.
         self.faults = false;
-        self.note("faults stop".into());
+        note!(self, "faults stop");
         for n in 0..self.nodes.len() {
             self.restart(n);
         }
@@ -1445,12 +1491,18 @@ impl Sim {
             );
         }
         let deadline = self.elapsed() + LIVENESS_BOUND;
+        // Checked once per 100 simulated ms (at its first event), not at every event of it.
+        let mut checked_at = None;
         while self.elapsed() < deadline {
             if !self.step() {
                 break;
             }
-            if self.elapsed().as_millis().is_multiple_of(100) && self.converged() {
-                return;
+            let ms = self.elapsed().as_millis();
+            if ms.is_multiple_of(100) && checked_at != Some(ms) {
+                checked_at = Some(ms);
+                if self.converged() {
+                    return;
+                }
             }
         }
         if !self.converged() {
@@ -1522,20 +1574,51 @@ impl Sim {
     }
 
     fn converged(&self) -> bool {
+        // The cheap conditions first: `lost` walks every ACKed message.
         self.producers.iter().all(|p| p.unacked.is_empty())
-            && self.lost().is_empty()
             && self.nodes.iter().all(|n| {
                 n.p.as_ref()
                     .is_some_and(|p| p.replication().store().outstanding().is_empty())
             })
+            && self.lost().is_empty()
     }
 }
 
+/// `REPLICATION_SIM_TRACE` is set.
+fn trace_env() -> bool {
+    std::env::var_os("REPLICATION_SIM_TRACE").is_some()
+}
+
+/// `REPLICATION_SIM_WATCH=<guid hex>:<sequence>`, parsed.
+fn watch_env() -> Option<(u128, u64)> {
+    let w = std::env::var("REPLICATION_SIM_WATCH").ok()?;
+    let (g, s) = w.split_once(':')?;
+    Some((
+        u128::from_str_radix(g.trim_start_matches("0x"), 16).ok()?,
+        s.parse().ok()?,
+    ))
+}
+
 /// Runs one seed; panics with the seed, the trace and the replay command on a violation.
+/// The first run keeps no trace; a failing seed runs again with one (the same run: one seed
+/// drives every choice), whose panic is the one reported.
 fn run_seed(seed: u64, size: usize) -> usize {
-    let mut sim = Sim::new(seed, size);
-    sim.run();
-    sim.model.acked.len()
+    let quiet = std::panic::catch_unwind(|| {
+        let mut sim = Sim::new(seed, size, false);
+        sim.run();
+        sim.model.acked.len()
+    });
+    match quiet {
+        Ok(acked) => acked,
+        Err(_) => {
+            let mut sim = Sim::new(seed, size, true);
+            sim.run();
+            panic!(
+                "seed {seed} ({size} nodes) failed without a trace and passed with one: the \
+                 simulator is not deterministic"
+            );
+        }
+    }
 }
 
 fn seeds() -> u64 {
@@ -1565,16 +1648,37 @@ fn first_seed() -> u64 {
 /// every failing seed (each failure also prints its trace and replay command).
 #[cfg(not(feature = "defect-injection"))]
 fn run_seeds(size: usize, offset: u64) {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     let first = first_seed().wrapping_add(offset);
     let count = seeds();
-    let mut acked = 0;
-    let mut failed = Vec::new();
-    for seed in first..first + count {
-        match std::panic::catch_unwind(|| run_seed(seed, size)) {
-            Ok(n) => acked += n,
-            Err(_) => failed.push(seed),
+    // One worker per core, each taking the next seed: a test that finishes first leaves its
+    // cores to the other.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(count.max(1) as usize);
+    let next = AtomicU64::new(0);
+    let acked = AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    break;
+                }
+                let seed = first.wrapping_add(i);
+                match std::panic::catch_unwind(|| run_seed(seed, size)) {
+                    Ok(n) => {
+                        acked.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(_) => failed.lock().unwrap_or_else(|e| e.into_inner()).push(seed),
+                }
+            });
         }
-    }
+    });
+    let mut failed = failed.into_inner().unwrap_or_else(|e| e.into_inner());
+    failed.sort_unstable();
+    let acked = acked.into_inner();
     assert!(
         failed.is_empty(),
         "{} of {count} seeds failed ({size} nodes): {failed:?}",

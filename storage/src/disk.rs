@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{self, IoSlice};
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -269,7 +270,7 @@ enum Entry {
 
 #[derive(Debug, Default)]
 struct SimState {
-    inodes: HashMap<u64, Inode>,
+    inodes: HashMap<u64, Inode, foldhash::fast::RandomState>,
     next_inode: u64,
     /// The namespace as reads see it.
     names: BTreeMap<PathBuf, Entry>,
@@ -580,6 +581,28 @@ impl DiskFile for SimFile {
     fn release(&self) {}
 }
 
+/// The entries below directory `dir` in `names`, at any depth (they sort right after it).
+fn below<'a>(
+    names: &'a BTreeMap<PathBuf, Entry>,
+    dir: &'a Path,
+) -> impl Iterator<Item = &'a PathBuf> + 'a {
+    names
+        .range::<Path, _>((Bound::Excluded(dir), Bound::Unbounded))
+        .map(|(p, _)| p)
+        .take_while(move |p| p.starts_with(dir))
+}
+
+/// The entries directly in directory `dir` in `names`.
+fn children<'a>(
+    names: &'a BTreeMap<PathBuf, Entry>,
+    dir: &'a Path,
+) -> impl Iterator<Item = (&'a PathBuf, &'a Entry)> + 'a {
+    names
+        .range::<Path, _>((Bound::Excluded(dir), Bound::Unbounded))
+        .take_while(move |(p, _)| p.starts_with(dir))
+        .filter(move |(p, _)| p.parent() == Some(dir))
+}
+
 impl Disk for SimDisk {
     fn open(&self, path: &Path, how: Open) -> io::Result<FileRef> {
         let mut s = self.lock();
@@ -655,12 +678,8 @@ impl Disk for SimDisk {
         if !matches!(s.names.get(path), Some(Entry::Dir)) {
             return Err(not_found(path));
         }
-        let gone: Vec<PathBuf> = s
-            .names
-            .keys()
-            .filter(|p| p.starts_with(path))
-            .cloned()
-            .collect();
+        let mut gone: Vec<PathBuf> = below(&s.names, path).cloned().collect();
+        gone.push(path.to_path_buf());
         for p in gone {
             if let Some(Entry::File(ino)) = s.names.remove(&p) {
                 if let Some(i) = s.inodes.get_mut(&ino) {
@@ -684,8 +703,10 @@ impl Disk for SimDisk {
                     // Directories are taken as durable at once (the store creates its own
                     // directory once; what it keeps durable are the files in it), and empty:
                     // what a removed directory of this name held went with it.
-                    s.durable_names
-                        .retain(|p, _| !p.starts_with(&at) || *p == at);
+                    let inside: Vec<PathBuf> = below(&s.durable_names, &at).cloned().collect();
+                    for p in inside {
+                        s.durable_names.remove(&p);
+                    }
                     s.durable_names.insert(at.clone(), Entry::Dir);
                 }
             }
@@ -698,11 +719,7 @@ impl Disk for SimDisk {
         if !matches!(s.names.get(path), Some(Entry::Dir)) {
             return Err(not_found(path));
         }
-        Ok(s.names
-            .keys()
-            .filter(|p| p.parent() == Some(path))
-            .cloned()
-            .collect())
+        Ok(children(&s.names, path).map(|(p, _)| p.clone()).collect())
     }
 
     fn is_dir(&self, path: &Path) -> bool {
@@ -720,23 +737,53 @@ impl Disk for SimDisk {
         // The directory's entries, as they are now, become what a power loss keeps; a
         // directory removed from it goes with everything in it (it could only be removed
         // empty).
-        let removed_dirs: Vec<PathBuf> = s
-            .durable_names
-            .iter()
-            .filter(|(p, e)| {
-                **e == Entry::Dir && p.parent() == Some(path) && !s.names.contains_key(*p)
-            })
-            .map(|(p, _)| p.clone())
-            .collect();
-        s.durable_names.retain(|p, _| {
-            (p.parent() != Some(path) || s.names.contains_key(p))
-                && !removed_dirs.iter().any(|d| p.starts_with(d))
-        });
-        for (p, e) in s.names.iter() {
-            if p.parent() == Some(path) {
-                s.durable_names.insert(p.clone(), *e);
+        // Both namespaces are sorted: one pass over the two lists of entries finds what
+        // changed, and only that is copied.
+        let mut made = Vec::new();
+        let mut gone = Vec::new();
+        let mut now = children(&s.names, path).peekable();
+        let mut was = children(&s.durable_names, path).peekable();
+        loop {
+            match (now.peek(), was.peek()) {
+                (None, None) => break,
+                (Some((p, e)), None) => {
+                    made.push(((*p).clone(), **e));
+                    now.next();
+                }
+                (None, Some((p, e))) => {
+                    gone.push(((*p).clone(), **e));
+                    was.next();
+                }
+                (Some((p, e)), Some((q, f))) => match p.cmp(q) {
+                    std::cmp::Ordering::Less => {
+                        made.push(((*p).clone(), **e));
+                        now.next();
+                    }
+                    std::cmp::Ordering::Greater => {
+                        gone.push(((*q).clone(), **f));
+                        was.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        if e != f {
+                            made.push(((*p).clone(), **e));
+                        }
+                        now.next();
+                        was.next();
+                    }
+                },
             }
         }
+        drop((now, was));
+        for (p, e) in gone {
+            s.durable_names.remove(&p);
+            if e == Entry::Dir {
+                let inside: Vec<PathBuf> = below(&s.durable_names, &p).cloned().collect();
+                for q in inside {
+                    s.durable_names.remove(&q);
+                }
+            }
+        }
+        s.durable_names.extend(made);
         Ok(())
     }
 }
