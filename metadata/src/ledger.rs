@@ -11,12 +11,12 @@
 //! Record types: 1 SNAPSHOT (body `ClusterStateSnapshot`, the committed state at the header's
 //! LSN), 2 UPDATE (body `Advisory`), 3 COMMIT (body `AdvisoryCommit`), 4 reserved for ACK (skipped).
 //!
-//! Writing and syncing are separate so a node can group-commit (issue 18): [`Ledger::write`]
+//! Writing and syncing are separate so a node can group-commit: [`Ledger::write`]
 //! encodes a record into a buffer, [`Ledger::sync`] writes everything buffered with one
 //! `write` and makes it durable with one `fsync` (per [`FsyncPolicy`]), and [`Ledger::append`]
 //! does both for one record. The format on disk is the same whichever is used.
 //!
-//! **Length ahead of the records** (issue 18): the file's length is set 1 MiB at a time ahead
+//! **Length ahead of the records**: the file's length is set 1 MiB at a time ahead
 //! of what is written ([`LEDGER_LENGTH_STEP`]), and records are written into that zero-filled
 //! length. An fsync then has no file size to record, which made the ledger's small fsyncs
 //! 25-35% shorter on the benchmark machine (ext4: 120-145 µs instead of 190-205 µs for a 250-byte
@@ -24,7 +24,7 @@
 //! records where the zeros begin, and writes there next.
 //!
 //! **Rollover** (past [`Ledger::set_max_file_size`]) runs in two steps, so that no commit waits
-//! for a snapshot of the whole state (issue 18: with 420,000 queues, ~33 MB written and fsynced
+//! for a snapshot of the whole state (with 420,000 queues, ~33 MB written and fsynced
 //! while every commit waited, 354-414 ms):
 //! 1. *The snapshot* ([`Ledger::begin_snapshot`], [`LedgerSnapshot::run`], on a thread of the
 //!    caller's choosing): `ledger-<n+1>.bmql.next` = SNAPSHOT of the committed state + the
@@ -40,15 +40,26 @@
 //! file; a rollover's snapshot taken before the reset is discarded. A crash at any point leaves
 //! one complete file with the highest number (a `.next` or `.tmp` file is removed at open); the
 //! blocks of a removed file are freed a step at a time by [`LedgerRelease::run`].
+//!
+//! **Files** are the storage floor's ([`bmq_storage::disk`]): [`Ledger::open`] opens the
+//! operating system's ([`RealDisk`]), [`Ledger::open_on`] any [`Disk`] — the simulators' disk
+//! in memory, which loses at a power loss what no fsync made durable. The ledger reads no clock:
+//! the records' `timestamp_ms` is the wall-clock time its shell last set
+//! ([`Ledger::set_wall_clock_ms`]).
+//!
+//! **A failed write or fsync fails the ledger** for good (STYLE.md: a ledger write or fsync
+//! failure stops the node; never retry an fsync). An fsync that failed says nothing about what
+//! it covered, and Linux does not write those pages again at a later fsync (PostgreSQL's
+//! "fsyncgate"), so no later fsync could make them durable: every later write, sync or handed-out
+//! disk work returns [`LedgerError::Failed`], and nothing the failed fsync covered is ever
+//! reported durable. The node stops acting as a metadata member; reopening the ledger after a
+//! restart replays what the disk holds.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, OnceLock};
 
 use bmq_proto::{peer, Term};
+use bmq_storage::disk::{Disk, FileRef, Open, RealDisk};
 use prost::Message;
 use thiserror::Error;
 use tracing::{info, warn};
@@ -76,7 +87,7 @@ const TYPE_UPDATE: u8 = 2;
 const TYPE_COMMIT: u8 = 3;
 const TYPE_ACK: u8 = 4;
 
-/// When the ledger calls `fsync` (`File::sync_data`).
+/// When the ledger calls `fsync` ([`bmq_storage::disk::DiskFile::sync_data`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsyncPolicy {
     /// After every record (the default: metadata writes are rare and acks mean "on disk").
@@ -207,7 +218,8 @@ pub(crate) fn is_leader_advisory(advisory: &peer::Advisory) -> bool {
     matches!(advisory.kind, Some(peer::advisory::Kind::Leader(_)))
 }
 
-/// Ledger failures. Any of them on write stops the node (STYLE.md: never retry an fsync).
+/// Ledger failures. Any of them on write stops the node (STYLE.md: never retry an fsync); the
+/// first I/O error of a write or sync also fails the ledger (see the module doc).
 #[derive(Debug, Error)]
 pub enum LedgerError {
     /// An I/O error on `path`.
@@ -242,6 +254,38 @@ pub enum LedgerError {
         /// Byte offset of the damaged record.
         offset: u64,
     },
+    /// An earlier write or fsync failed (`cause`, that error's text): the ledger takes no more
+    /// writes and runs no more disk work until it is opened again.
+    #[error("ledger failed earlier and takes nothing more: {cause}")]
+    Failed {
+        /// The first error.
+        cause: String,
+    },
+}
+
+/// The first error of a ledger's writes or syncs, shared with the disk work it hands out (which
+/// runs on other threads): once set, the ledger and that work do nothing more.
+#[derive(Debug, Clone, Default)]
+struct Failure(Arc<OnceLock<String>>);
+
+impl Failure {
+    /// `Err(Failed)` once an error was recorded.
+    fn check(&self) -> Result<(), LedgerError> {
+        match self.0.get() {
+            Some(cause) => Err(LedgerError::Failed {
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Records the error of `result`, if any (the first one is kept), and returns it.
+    fn record<T>(&self, result: Result<T, LedgerError>) -> Result<T, LedgerError> {
+        if let Err(e) = &result {
+            let _ = self.0.set(e.to_string());
+        }
+        result
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LedgerError + '_ {
@@ -257,32 +301,38 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LedgerError + '_ {
 #[derive(Debug)]
 pub struct LedgerSync {
     work: SyncWork,
+    /// The ledger's failure, shared: set by this work's error, and checked before it starts.
+    failure: Failure,
 }
 
 #[derive(Debug)]
 enum SyncWork {
     Fsync {
-        file: Arc<File>,
+        file: FileRef,
         path: PathBuf,
     },
     /// A reset's new file: the state and records of the mirror when it was handed out (a
     /// clone of the state shares its maps: O(1)); encoding it is part of the work.
     Rewrite {
+        disk: Arc<dyn Disk>,
         dir: PathBuf,
         old_index: u64,
         mirror: Recovered,
+        /// The records' `timestamp_ms` (the shell's wall clock when the work was handed out).
+        timestamp_ms: u64,
         /// The file being replaced, for its release once its name is gone.
-        old_file: Arc<File>,
+        old_file: FileRef,
     },
     /// A rollover's switch: the records written since the snapshot appended to the snapshot's
     /// file, which then replaces the old one.
     Switch {
+        disk: Arc<dyn Disk>,
         dir: PathBuf,
         old_index: u64,
         next: SnapshotWritten,
         /// Every record written since the snapshot was taken, encoded.
         tail: Vec<u8>,
-        old_file: Arc<File>,
+        old_file: FileRef,
     },
 }
 
@@ -290,48 +340,53 @@ enum SyncWork {
 #[derive(Debug)]
 pub struct SyncDone {
     /// After a rewrite or a switch: the new live file, and the replaced one (its name removed).
-    rewritten: Option<(NewFile, Arc<File>)>,
+    rewritten: Option<(NewFile, FileRef)>,
 }
 
 impl LedgerSync {
-    /// Makes the covered records durable: `File::sync_data`; or a rollover's switch (the
-    /// records since its snapshot appended to the snapshot's file, fsynced, renamed into
-    /// place, the directory fsynced, the old file removed: about two fsyncs); or a reset's
-    /// new file written, fsynced and renamed into place the same way. A removed file's blocks
-    /// are freed later, by the [`LedgerRelease`] that [`Ledger::take_release`] hands out.
+    /// Makes the covered records durable: [`bmq_storage::disk::DiskFile::sync_data`]; or a
+    /// rollover's switch (the records since its snapshot appended to the snapshot's file,
+    /// fsynced, renamed into place, the directory fsynced, the old file removed: about two
+    /// fsyncs); or a reset's new file written, fsynced and renamed into place the same way. A
+    /// removed file's blocks are freed later, by the [`LedgerRelease`] that
+    /// [`Ledger::take_release`] hands out.
     ///
     /// # Errors
-    /// I/O errors; the caller must stop the node (STYLE.md: never retry an fsync).
+    /// I/O errors, which fail the ledger; [`LedgerError::Failed`] without touching the disk
+    /// when the ledger failed since this work was handed out. Either way nothing it covers is
+    /// durable as far as anyone may know: the caller must not report it persisted, and must
+    /// stop the node (STYLE.md: never retry an fsync).
     pub fn run(self) -> Result<SyncDone, LedgerError> {
-        match self.work {
-            SyncWork::Fsync { file, path } => {
-                file.sync_data().map_err(io_err(&path))?;
-                Ok(SyncDone { rewritten: None })
-            }
+        self.failure.check()?;
+        let failure = self.failure;
+        failure.record(match self.work {
+            SyncWork::Fsync { file, path } => file
+                .sync_data()
+                .map_err(io_err(&path))
+                .map(|()| SyncDone { rewritten: None }),
             SyncWork::Rewrite {
+                disk,
                 dir,
                 old_index,
                 mirror,
+                timestamp_ms,
                 old_file,
-            } => {
-                let new = write_next_file(&dir, old_index, &mirror)?;
-                Ok(SyncDone {
+            } => write_next_file(&*disk, &dir, old_index, &mirror, timestamp_ms).map(|new| {
+                SyncDone {
                     rewritten: Some((new, old_file)),
-                })
-            }
+                }
+            }),
             SyncWork::Switch {
+                disk,
                 dir,
                 old_index,
                 next,
                 tail,
                 old_file,
-            } => {
-                let new = switch_to_next_file(&dir, old_index, next, &tail)?;
-                Ok(SyncDone {
-                    rewritten: Some((new, old_file)),
-                })
-            }
-        }
+            } => switch_to_next_file(&*disk, &dir, old_index, next, &tail).map(|new| SyncDone {
+                rewritten: Some((new, old_file)),
+            }),
+        })
     }
 
     /// Whether this is the writing of a reset's new file.
@@ -353,10 +408,14 @@ impl LedgerSync {
 /// goes on meanwhile; give the result to [`Ledger::complete_snapshot`].
 #[derive(Debug)]
 pub struct LedgerSnapshot {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     index: u64,
     mirror: Recovered,
+    /// The records' `timestamp_ms` (the shell's wall clock when the snapshot was handed out).
+    timestamp_ms: u64,
     generation: u64,
+    failure: Failure,
 }
 
 impl LedgerSnapshot {
@@ -364,10 +423,18 @@ impl LedgerSnapshot {
     /// queues; the only step of a rollover that grows with the state).
     ///
     /// # Errors
-    /// I/O errors; the caller must stop the node.
+    /// I/O errors, which fail the ledger (the switch would otherwise count on a file whose
+    /// fsync failed); [`LedgerError::Failed`] without touching the disk when the ledger failed
+    /// since. The caller must stop the node.
     pub fn run(self) -> Result<SnapshotWritten, LedgerError> {
+        self.failure.check()?;
         let path = file_path(&self.dir, self.index).with_extension("bmql.next");
-        let (file, len) = write_file(&path, &self.mirror)?;
+        let (file, len) = self.failure.record(write_file(
+            &*self.disk,
+            &path,
+            &self.mirror,
+            self.timestamp_ms,
+        ))?;
         Ok(SnapshotWritten {
             file,
             path,
@@ -381,7 +448,7 @@ impl LedgerSnapshot {
 /// A rollover's snapshot file, written and fsynced by [`LedgerSnapshot::run`].
 #[derive(Debug)]
 pub struct SnapshotWritten {
-    file: File,
+    file: FileRef,
     /// `ledger-<index>.bmql.next`.
     path: PathBuf,
     index: u64,
@@ -392,10 +459,11 @@ pub struct SnapshotWritten {
 }
 
 impl SnapshotWritten {
-    /// The release of a discarded snapshot: its file removed and freed.
-    fn discard(self) -> LedgerRelease {
+    /// The release of a discarded snapshot: its file removed (from `disk`) and freed.
+    fn discard(self, disk: Arc<dyn Disk>) -> LedgerRelease {
         LedgerRelease {
-            file: Arc::new(self.file),
+            disk,
+            file: self.file,
             remove: Some(self.path),
         }
     }
@@ -407,22 +475,24 @@ impl SnapshotWritten {
 /// file, on every node at once).
 #[derive(Debug)]
 pub struct LedgerRelease {
-    file: Arc<File>,
+    disk: Arc<dyn Disk>,
+    file: FileRef,
     /// A name to remove first (a discarded snapshot's file).
     remove: Option<PathBuf>,
 }
 
 impl LedgerRelease {
     /// Removes the file's name if it still has one of the ledger's, then frees its blocks a
-    /// step at a time. Best effort: an error leaves the blocks to the last close (or the name
-    /// to the next open's clean-up).
+    /// step at a time ([`bmq_storage::disk::DiskFile::release`]; on a real disk
+    /// [`bmq_storage::release::release_gradually`]). Best effort: an error leaves the blocks to
+    /// the last close (or the name to the next open's clean-up).
     pub fn run(self) {
         if let Some(path) = &self.remove {
-            if let Err(e) = fs::remove_file(path) {
+            if let Err(e) = self.disk.remove_file(path) {
                 warn!(file = %path.display(), error = %e, "discarded ledger snapshot not removed");
             }
         }
-        bmq_storage::release::release_gradually(&self.file);
+        self.file.release();
     }
 }
 
@@ -446,11 +516,13 @@ enum Rollover {
 /// The metadata ledger: appends records, rolls over, and replays on open.
 #[derive(Debug)]
 pub struct Ledger {
+    /// The disk the files are on.
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     fsync: FsyncPolicy,
     max_file_size: u64,
     /// The live file; shared with a [`LedgerSync`] whose fsync runs on another thread.
-    file: Arc<File>,
+    file: FileRef,
     file_index: u64,
     /// Bytes of records (and header) in the live file, not counting `buffer`: where the next
     /// write goes.
@@ -487,37 +559,58 @@ pub struct Ledger {
     /// order: applied when the mirror is read ([`Ledger::recovered`], a rewrite), dropped when
     /// the caller hands over the state they lead to ([`Ledger::share_committed_state`], after
     /// every commit), so a commit is applied once per node instead of twice (the second
-    /// application was ~2% of the metadata leader's main thread with 64 opens in flight,
-    /// issue 18).
+    /// application was ~2% of the metadata leader's main thread with 64 opens in flight).
     unapplied: Vec<(Lsn, peer::Advisory)>,
+    /// The wall-clock time stamped on records, ms since the Unix epoch
+    /// ([`Ledger::set_wall_clock_ms`]).
+    wall_clock_ms: u64,
+    /// Set by the first failed write or fsync: the ledger takes nothing more.
+    failure: Failure,
 }
 
 impl Ledger {
-    /// Opens (or creates) the ledger in `dir` and replays it.
-    ///
-    /// A torn or corrupt tail (an incomplete record, or bad records with nothing valid after them)
-    /// is truncated with a warning and the counter `bmq_ledger_torn_tail_truncations_total`.
-    /// An empty directory gives a fresh state of `partition_count` partitions.
+    /// Opens (or creates) the ledger in `dir` on the operating system's files and replays it:
+    /// [`Ledger::open_on`] with [`RealDisk`].
     ///
     /// # Errors
-    /// [`LedgerError::Corrupt`] when damage is followed by valid records, bad magic or version,
-    /// I/O errors.
+    /// As [`Ledger::open_on`].
     pub fn open(
         dir: impl AsRef<Path>,
         fsync: FsyncPolicy,
         partition_count: u32,
     ) -> Result<(Ledger, Recovered), LedgerError> {
+        Ledger::open_on(Arc::new(RealDisk), dir, fsync, partition_count)
+    }
+
+    /// Opens (or creates) the ledger in directory `dir` of `disk` and replays it.
+    ///
+    /// A torn or corrupt tail (an incomplete record, or bad records with nothing valid after them)
+    /// is truncated with a warning and the counter `bmq_ledger_torn_tail_truncations_total`.
+    /// An empty directory gives a fresh state of `partition_count` partitions. Leftovers of an
+    /// interrupted rollover or reset (a `.next` or `.tmp` file, an older complete file) are
+    /// removed.
+    ///
+    /// # Errors
+    /// [`LedgerError::Corrupt`] when damage is followed by valid records, bad magic or version,
+    /// I/O errors.
+    pub fn open_on(
+        disk: Arc<dyn Disk>,
+        dir: impl AsRef<Path>,
+        fsync: FsyncPolicy,
+        partition_count: u32,
+    ) -> Result<(Ledger, Recovered), LedgerError> {
         let dir = dir.as_ref().to_path_buf();
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        disk.create_dir_all(&dir).map_err(io_err(&dir))?;
         let mut files = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(io_err(&dir))? {
-            let entry = entry.map_err(io_err(&dir))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+        for path in disk.read_dir(&dir).map_err(io_err(&dir))? {
+            let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
             if name.starts_with("ledger-")
                 && (name.ends_with(".bmql.tmp") || name.ends_with(".bmql.next"))
             {
                 // An unfinished reset or rollover: the old file is still complete.
-                fs::remove_file(entry.path()).map_err(io_err(&entry.path()))?;
+                disk.remove_file(&path).map_err(io_err(&path))?;
             } else if let Some(n) = name
                 .strip_prefix("ledger-")
                 .and_then(|rest| rest.strip_suffix(".bmql"))
@@ -530,54 +623,33 @@ impl Ledger {
         let Some(&file_index) = files.last() else {
             let recovered = Recovered::fresh(partition_count);
             let path = file_path(&dir, 0);
-            let file = OpenOptions::new()
-                .create_new(true)
-                .write(true)
-                .open(&path)
-                .map_err(io_err(&path))?;
+            // No `ledger-0.bmql` is listed, so creating it truncates nothing.
+            let file = disk.open(&path, Open::Create).map_err(io_err(&path))?;
             file.write_all_at(&file_header(), 0)
                 .map_err(io_err(&path))?;
             file.sync_all().map_err(io_err(&path))?;
-            sync_dir(&dir)?;
-            let ledger = Ledger {
+            sync_dir(&*disk, &dir)?;
+            let ledger = Ledger::with_file(
+                disk,
                 dir,
                 fsync,
-                max_file_size: LEDGER_MAX_FILE_SIZE_DEFAULT,
-                file: Arc::new(file),
-                file_index: 0,
-                file_size: FILE_HEADER_LEN as u64,
-                file_len: FILE_HEADER_LEN as u64,
-                buffer: Vec::new(),
-                unsynced: false,
-                rewrite_due: false,
-                rewrite_running: false,
-                rollover: Rollover::Idle,
-                since_snapshot: Vec::new(),
-                generation: 0,
-                written_len: 0,
-                releases: Vec::new(),
-                bytes_written: 0,
-                rollovers: 0,
-                mirror: recovered.clone(),
-                unapplied: Vec::new(),
-            };
+                file,
+                0,
+                FILE_HEADER_LEN as u64,
+                FILE_HEADER_LEN as u64,
+                recovered.clone(),
+            );
             return Ok((ledger, recovered));
         };
         // A completed rollover whose old file was not yet removed.
         for old in &files[..files.len() - 1] {
             let path = file_path(&dir, *old);
-            fs::remove_file(&path).map_err(io_err(&path))?;
+            disk.remove_file(&path).map_err(io_err(&path))?;
         }
         let path = file_path(&dir, file_index);
-        let mut bytes = Vec::new();
-        File::open(&path)
-            .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(io_err(&path))?;
+        let file = disk.open(&path, Open::ReadWrite).map_err(io_err(&path))?;
+        let bytes = read_all(&*file).map_err(io_err(&path))?;
         let scan = scan(&path, &bytes, partition_count)?;
-        let file = OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
         // Zeros after the last record are the length set ahead of it (see the module doc).
         let zero_tail = bytes
             .get(scan.valid_len as usize..)
@@ -611,11 +683,38 @@ impl Ledger {
             uncommitted = scan.recovered.uncommitted.len(),
             "ledger opened"
         );
-        let ledger = Ledger {
+        let ledger = Ledger::with_file(
+            disk,
+            dir,
+            fsync,
+            file,
+            file_index,
+            file_size,
+            file_len,
+            scan.recovered.clone(),
+        );
+        Ok((ledger, scan.recovered))
+    }
+
+    /// A ledger on its live file `file` (`ledger-<file_index>.bmql`, `file_size` bytes of
+    /// header and records, `file_len` bytes long), whose records replay to `mirror`.
+    #[allow(clippy::too_many_arguments)] // each is one fact of the file just opened
+    fn with_file(
+        disk: Arc<dyn Disk>,
+        dir: PathBuf,
+        fsync: FsyncPolicy,
+        file: FileRef,
+        file_index: u64,
+        file_size: u64,
+        file_len: u64,
+        mirror: Recovered,
+    ) -> Ledger {
+        Ledger {
+            disk,
             dir,
             fsync,
             max_file_size: LEDGER_MAX_FILE_SIZE_DEFAULT,
-            file: Arc::new(file),
+            file,
             file_index,
             file_size,
             file_len,
@@ -630,10 +729,25 @@ impl Ledger {
             releases: Vec::new(),
             bytes_written: 0,
             rollovers: 0,
-            mirror: scan.recovered.clone(),
+            mirror,
             unapplied: Vec::new(),
-        };
-        Ok((ledger, scan.recovered))
+            wall_clock_ms: 0,
+            failure: Failure::default(),
+        }
+    }
+
+    /// Sets the wall-clock time, ms since the Unix epoch, stamped on the records written from
+    /// now on (their `timestamp_ms`, and that of a rollover's or reset's file handed out from
+    /// now on). Informational: replay does not read it. The ledger reads no clock; its shell
+    /// sets this before it writes (a ledger never told stamps 0).
+    pub fn set_wall_clock_ms(&mut self, unix_ms: u64) {
+        self.wall_clock_ms = unix_ms;
+    }
+
+    /// The first write or fsync error that failed the ledger (see the module doc), as text;
+    /// `None` while it works.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.0.get().map(String::as_str)
     }
 
     /// Sets the size (bytes) past which the ledger rolls over to a new file — or past twice
@@ -651,7 +765,7 @@ impl Ledger {
     /// As [`Ledger::write`].
     ///
     /// # Errors
-    /// I/O errors; the caller must stop the node.
+    /// As [`Ledger::sync`]; the caller must stop the node.
     pub fn append(&mut self, record: &LedgerRecord) -> Result<(), LedgerError> {
         self.write(record)?;
         self.sync()
@@ -666,8 +780,9 @@ impl Ledger {
     /// corrupt the history); SNAPSHOT records are not accepted here (use [`Ledger::reset_to`]).
     ///
     /// # Errors
-    /// None today (the `Result` is kept for the callers, which stop the node on an error).
+    /// [`LedgerError::Failed`] once the ledger failed (nothing is written).
     pub fn write(&mut self, record: &LedgerRecord) -> Result<(), LedgerError> {
+        self.failure.check()?;
         assert!(
             !matches!(record, LedgerRecord::Snapshot { .. }),
             "snapshots are written by rollover and reset_to only"
@@ -679,7 +794,7 @@ impl Ledger {
             self.mirror.last_lsn
         );
         let before = self.buffer.len();
-        encode_record_into(&mut self.buffer, record, now_ms());
+        encode_record_into(&mut self.buffer, record, self.wall_clock_ms);
         self.bytes_written += (self.buffer.len() - before) as u64;
         if matches!(self.rollover, Rollover::Writing | Rollover::Written(_)) {
             // Not in the snapshot being written: the switch copies it into the new file.
@@ -706,8 +821,10 @@ impl Ledger {
     /// snapshot is written, they go to the old file as usual.
     ///
     /// # Errors
-    /// I/O errors; the caller must stop the node.
+    /// I/O errors, which fail the ledger; [`LedgerError::Failed`] once it failed. The caller
+    /// must stop the node.
     pub fn flush(&mut self) -> Result<(), LedgerError> {
+        self.failure.check()?;
         if self.buffer.is_empty() || self.rewrite_due || self.rewrite_running {
             return Ok(());
         }
@@ -715,12 +832,15 @@ impl Ledger {
         let end = self.file_size + self.buffer.len() as u64;
         if end > self.file_len {
             let len = end.div_ceil(LEDGER_LENGTH_STEP) * LEDGER_LENGTH_STEP;
-            self.file.set_len(len).map_err(io_err(&path))?;
+            self.failure
+                .record(self.file.set_len(len).map_err(io_err(&path)))?;
             self.file_len = len;
         }
-        self.file
-            .write_all_at(&self.buffer, self.file_size)
-            .map_err(io_err(&path))?;
+        self.failure.record(
+            self.file
+                .write_all_at(&self.buffer, self.file_size)
+                .map_err(io_err(&path)),
+        )?;
         self.file_size = end;
         self.buffer.clear();
         self.unsynced = true;
@@ -728,11 +848,15 @@ impl Ledger {
     }
 
     /// Makes every record written so far durable: [`Ledger::flush`], then one fsync
-    /// (`File::sync_data`) unless the policy is [`FsyncPolicy::Never`] or nothing is pending.
+    /// ([`bmq_storage::disk::DiskFile::sync_data`]) unless the policy is [`FsyncPolicy::Never`]
+    /// or nothing is pending. A due rollover's snapshot and switch run here too.
     ///
     /// # Errors
-    /// I/O errors; the caller must stop the node (STYLE.md: never retry an fsync).
+    /// I/O errors, which fail the ledger: none of the records it was to make durable may be
+    /// counted as durable; [`LedgerError::Failed`] once it failed. The caller must stop the
+    /// node (STYLE.md: never retry an fsync).
     pub fn sync(&mut self) -> Result<(), LedgerError> {
+        self.failure.check()?;
         if let Some(snapshot) = self.begin_snapshot() {
             let written = snapshot.run()?;
             self.complete_snapshot(written);
@@ -750,19 +874,22 @@ impl Ledger {
     /// Hands out a due rollover's first step: the snapshot of everything written so far, to
     /// write on another thread ([`LedgerSnapshot::run`]) while the ledger goes on writing and
     /// syncing records in the live file; give its result to [`Ledger::complete_snapshot`].
-    /// `None` when no rollover is due (or one is under way).
+    /// `None` when no rollover is due (or one is under way), or once the ledger failed.
     pub fn begin_snapshot(&mut self) -> Option<LedgerSnapshot> {
-        if !matches!(self.rollover, Rollover::Due) {
+        if !matches!(self.rollover, Rollover::Due) || self.failure.check().is_err() {
             return None;
         }
         self.settle_mirror();
         self.rollover = Rollover::Writing;
         self.since_snapshot.clear();
         Some(LedgerSnapshot {
+            disk: self.disk.clone(),
             dir: self.dir.clone(),
             index: self.file_index + 1,
             mirror: self.mirror.clone(),
+            timestamp_ms: self.wall_clock_ms,
             generation: self.generation,
+            failure: self.failure.clone(),
         })
     }
 
@@ -771,7 +898,7 @@ impl Ledger {
     /// next [`Ledger::take_release`]'s work).
     pub fn complete_snapshot(&mut self, written: SnapshotWritten) {
         if written.generation != self.generation || !matches!(self.rollover, Rollover::Writing) {
-            self.releases.push(written.discard());
+            self.releases.push(written.discard(self.disk.clone()));
             return;
         }
         self.rollover = Rollover::Written(written);
@@ -810,8 +937,10 @@ impl Ledger {
     /// When a rewrite handed out earlier has not been completed (a programmer error).
     ///
     /// # Errors
-    /// I/O errors of the write; the caller must stop the node.
+    /// I/O errors of the write, which fail the ledger; [`LedgerError::Failed`] once it failed
+    /// (no work is handed out, so no fsync is retried). The caller must stop the node.
     pub fn begin_sync(&mut self) -> Result<Option<LedgerSync>, LedgerError> {
+        self.failure.check()?;
         assert!(
             !self.rewrite_running,
             "ledger sync begun while a rewrite is not completed"
@@ -826,11 +955,14 @@ impl Ledger {
             self.unsynced = false;
             return Ok(Some(LedgerSync {
                 work: SyncWork::Rewrite {
+                    disk: self.disk.clone(),
                     dir: self.dir.clone(),
                     old_index: self.file_index,
                     mirror: self.mirror.clone(),
+                    timestamp_ms: self.wall_clock_ms,
                     old_file: self.file.clone(),
                 },
+                failure: self.failure.clone(),
             }));
         }
         if matches!(self.rollover, Rollover::Written(_)) {
@@ -845,12 +977,14 @@ impl Ledger {
             self.unsynced = false;
             return Ok(Some(LedgerSync {
                 work: SyncWork::Switch {
+                    disk: self.disk.clone(),
                     dir: self.dir.clone(),
                     old_index: self.file_index,
                     next,
                     tail: std::mem::take(&mut self.since_snapshot),
                     old_file: self.file.clone(),
                 },
+                failure: self.failure.clone(),
             }));
         }
         self.flush()?;
@@ -861,6 +995,7 @@ impl Ledger {
                 file: self.file.clone(),
                 path: file_path(&self.dir, self.file_index),
             },
+            failure: self.failure.clone(),
         }))
     }
 
@@ -875,7 +1010,7 @@ impl Ledger {
     /// file waits for its release ([`Ledger::take_release`]).
     pub fn complete_sync(&mut self, done: SyncDone) {
         if let Some((file, replaced)) = done.rewritten {
-            self.file = Arc::new(file.file);
+            self.file = file.file;
             self.file_index = file.index;
             self.file_size = file.len;
             self.file_len = file.len;
@@ -886,6 +1021,7 @@ impl Ledger {
                 self.rollover = Rollover::Idle;
             }
             self.releases.push(LedgerRelease {
+                disk: self.disk.clone(),
                 file: replaced,
                 remove: None,
             });
@@ -899,13 +1035,14 @@ impl Ledger {
     /// file); until then a crash leaves the old history.
     ///
     /// # Errors
-    /// None today (the `Result` is kept for the callers, which stop the node on an error).
+    /// [`LedgerError::Failed`] once the ledger failed (nothing changes).
     pub fn reset_to(
         &mut self,
         state: &ClusterState,
         committed_lsn: Lsn,
         uncommitted: &[(Lsn, peer::Advisory)],
     ) -> Result<(), LedgerError> {
+        self.failure.check()?;
         let last_lsn = uncommitted
             .iter()
             .map(|(l, _)| *l)
@@ -926,7 +1063,7 @@ impl Ledger {
         self.generation += 1;
         self.since_snapshot.clear();
         match std::mem::take(&mut self.rollover) {
-            Rollover::Written(next) => self.releases.push(next.discard()),
+            Rollover::Written(next) => self.releases.push(next.discard(self.disk.clone())),
             Rollover::Switching => self.rollover = Rollover::Switching,
             Rollover::Idle | Rollover::Due | Rollover::Writing => {}
         }
@@ -992,10 +1129,9 @@ impl Ledger {
 /// neither the snapshot nor the updates carry), a COMMIT at that LSN, so that a replay of the
 /// new file ends at the same last LSN as the mirror (found by the metadata simulator once it
 /// rolled ledgers over: a node restarted after a rollover recovered "up to 4:6" having
-/// synced the COMMIT 4:7).
-fn encode_file(mirror: &Recovered) -> Vec<u8> {
+/// synced the COMMIT 4:7). Every record is stamped `now` (ms since the Unix epoch).
+fn encode_file(mirror: &Recovered, now: u64) -> Vec<u8> {
     let mut bytes = file_header().to_vec();
-    let now = now_ms();
     encode_record_into(
         &mut bytes,
         &LedgerRecord::Snapshot {
@@ -1034,16 +1170,16 @@ fn encode_file(mirror: &Recovered) -> Vec<u8> {
     bytes
 }
 
-/// Writes `mirror` ([`encode_file`]) as the whole content of the file at `path` (created or
-/// truncated) and fsyncs it; returns the file and its length.
-fn write_file(path: &Path, mirror: &Recovered) -> Result<(File, u64), LedgerError> {
-    let bytes = encode_file(mirror);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(path)
-        .map_err(io_err(path))?;
+/// Writes `mirror` ([`encode_file`], stamped `timestamp_ms`) as the whole content of the file
+/// at `path` on `disk` (created or truncated) and fsyncs it; returns the file and its length.
+fn write_file(
+    disk: &dyn Disk,
+    path: &Path,
+    mirror: &Recovered,
+    timestamp_ms: u64,
+) -> Result<(FileRef, u64), LedgerError> {
+    let bytes = encode_file(mirror, timestamp_ms);
+    let file = disk.open(path, Open::Create).map_err(io_err(path))?;
     file.write_all_at(&bytes, 0).map_err(io_err(path))?;
     file.sync_all().map_err(io_err(path))?;
     Ok((file, bytes.len() as u64))
@@ -1052,22 +1188,34 @@ fn write_file(path: &Path, mirror: &Recovered) -> Result<(File, u64), LedgerErro
 /// Puts the complete, fsynced file at `from` in place as `ledger-<old_index + 1>.bmql`: the
 /// rename, the directory's fsync, then the old file's name removed (see the module doc: a
 /// crash at any point leaves one complete file with the highest number). Returns the new path.
-fn install_next_file(dir: &Path, old_index: u64, from: &Path) -> Result<PathBuf, LedgerError> {
+fn install_next_file(
+    disk: &dyn Disk,
+    dir: &Path,
+    old_index: u64,
+    from: &Path,
+) -> Result<PathBuf, LedgerError> {
     let final_path = file_path(dir, old_index + 1);
-    fs::rename(from, &final_path).map_err(io_err(&final_path))?;
-    sync_dir(dir)?;
+    disk.rename(from, &final_path)
+        .map_err(io_err(&final_path))?;
+    sync_dir(disk, dir)?;
     let old_path = file_path(dir, old_index);
-    fs::remove_file(&old_path).map_err(io_err(&old_path))?;
+    disk.remove_file(&old_path).map_err(io_err(&old_path))?;
     Ok(final_path)
 }
 
-/// Writes `ledger-<old_index + 1>.bmql` holding `mirror` (snapshot + uncommitted) through a
-/// temporary file, fsynced (whatever the fsync policy: it must be durable before the old file
-/// goes) and put in place ([`install_next_file`]).
-fn write_next_file(dir: &Path, old_index: u64, mirror: &Recovered) -> Result<NewFile, LedgerError> {
+/// Writes `ledger-<old_index + 1>.bmql` holding `mirror` (snapshot + uncommitted, stamped
+/// `timestamp_ms`) through a temporary file, fsynced (whatever the fsync policy: it must be
+/// durable before the old file goes) and put in place ([`install_next_file`]).
+fn write_next_file(
+    disk: &dyn Disk,
+    dir: &Path,
+    old_index: u64,
+    mirror: &Recovered,
+    timestamp_ms: u64,
+) -> Result<NewFile, LedgerError> {
     let tmp_path = file_path(dir, old_index + 1).with_extension("bmql.tmp");
-    let (file, len) = write_file(&tmp_path, mirror)?;
-    let final_path = install_next_file(dir, old_index, &tmp_path)?;
+    let (file, len) = write_file(disk, &tmp_path, mirror, timestamp_ms)?;
+    let final_path = install_next_file(disk, dir, old_index, &tmp_path)?;
     info!(
         file = %final_path.display(),
         committed_lsn = %mirror.committed_lsn,
@@ -1086,6 +1234,7 @@ fn write_next_file(dir: &Path, old_index: u64, mirror: &Recovered) -> Result<New
 /// rename is durable the old file is the complete one (it holds every record synced so far);
 /// after it, the new one holds them all too.
 fn switch_to_next_file(
+    disk: &dyn Disk,
     dir: &Path,
     old_index: u64,
     next: SnapshotWritten,
@@ -1097,7 +1246,7 @@ fn switch_to_next_file(
         .map_err(io_err(&next.path))?;
     // The new file must be durable before the old one goes, whatever the fsync policy.
     next.file.sync_data().map_err(io_err(&next.path))?;
-    let final_path = install_next_file(dir, old_index, &next.path)?;
+    let final_path = install_next_file(disk, dir, old_index, &next.path)?;
     info!(file = %final_path.display(), "ledger rolled over");
     Ok(NewFile {
         file: next.file,
@@ -1109,7 +1258,7 @@ fn switch_to_next_file(
 /// A file written by [`write_next_file`], to become the live one.
 #[derive(Debug)]
 struct NewFile {
-    file: File,
+    file: FileRef,
     index: u64,
     len: u64,
 }
@@ -1118,17 +1267,17 @@ fn file_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("ledger-{index}.bmql"))
 }
 
-fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
+fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), LedgerError> {
+    disk.sync_dir(dir).map_err(io_err(dir))
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// The whole content of `file`.
+fn read_all(file: &dyn bmq_storage::disk::DiskFile) -> std::io::Result<Vec<u8>> {
+    let len = usize::try_from(file.len()?)
+        .map_err(|_| std::io::Error::other("ledger file larger than memory"))?;
+    let mut bytes = vec![0u8; len];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(bytes)
 }
 
 fn file_header() -> [u8; FILE_HEADER_LEN] {
@@ -1328,6 +1477,8 @@ fn scan(path: &Path, bytes: &[u8], partition_count: u32) -> Result<Scan, LedgerE
 mod tests {
     use super::*;
     use crate::state::tests::{assign, primaries};
+    use bmq_storage::disk::{Faults, SimDisk};
+    use std::fs::{self, File, OpenOptions};
 
     fn lsn(term: u64, sequence: u64) -> Lsn {
         Lsn::new(Term(term), sequence)
@@ -1609,7 +1760,7 @@ mod tests {
 
     #[test]
     fn a_rollovers_old_file_is_freed_by_its_release_not_by_the_ledger_letting_go_of_it() {
-        // Scenario (issue 18): a rollover's old file is freed a step at a time by the release
+        // Scenario: a rollover's old file is freed a step at a time by the release
         // the ledger hands out (run on a thread of its own), not all at once when the main
         // thread drops its handle in complete_sync (which would hold the main thread, and
         // every fsync of the disk, for as long as the file system takes to free it).
@@ -1695,7 +1846,7 @@ mod tests {
 
     #[test]
     fn records_are_written_and_synced_while_a_rollovers_snapshot_is_written_and_follow_it() {
-        // Scenario (issue 18): a rollover's snapshot of the whole state is written on another
+        // Scenario: a rollover's snapshot of the whole state is written on another
         // thread while the ledger goes on writing and fsyncing records in the old file, so no
         // commit waits for it. A crash at any step recovers every record synced so far: before
         // the switch from the old file (the snapshot's `.next` file is removed at open), after
@@ -1983,7 +2134,7 @@ mod tests {
 
     #[test]
     fn a_rewrite_runs_while_records_are_written_and_they_follow_it_into_the_new_file() {
-        // Scenario (issue 18): the node runs a reset's (or rollover's) writing of the new file
+        // Scenario: the node runs a reset's (or rollover's) writing of the new file
         // on another thread while it goes on writing records. Until the rewrite completes they
         // wait in the buffer (a flush does not touch the old file); then they go to the new
         // file, and the next sync makes them durable. A reset that never reached its sync
@@ -2029,7 +2180,7 @@ mod tests {
 
     #[test]
     fn records_go_into_a_length_set_ahead_and_the_zeros_after_them_are_no_torn_tail() {
-        // Scenario (issue 18): the file's length runs 1 MiB ahead of the records, so an fsync
+        // Scenario: the file's length runs 1 MiB ahead of the records, so an fsync
         // has no file size to record; reopening finds the end of the records where the zeros
         // begin, truncates nothing, and the next record goes right after the last.
         let dir = tempfile::tempdir().unwrap();
@@ -2093,6 +2244,163 @@ mod tests {
         });
         assert_eq!(fs::metadata(&path).unwrap().len(), start as u64);
         keeps_working_after_truncation(dir.path(), ledger);
+    }
+
+    /// A ledger in `/ledger` on the simulated disk `disk`, fsyncing every record.
+    fn open_sim(disk: &SimDisk) -> (Ledger, Recovered) {
+        Ledger::open_on(
+            Arc::new(disk.clone()),
+            "/ledger",
+            FsyncPolicy::EveryRecord,
+            2,
+        )
+        .unwrap()
+    }
+
+    /// Whether `result` is the refusal of a failed ledger.
+    fn refused(result: Result<(), LedgerError>) -> bool {
+        matches!(result, Err(LedgerError::Failed { .. }))
+    }
+
+    #[test]
+    fn a_failed_fsync_is_never_reported_persisted_and_fails_the_ledger() {
+        // Scenario: the fsync covering a record fails (EIO). The sync reports the error, never
+        // durability; from then on the ledger refuses every write, flush, sync and reset
+        // without touching the disk (no fsync is retried); and after a power loss the record
+        // is gone although reads saw it and a later fsync of the file succeeded (the pages a
+        // failed fsync covered are never written later).
+        let disk = SimDisk::new();
+        let (mut ledger, _) = open_sim(&disk);
+        ledger
+            .append(&update(lsn(1, 1), primaries(&[(0, Some(1), 1)])))
+            .unwrap();
+        ledger
+            .write(&update(lsn(1, 2), assign("q1", 0, 0)))
+            .unwrap();
+        disk.set_faults(Faults {
+            fsyncs_failing: 1,
+            ..Default::default()
+        });
+        let sync = ledger.begin_sync().unwrap().expect("an fsync is due");
+        let (fsyncs, failed) = disk.fsync_counts();
+        match sync.run() {
+            Err(LedgerError::Io { source, .. }) => assert_eq!(source.raw_os_error(), Some(5)),
+            other => panic!("expected the fsync's EIO, got {other:?}"),
+        }
+        assert_eq!(disk.fsync_counts(), (fsyncs + 1, failed + 1));
+        assert!(ledger
+            .failure()
+            .is_some_and(|cause| cause.contains("ledger-0.bmql")));
+        assert!(refused(ledger.sync()));
+        assert!(refused(ledger.flush()));
+        assert!(refused(ledger.write(&commit(lsn(1, 3), lsn(1, 2)))));
+        assert!(refused(
+            ledger.append(&update(lsn(1, 3), assign("q2", 0, 1)))
+        ));
+        assert!(refused(ledger.reset_to(&expected_state(), lsn(1, 2), &[])));
+        assert!(matches!(
+            ledger.begin_sync(),
+            Err(LedgerError::Failed { .. })
+        ));
+        assert_eq!(disk.fsync_counts().0, fsyncs + 1, "no fsync retried");
+        let file = disk.open(&ledger.file_path(), Open::Read).unwrap();
+        let mut header = [0u8; RECORD_HEADER_LEN];
+        let second = FILE_HEADER_LEN as u64
+            + encode_record(&update(lsn(1, 1), primaries(&[(0, Some(1), 1)])), 0).len() as u64;
+        file.read_exact_at(&mut header, second).unwrap();
+        assert_eq!(header[9], 2, "reads still see the record (sequence 2)");
+        file.sync_data().unwrap();
+        drop((ledger, file));
+        disk.power_loss(|sizes| (sizes.len(), None));
+        let (_, recovered) = open_sim(&disk);
+        assert_eq!(
+            recovered.last_lsn,
+            lsn(1, 1),
+            "the record was never durable"
+        );
+    }
+
+    #[test]
+    fn disk_work_handed_out_before_a_failure_does_not_touch_the_disk() {
+        // Scenario: a rollover's snapshot and an fsync of the live file are both handed out
+        // (the node runs them on two threads) and the snapshot's fsync fails. The fsync handed
+        // out earlier then runs no fsync and reports the failure, so the records it covers are
+        // not reported durable either, and no further rollover starts.
+        let disk = SimDisk::new();
+        let (mut ledger, _) = open_sim(&disk);
+        ledger.set_max_file_size(300);
+        let mut seq = 0;
+        while !ledger.rollover_pending() {
+            write_assignment(&mut ledger, &mut seq, true);
+        }
+        let snapshot = ledger.begin_snapshot().expect("the rollover's snapshot");
+        write_assignment(&mut ledger, &mut seq, false);
+        let sync = ledger
+            .begin_sync()
+            .unwrap()
+            .expect("an fsync of the live file");
+        assert!(!sync.is_switch() && !sync.is_rewrite());
+        disk.set_faults(Faults {
+            fsyncs_failing: 1,
+            ..Default::default()
+        });
+        assert!(matches!(snapshot.run(), Err(LedgerError::Io { .. })));
+        let fsyncs = disk.fsync_counts().0;
+        assert!(matches!(sync.run(), Err(LedgerError::Failed { .. })));
+        assert_eq!(disk.fsync_counts().0, fsyncs, "no fsync after the failure");
+        assert!(ledger.begin_snapshot().is_none());
+        assert!(refused(ledger.sync()));
+    }
+
+    #[test]
+    fn on_a_simulated_disk_a_power_loss_keeps_what_the_ledger_synced() {
+        // Scenario: the ledger on the simulators' disk, rolling over: records handed to the
+        // file but not fsynced are lost at a power loss, every synced one survives, in the
+        // file the last switch put in place (its directory entry was fsynced). The old file's
+        // removal was not fsynced, so it comes back: the open removes it again.
+        let disk = SimDisk::new();
+        let (mut ledger, _) = open_sim(&disk);
+        ledger.set_max_file_size(300);
+        let mut seq = 0;
+        let mut synced = Lsn::ZERO;
+        while ledger.rollovers() < 2 {
+            synced = write_assignment(&mut ledger, &mut seq, true);
+            ledger.sync().unwrap();
+        }
+        let expected = ledger.recovered().clone();
+        write_assignment(&mut ledger, &mut seq, false);
+        ledger.flush().unwrap();
+        let live = ledger.file_path();
+        drop(ledger);
+        disk.power_loss(|_| (0, None));
+        assert_eq!(
+            disk.files(),
+            vec![file_path(Path::new("/ledger"), 1), live.clone()]
+        );
+        let (_, recovered) = open_sim(&disk);
+        assert_eq!(recovered.last_lsn, synced);
+        assert_eq!(recovered, expected);
+        assert_eq!(disk.files(), vec![live]);
+    }
+
+    #[test]
+    fn records_carry_the_wall_clock_time_the_shell_set() {
+        // Scenario: the ledger reads no clock: a record's timestamp is the time its shell set
+        // last (0 before it set any).
+        let disk = SimDisk::new();
+        let (mut ledger, _) = open_sim(&disk);
+        ledger
+            .append(&update(lsn(1, 1), primaries(&[(0, Some(1), 1)])))
+            .unwrap();
+        ledger.set_wall_clock_ms(1_700_000_000_123);
+        ledger
+            .append(&update(lsn(1, 2), assign("q1", 0, 0)))
+            .unwrap();
+        let bytes = read_all(&*disk.open(&ledger.file_path(), Open::Read).unwrap()).unwrap();
+        let stamp = |at: usize| u64::from_le_bytes(bytes[at + 17..at + 25].try_into().unwrap());
+        let first = FILE_HEADER_LEN;
+        let second = first + read_frame(&bytes[first..]).expect("a record").len;
+        assert_eq!((stamp(first), stamp(second)), (0, 1_700_000_000_123));
     }
 
     /// `write_history` again, returning each record's LSN and the file size after it.
@@ -2244,7 +2552,7 @@ mod tests {
         fn a_crash_at_any_step_of_rollovers_recovers_every_synced_record(
             steps in proptest::collection::vec(step(), 1..120),
         ) {
-            // Scenario (issue 18): writes, fsyncs, and the steps of rollovers (snapshot handed
+            // Scenario: writes, fsyncs, and the steps of rollovers (snapshot handed
             // out, written while records go on, given back, switched to) in any order, with a
             // tiny file size so that rollovers follow one another. A crash at any point —
             // the live file cut anywhere between its synced records and its written ones —

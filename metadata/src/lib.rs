@@ -4,12 +4,15 @@
 //! - [`lsn`]: `Lsn = (term, sequence)`.
 //! - [`state`]: [`ClusterState`] and the rule that applies an advisory to it.
 //! - [`assignment`]: pure placement decisions (queue -> partition, partition -> primary).
-//! - [`ledger`]: the on-disk ledger with CRC32C records, torn-tail recovery and rollover.
+//! - [`ledger`]: the on-disk ledger with CRC32C records, torn-tail recovery and rollover, on
+//!   the storage floor's file layer ([`disk`]: the operating system's files, or a simulated
+//!   disk).
 //! - [`core`]: [`MetadataCore`], the replication state machine (no I/O, no clock).
 //! - [`outbox`]: [`PeerOutbox`], the shell's per-peer batching of the core's messages.
 //!
-//! The crate is pure: no actix, no tokio, no socket, no clock. The node's actor that persists,
-//! sends and publishes lives in `bmq-broker` (`actors/metadata.rs`).
+//! The crate is pure: no actix, no tokio, no socket, no clock (the ledger's record timestamps
+//! are set by its shell). The node's actor that persists, sends and publishes lives in
+//! `bmq-broker` (`actors/metadata.rs`).
 #![warn(missing_docs)]
 
 pub mod assignment;
@@ -18,6 +21,10 @@ pub mod ledger;
 pub mod lsn;
 pub mod outbox;
 pub mod state;
+
+/// The file layer the ledger runs on, from the storage floor ([`bmq_storage::disk`]):
+/// [`disk::RealDisk`] for the node, [`disk::SimDisk`] for the simulators.
+pub use bmq_storage::disk;
 
 pub use crate::assignment::{pick_partition_for_queue, plan_primary_assignment, plan_rebalance};
 pub use crate::core::{

@@ -32,8 +32,13 @@
 //!   [`ProposalWatcher`]s (the router: an open goes to the proposed partition's primary while
 //!   the commit is under way).
 //! - **Timers**: a single timer, re-armed after every input from the core's `poll_timeout`.
-//! - **Failure**: a ledger write or fsync error is logged and stops the system with exit code 1
-//!   (never retry an fsync). The node starts it and stops the system if it stops.
+//! - **Failure**: a ledger write or fsync error is logged (with why it is fatal) and stops the
+//!   actor and the system with exit code 1 (never retry an fsync): the core is not told
+//!   `on_persisted` for what the failed fsync covered, so no ack, vote or commit rests on it,
+//!   and the ledger refuses every later write and sync. The node starts it and stops the
+//!   system if it stops.
+//! - **Clock**: the ledger reads none; the actor sets its wall clock
+//!   (`Ledger::set_wall_clock_ms`) before writing, for the records' timestamps.
 //! - **Threads**: the actor runs on the node's main thread, beside the peer links and the
 //!   client sessions, so a proposal reaches the peers and an ack reaches the core without a
 //!   hand-off between threads (each costs a thread wake-up, tens of µs; a sequential queue
@@ -55,7 +60,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use bmq_proto::{peer, NodeId, PartitionId, Term};
@@ -386,9 +391,19 @@ impl MetadataActor {
         }
     }
 
-    /// Stops the node after a ledger failure (never retry an fsync).
+    /// Stops the node after a ledger failure (never retry an fsync): the ledger refuses
+    /// everything from then on, this actor stops (no more acks, votes or commits from this
+    /// node) and the system stops with exit code 1. Nothing the failed write or fsync covered
+    /// was reported to the core as persisted.
     fn fail(&mut self, ctx: &mut Context<Self>, what: &str, error: &bmq_metadata::LedgerError) {
-        error!(error = %error, what, "metadata ledger failed; stopping the node");
+        error!(
+            error = %error,
+            what,
+            reason = "a ledger write or fsync failed: what it covered may not be on disk, and a \
+                      failed fsync is never retried nor counted as durable",
+            "metadata ledger failed; this node stops acting as a metadata member and stops \
+             (exit code 1); restart it once the disk is sound: it replays what its ledger holds"
+        );
         System::current().stop_with_code(1);
         ctx.stop();
     }
@@ -415,6 +430,8 @@ impl MetadataActor {
     }
 
     fn drain_outputs(&mut self, ctx: &mut Context<Self>) -> bool {
+        // The ledger reads no clock: the records written now carry this time.
+        self.ledger.set_wall_clock_ms(wall_clock_ms());
         while let Some(output) = self.core.poll_output() {
             match output {
                 MetadataOutput::Persist { record } => {
@@ -650,6 +667,13 @@ impl MetadataActor {
             self.timer = Some((deadline, handle));
         }
     }
+}
+
+/// The wall-clock time, ms since the Unix epoch (0 for a clock before it).
+fn wall_clock_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Actor for MetadataActor {

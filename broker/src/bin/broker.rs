@@ -105,7 +105,22 @@ fn main() {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         start_heap_trim();
         let system = actix_rt::System::new();
-        system.block_on(bmq_broker::node::run(config))
+        // An actor that meets a fatal error (a failed ledger, journal or term fsync) stops the
+        // system with a non-zero code after logging why; `block_on` would go on running the
+        // node without it, so the node also ends when the system stops, and exits.
+        let stopped = system.stop_future();
+        system.block_on(async move {
+            tokio::select! {
+                result = bmq_broker::node::run(config) => result,
+                code = stopped => match code {
+                    Ok(0) => Ok(()),
+                    Ok(code) => Err(anyhow::anyhow!(
+                        "the node stopped after a fatal error (code {code}; the error is logged above)"
+                    )),
+                    Err(e) => Err(anyhow::anyhow!("the node's system stopped: {e}")),
+                },
+            }
+        })
     })();
     if let Err(e) = result {
         tracing::error!("{e:#}");
