@@ -1141,6 +1141,14 @@ impl Store {
                     u32::from_le_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
                 let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
                 let body_start = pos + RECORD_HEADER_LEN;
+                if len == 0 {
+                    // No record encodes to nothing (each has a position or is a marker), and
+                    // an empty body's checksum is 0: a zero header is a region of the file that
+                    // was never written — an extension whose data a crash lost, as after a
+                    // failed fsync. In the last segment it ends what was written; elsewhere
+                    // records were expected there.
+                    return torn("zero-filled region (never written)");
+                }
                 if len > RECORD_SIZE_MAX {
                     if body_start + len > data.len() || recycled_tail {
                         return torn("record length beyond the end of the file");

@@ -1775,3 +1775,54 @@ fn decoded_and_framed_records_to_append_skip_alike() {
         }
     }
 }
+
+/// A last segment whose end is zeros — its length made durable but not the data written
+/// there, as a crash after a failed fsync leaves it — opens with the zeros cut, as a torn
+/// tail; zeros inside a closed segment are corruption, reported with file and offset.
+#[test]
+fn a_zero_filled_tail_is_cut_and_zeros_inside_a_closed_segment_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 1 << 20);
+    for n in 1..=3 {
+        s.append_one(&message(n, 1, Q, n)).unwrap();
+    }
+    s.sync().unwrap();
+    let (path, _, len) = s.files().pop().unwrap();
+    drop(s);
+    let f = OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len + 816).unwrap();
+    let mut s = open(dir.path(), 1 << 20);
+    assert_eq!(s.last_sequence(), 3);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        len,
+        "the zeros are cut"
+    );
+    s.append_one(&message(4, 1, Q, 4)).unwrap();
+    s.sync().unwrap();
+    drop(s);
+    assert_eq!(open(dir.path(), 1 << 20).last_sequence(), 4);
+
+    // Zeros where a closed segment's records were.
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 1024);
+    let mut n = 0;
+    while s.files().len() < 3 {
+        n += 1;
+        s.append_one(&message(n, 1, Q, n)).unwrap();
+    }
+    s.sync().unwrap();
+    let (first, _, _) = s.files()[0].clone();
+    drop(s);
+    let mut data = std::fs::read(&first).unwrap();
+    let at = data.len() - 150;
+    data[at..].fill(0);
+    std::fs::write(&first, &data).unwrap();
+    match Store::open(dir.path(), cfg(1024), apps()) {
+        Err(e @ StoreError::Corrupt { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&first.display().to_string()), "{text}");
+        }
+        other => panic!("expected corruption, got {other:?}"),
+    }
+}
