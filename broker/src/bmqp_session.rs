@@ -82,6 +82,7 @@ use bmq_bmqp::message::{
     PUT_ACK_REQUESTED,
 };
 use bmq_bmqp::properties::{self, PropertyValue};
+use bmq_config::AuthSettings;
 use bmq_proto::client::{
     client_message::Kind, AckStatus, ClientMessage, CloseQueue, Confirm, ConsumerOptions,
     Disconnect, OpenQueue, Property, PropertyType, Put, Status, StatusCode, Subscription,
@@ -96,7 +97,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{info, warn};
 
 use crate::auth::{bmqp_authenticate, bmqp_identity};
-use crate::router::Router;
+use crate::router::{Router, SessionSettings};
 use crate::session::{
     run, ClientWire, WireInput, HELLO_TIMEOUT, TLS_HANDSHAKES_MAX, TLS_HANDSHAKE_TIMEOUT,
 };
@@ -131,6 +132,7 @@ pub async fn serve_bmqp_clients(
 ) {
     info!(addr = ?listener.local_addr().ok(), tls = tls.is_some(), "bmqp listener (BlazingMQ SDK clients) ready");
     let handshakes = Arc::new(tokio::sync::Semaphore::new(TLS_HANDSHAKES_MAX));
+    let settings = router.session_settings();
     loop {
         let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -140,23 +142,24 @@ pub async fn serve_bmqp_clients(
                 continue;
             }
         };
-        if router.session_count() >= router.config().limits.client_sessions_max as usize {
+        if router.session_count() >= settings.client_sessions_max {
             metrics::counter!("bmq_client_connections_refused_total").increment(1);
             warn!(%remote, "bmqp connection refused: client_sessions_max reached");
             continue;
         }
         let _ = stream.set_nodelay(true);
         let router = router.clone();
+        let settings = settings.clone();
         let tls = tls.clone();
         let handshakes = handshakes.clone();
         tokio::spawn(async move {
             metrics::counter!("bmq_bmqp_connections_total").increment(1);
             let remote = remote.to_string();
-            let Some((stream, fd)) = secure(stream, &remote, tls, &handshakes, &router).await
+            let Some((stream, fd)) = secure(stream, &remote, tls, &handshakes, &settings).await
             else {
                 return;
             };
-            serve_connection(stream, fd, remote, router).await;
+            serve_connection(stream, fd, remote, router, &settings).await;
         });
     }
 }
@@ -173,7 +176,7 @@ async fn secure(
     remote: &str,
     tls: Option<tokio_rustls::TlsAcceptor>,
     handshakes: &tokio::sync::Semaphore,
-    router: &Router,
+    settings: &SessionSettings,
 ) -> Option<(BoxedStream, RawFd)> {
     let fd = stream.as_raw_fd();
     let Some(acceptor) = tls else {
@@ -185,7 +188,7 @@ async fn secure(
         _ => return None,
     }
     if first[0] != TLS_HANDSHAKE_RECORD {
-        if router.config().bmqp.allow_plaintext {
+        if settings.bmqp.allow_plaintext {
             return Some((Box::new(stream), fd));
         }
         metrics::counter!("bmq_client_connections_refused_total").increment(1);
@@ -212,8 +215,14 @@ async fn secure(
 }
 
 /// Negotiation, then the session. `fd`: the socket under `stream` (for its TCP options).
-async fn serve_connection(stream: BoxedStream, fd: RawFd, remote: String, router: Arc<Router>) {
-    let max_event = router.config().limits.frame_size_max_bytes as usize;
+async fn serve_connection(
+    stream: BoxedStream,
+    fd: RawFd,
+    remote: String,
+    router: Arc<Router>,
+    settings: &SessionSettings,
+) {
+    let max_event = settings.frame_size_max;
     let (read, write) = tokio::io::split(stream);
     let mut wire = BmqpWire {
         read,
@@ -239,8 +248,8 @@ async fn serve_connection(stream: BoxedStream, fd: RawFd, remote: String, router
         heartbeats_unanswered: 0,
         to_session: Vec::new(),
         open_retries: Vec::new(),
-        open_timeout: router.config().limits.request_timeout(),
-        deduplication_ms: i64::try_from(router.config().limits.duplicate_guid_window_ms)
+        open_timeout: settings.request_timeout,
+        deduplication_ms: i64::try_from(settings.duplicate_guid_window.as_millis())
             .unwrap_or(i64::MAX),
     };
     let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
@@ -249,9 +258,9 @@ async fn serve_connection(stream: BoxedStream, fd: RawFd, remote: String, router
     };
     // BlazingMQ's AUTHENTICATION comes before the negotiation: credentials mapped onto our
     // tokens. Without it, the client is who `[auth] bmqp_identity` says.
-    let mut identity = bmqp_identity(&router.config().auth);
+    let mut identity = bmqp_identity(&settings.auth);
     if event.header.event_type == EventType::Authentication {
-        match authenticated(&mut wire, &event, &router, &remote).await {
+        match authenticated(&mut wire, &event, &settings.auth, &remote).await {
             Some(who) => identity = who,
             None => return,
         }
@@ -277,24 +286,23 @@ async fn serve_connection(stream: BoxedStream, fd: RawFd, remote: String, router
     if sdk.guid_client_id.is_empty() {
         wire.legacy = Some(LegacyGuids::new());
     }
-    let me = router.config().self_member();
-    let settings = &router.config().bmqp;
+    let bmqp = &settings.bmqp;
     let broker = BrokerIdentity {
         version: BROKER_VERSION,
         process_name: "bmq-broker".into(),
         pid: i64::from(std::process::id()),
-        host_name: me.host.clone(),
-        cluster_name: router.config().cluster_name.clone(),
-        node_id: i64::from(me.id),
+        host_name: settings.host_name.clone(),
+        cluster_name: settings.cluster_name.clone(),
+        node_id: i64::from(router.self_id().0),
         features: BROKER_FEATURES.into(),
-        heartbeat_interval_ms: i64::try_from(settings.heartbeat_interval_ms).unwrap_or(i64::MAX),
-        max_missed_heartbeats: i64::from(settings.max_missed_heartbeats),
+        heartbeat_interval_ms: i64::try_from(bmqp.heartbeat_interval_ms).unwrap_or(i64::MAX),
+        max_missed_heartbeats: i64::from(bmqp.max_missed_heartbeats),
     };
     // The Java SDK knows event types 0-5 only: a HEARTBEAT_REQ would break its decoding.
     if sdk.sdk_language != 2 {
-        wire.heartbeat = settings
+        wire.heartbeat = bmqp
             .heartbeat_interval()
-            .map(|interval| (interval, settings.max_missed_heartbeats));
+            .map(|interval| (interval, bmqp.max_missed_heartbeats));
     }
     let client_id = describe(&sdk);
     wire.out.extend_from_slice(&broker_response(
@@ -336,7 +344,7 @@ async fn first_event(
 async fn authenticated(
     wire: &mut BmqpWire,
     event: &RawEvent,
-    router: &Router,
+    auth: &AuthSettings,
     remote: &str,
 ) -> Option<crate::auth::ClientIdentity> {
     let request = match control::decode_authentication(event) {
@@ -347,7 +355,7 @@ async fn authenticated(
             return None;
         }
     };
-    let outcome = bmqp_authenticate(&router.config().auth, &request.mechanism, &request.data);
+    let outcome = bmqp_authenticate(auth, &request.mechanism, &request.data);
     let (category, message) = match &outcome {
         Ok(_) => (StatusCategory::Success, String::new()),
         Err(why) => (StatusCategory::Refused, why.clone()),

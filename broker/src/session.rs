@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, ClientIdentity};
-use crate::router::{Dispatch, Router, SessionEvent, SessionRegistration};
+use crate::router::{Dispatch, Router, SessionEvent, SessionRegistration, SessionSettings};
 
 /// A buffered PUT with no answer for this long is sent again.
 const RETRANSMIT_INTERVAL: Duration = Duration::from_millis(1_000);
@@ -88,6 +88,7 @@ pub async fn serve_clients(
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let handshakes = Arc::new(tokio::sync::Semaphore::new(TLS_HANDSHAKES_MAX));
+    let settings = router.session_settings();
     loop {
         let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -97,7 +98,7 @@ pub async fn serve_clients(
                 continue;
             }
         };
-        if router.session_count() >= router.config().limits.client_sessions_max as usize {
+        if router.session_count() >= settings.client_sessions_max {
             metrics::counter!("bmq_client_connections_refused_total").increment(1);
             warn!(%remote, "client connection refused: client_sessions_max reached");
             continue;
@@ -115,6 +116,7 @@ pub async fn serve_clients(
             },
         };
         let router = router.clone();
+        let settings = settings.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
             metrics::counter!("bmq_client_connections_total").increment(1);
@@ -138,7 +140,7 @@ pub async fn serve_clients(
                 }
             };
             drop(permit);
-            run_session(stream, remote.to_string(), router).await;
+            run_session(stream, remote.to_string(), router, &settings).await;
         });
     }
 }
@@ -161,12 +163,12 @@ fn error(code: StatusCode, message: &str) -> ClientMessage {
     }
 }
 
-fn hello_response(router: &Router, status: Status) -> ClientMessage {
+fn hello_response(router: &Router, settings: &SessionSettings, status: Status) -> ClientMessage {
     ClientMessage {
         kind: Some(Kind::HelloResponse(HelloResponse {
             status: Some(status),
             node_id: router.self_id().0,
-            cluster_name: router.config().cluster_name.clone(),
+            cluster_name: settings.cluster_name.clone(),
             protocol_version: PROTOCOL_VERSION,
         })),
     }
@@ -178,6 +180,7 @@ async fn handshake(
     sink: &mut Sink,
     stream: &mut Source,
     router: &Router,
+    settings: &SessionSettings,
     remote: &str,
 ) -> Option<(Hello, ClientIdentity)> {
     let hello = match tokio::time::timeout(HELLO_TIMEOUT, stream.next()).await {
@@ -207,11 +210,11 @@ async fn handshake(
         };
         let _ = sink
             .out
-            .send(&mut sink.io, &hello_response(router, status))
+            .send(&mut sink.io, &hello_response(router, settings, status))
             .await;
         return None;
     }
-    match authenticate(&router.config().auth, &hello.token) {
+    match authenticate(&settings.auth, &hello.token) {
         Ok(identity) => Some((hello, identity)),
         Err(e) => {
             metrics::counter!("bmq_client_auth_failures_total").increment(1);
@@ -222,7 +225,7 @@ async fn handshake(
             };
             let _ = sink
                 .out
-                .send(&mut sink.io, &hello_response(router, status))
+                .send(&mut sink.io, &hello_response(router, settings, status))
                 .await;
             None
         }
@@ -241,8 +244,13 @@ fn route_in(state: &ClusterState) -> impl Fn(PartitionId) -> Option<PrimaryRoute
     }
 }
 
-async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
-    let frame_size_max = router.config().limits.frame_size_max_bytes as usize;
+async fn run_session(
+    stream: BoxedStream,
+    remote: String,
+    router: Arc<Router>,
+    settings: &SessionSettings,
+) {
+    let frame_size_max = settings.frame_size_max;
     let codec = FrameCodec::<ClientMessage>::new(frame_size_max);
     let (reader, writer) = tokio::io::split(stream);
     let mut stream = FramedRead::new(reader, codec);
@@ -252,7 +260,9 @@ async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
         io: writer,
         out: FrameWriter::new(frame_size_max, WRITE_BATCH_BYTES),
     };
-    let Some((hello, identity)) = handshake(&mut sink, &mut stream, &router, &remote).await else {
+    let Some((hello, identity)) =
+        handshake(&mut sink, &mut stream, &router, settings, &remote).await
+    else {
         return;
     };
     let mut wire = ProtoWire {
@@ -261,7 +271,7 @@ async fn run_session(stream: BoxedStream, remote: String, router: Arc<Router>) {
         out: Vec::new(),
         closed: None,
     };
-    wire.push(hello_response(&router, ok()));
+    wire.push(hello_response(&router, settings, ok()));
     run(wire, identity, &hello.client_id, remote, router).await;
 }
 
@@ -393,6 +403,7 @@ pub(crate) async fn run<W: ClientWire>(
         id,
         mut inbox,
         overflowed,
+        settings,
     } = router.register_session();
     debug!(%remote, session = id, client = %client_id, "client session started");
     if wire.flush().await.is_err() {
@@ -406,14 +417,12 @@ pub(crate) async fn run<W: ClientWire>(
         proxy: Proxy::new(
             router.self_id(),
             ProxyConfig {
-                retransmit_buffer_max: usize::try_from(
-                    router.config().limits.retransmit_buffer_max,
-                )
-                .unwrap_or(usize::MAX),
+                retransmit_buffer_max: settings.retransmit_buffer_max,
                 retransmit_interval: RETRANSMIT_INTERVAL,
             },
         ),
         identity,
+        settings,
         out: Vec::new(),
         ack_latency: metrics::histogram!("bmq_queue_ack_latency_seconds"),
         overflowed,
@@ -438,6 +447,8 @@ struct Session {
     proxy: Proxy,
     /// Who the client authenticated as at Hello; checked on every OpenQueue.
     identity: ClientIdentity,
+    /// What the session reads of the configuration, given at registration.
+    settings: Arc<SessionSettings>,
     /// Frames for the client, handed to the wire (and flushed once) at the end of each loop
     /// turn.
     out: Vec<ClientMessage>,
@@ -555,7 +566,7 @@ impl Session {
     /// that long is given up (`Err` with the reason; the session ends), and so is one whose
     /// inbox overflowed meanwhile.
     async fn flush<W: ClientWire>(&self, wire: &mut W) -> Result<(), String> {
-        let timeout = self.router.config().limits.request_timeout();
+        let timeout = self.settings.request_timeout;
         // `biased`: a write that completes at once is all that is polled (no timer is
         // registered, no waiter on the overflow signal); both only when the write blocks.
         let written = tokio::select! {
@@ -608,6 +619,7 @@ impl Session {
                     // queue waits for the leader to commit its assignment.
                     let router = self.router.clone();
                     let session_id = self.id;
+                    let timeout = self.settings.request_timeout;
                     tokio::spawn(async move {
                         let proposed = |partition| {
                             let event = SessionEvent::OpenProposed {
@@ -617,7 +629,7 @@ impl Session {
                             };
                             router.to_local_session(session_id, event);
                         };
-                        let outcome = resolve_queue(&router, &uri, proposed).await;
+                        let outcome = resolve_queue(&router, &uri, timeout, proposed).await;
                         let event = SessionEvent::OpenResolved {
                             request_id,
                             uri,
@@ -707,7 +719,7 @@ impl Session {
             Ok(u) => u,
             Err(e) => return self.refuse_open(open, StatusCode::InvalidUri, e.to_string()),
         };
-        if self.router.config().domain(&parsed.domain).is_none() {
+        if !self.settings.has_domain(&parsed.domain) {
             let why = format!("unknown domain {:?}", parsed.domain);
             return self.refuse_open(open, StatusCode::UnknownDomain, why);
         }
@@ -768,16 +780,16 @@ impl Session {
 const ASSIGNMENT_REASK: Duration = Duration::from_millis(500);
 
 /// Waits until `uri` is assigned to a partition in the committed state, asking the leader to
-/// assign it (again every [`ASSIGNMENT_REASK`]) until the request timeout. Woken by the commit
+/// assign it (again every [`ASSIGNMENT_REASK`]) until `timeout`. Woken by the commit
 /// that assigns it ([`Router::watch_assignment`]), not by polling. Calls `proposed` once with
 /// the partition the leader proposes, if this node's ledger takes the proposal in while it
 /// waits ([`Router::watch_proposal`]): the open can go there before the commit.
 async fn resolve_queue(
     router: &Router,
     uri: &str,
+    timeout: Duration,
     proposed: impl FnOnce(PartitionId),
 ) -> Result<PartitionId, Status> {
-    let timeout = router.config().limits.request_timeout();
     let deadline = tokio::time::Instant::now() + timeout;
     let cluster = router.cluster();
     let mut asked_at: Option<tokio::time::Instant> = None;
