@@ -16,16 +16,23 @@
 //!   their unconfirmed messages are redelivered (with the next delivery attempt).
 //! - [`Partition::handle_peer`]: replication traffic; [`Partition::handle_role`]: the committed
 //!   primary, lease and status (a node no longer primary steps down to replica).
-//! - [`Partition::sync`]: the shell asks for the fsync of what was written, once per batch of
-//!   inputs when [`Partition::needs_sync`]; [`Partition::handle_timeout`]
-//!   at [`Partition::poll_timeout`].
+//! - [`Partition::handle_flush`]: the shell's group-commit point, once per batch of inputs
+//!   when [`Partition::needs_sync`]: the journal's buffer is written and the fsync of what
+//!   was written comes out as [`PartitionOutput::Sync`];
+//!   [`Partition::handle_synced`] and [`Partition::handle_compacted`] bring the storage
+//!   requests' outcomes back; [`Partition::handle_timeout`] at [`Partition::poll_timeout`].
 //!
 //! Outputs, drained in order with [`Partition::poll_output`]: [`PartitionOutput`] — messages
 //! to peers, answers and pushes to sessions, the announcement that this node healed the
 //! partition and is its active primary (repeated every [`ANNOUNCE_PERIOD`] until the leader
 //! has committed it), the request for a new lease of a primary named again at a lease it
-//! served before a restart, and a journal failure that must stop the node. Counts for the node's metrics accumulate in
-//! [`PartitionCounters`] ([`Partition::take_counters`]).
+//! served before a restart, and a journal failure that must stop the node; and the journal's
+//! storage requests, which the shell runs off the partition's thread — an fsync
+//! ([`PartitionOutput::Sync`], at most one in flight), the files of deleted segments to close
+//! ([`PartitionOutput::Close`]) and a compaction's copy ([`PartitionOutput::Compact`]) — as
+//! openraft's engine emits its storage commands. Nothing an fsync covers counts as durable
+//! (no receipt, ACK or push) before its outcome is back. Counts for the node's metrics
+//! accumulate in [`PartitionCounters`] ([`Partition::take_counters`]).
 //!
 //! Request rules:
 //! - a queue's domain is resolved once against [`DomainPolicies`]; an unknown domain or a
@@ -74,8 +81,7 @@ use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, Dom
 use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
 use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
 use crate::store::{
-    guid_key, ClosedFiles, CompactionDone, CompactionTicket, Store, StoreError, StoreStats,
-    SyncTicket,
+    guid_key, ClosedFiles, CompactionDone, CompactionTicket, Store, StoreStats, SyncTicket,
 };
 use bmq_proto::expression::Expression;
 
@@ -165,7 +171,11 @@ pub struct PartitionConfig {
 }
 
 /// What the shell must do, in order.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Equality compares the messages and announcements; a storage request
+/// ([`PartitionOutput::Sync`], [`PartitionOutput::Close`], [`PartitionOutput::Compact`])
+/// holds open files and equals nothing, itself included.
+#[derive(Debug)]
 pub enum PartitionOutput {
     /// Send a replication message to a peer over the DATA channel.
     SendPeer {
@@ -201,6 +211,41 @@ pub enum PartitionOutput {
         /// What failed.
         error: String,
     },
+    /// Run this fsync ([`SyncTicket::run`], on any thread) and give its outcome to
+    /// [`Partition::handle_synced`]. At most one is in flight; until its outcome is back,
+    /// nothing it covers counts as durable. A failed fsync is never retried: it is fatal.
+    Sync {
+        /// The fsync.
+        ticket: SyncTicket,
+    },
+    /// Close the files of these deleted journal segments ([`ClosedFiles::finish`], on any
+    /// thread: the kernel frees their blocks there). Nothing comes back.
+    Close {
+        /// The files.
+        files: ClosedFiles,
+    },
+    /// Run this compaction's copy ([`CompactionTicket::run`], on any thread) and give its
+    /// outcome to [`Partition::handle_compacted`].
+    Compact {
+        /// The copy.
+        ticket: CompactionTicket,
+    },
+}
+
+impl PartialEq for PartitionOutput {
+    fn eq(&self, other: &Self) -> bool {
+        use PartitionOutput as O;
+        match (self, other) {
+            (O::SendPeer { to: a, message: m }, O::SendPeer { to: b, message: n }) => {
+                a == b && m == n
+            }
+            (O::Reply { to: a, message: m }, O::Reply { to: b, message: n }) => a == b && m == n,
+            (O::AnnounceActive { lease: a }, O::AnnounceActive { lease: b })
+            | (O::RequestNewLease { lease: a }, O::RequestNewLease { lease: b }) => a == b,
+            (O::Fatal { error: a }, O::Fatal { error: b }) => a == b,
+            _ => false,
+        }
+    }
 }
 
 /// This node's role in a partition, as `/status` shows it.
@@ -459,6 +504,8 @@ pub struct Partition {
     stop_delivering: bool,
     counters: PartitionCounters,
     outputs: VecDeque<PartitionOutput>,
+    /// A [`PartitionOutput::Sync`] was handed out and its outcome is not back.
+    sync_in_flight: bool,
 }
 
 fn proto_status(code: StatusCode, message: &str) -> Option<Status> {
@@ -498,6 +545,7 @@ impl Partition {
             stop_delivering: false,
             counters: PartitionCounters::default(),
             outputs: VecDeque::new(),
+            sync_in_flight: false,
         }
     }
 
@@ -619,67 +667,74 @@ impl Partition {
         self.absorb_replication(now);
     }
 
-    /// The files of journal segments removed since the last call, for the shell to close on
-    /// another thread (see [`Store::set_defer_close`]).
-    pub fn take_closed_files(&mut self) -> ClosedFiles {
-        self.replication.take_closed_files()
-    }
-
-    /// The copy of a journal compaction, to run on another thread (see
-    /// [`Store::set_background_compaction`]); its outcome goes to
-    /// [`Partition::complete_compaction`].
-    pub fn take_compaction(&mut self) -> Option<CompactionTicket> {
-        self.replication.take_compaction()
-    }
-
-    /// A compaction's copy finished: see [`ReplicationCore::complete_compaction`]. An error
-    /// other than a full disk is also reported as [`PartitionOutput::Fatal`].
-    pub fn complete_compaction(
-        &mut self,
-        now: Instant,
-        done: CompactionDone,
-    ) -> Result<(), StoreError> {
-        let result = self.replication.complete_compaction(done);
+    /// A compaction's copy ([`PartitionOutput::Compact`]) finished with `done`: it replaces
+    /// its segment now or after the next fsync. A full disk gives it up for now; another
+    /// failure is a [`PartitionOutput::Fatal`].
+    pub fn handle_compacted(&mut self, now: Instant, done: CompactionDone) {
+        // A failure is reported as a `Fatal` output.
+        let _ = self.replication.complete_compaction(done);
         self.absorb_replication(now);
-        result
     }
 
-    /// Whether journal writes wait for [`Partition::sync`].
+    /// Whether the shell should call [`Partition::handle_flush`]: journal writes wait for an
+    /// fsync and none is in flight (group commit: once per batch of inputs, not per input).
     pub fn needs_sync(&self) -> bool {
-        self.replication.needs_sync()
+        !self.sync_in_flight && self.replication.needs_sync()
     }
 
-    /// Makes the journal writes durable (fsync), then releases what waited for that
-    /// (receipts, ACKs, deliveries) and reclaims settled dead records. Call it once per batch
-    /// of inputs when [`Partition::needs_sync`] (group commit). An error is fatal for the node
-    /// (also reported as [`PartitionOutput::Fatal`]).
-    pub fn sync(&mut self, now: Instant) -> Result<(), StoreError> {
-        let result = self.replication.sync(now);
+    /// The group-commit point: writes what waits in the journal's buffer and hands out the
+    /// fsync of everything written as a [`PartitionOutput::Sync`] (none while one is in
+    /// flight: the next flush after its outcome covers what was written meanwhile). When no
+    /// fsync is due, what waited for durability is released at once. A failure is a
+    /// [`PartitionOutput::Fatal`].
+    pub fn handle_flush(&mut self, now: Instant) {
+        if self.sync_in_flight {
+            return;
+        }
+        // A failure is reported as a `Fatal` output.
+        if let Ok(Some(ticket)) = self.replication.begin_sync(now) {
+            self.sync_in_flight = true;
+            self.outputs.push_back(PartitionOutput::Sync { ticket });
+        }
         self.absorb_replication(now);
-        result
     }
 
-    /// [`Partition::sync`] in two steps, so the fsync runs off the partition's thread (see
-    /// [`ReplicationCore::begin_sync`]): writes the journal's buffer and returns the fsync to
-    /// run, or `None` when nothing needed one (what waited has been released). Issue at most
-    /// one ticket at a time; call [`Partition::complete_sync`] with its outcome.
-    pub fn begin_sync(&mut self, now: Instant) -> Result<Option<SyncTicket>, StoreError> {
-        let result = self.replication.begin_sync(now);
+    /// The fsync of a [`PartitionOutput::Sync`] finished with `result`: what it made durable
+    /// is released (receipts, ACKs, deliveries) and settled dead records are reclaimed. A
+    /// failed fsync is a [`PartitionOutput::Fatal`] (never retried, never counted durable:
+    /// PostgreSQL's fsync rule).
+    pub fn handle_synced(&mut self, now: Instant, ticket: SyncTicket, result: std::io::Result<()>) {
+        self.sync_in_flight = false;
+        // A failure is reported as a `Fatal` output.
+        let _ = self.replication.complete_sync(now, ticket, result);
         self.absorb_replication(now);
-        result
     }
 
-    /// The fsync of `ticket` finished with `result`: releases what it made durable (receipts,
-    /// ACKs, deliveries) and reclaims settled dead records. An error is fatal for the node.
-    pub fn complete_sync(
-        &mut self,
-        now: Instant,
-        ticket: SyncTicket,
-        result: std::io::Result<()>,
-    ) -> Result<(), StoreError> {
-        let result = self.replication.complete_sync(now, ticket, result);
-        self.absorb_replication(now);
-        result
+    /// [`Partition::handle_flush`] with its fsync run here and its outcome handed back, for
+    /// tests and for a node's clean exit. Errors: the journal failed (also a
+    /// [`PartitionOutput::Fatal`]).
+    pub fn sync_now(&mut self, now: Instant) -> Result<(), String> {
+        self.handle_flush(now);
+        let mut kept = VecDeque::new();
+        while let Some(output) = self.outputs.pop_front() {
+            match output {
+                PartitionOutput::Sync { ticket } => {
+                    let result = ticket.run();
+                    self.outputs.extend(kept.drain(..));
+                    self.handle_synced(now, ticket, result);
+                    break;
+                }
+                other => kept.push_back(other),
+            }
+        }
+        self.outputs.extend(kept);
+        match self.outputs.iter().find_map(|o| match o {
+            PartitionOutput::Fatal { error } => Some(error.clone()),
+            _ => None,
+        }) {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 
     /// Replication traffic from `from`.
@@ -1397,8 +1452,17 @@ impl Partition {
             // Delivering may journal records (failures, removals): absorb those too.
             self.refresh_deliverable(now);
             if !self.replication.has_output() {
-                return;
+                break;
             }
+        }
+        // The journal's requests for other threads (only when the shell runs them there:
+        // `Store::set_defer_close`, `Store::set_background_compaction`).
+        let files = self.replication.take_closed_files();
+        if !files.is_empty() {
+            self.outputs.push_back(PartitionOutput::Close { files });
+        }
+        if let Some(ticket) = self.replication.take_compaction() {
+            self.outputs.push_back(PartitionOutput::Compact { ticket });
         }
     }
 

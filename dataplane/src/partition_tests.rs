@@ -115,7 +115,7 @@ fn new_node_with(cfg: PartitionConfig, store: StoreConfig) -> Node {
 /// Syncs the journal as the shell does after a batch of inputs.
 fn sync(p: &mut Partition, now: Instant) {
     assert!(p.needs_sync(), "nothing was written");
-    p.sync(now).unwrap();
+    p.sync_now(now).unwrap();
 }
 
 /// Every record of the partition's journal.
@@ -803,7 +803,7 @@ fn a_queue_rebuilt_by_a_new_primary_still_waits_for_a_quorum() {
     // A new PUT: journaled and fsynced here, but no replica holds it yet.
     p.handle_request(now, session(2), put(uri, 2));
     if p.needs_sync() {
-        p.sync(now).unwrap();
+        p.sync_now(now).unwrap();
     }
     assert_eq!(
         pushes(&drain(&mut p)),
@@ -1198,7 +1198,7 @@ fn subscription_cost() {
                 };
                 p.handle_request(now, session(2), put);
             }
-            p.sync(now).unwrap();
+            p.sync_now(now).unwrap();
             // Confirm what is pushed, until the confirms free no more deliveries.
             loop {
                 let mut confirms = Vec::new();
@@ -1223,7 +1223,7 @@ fn subscription_cost() {
                     p.handle_request(now, session(1), c);
                 }
                 if p.needs_sync() {
-                    p.sync(now).unwrap();
+                    p.sync_now(now).unwrap();
                 }
             }
         }
@@ -1238,4 +1238,92 @@ fn subscription_cost() {
             best[case] / best[0]
         );
     }
+}
+
+/// The journal's fsync is an output: a flush hands out one [`PartitionOutput::Sync`], nothing
+/// it covers is ACKed or pushed before its outcome comes back, a second flush while it is in
+/// flight hands out nothing, and what was written meanwhile goes in the next one.
+#[test]
+fn the_fsync_is_an_output_and_nothing_it_covers_is_released_before_its_outcome() {
+    let now = Instant::now();
+    let mut p = active_single_node_with(
+        now,
+        StoreConfig {
+            fsync: true,
+            ..store_cfg()
+        },
+    );
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open(uri, true, ""));
+    drain(&mut p);
+    p.handle_request(now, session(2), put(uri, 1));
+    assert!(p.needs_sync());
+    p.handle_flush(now);
+    let mut outputs = drain(&mut p);
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    let Some(PartitionOutput::Sync { ticket }) = outputs.pop() else {
+        panic!("expected the fsync");
+    };
+    assert!(!p.needs_sync(), "one fsync in flight at a time");
+    p.handle_request(now, session(2), put(uri, 2));
+    p.handle_flush(now);
+    assert_eq!(
+        drain(&mut p),
+        vec![],
+        "no second fsync, no ACK before the first one"
+    );
+    let result = ticket.run();
+    p.handle_synced(now, ticket, result);
+    let acks = ack_status(&drain(&mut p));
+    assert_eq!(acks.len(), 1, "the first PUT only: {acks:?}");
+    assert!(p.needs_sync(), "the second PUT waits for the next fsync");
+    p.handle_flush(now);
+    let Some(PartitionOutput::Sync { ticket }) = drain(&mut p).pop() else {
+        panic!("expected the next fsync");
+    };
+    let result = ticket.run();
+    p.handle_synced(now, ticket, result);
+    assert_eq!(ack_status(&drain(&mut p)).len(), 1, "the second PUT");
+}
+
+/// A failed fsync is fatal and releases nothing it covered: no ACK, no push, and no fsync
+/// is handed out again (PostgreSQL's rule: never retry a failed fsync).
+#[test]
+fn a_failed_fsync_is_fatal_and_releases_nothing() {
+    let now = Instant::now();
+    let mut p = active_single_node_with(
+        now,
+        StoreConfig {
+            fsync: true,
+            ..store_cfg()
+        },
+    );
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open(uri, true, ""));
+    drain(&mut p);
+    p.handle_request(now, session(2), put(uri, 1));
+    p.handle_flush(now);
+    let Some(PartitionOutput::Sync { ticket }) = drain(&mut p).pop() else {
+        panic!("expected the fsync");
+    };
+    p.handle_synced(now, ticket, Err(std::io::Error::from_raw_os_error(5)));
+    let outputs = drain(&mut p);
+    assert!(
+        matches!(outputs.as_slice(), [PartitionOutput::Fatal { .. }]),
+        "{outputs:?}"
+    );
+    assert!(!p.needs_sync(), "no fsync retried");
+    p.handle_flush(now);
+    p.handle_request(now, session(2), put(uri, 2));
+    p.handle_flush(now);
+    let outputs = drain(&mut p);
+    assert!(
+        outputs
+            .iter()
+            .all(|o| !matches!(o, PartitionOutput::Sync { .. })
+                && ack_status(std::slice::from_ref(o))
+                    .iter()
+                    .all(|(status, _)| *status != AckStatus::Success as i32)),
+        "{outputs:?}"
+    );
 }

@@ -25,11 +25,13 @@
 //! Journal and fsync (group commit): the core writes records as it accepts them; when it
 //! needs an fsync the actor sends itself a [`FlushJournal`], so every request already in the
 //! mailbox is written first, then one fsync covers them all and releases receipts, ACKs and
-//! deliveries. The fsync runs on the partition's *sync thread* ([`Partition::begin_sync`]
-//! hands it a [`SyncTicket`], the thread answers [`JournalSynced`], then
-//! [`Partition::complete_sync`]): while the disk works, the partition goes on taking PUTs,
-//! replicating them and counting receipts, and the next fsync covers everything written
-//! meanwhile. At most one fsync is in flight per partition. A journal failure other than a
+//! deliveries. The fsync is one of the core's outputs ([`Partition::handle_flush`] gives a
+//! [`PartitionOutput::Sync`] with its [`SyncTicket`]), run on the partition's *sync thread*,
+//! which answers [`JournalSynced`], then [`Partition::handle_synced`]; the deleted segments'
+//! files ([`PartitionOutput::Close`]) and a compaction's copy ([`PartitionOutput::Compact`])
+//! are outputs too, run on their own threads. While the disk works, the partition goes on
+//! taking PUTs, replicating them and counting receipts, and the next fsync covers everything
+//! written meanwhile. At most one fsync is in flight per partition. A journal failure other than a
 //! full disk stops the node (never retry an fsync); a full disk makes the partition refuse
 //! PUTs until writes succeed again.
 //!
@@ -181,10 +183,9 @@ pub struct PartitionActor {
     timer_at: Option<Instant>,
     /// A `FlushJournal` is in the mailbox.
     flush_queued: bool,
-    /// The sync thread's queue (one fsync at a time: see `sync_in_flight`).
+    /// The sync thread's queue (one fsync at a time: the core hands out the next one only
+    /// after the last one's outcome is back).
     syncer: Option<std::sync::mpsc::Sender<SyncTicket>>,
-    /// A ticket is with the sync thread; the next fsync starts when it answers.
-    sync_in_flight: bool,
     /// The closer thread's queue: files of deleted journal segments, to remove and close (the
     /// last close frees their pages and blocks: tens of milliseconds for a segment).
     closer: Option<std::sync::mpsc::Sender<ClosedFiles>>,
@@ -294,7 +295,6 @@ impl PartitionActor {
             timer_at: None,
             flush_queued: false,
             syncer: None,
-            sync_in_flight: false,
             closer: None,
             compactor: None,
             failed: false,
@@ -328,6 +328,29 @@ impl PartitionActor {
                     fatal = Some(error);
                     break;
                 }
+                PartitionOutput::Sync { ticket } => Self::run_sync(&self.syncer, core, ticket),
+                PartitionOutput::Close { files } => {
+                    // Without the closer thread they close here.
+                    let unsent = match &self.closer {
+                        Some(closer) => closer.send(files).err().map(|e| e.0),
+                        None => Some(files),
+                    };
+                    if let Some(files) = unsent {
+                        finish_closed(self.id, files);
+                    }
+                }
+                PartitionOutput::Compact { ticket } => {
+                    // Only issued with the compaction thread running; should it have ended,
+                    // the copy runs here and its outcome comes back like the thread's.
+                    let unsent = match &self.compactor {
+                        Some(compactor) => compactor.send(ticket).err().map(|e| e.0),
+                        None => Some(ticket),
+                    };
+                    if let Some(ticket) = unsent {
+                        ctx.address()
+                            .do_send(JournalCompacted { done: ticket.run() });
+                    }
+                }
             }
         }
         if let Some(error) = fatal {
@@ -340,33 +363,10 @@ impl PartitionActor {
         if !replies.is_empty() {
             self.outbox.to_sessions(replies);
         }
-        let closed = core.take_closed_files();
-        if !closed.is_empty() {
-            // Without the closer thread they close here.
-            let unsent = match &self.closer {
-                Some(closer) => closer.send(closed).err().map(|e| e.0),
-                None => Some(closed),
-            };
-            if let Some(closed) = unsent {
-                finish_closed(self.id, closed);
-            }
-        }
-        if let Some(ticket) = core.take_compaction() {
-            // Only issued with the compaction thread running; should it have ended, the copy
-            // runs here and its outcome comes back like the thread's.
-            let unsent = match &self.compactor {
-                Some(compactor) => compactor.send(ticket).err().map(|e| e.0),
-                None => Some(ticket),
-            };
-            if let Some(ticket) = unsent {
-                ctx.address()
-                    .do_send(JournalCompacted { done: ticket.run() });
-            }
-        }
         let needs_sync = core.needs_sync();
         let timeout = core.poll_timeout();
         self.publish_counters();
-        if needs_sync && !self.flush_queued && !self.sync_in_flight {
+        if needs_sync && !self.flush_queued {
             // Group commit: the flush goes to the back of the mailbox, so every request
             // already waiting is written before the one fsync. A full mailbox flushes now.
             if ctx.address().try_send(FlushJournal).is_ok() {
@@ -490,33 +490,36 @@ impl PartitionActor {
         });
     }
 
-    /// Writes what waits in the journal's buffer and hands the fsync to the sync thread;
-    /// when it answers ([`JournalSynced`]) the core releases what waited for it (receipts,
-    /// ACKs, deliveries) and reclaims space. While one fsync runs, the next waits for it.
+    /// The group-commit point: the core writes what waits in the journal's buffer and hands
+    /// out the fsync ([`PartitionOutput::Sync`]), which `drive` gives the sync thread; when
+    /// it answers ([`JournalSynced`]) the core releases what waited for it (receipts, ACKs,
+    /// deliveries) and reclaims space. While one fsync runs, the core hands out no other.
     fn flush(&mut self, ctx: &mut Context<Self>) {
         self.flush_queued = false;
-        if self.failed || self.sync_in_flight {
+        if self.failed {
             return;
         }
-        let Some(core) = self.core.as_mut() else {
-            return;
-        };
-        // A failure is also a `Fatal` output, which `drive` acts on.
-        if let Ok(Some(ticket)) = core.begin_sync(Instant::now()) {
-            // Without the sync thread (it failed to start) the fsync runs here.
-            let unsent = match &self.syncer {
-                Some(syncer) => syncer.send(ticket).err().map(|e| e.0),
-                None => Some(ticket),
-            };
-            match unsent {
-                None => self.sync_in_flight = true,
-                Some(ticket) => {
-                    let result = run_ticket(&ticket);
-                    let _ = core.complete_sync(Instant::now(), ticket, result);
-                }
-            }
+        if let Some(core) = self.core.as_mut() {
+            core.handle_flush(Instant::now());
         }
         self.drive(ctx);
+    }
+
+    /// Gives the fsync to the sync thread; without it (it failed to start) the fsync runs here
+    /// and its outcome goes straight back to the core, whose new outputs `drive` goes on with.
+    fn run_sync(
+        syncer: &Option<std::sync::mpsc::Sender<SyncTicket>>,
+        core: &mut Partition,
+        ticket: SyncTicket,
+    ) {
+        let unsent = match syncer {
+            Some(syncer) => syncer.send(ticket).err().map(|e| e.0),
+            None => Some(ticket),
+        };
+        if let Some(ticket) = unsent {
+            let result = run_ticket(&ticket);
+            core.handle_synced(Instant::now(), ticket, result);
+        }
     }
 
     fn fatal(&mut self, error: &str) {
@@ -680,13 +683,12 @@ impl Handler<JournalSynced> for PartitionActor {
 
     fn handle(&mut self, msg: JournalSynced, ctx: &mut Self::Context) {
         let _turn = Turn::start(&self.turn_seconds);
-        self.sync_in_flight = false;
         if self.failed {
             return;
         }
         if let Some(core) = self.core.as_mut() {
-            // A failure is also a `Fatal` output, which `drive` acts on.
-            let _ = core.complete_sync(Instant::now(), msg.ticket, msg.result);
+            // A failure is a `Fatal` output, which `drive` acts on.
+            core.handle_synced(Instant::now(), msg.ticket, msg.result);
         }
         // More may have been written meanwhile: `drive` queues the next flush.
         self.drive(ctx);
@@ -702,8 +704,8 @@ impl Handler<JournalCompacted> for PartitionActor {
             return;
         }
         if let Some(core) = self.core.as_mut() {
-            // A failure is also a `Fatal` output, which `drive` acts on.
-            let _ = core.complete_compaction(Instant::now(), msg.done);
+            // A failure is a `Fatal` output, which `drive` acts on.
+            core.handle_compacted(Instant::now(), msg.done);
         }
         self.drive(ctx);
     }
