@@ -26,7 +26,6 @@
 //!
 //! Thread: every session is a tokio task on the node's main (actix System) thread.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,9 +36,7 @@ use bmq_proto::client::{
     OpenQueue, OpenQueueResponse, Status, StatusCode,
 };
 use bmq_proto::uri::QueueUri;
-use bmq_proto::{
-    BoxedStream, FrameCodec, FrameWriter, LeaseId, NodeId, PartitionId, PROTOCOL_VERSION,
-};
+use bmq_proto::{BoxedStream, FrameCodec, FrameWriter, LeaseId, PartitionId, PROTOCOL_VERSION};
 use futures::{FutureExt, StreamExt};
 use tokio::io::{ReadHalf, WriteHalf};
 use tokio::net::TcpListener;
@@ -426,7 +423,6 @@ pub(crate) async fn run<W: ClientWire>(
         out: Vec::new(),
         ack_latency: metrics::histogram!("bmq_queue_ack_latency_seconds"),
         overflowed,
-        link_generations: HashMap::new(),
     };
     let reason = session.event_loop(&mut wire, &mut inbox).await;
     info!(%remote, session = id, %reason, "client session ended");
@@ -458,12 +454,6 @@ struct Session {
     /// Cancelled by the router when this session's inbox overflowed (an event was dropped):
     /// the session ends at once, even in the middle of a write.
     overflowed: CancellationToken,
-    /// Per peer, the data link generation this session's PUTs there are sent under: set at the
-    /// first PUT and at each return of the data link (when the proxy reopens and resends). A
-    /// PUT for a peer whose link was interrupted since is held (it stays in the proxy's buffer
-    /// and goes again, in order, after the reopen): sent now, it could reach the primary
-    /// ahead of PUTs the interruption lost, and be delivered before them.
-    link_generations: HashMap<NodeId, u64>,
 }
 
 impl Session {
@@ -526,15 +516,12 @@ impl Session {
                 back = peer_back.recv() => {
                     let node = match back {
                         Ok((node, generation)) => {
-                            self.link_generations.insert(node, generation);
+                            self.proxy.handle_link_generation(node, generation);
                             Some(node)
                         }
                         // Which links came back is unknown: every queue reopens, and each
                         // peer's generation is taken afresh at the next PUT.
-                        Err(RecvError::Lagged(_)) => {
-                            self.link_generations.clear();
-                            None
-                        }
+                        Err(RecvError::Lagged(_)) => None,
                         Err(RecvError::Closed) => return "node stopping".into(),
                     };
                     let state = self.cluster.borrow().clone();
@@ -585,31 +572,19 @@ impl Session {
         }
     }
 
-    /// Whether `message` is a PUT for a peer whose data link was interrupted since this
-    /// session last synchronised with it (see `link_generations`).
-    fn holds_put(&mut self, primary: NodeId, message: &ClientMessage) -> bool {
-        if primary == self.router.self_id() || !matches!(message.kind, Some(Kind::Put(_))) {
-            return false;
-        }
-        let now = self.router.data_generation(primary);
-        *self.link_generations.entry(primary).or_insert(now) != now
-    }
-
     /// Executes the proxy's outputs (requests for primaries as one batch per destination) and
-    /// publishes its counters.
+    /// publishes its counters. The proxy holds the PUTs that must wait for a data link's
+    /// return itself, from the links' current generations.
     fn execute(&mut self) {
         let mut dispatch = Dispatch::default();
-        while let Some(output) = self.proxy.poll_output() {
+        let link_generation = |peer| self.router.data_generation(peer);
+        while let Some(output) = self.proxy.poll_output(&link_generation) {
             match output {
                 ProxyOutput::ToPrimary {
                     partition,
                     primary,
                     message,
                 } => {
-                    if self.holds_put(primary, &message) {
-                        metrics::counter!("bmq_proxy_puts_held_total").increment(1);
-                        continue;
-                    }
                     self.router
                         .to_primary(&mut dispatch, partition, primary, self.id, message);
                 }
@@ -667,6 +642,7 @@ impl Session {
                 None,
                 c.invalid_requests,
             ),
+            ("bmq_proxy_puts_held_total", None, c.puts_held),
         ] {
             match (n, reason) {
                 (0, _) => {}

@@ -13,9 +13,16 @@
 //! comes back). So an ACKed message is never lost, duplicates are possible, a producer's order
 //! is kept, and an open is answered once its primary can be reached.
 //!
+//! A PUT for a peer also waits while the data link to that peer was interrupted since this
+//! session last synchronised with it ([`Proxy::handle_link_generation`]): it stays in the
+//! buffer and goes again, in order, after the reopen, instead of overtaking on the new
+//! connection the PUTs the interruption lost (ARCHITECTURE "Invariants": PUT order across a
+//! lost DATA connection).
+//!
 //! Inputs: `handle_*` (client requests after the shell authorised them, answers from
-//! primaries, resolved assignments, cluster changes, peer links coming back, the
-//! retransmission tick). Outputs, drained with [`Proxy::poll_output`]: [`ProxyOutput`].
+//! primaries, resolved assignments, cluster changes, peer links coming back with their
+//! generation, the retransmission tick). Outputs, drained with [`Proxy::poll_output`] (which
+//! takes the data links' current generations): [`ProxyOutput`].
 //! The shell (the session task) owns the socket, authenticates the client at Hello and
 //! authorises each OpenQueue; it executes the outputs and publishes [`ProxyCounters`].
 
@@ -84,6 +91,9 @@ pub struct ProxyCounters {
     pub open_retransmissions: u64,
     /// Requests that named a queue not open in this session (CONFIRM), dropped.
     pub invalid_requests: u64,
+    /// PUTs held back (kept in the buffer, not sent) because the data link to their primary
+    /// was interrupted since this session last synchronised with it.
+    pub puts_held: u64,
 }
 
 /// Limits of a proxy.
@@ -284,6 +294,10 @@ pub struct Proxy {
     /// Client request ids of opens sent to a primary and not yet answered, by uri.
     pending_opens: HashMap<String, u64>,
     pending_puts: RetransmitBuffer,
+    /// Per peer, the data link generation this session's PUTs there are sent under: taken at
+    /// the first PUT and at each return of the data link (when the queues there reopen and
+    /// their PUTs are resent).
+    link_generations: HashMap<NodeId, u64>,
     counters: ProxyCounters,
     outputs: VecDeque<ProxyOutput>,
 }
@@ -297,14 +311,58 @@ impl Proxy {
             queues: HashMap::default(),
             pending_opens: HashMap::new(),
             pending_puts: RetransmitBuffer::default(),
+            link_generations: HashMap::new(),
             counters: ProxyCounters::default(),
             outputs: VecDeque::new(),
         }
     }
 
-    /// The next output to execute, in order.
-    pub fn poll_output(&mut self) -> Option<ProxyOutput> {
-        self.outputs.pop_front()
+    /// The next output to execute, in order. `link_generation(peer)` is the current
+    /// generation of the data link to `peer` (it grows at each interruption of the link; the
+    /// shell's peer links count them). A PUT for a peer whose generation differs from the one
+    /// this session sends under is held: dropped from the outputs and counted
+    /// ([`ProxyCounters::puts_held`]), kept in the retransmission buffer for the resend that
+    /// follows the link's return ([`Proxy::handle_link_generation`], then
+    /// [`Proxy::handle_peer_back`]). Sent now, it could reach the primary ahead of PUTs the
+    /// interruption lost, and be delivered before them. Asked at the moment of sending, not
+    /// when the link's return is announced, because a PUT may go out on the new connection
+    /// before the announcement reaches this session.
+    pub fn poll_output(&mut self, link_generation: &dyn Fn(NodeId) -> u64) -> Option<ProxyOutput> {
+        loop {
+            let output = self.outputs.pop_front()?;
+            if let ProxyOutput::ToPrimary {
+                primary,
+                message:
+                    ClientMessage {
+                        kind: Some(Kind::Put(_)),
+                    },
+                ..
+            } = &output
+            {
+                if self.holds_put(*primary, link_generation) {
+                    self.counters.puts_held += 1;
+                    continue;
+                }
+            }
+            return Some(output);
+        }
+    }
+
+    /// Whether a PUT for `primary` waits for the data link's return (see
+    /// [`Proxy::poll_output`]). The first PUT for a peer takes its current generation.
+    fn holds_put(&mut self, primary: NodeId, link_generation: &dyn Fn(NodeId) -> u64) -> bool {
+        if primary == self.self_id {
+            return false;
+        }
+        let now = link_generation(primary);
+        *self.link_generations.entry(primary).or_insert(now) != now
+    }
+
+    /// The data link to `peer` came back at `generation`: this session's PUTs there go under
+    /// it from now on. Call before [`Proxy::handle_peer_back`] for the same return, whose
+    /// reopen resends the held PUTs in order.
+    pub fn handle_link_generation(&mut self, peer: NodeId, generation: u64) {
+        self.link_generations.insert(peer, generation);
     }
 
     /// Outputs waiting to be executed.
@@ -755,13 +813,17 @@ impl Proxy {
 
     /// A peer link came back (`None`: some did, which is unknown). A primary on the other end
     /// released this session's consumers when the link dropped, and requests sent meanwhile
-    /// were lost: reopen every queue attached there and resend its buffered PUTs.
+    /// were lost: reopen every queue attached there and resend its buffered PUTs. With `None`
+    /// every peer's link generation is forgotten, and taken afresh at the next PUT there.
     pub fn handle_peer_back(
         &mut self,
         node: Option<NodeId>,
         routes: &dyn Fn(PartitionId) -> Option<PrimaryRoute>,
         now: Instant,
     ) {
+        if node.is_none() {
+            self.link_generations.clear();
+        }
         let self_id = self.self_id;
         let affected: Vec<String> = self
             .queues

@@ -128,6 +128,46 @@ pub fn plan_rebalance(
     })
 }
 
+/// The `PartitionPrimaryAdvisory` entries the active leader proposes now, or `None` when
+/// nothing should move (DESIGN.md §6, §7: the health actor applies it).
+///
+/// - `available`: the nodes that may be given a primary (up and not stopping).
+/// - `draining`: the nodes that announced a graceful stop and have not drained yet; they are
+///   never in `available`, and they keep their primaries until they drain (their consumers
+///   confirm what they hold, their journals reach a quorum).
+///
+/// First the failure path: [`plan_primary_assignment`]'s entries for the partitions whose
+/// primary is neither available nor draining (a live primary is never moved to fill a gap),
+/// each PASSIVE, since a new primary serves only once it has healed from a quorum and says so.
+/// When none needs a new primary, one step of [`plan_rebalance`]. `None` when neither has
+/// anything to do, and when no node is available.
+pub fn plan_primaries(
+    state: &ClusterState,
+    available: &BTreeSet<NodeId>,
+    draining: &BTreeSet<NodeId>,
+) -> Option<Vec<peer::PartitionInfo>> {
+    let plan: Vec<peer::PartitionInfo> = plan_primary_assignment(state, available)
+        .into_iter()
+        .map(|mut p| {
+            p.status = peer::PrimaryStatus::Passive as i32;
+            p
+        })
+        .filter(|p| {
+            state
+                .partitions
+                .get(&PartitionId(p.partition_id))
+                .is_none_or(|cur| {
+                    cur.primary
+                        .is_none_or(|n| !available.contains(&n) && !draining.contains(&n))
+                })
+        })
+        .collect();
+    if !plan.is_empty() {
+        return Some(plan);
+    }
+    plan_rebalance(state, available).map(|step| vec![step])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,5 +321,91 @@ mod rebalance_tests {
         assert_eq!(plan_rebalance(&healing, &nodes(&[1, 2, 3])), None);
         let dead = state(&[(2, Active), (2, Active), (2, Active), (4, Active)]);
         assert_eq!(plan_rebalance(&dead, &nodes(&[1, 2, 3])), None);
+    }
+}
+
+#[cfg(test)]
+mod plan_primaries_tests {
+    use super::*;
+    use crate::state::tests::primaries;
+
+    fn nodes(ids: &[u32]) -> BTreeSet<NodeId> {
+        ids.iter().map(|n| NodeId(*n)).collect()
+    }
+
+    fn passive(partition: u32, node: u32, lease: u64) -> peer::PartitionInfo {
+        peer::PartitionInfo {
+            partition_id: partition,
+            primary_node_id: Some(node),
+            primary_lease_id: lease,
+            status: peer::PrimaryStatus::Passive as i32,
+        }
+    }
+
+    /// Every partition's primary set and ACTIVE at lease 1.
+    fn active(owners: &[u32]) -> ClusterState {
+        let mut s = ClusterState::new(owners.len() as u32);
+        for (i, node) in owners.iter().enumerate() {
+            let p = s.partitions.get_mut(&PartitionId(i as u32)).unwrap();
+            p.primary = Some(NodeId(*node));
+            p.primary_lease_id = 1;
+            p.status = PrimaryStatus::Active;
+        }
+        s
+    }
+
+    #[test]
+    fn a_failed_primary_goes_to_the_least_loaded_healthy_node() {
+        // Node 3 is gone: its partition goes to node 2 (one primary against node 1's two),
+        // lease + 1, passive until it heals; the live primaries stay where they are.
+        let s = active(&[1, 1, 2, 3]);
+        assert_eq!(
+            plan_primaries(&s, &nodes(&[1, 2]), &BTreeSet::new()),
+            Some(vec![passive(3, 2, 2)])
+        );
+    }
+
+    #[test]
+    fn a_draining_primary_keeps_its_partitions_until_it_drained() {
+        // Node 3 is stopping: while it drains nothing moves (and nothing is rebalanced around
+        // it); once drained (no longer draining, still not available) its partition moves.
+        let s = active(&[1, 2, 3]);
+        let available = nodes(&[1, 2]);
+        assert_eq!(plan_primaries(&s, &available, &nodes(&[3])), None);
+        assert_eq!(
+            plan_primaries(&s, &available, &BTreeSet::new()),
+            Some(vec![passive(2, 1, 2)])
+        );
+    }
+
+    #[test]
+    fn a_healthy_balanced_cluster_has_nothing_to_do() {
+        // Every primary is live and ACTIVE and the counts differ by at most one.
+        let s = active(&[1, 2, 3, 1]);
+        assert_eq!(
+            plan_primaries(&s, &nodes(&[1, 2, 3]), &BTreeSet::new()),
+            None
+        );
+    }
+
+    #[test]
+    fn a_returning_node_gets_one_partition_by_rebalancing() {
+        // Nothing failed and node 3 holds none of four: one partition moves to it (from the
+        // most loaded node, its highest-numbered partition), passive.
+        let s = active(&[1, 2, 1, 2]);
+        assert_eq!(
+            plan_primaries(&s, &nodes(&[1, 2, 3]), &BTreeSet::new()),
+            Some(vec![passive(2, 3, 2)])
+        );
+    }
+
+    #[test]
+    fn no_healthy_node_keeps_every_primary() {
+        // No node may be given a primary: nothing is proposed, whatever the state.
+        let mut s = ClusterState::new(2);
+        assert_eq!(plan_primaries(&s, &BTreeSet::new(), &BTreeSet::new()), None);
+        s.apply(&primaries(&[(0, Some(1), 1), (1, Some(2), 1)]))
+            .unwrap();
+        assert_eq!(plan_primaries(&s, &BTreeSet::new(), &nodes(&[2])), None);
     }
 }

@@ -55,7 +55,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bmq_proto::peer::{self, metadata_message::Kind as Msg};
-use bmq_proto::{NodeId, Term};
+use bmq_proto::{NodeId, PartitionId, Term};
 use thiserror::Error;
 use tracing::{debug, error, info};
 
@@ -179,6 +179,18 @@ pub enum MetadataOutput {
     RoleChanged {
         /// The new status.
         status: MetadataStatus,
+    },
+    /// Queue `uri` is proposed for `partition`: a `QueueAssignmentAdvisory` naming it was
+    /// stamped (on the leader) or accepted (on a follower), and its record is the
+    /// [`MetadataOutput::Persist`] just before this output (one per queue of the advisory, in
+    /// its order). Only a hint: the assignment may still be lost to a failover until
+    /// [`MetadataOutput::Committed`]. An open on this node can go to the proposed partition's
+    /// primary while the commit is under way (DESIGN.md §7, "Proxying").
+    AssignmentProposed {
+        /// The queue URI.
+        uri: String,
+        /// The partition proposed for it.
+        partition: PartitionId,
     },
 }
 
@@ -1003,9 +1015,7 @@ impl MetadataCore {
             advisory: advisory.clone(),
             sent_at: None,
         });
-        self.outputs.push_back(MetadataOutput::Persist {
-            record: LedgerRecord::Update { lsn, advisory },
-        });
+        self.persist_update(lsn, advisory);
         true
     }
 
@@ -1422,14 +1432,30 @@ impl MetadataCore {
             advisory: advisory.clone(),
             sent_at: Some(now),
         });
-        self.outputs.push_back(MetadataOutput::Persist {
-            record: LedgerRecord::Update {
-                lsn,
-                advisory: advisory.clone(),
-            },
-        });
+        self.persist_update(lsn, advisory.clone());
         self.broadcast(Msg::Record(record_message(lsn, advisory)));
         lsn
+    }
+
+    /// Persists an advisory record; then, for a queue assignment, reports each queue's
+    /// proposed partition ([`MetadataOutput::AssignmentProposed`]): after the record, so that
+    /// a shell whose write fails stops before it acts on the proposal.
+    fn persist_update(&mut self, lsn: Lsn, advisory: peer::Advisory) {
+        let proposed: Vec<MetadataOutput> = match &advisory.kind {
+            Some(peer::advisory::Kind::QueueAssignment(a)) => a
+                .queues
+                .iter()
+                .map(|q| MetadataOutput::AssignmentProposed {
+                    uri: q.uri.clone(),
+                    partition: PartitionId(q.partition_id),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        self.outputs.push_back(MetadataOutput::Persist {
+            record: LedgerRecord::Update { lsn, advisory },
+        });
+        self.outputs.extend(proposed);
     }
 
     /// Commits the highest own-term pending LSN that a quorum holds.

@@ -76,6 +76,13 @@ fn persist_update(l: Lsn, advisory: peer::Advisory) -> MetadataOutput {
     }
 }
 
+fn proposed(uri: &str, partition: u32) -> MetadataOutput {
+    MetadataOutput::AssignmentProposed {
+        uri: uri.into(),
+        partition: PartitionId(partition),
+    }
+}
+
 fn persist_commit(l: Lsn, committed: Lsn) -> MetadataOutput {
     MetadataOutput::Persist {
         record: LedgerRecord::Commit { lsn: l, committed },
@@ -191,6 +198,7 @@ fn leader_commits_at_quorum_and_applies_only_on_commit() {
         drain(&mut leader),
         vec![
             persist_update(lsn(1, 3), advisory.clone()),
+            proposed("bmq://d/q", 1),
             MetadataOutput::Broadcast {
                 message: record(lsn(1, 3), advisory.clone())
             }
@@ -331,7 +339,10 @@ fn follower_persists_then_acks_and_applies_on_commit() {
     f.handle_message(now, n(1), record(lsn(1, 3), advisory.clone()));
     assert_eq!(
         drain(&mut f),
-        vec![persist_update(lsn(1, 3), advisory.clone())]
+        vec![
+            persist_update(lsn(1, 3), advisory.clone()),
+            proposed("q", 0)
+        ]
     );
     f.on_persisted(now, lsn(1, 3));
     assert_eq!(
@@ -446,6 +457,7 @@ fn follower_gates_records_until_the_term_snapshot() {
         vec![
             persist_update(lsn(1, 1), snapshot.clone()),
             persist_update(lsn(1, 2), q.clone()),
+            proposed("q", 0),
             persist_commit(lsn(1, 3), lsn(1, 2)),
             MetadataOutput::Committed {
                 lsn: lsn(1, 1),
@@ -766,7 +778,10 @@ fn catch_up_resyncs_past_trailing_commit_records() {
     drain(&mut leader);
     late.handle_message(now, n(1), record(lsn(1, 3), q.clone()));
     let out = drain(&mut late);
-    assert_eq!(out.last(), Some(&persist_update(lsn(1, 3), q)));
+    assert_eq!(
+        out[out.len() - 2..],
+        [persist_update(lsn(1, 3), q), proposed("q", 0)]
+    );
     assert_eq!(late.counters().gap, 0);
 }
 
@@ -902,7 +917,8 @@ impl Harness {
                     MetadataOutput::Committed { lsn, advisory } => {
                         self.committed.entry(id).or_default().push((lsn, advisory))
                     }
-                    MetadataOutput::RoleChanged { .. } => {}
+                    MetadataOutput::RoleChanged { .. }
+                    | MetadataOutput::AssignmentProposed { .. } => {}
                 }
             }
         }
@@ -1202,7 +1218,10 @@ fn catch_up_behind_a_followers_trailing_commit_commits_from_its_own_log() {
     drain(&mut leader);
     let gaps = late.counters().gap;
     late.handle_message(now, n(1), record(lsn(1, 7), q3.clone()));
-    assert_eq!(drain(&mut late), vec![persist_update(lsn(1, 7), q3)]);
+    assert_eq!(
+        drain(&mut late),
+        vec![persist_update(lsn(1, 7), q3), proposed("q3", 0)]
+    );
     assert_eq!(late.counters().gap, gaps);
 }
 
@@ -1233,8 +1252,11 @@ fn follower_acks_a_group_of_records_once_after_their_fsync() {
         drain(&mut f),
         vec![
             persist_update(lsn(1, 3), a),
+            proposed("a", 0),
             persist_update(lsn(1, 4), b),
+            proposed("b", 1),
             persist_update(lsn(1, 5), c),
+            proposed("c", 0),
         ]
     );
     f.on_persisted(now, lsn(1, 5));
@@ -1317,7 +1339,9 @@ fn a_batch_is_handled_as_its_messages_in_order() {
         drain(&mut f),
         vec![
             persist_update(lsn(1, 3), a.clone()),
+            proposed("a", 0),
             persist_update(lsn(1, 4), b.clone()),
+            proposed("b", 1),
             persist_commit(lsn(1, 5), lsn(1, 4)),
             MetadataOutput::Committed {
                 lsn: lsn(1, 3),
@@ -1536,4 +1560,73 @@ fn a_follower_keeps_its_requests_for_the_next_leader_until_committed() {
     assert!(messages_to(drain(&mut f), n(3))
         .iter()
         .all(|m| !matches!(m.kind, Some(Msg::QueueAssignmentRequest(_)))));
+}
+
+#[test]
+fn a_queue_assignment_is_reported_proposed_right_after_its_record() {
+    // Scenario: the leader stamps a queue assignment and a follower accepts one naming two
+    // queues; each reports every queue of it proposed, right after the record's Persist and
+    // in the advisory's order; other advisories, and the commit, report nothing.
+    let now = Instant::now();
+    let mut leader = active_leader(now);
+    leader.propose(now, primaries(&[(0, Some(1), 1)])).unwrap();
+    let out = drain(&mut leader);
+    assert!(out
+        .iter()
+        .all(|o| !matches!(o, MetadataOutput::AssignmentProposed { .. })));
+    leader.on_persisted(now, lsn(1, 3));
+    leader.handle_message(now, n(2), ack(lsn(1, 3)));
+    drain(&mut leader);
+    // A request of this node's client: the leader picks partition 0 (the one with a primary).
+    leader.request_queue_assignment(now, "bmq://d/q");
+    let stamped = assign("bmq://d/q", 0, 0);
+    assert_eq!(
+        drain(&mut leader),
+        vec![
+            persist_update(lsn(1, 5), stamped.clone()),
+            proposed("bmq://d/q", 0),
+            MetadataOutput::Broadcast {
+                message: record(lsn(1, 5), stamped.clone())
+            },
+        ]
+    );
+    leader.on_persisted(now, lsn(1, 5));
+    leader.handle_message(now, n(2), ack(lsn(1, 5)));
+    let out = drain(&mut leader);
+    assert!(out.contains(&MetadataOutput::Committed {
+        lsn: lsn(1, 5),
+        advisory: stamped
+    }));
+    assert!(out
+        .iter()
+        .all(|o| !matches!(o, MetadataOutput::AssignmentProposed { .. })));
+
+    let mut f = follower(now);
+    let two = peer::Advisory {
+        kind: Some(peer::advisory::Kind::QueueAssignment(
+            peer::QueueAssignmentAdvisory {
+                queues: vec![
+                    peer::QueueInfo {
+                        uri: "bmq://d/a".into(),
+                        partition_id: 1,
+                        queue_key: 0,
+                    },
+                    peer::QueueInfo {
+                        uri: "bmq://d/b".into(),
+                        partition_id: 0,
+                        queue_key: 1,
+                    },
+                ],
+            },
+        )),
+    };
+    f.handle_message(now, n(1), record(lsn(1, 3), two.clone()));
+    assert_eq!(
+        drain(&mut f),
+        vec![
+            persist_update(lsn(1, 3), two),
+            proposed("bmq://d/a", 1),
+            proposed("bmq://d/b", 0),
+        ]
+    );
 }

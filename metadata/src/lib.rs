@@ -26,7 +26,9 @@ pub mod state;
 /// [`disk::RealDisk`] for the node, [`disk::SimDisk`] for the simulators.
 pub use bmq_storage::disk;
 
-pub use crate::assignment::{pick_partition_for_queue, plan_primary_assignment, plan_rebalance};
+pub use crate::assignment::{
+    pick_partition_for_queue, plan_primaries, plan_primary_assignment, plan_rebalance,
+};
 pub use crate::core::{
     MetadataConfig, MetadataCore, MetadataCounters, MetadataOutput, MetadataRole, MetadataStatus,
     ProposeError,

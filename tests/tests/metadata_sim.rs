@@ -436,7 +436,7 @@ impl Sim {
                         self.committed.insert(lsn, advisory);
                     }
                 },
-                MetadataOutput::RoleChanged { .. } => {}
+                MetadataOutput::RoleChanged { .. } | MetadataOutput::AssignmentProposed { .. } => {}
             }
         }
         for (to, message) in outbox.drain() {

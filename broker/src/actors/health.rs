@@ -2,12 +2,13 @@
 //!
 //! Receives every `ClusterStateCommitted` from the metadata actor (role + committed state) and
 //! [`PeersChanged`] when a peer's availability changes, and reads peer availability from the
-//! [`PeerHub`]. On the **active leader** only, it computes `plan_primary_assignment(state,
-//! available)` — the pure decision in `bmq_metadata` — and proposes the resulting
-//! `PartitionPrimaryAdvisory` (lease + 1 for each moved partition) through the metadata actor:
-//! at once on each commit and each availability change (a primary's loss is acted on without
-//! waiting for a timer), and every `CHECK_PERIOD` as a fallback. One proposal is in
-//! flight at a time; it is considered settled at the next commit, or retried after
+//! [`PeerHub`]. On the **active leader** only, it asks [`bmq_metadata::plan_primaries`] (the
+//! pure decision: which partitions need a new primary, which node gets each, whether to
+//! rebalance) with the nodes that are available and those still draining, and proposes the
+//! resulting `PartitionPrimaryAdvisory` (lease + 1 for each moved partition) through the
+//! metadata actor: at once on each commit and each availability change (a primary's loss is
+//! acted on without waiting for a timer), and every `CHECK_PERIOD` as a fallback. One proposal
+//! is in flight at a time; it is considered settled at the next commit, or retried after
 //! `PROPOSAL_TIMEOUT`.
 //!
 //! A node that announces it is stopping (`NodeStopping`, from its `NodeStatusAdvisory
@@ -17,19 +18,19 @@
 //! them to nodes that are up and not stopping, while it still runs and serves as a replica
 //! during the new primaries' healing (graceful stop, DESIGN.md §7).
 //!
-//! When every partition has a live, healed (ACTIVE) primary, primaries are rebalanced
-//! gradually ([`bmq_metadata::plan_rebalance`]): one partition at a time moves from the node with the most
-//! primaries to the one with the fewest, and only while they differ by two or more — a node
-//! that returns gets its share back without a burst of moves, and a balanced cluster never
-//! moves a primary. Safe because the journals are replicated: the new primary heals from a
-//! quorum before serving.
+//! When every partition has a live, healed (ACTIVE) primary, the plan rebalances primaries
+//! gradually ([`bmq_metadata::plan_rebalance`]): one partition at a time moves from the node
+//! with the most primaries to the one with the fewest, and only while they differ by two or
+//! more — a node that returns gets its share back without a burst of moves, and a balanced
+//! cluster never moves a primary. Safe because the journals are replicated: the new primary
+//! heals from a quorum before serving.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
-use bmq_metadata::{plan_primary_assignment, plan_rebalance, ClusterState, MetadataRole};
+use bmq_metadata::{plan_primaries, ClusterState, MetadataRole};
 use bmq_proto::peer::{
     advisory::Kind as AdvisoryKind, Advisory, PartitionPrimaryAdvisory, PrimaryStatusAdvisory,
 };
@@ -139,6 +140,8 @@ impl HealthActor {
         available
     }
 
+    /// On the active leader, with no proposal in flight: proposes what
+    /// [`plan_primaries`] decides, if anything.
     fn check(&mut self, ctx: &mut Context<Self>) {
         if !self.active_leader {
             return;
@@ -157,35 +160,9 @@ impl HealthActor {
             .filter(|(_, drained)| !**drained)
             .map(|(n, _)| *n)
             .collect();
-        let plan: Vec<_> = plan_primary_assignment(&self.state, &available)
-            .into_iter()
-            .map(|mut p| {
-                // A new primary is passive until it has healed and says so (PrimaryActive).
-                p.status = bmq_proto::peer::PrimaryStatus::Passive as i32;
-                p
-            })
-            .filter(|p| {
-                // Only partitions without a live primary, and not those of a node still
-                // draining (see the module doc).
-                self.state
-                    .partitions
-                    .get(&bmq_proto::PartitionId(p.partition_id))
-                    .is_none_or(|cur| {
-                        cur.primary
-                            .is_none_or(|n| !available.contains(&n) && !draining.contains(&n))
-                    })
-            })
-            .collect();
-        let plan = if plan.is_empty() {
-            match plan_rebalance(&self.state, &available) {
-                Some(step) => vec![step],
-                None => {
-                    self.in_flight_since = None;
-                    return;
-                }
-            }
-        } else {
-            plan
+        let Some(plan) = plan_primaries(&self.state, &available, &draining) else {
+            self.in_flight_since = None;
+            return;
         };
         for p in &plan {
             info!(

@@ -28,9 +28,9 @@
 //!   [`GetMetadataStatus`] (admin `/status`), [`SetMetadataQuorum`] (admin).
 //! - **Sends**: [`MetadataOutbound`] to the transport (`to: None` = every peer);
 //!   [`ClusterStateCommitted`] to subscribers after each commit, role change or ledger reset;
-//!   each queue assignment written to the ledger before its commit to the
-//!   [`ProposalWatcher`]s (the router: an open goes to the proposed partition's primary while
-//!   the commit is under way).
+//!   each queue assignment the core reports proposed (`MetadataOutput::AssignmentProposed`,
+//!   right after its record is written, before its commit) to the [`ProposalWatcher`]s (the
+//!   router: an open goes to the proposed partition's primary while the commit is under way).
 //! - **Timers**: a single timer, re-armed after every input from the core's `poll_timeout`.
 //! - **Failure**: a ledger write or fsync error is logged (with why it is fatal) and stops the
 //!   actor and the system with exit code 1 (never retry an fsync): the core is not told
@@ -441,14 +441,7 @@ impl MetadataActor {
                         return false;
                     }
                     self.written = Some(lsn);
-                    if let LedgerRecord::Update { advisory, .. } = &record {
-                        if let Some(peer::advisory::Kind::QueueAssignment(a)) = &advisory.kind {
-                            for q in &a.queues {
-                                for w in &self.proposal_watchers {
-                                    w.assignment_proposed(&q.uri, PartitionId(q.partition_id));
-                                }
-                            }
-                        }
+                    if matches!(record, LedgerRecord::Update { .. }) {
                         self.advisory_unsynced = true;
                         // Commit latency covers every advisory this node stamps as leader
                         // (proposals from the health actor, queue assignments, the leader's
@@ -492,6 +485,11 @@ impl MetadataActor {
                             .record(at.elapsed().as_secs_f64());
                     }
                     self.changed = true;
+                }
+                MetadataOutput::AssignmentProposed { uri, partition } => {
+                    for w in &self.proposal_watchers {
+                        w.assignment_proposed(&uri, partition);
+                    }
                 }
                 MetadataOutput::RoleChanged { status } => {
                     debug!(role = ?status.role, term = %status.term, "metadata role changed");
