@@ -21,8 +21,8 @@
 #
 #   metadata     tests/tests/metadata_sim.rs — real MetadataCores and real ledgers on a
 #                simulated network and disk (loss, duplication, delay, isolation, crashes with
-#                torn writes, power losses), every invariant checked after every event, then a
-#                liveness phase. CI runs 40 seeds for 3 nodes and 20 for 5.
+#                torn writes, power losses, failing fsyncs), every invariant checked after
+#                every event, then a liveness phase. CI runs 40 seeds for 3 nodes and 20 for 5.
 #     --seeds     seeds for 3 nodes; 5 nodes run half as many (default 5000)
 #     --start     first seed (default 0)
 #

@@ -5,11 +5,14 @@
 //!   out, [`Elector::poll_timeout`] for the next deadline.
 //! - [`ElectorConfig`] (`config.rs`): timings and quorum, validated at start-up.
 //! - [`ElectorState`], [`TransitionReason`], [`ElectorStatus`] (`state.rs`): what is published.
-//! - [`TermStore`] (`term_store.rs`): the fsynced term file.
+//! - [`TermStore`] (`term_store.rs`): the fsynced term file, on the storage floor's file
+//!   layer (`bmq_storage::disk`: the operating system's files, or the simulators' disk); a
+//!   failed write or fsync fails it for good.
 //! - [`successor_wait_bounds`] (`successor.rs`): after a leader's loss, the survivors scout in
 //!   node-id order, each within its own window.
 //!
-//! The crate is pure: no actix, no tokio, no socket, no clock. The node's actor that executes
+//! The crate is pure: no actix, no tokio, no socket, no clock, and no file of its own (the term
+//! file goes through the storage floor's `Disk`, DESIGN.md §2). The node's actor that executes
 //! the outputs lives in `bmq-broker` (`actors/elector.rs`).
 #![warn(missing_docs)]
 

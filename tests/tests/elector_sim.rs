@@ -4,20 +4,39 @@
 //! isolation, pair cuts (A cannot reach B while both reach the others) and one-way cuts;
 //! crashes and restarts that keep only the persisted term.
 //!
+//! - **Disk**: each node's real [`TermStore`] on its own simulated disk (`SimDisk`, the storage
+//!   floor's, in memory). A term write is issued at `PersistTerm` and runs (temp file, fsync,
+//!   rename, directory fsync) when its simulated fsync latency has passed; only when it
+//!   returns `Ok` is the core told `on_term_persisted`. A crash is a power loss of the node's
+//!   disk (what no fsync made durable is lost; torn one time in two when anything is
+//!   unsynced), and a write in flight dies with the process; the restarted node reopens the
+//!   real store on that disk.
+//! - **Disk faults** (their own RNG, so the other choices of a seed stay the same): in half
+//!   the random runs, once or twice, the next one or two fsyncs of a live node's disk fail
+//!   with EIO. The node must stop at the failed fsync (the store refuses everything after it;
+//!   the core is never told the term persisted, so it neither votes nor campaigns in it),
+//!   which the simulator plays as a power loss of that node's disk and a restart 50-300 ms
+//!   later. Any other storage failure is a defect and fails the run.
+//!
 //! Shape (after quinn's `tests/util.rs`, raft-rs's `harness/src/network.rs` and openraft's
 //! `tests-turmoil`): a safety phase with faults, then a liveness phase without. Invariants are
 //! checked after every step:
 //! - **election safety**: at most one leader per term, over the whole run (Raft §5.2);
 //! - **monotonic terms**: within one incarnation a node's term never decreases; its durable term
-//!   never decreases; a restarted node comes back with a term at least as high as every term it
-//!   voted or proposed in (only an *unpersisted* adoption may be forgotten, by design);
-//! - **single vote**: a node sends `ElectionResponse` for term T to at most one node that is not
-//!   yet leader of T (across restarts); a response to the already elected leader of T is a
-//!   follow acknowledgment (DESIGN.md §4, "unsolicited ElectionResponse"), not a vote;
+//!   never decreases; a restarted node reads back from its disk at least the last term it had
+//!   reported persisted to its core, so at least every term it voted or proposed in (only an
+//!   *unpersisted* adoption may be forgotten, by design);
+//! - **single vote**: a node votes in term T for at most one node, across restarts, power
+//!   losses and failed fsyncs — its `ElectionResponse`s for T to nodes not yet leader of T,
+//!   and its own candidacy in T (a candidate votes for itself); a response to the already
+//!   elected leader of T is a follow acknowledgment (DESIGN.md §4, "unsolicited
+//!   ElectionResponse"), not a vote;
 //! - **persist before vote**: a vote or a candidacy for term T only happens with T on disk.
 //!
-//! The liveness phase heals everything, restarts every crashed node and turns message faults
-//! off; exactly one leader, followed by every node, must appear within [`liveness_bound`].
+//! The liveness phase heals everything, restarts every crashed node and turns message and disk
+//! faults off; exactly one leader, followed by every node, must appear within
+//! [`liveness_bound`]. The CI seeds as a whole must have stopped nodes on failed fsyncs (else
+//! the disk faults were not exercised).
 //!
 //! A failing run prints its seed and the command that replays it:
 //! `BMQ_SIM_SEED=<seed> cargo test -p bmq-tests --test elector_sim -- replay --nocapture`.
@@ -27,9 +46,12 @@
 //! switched off ([`Elector::set_election_scouting`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bmq_elector::{Elector, ElectorConfig, ElectorOutput, ElectorState, ElectorStatus};
+use bmq_elector::{Elector, ElectorConfig, ElectorOutput, ElectorState, ElectorStatus, TermStore};
+use bmq_metadata::disk::{Faults, SimDisk};
 use bmq_proto::peer::elector_message::Kind;
 use bmq_proto::peer::ElectorMessage;
 use bmq_proto::{NodeId, Term};
@@ -51,6 +73,10 @@ const CALM_DELAY_MAX_MS: u64 = 5;
 /// Election rounds (random wait + scouting + election) that the liveness bound allows for
 /// contention: two nodes that scout together may both fail and retry.
 const LIVENESS_ROUNDS: u32 = 6;
+/// The term store's directory on each node's disk.
+const TERM_DIR: &str = "/elector";
+/// Mixed into the seed for the disk faults' own RNG.
+const DISK_FAULT_SEED: u64 = 0xd15c_fa17;
 
 /// `BMQ_SIM_TRACE=1` prints every state change, fault and crash of a run (use with `replay`).
 fn trace() -> bool {
@@ -106,13 +132,22 @@ enum Event {
     Restart {
         node: NodeId,
     },
+    /// The next one or two fsyncs of a live node's disk fail.
+    FailFsyncs,
 }
 
 struct Node {
     /// `None` while crashed.
     core: Option<Elector>,
-    /// The term on disk: what survives a crash.
+    /// The node's disk: a crash is a power loss of it.
+    disk: SimDisk,
+    /// The real term store on `disk`; `None` while crashed.
+    store: Option<TermStore>,
+    /// The last term reported persisted to the core (`on_term_persisted`), or read back from
+    /// the disk at a restart: what must survive a crash.
     durable: Term,
+    /// Failed fsyncs of its disk already played as a stop.
+    fsync_failures_seen: u64,
     incarnation: u64,
     /// Last term published by the current incarnation.
     term: Term,
@@ -140,6 +175,11 @@ struct Sim {
     events: BTreeMap<(Instant, u64), Event>,
     seq: u64,
     rng: ChaCha8Rng,
+    /// The disk faults' own stream (which node, when, how many fsyncs, the stop's power loss
+    /// and restart), so that every other draw of a seed stays as it was.
+    disk_rng: ChaCha8Rng,
+    /// Disk faults may be injected (off in the liveness phase).
+    disk_faults: bool,
     faults: MessageFaults,
     /// Directed links that drop everything: `(from, to)`.
     blocked: BTreeSet<(NodeId, NodeId)>,
@@ -152,6 +192,8 @@ struct Sim {
     votes: BTreeMap<(NodeId, Term), NodeId>,
     messages_sent: u64,
     crashes: u64,
+    /// Nodes stopped by a failed fsync.
+    fsync_stops: u64,
 }
 
 impl Sim {
@@ -169,6 +211,8 @@ impl Sim {
             events: BTreeMap::new(),
             seq: 0,
             rng: ChaCha8Rng::seed_from_u64(seed),
+            disk_rng: ChaCha8Rng::seed_from_u64(seed ^ DISK_FAULT_SEED),
+            disk_faults: false,
             faults: CALM,
             blocked: BTreeSet::new(),
             steps: 0,
@@ -177,11 +221,15 @@ impl Sim {
             votes: BTreeMap::new(),
             messages_sent: 0,
             crashes: 0,
+            fsync_stops: 0,
         };
         for id in ids {
             let node = Node {
                 core: None,
+                disk: SimDisk::new(),
+                store: None,
                 durable: Term(0),
+                fsync_failures_seen: 0,
                 incarnation: 0,
                 term: Term(0),
                 status: None,
@@ -209,12 +257,41 @@ impl Sim {
         );
     }
 
-    /// Starts a fresh core for `id` from its durable term (first start or restart).
+    /// In half the runs, once or twice during the safety phase, the next fsyncs of a live
+    /// node's disk fail (drawn from the disk faults' own RNG).
+    fn schedule_disk_faults(&mut self) {
+        self.disk_faults = true;
+        let times = [0, 0, 1, 2][self.disk_rng.gen_range(0..4)];
+        for _ in 0..times {
+            let at = self
+                .disk_rng
+                .gen_range(100..SAFETY_PHASE.as_millis() as u64);
+            self.schedule(Duration::from_millis(at), Event::FailFsyncs);
+        }
+    }
+
+    /// Starts a fresh core for `id` from the term its store reads back from its disk (first
+    /// start or restart).
     fn boot(&mut self, id: NodeId) {
         let peers: Vec<NodeId> = self.ids.iter().copied().filter(|p| *p != id).collect();
         let rng_seed = self.rng.gen();
         let now = self.now;
+        let disk = Arc::new(self.nodes[&id].disk.clone());
+        let (store, on_disk) = match TermStore::open_on(disk, Path::new(TERM_DIR)) {
+            Ok(opened) => opened,
+            Err(e) => {
+                return self.storage_failed(id, format!("{id} cannot open its term store: {e}"))
+            }
+        };
         let node = self.nodes.get_mut(&id).unwrap();
+        if on_disk < node.durable {
+            let what = format!(
+                "{id} restarts with term {on_disk} on disk below term {} it had persisted",
+                node.durable
+            );
+            self.fail(what);
+        }
+        node.durable = on_disk;
         if node.durable < node.committed {
             let what = format!(
                 "{id} restarts with term {} below term {} it voted or proposed in",
@@ -222,6 +299,7 @@ impl Sim {
             );
             self.fail(what);
         }
+        node.store = Some(store);
         let mut core = Elector::new(id, &peers, self.config.clone(), node.durable, rng_seed);
         core.set_election_scouting(self.scouting);
         core.start(now);
@@ -241,16 +319,65 @@ impl Sim {
         if trace() {
             println!("{:>10?} {id} crashes for {down_for:?}", self.elapsed());
         }
-        let node = self.nodes.get_mut(&id).unwrap();
-        if node.core.take().is_none() {
+        if !self.go_down(id) {
             return;
         }
-        node.status = None;
         self.crashes += 1;
+        self.power_loss(id, None);
+        self.schedule(down_for, Event::Restart { node: id });
+    }
+
+    /// Stops `id`'s process (its core and its store); false when it was down already.
+    fn go_down(&mut self, id: NodeId) -> bool {
+        let node = self.nodes.get_mut(&id).unwrap();
+        node.store = None;
+        if node.core.take().is_none() {
+            return false;
+        }
+        node.status = None;
         let peers: Vec<NodeId> = self.ids.iter().copied().filter(|p| *p != id).collect();
         for p in peers {
             self.schedule_reconcile(p, id);
         }
+        true
+    }
+
+    /// A power loss of `id`'s disk: what no fsync made durable is lost; torn (`torn`, or one
+    /// time in two from the main RNG, drawn only when anything is unsynced so that a run
+    /// without disk faults draws as before) it keeps some of it, in order, the last write cut
+    /// anywhere.
+    fn power_loss(&mut self, id: NodeId, torn: Option<bool>) {
+        let rng = &mut self.rng;
+        let mut torn = torn;
+        self.nodes[&id].disk.power_loss(|sizes| {
+            if sizes.is_empty() || !*torn.get_or_insert_with(|| rng.gen_bool(0.5)) {
+                return (0, None);
+            }
+            let kept = rng.gen_range(0..=sizes.len());
+            let cut = (kept > 0).then(|| rng.gen_range(0..=sizes[kept - 1]));
+            (kept, cut)
+        });
+    }
+
+    /// `id`'s term store failed (`why`). After a failed fsync (one the simulation made fail)
+    /// the node stops, as the elector actor does, and its machine restarts: what was not
+    /// durable is lost. Any other storage failure is a defect.
+    fn storage_failed(&mut self, id: NodeId, why: String) {
+        let (_, failed) = self.nodes[&id].disk.fsync_counts();
+        if failed == self.nodes[&id].fsync_failures_seen {
+            self.fail(why);
+        }
+        if trace() {
+            println!("{:>10?} {id} stops: {why}", self.elapsed());
+        }
+        let node = self.nodes.get_mut(&id).unwrap();
+        node.fsync_failures_seen = failed;
+        node.disk.set_faults(Faults::default());
+        self.fsync_stops += 1;
+        self.go_down(id);
+        let torn = self.disk_rng.gen_bool(0.5);
+        self.power_loss(id, Some(torn));
+        let down_for = Duration::from_millis(self.disk_rng.gen_range(50..=300));
         self.schedule(down_for, Event::Restart { node: id });
     }
 
@@ -444,6 +571,14 @@ impl Sim {
                 self.fail(what);
             }
             node.committed = node.committed.max(status.term);
+            // A candidate votes for itself: that is its one vote of the term.
+            let first = *self.votes.entry((id, status.term)).or_insert(id);
+            if first != id {
+                self.fail(format!(
+                    "{id} is candidate in term {} after supporting {first} in it",
+                    status.term
+                ));
+            }
         }
         let was_leader = node.status.as_ref().is_some_and(|s| s.is_leader());
         node.status = Some(status.clone());
@@ -526,6 +661,10 @@ impl Sim {
                     let what = format!("durable term of {node} went back");
                     self.fail(what);
                 }
+                let store = slot.store.as_mut().expect("a live node has its store");
+                if let Err(e) = store.persist(term) {
+                    return self.storage_failed(node, format!("{node} term {term} write: {e}"));
+                }
                 slot.durable = term;
                 slot.core.as_mut().unwrap().on_term_persisted(now, term);
             }
@@ -542,6 +681,28 @@ impl Sim {
             Event::Restart { node } => {
                 if !self.is_up(node) {
                     self.boot(node);
+                }
+            }
+            Event::FailFsyncs => {
+                let up: Vec<NodeId> = self
+                    .ids
+                    .iter()
+                    .copied()
+                    .filter(|&i| self.is_up(i))
+                    .collect();
+                if self.disk_faults && !up.is_empty() {
+                    let id = up[self.disk_rng.gen_range(0..up.len())];
+                    let fsyncs_failing = self.disk_rng.gen_range(1..=2);
+                    if trace() {
+                        println!(
+                            "{:>10?} {id}: the next {fsyncs_failing} fsyncs fail",
+                            self.elapsed()
+                        );
+                    }
+                    self.nodes[&id].disk.set_faults(Faults {
+                        fsyncs_failing,
+                        ..Faults::default()
+                    });
                 }
             }
         }
@@ -649,6 +810,7 @@ struct RunStats {
     messages: u64,
     max_term: u64,
     time_to_leader: Duration,
+    fsync_stops: u64,
 }
 
 /// One seed: cluster size from the seed (3, 4 or 5), a safety phase with a random fault
@@ -659,6 +821,7 @@ fn run_seed(seed: u64) -> RunStats {
     let config = ElectorConfig::default();
     let bound = liveness_bound(&config);
     let mut sim = Sim::new(size, seed, config, true);
+    sim.schedule_disk_faults();
     let end = sim.base + SAFETY_PHASE;
     while sim.now < end {
         let wait = Duration::from_millis(sim.rng.gen_range(50..=1500));
@@ -669,6 +832,10 @@ fn run_seed(seed: u64) -> RunStats {
 
     // Liveness: faults off, every node back.
     sim.faults = CALM;
+    sim.disk_faults = false;
+    for node in sim.nodes.values() {
+        node.disk.set_faults(Faults::default());
+    }
     sim.heal();
     for id in sim.ids.clone() {
         if !sim.is_up(id) {
@@ -699,6 +866,7 @@ fn run_seed(seed: u64) -> RunStats {
         messages: sim.messages_sent,
         max_term: term.0,
         time_to_leader: took,
+        fsync_stops: sim.fsync_stops,
     }
 }
 
@@ -763,9 +931,11 @@ fn seeds_from_env() -> (u64, u64) {
 fn run_seeds(start: u64, count: u64) {
     let mut per_size: BTreeMap<u32, (u64, u64, usize, u64, Duration)> = BTreeMap::new();
     let mut steps = 0;
+    let mut fsync_stops = 0;
     for seed in start..start + count {
         let stats = run_seed(seed);
         steps += stats.steps;
+        fsync_stops += stats.fsync_stops;
         let e = per_size.entry(stats.nodes).or_default();
         e.0 += 1;
         e.1 += stats.crashes;
@@ -775,8 +945,13 @@ fn run_seeds(start: u64, count: u64) {
         assert!(stats.max_term >= 1);
     }
     println!(
-        "elector_sim: seeds {start}..{} passed, {steps} steps",
+        "elector_sim: seeds {start}..{} passed, {steps} steps, {fsync_stops} stops on a failed \
+         fsync",
         start + count
+    );
+    assert!(
+        count < 20 || fsync_stops > 0,
+        "the runs stopped nodes on failed fsyncs"
     );
     for (size, (runs, crashes, elections, messages, worst)) in per_size {
         println!(

@@ -1,15 +1,26 @@
 //! Deterministic simulator of the metadata cores over a simulated network and a simulated disk
 //! (DESIGN.md §5 and §10.2). One seed drives every random choice.
 //!
-//! - **Nodes**: 3 or 5 real [`MetadataCore`]s, each writing to a real [`Ledger`] in its own
-//!   temporary directory.
-//! - **Disk**: writes reach the file at once but count as durable only when a simulated sync
-//!   completes (0-30 ms later); only then is the core told `on_persisted`, so acks and commits
-//!   wait for durability exactly as in the actor. A crash cuts the file back to its last synced
-//!   length, or (torn write) to a random length between that and its current length, possibly
-//!   in the middle of a record; the restarted node reopens the real ledger, which truncates a
-//!   torn tail. `ResetLedger` uses the ledger's own atomic rewrite and counts as synced; the
-//!   ledgers roll over every [`LEDGER_FILE_MAX`] bytes (the new file is durable once written).
+//! - **Nodes**: 3 or 5 real [`MetadataCore`]s, each writing to a real [`Ledger`] on its own
+//!   simulated disk ([`SimDisk`], in memory, the storage floor's), opened with
+//!   [`Ledger::open_on`], with fsyncs ([`FsyncPolicy::EveryRecord`]).
+//! - **Disk**: records go to the ledger's buffer as the core asks for them; a simulated group
+//!   commit 0-30 ms later runs the ledger's own [`Ledger::sync`] (write, fsync, and a due
+//!   rollover's snapshot and switch or a reset's new file, each with its fsyncs and directory
+//!   fsyncs); only when it returns `Ok` is the core told `on_persisted`, so acks, votes and
+//!   commits wait for durability exactly as in the actor. A crash is a power loss of the node's
+//!   disk: every file goes back to its last fsync or (torn, one crash in two) keeps a random
+//!   prefix of the writes since, the last one cut anywhere (possibly inside a record), and
+//!   every directory goes back to its entries as of its last fsync; the restarted node
+//!   reopens the real ledger on that disk, which truncates a torn tail and removes the
+//!   leftovers of an interrupted rollover or reset. `ResetLedger` is written and synced at
+//!   once (the ledger's atomic rewrite); the ledgers roll over every [`LEDGER_FILE_MAX`] bytes.
+//! - **Disk faults** (their own RNG, so the other choices of a seed stay the same): in half
+//!   the runs, once or twice, the next one or two fsyncs of a live node's disk fail with EIO.
+//!   The node must stop at the failed fsync (the ledger refuses everything after it, and the
+//!   core is never told `on_persisted` for what it covered; STYLE.md: never retry an fsync),
+//!   which the simulator plays as a power loss of that node's disk (torn one time in two) and
+//!   a restart 50-300 ms later. Any other ledger failure is a defect and fails the run.
 //! - **Leadership**: a schedule with strictly increasing terms and one leader per term, chosen
 //!   among live nodes and announced to each node after a random delay (the elector's own safety
 //!   is checked by `elector_sim.rs` and `elector_model.rs`; here it is an input).
@@ -20,33 +31,41 @@
 //!   proposed by the leader.
 //!
 //! Invariants, checked after every event: a committed LSN never changes content (across all
-//! nodes and the whole run); a node's committed LSN never goes back within one incarnation, and
-//! a restarted node recovers every record it had synced; nodes at equal committed LSN hold
-//! identical state; at most one primary per `(partition, lease)`. Then a liveness phase without
-//! faults: every node reaches the same committed state, which must equal the replay of every
-//! advisory ever committed, and a new assignment commits everywhere, within [`LIVENESS_BOUND`].
+//! nodes and the whole run); a node's committed LSN never goes back within one incarnation;
+//! nodes at equal committed LSN hold identical state; at most one primary per
+//! `(partition, lease)`. At every restart: the ledger holds everything the node had reported
+//! persisted to its core (`on_persisted`, what its acks, votes and commits rest on) — its last
+//! LSN at least as high, every commit record's committed LSN, and every UPDATE record with the
+//! same content unless the ledger's replay rules retire it (committed since, or superseded by a
+//! newer term's `LeaderAdvisory`), through crashes, torn writes, failed fsyncs, rollovers and
+//! resets. Then a liveness phase without faults: every node reaches the same committed state,
+//! which must equal the replay of every advisory ever committed, and a new assignment commits
+//! everywhere, within [`LIVENESS_BOUND`]. The runs as a whole must have rolled ledgers over
+//! and stopped nodes on failed fsyncs (else the faults were not exercised).
 //!
 //! A failing run prints its seed and the replay command:
 //! `METADATA_SIM_SEED=<seed> cargo test -p bmq-tests --test metadata_sim -- replay --nocapture`.
-//! CI runs [`CI_SEEDS`] seeds per cluster size (`METADATA_SIM_SEEDS` overrides);
-//! `scripts/soak-sim.sh metadata` runs many more.
+//! CI runs [`CI_SEEDS`] seeds with 3 nodes and half as many with 5 (`METADATA_SIM_SEEDS`
+//! overrides); `scripts/soak-sim.sh metadata` runs many more.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::fs::OpenOptions;
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bmq_metadata::disk::{Faults, SimDisk};
 use bmq_metadata::{
-    ClusterState, FsyncPolicy, Ledger, Lsn, MetadataConfig, MetadataCore, MetadataOutput,
-    MetadataRole, PeerOutbox,
+    ClusterState, FsyncPolicy, Ledger, LedgerRecord, Lsn, MetadataConfig, MetadataCore,
+    MetadataOutput, MetadataRole, PeerOutbox, Recovered,
 };
 use bmq_proto::peer::{self, advisory::Kind};
 use bmq_proto::{NodeId, PartitionId, Term};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Seeds per cluster size in CI when `METADATA_SIM_SEEDS` is not set.
+/// Seeds of the 3-node run in CI when `METADATA_SIM_SEEDS` is not set (the 5-node run takes
+/// half as many). The simulated disk grows the ledgers' length set ahead of their records: the
+/// workspace builds `bmq-storage` optimised in debug too, or that would dominate the run.
 const CI_SEEDS: u64 = 40;
 /// Simulated length of the phase with faults.
 const SAFETY_PHASE: Duration = Duration::from_secs(8);
@@ -60,6 +79,10 @@ const SYNC_MAX_MS: u64 = 30;
 /// The nodes' ledger file size (bytes): tiny, so that rollovers (a snapshot of the state, then
 /// the switch to the new file) happen throughout a run, between crashes and torn writes.
 const LEDGER_FILE_MAX: u64 = 4096;
+/// The ledger's directory on each node's disk.
+const LEDGER_DIR: &str = "/ledger";
+/// Mixed into the seed for the disk faults' own RNG.
+const DISK_FAULT_SEED: u64 = 0xd15c_fa17;
 
 #[derive(Debug)]
 enum Event {
@@ -83,20 +106,86 @@ enum Event {
         leader: Option<usize>,
     },
     Chaos,
+    /// The next one or two fsyncs of a live node's disk fail.
+    FailFsyncs,
+    /// A node stopped by a failed fsync starts again (if still down).
+    Restart {
+        node: usize,
+    },
+}
+
+/// What a node reported persisted to its core (`on_persisted`), kept as the ledger's replay
+/// keeps it (`Recovered`, ledger.rs): its ledger must hold all of it after any restart.
+#[derive(Debug, Default)]
+struct Acked {
+    /// The LSN of the last record reported persisted.
+    last: Lsn,
+    /// The highest committed LSN of a commit record (or a reset's snapshot) reported persisted.
+    committed: Lsn,
+    /// UPDATE records reported persisted above `committed`, less those a newer term's
+    /// `LeaderAdvisory` superseded (the replay drops them too).
+    updates: BTreeMap<Lsn, peer::Advisory>,
+}
+
+impl Acked {
+    /// Adds a record the node reported persisted.
+    fn record(&mut self, record: LedgerRecord) {
+        self.last = self.last.max(record.lsn());
+        match record {
+            LedgerRecord::Update { lsn, advisory } => {
+                if is_leader_advisory(&advisory) {
+                    self.updates.retain(|l, _| l.term >= lsn.term);
+                }
+                self.updates.insert(lsn, advisory);
+            }
+            LedgerRecord::Commit { committed, .. } => self.commit(committed),
+            LedgerRecord::Snapshot { lsn, .. } => self.commit(lsn),
+        }
+    }
+
+    fn commit(&mut self, committed: Lsn) {
+        self.committed = self.committed.max(committed);
+        let committed = self.committed;
+        self.updates.retain(|l, _| *l > committed);
+    }
+
+    /// What a reset the node reported persisted leaves: the snapshot at `committed` and the
+    /// `uncommitted` records after it, up to `last`.
+    fn reset(committed: Lsn, uncommitted: &[(Lsn, peer::Advisory)], last: Lsn) -> Acked {
+        let mut acked = Acked {
+            last,
+            committed,
+            updates: BTreeMap::new(),
+        };
+        for (lsn, advisory) in uncommitted {
+            acked.record(LedgerRecord::Update {
+                lsn: *lsn,
+                advisory: advisory.clone(),
+            });
+        }
+        acked
+    }
+}
+
+fn is_leader_advisory(advisory: &peer::Advisory) -> bool {
+    matches!(advisory.kind, Some(Kind::Leader(_)))
 }
 
 struct Node {
-    dir: tempfile::TempDir,
+    /// The node's disk: a crash is a power loss of it.
+    disk: SimDisk,
     core: Option<MetadataCore>,
     ledger: Option<Ledger>,
     incarnation: u64,
-    /// Length of the ledger file at the last completed sync, and that file.
-    synced: (PathBuf, u64),
     /// LSN of the last record written and not yet synced.
     unsynced_lsn: Option<Lsn>,
+    /// The records written and not yet synced, in order.
+    unsynced: Vec<LedgerRecord>,
     sync_scheduled: bool,
-    /// LSN of the last record the disk made durable.
-    synced_lsn: Lsn,
+    /// What the node reported persisted to its core, across restarts.
+    acked: Acked,
+    /// Failed fsyncs of its disk already played as a stop.
+    fsync_failures_seen: u64,
     /// Committed LSN last seen in this incarnation.
     committed_seen: Lsn,
     /// The earliest pending timer event of this incarnation, so a re-arm at the same or a
@@ -106,6 +195,9 @@ struct Node {
 
 struct Sim {
     rng: ChaCha8Rng,
+    /// The disk faults' own stream (which node, when, how many fsyncs, the stop's power loss
+    /// and restart), so that every other draw of a seed stays as it was.
+    disk_rng: ChaCha8Rng,
     seed: u64,
     now: Instant,
     start: Instant,
@@ -130,6 +222,8 @@ struct Sim {
     crashes: u64,
     /// Ledger rollovers, all nodes together.
     rollovers: u64,
+    /// Nodes stopped by a failed fsync.
+    fsync_stops: u64,
 }
 
 fn config() -> MetadataConfig {
@@ -142,22 +236,23 @@ impl Sim {
         let members: Vec<NodeId> = (1..=n as u32).map(NodeId).collect();
         let mut nodes = Vec::new();
         for _ in 0..n {
-            let dir = tempfile::tempdir().expect("tempdir");
             nodes.push(Node {
-                dir,
+                disk: SimDisk::new(),
                 core: None,
                 ledger: None,
                 incarnation: 0,
-                synced: (PathBuf::new(), 0),
                 unsynced_lsn: None,
+                unsynced: Vec::new(),
                 sync_scheduled: false,
-                synced_lsn: Lsn::ZERO,
+                acked: Acked::default(),
+                fsync_failures_seen: 0,
                 committed_seen: Lsn::ZERO,
                 timer_at: None,
             });
         }
         let mut sim = Sim {
             rng: ChaCha8Rng::seed_from_u64(seed),
+            disk_rng: ChaCha8Rng::seed_from_u64(seed ^ DISK_FAULT_SEED),
             seed,
             now: start,
             start,
@@ -177,12 +272,19 @@ impl Sim {
             queue_counter: 0,
             crashes: 0,
             rollovers: 0,
+            fsync_stops: 0,
         };
         for i in 0..n {
             sim.boot(i);
         }
         sim.new_term();
         sim.schedule(Duration::from_millis(50), Event::Chaos);
+        // One run in two has failing fsyncs, once or twice.
+        let times = [0, 0, 1, 2][sim.disk_rng.gen_range(0..4)];
+        for _ in 0..times {
+            let at = sim.disk_rng.gen_range(100..SAFETY_PHASE.as_millis() as u64);
+            sim.schedule(Duration::from_millis(at), Event::FailFsyncs);
+        }
         sim
     }
 
@@ -206,29 +308,24 @@ impl Sim {
         Duration::from_millis(self.rng.gen_range(0..=max))
     }
 
-    /// Opens node `i`'s ledger and starts a fresh core from what it recovered.
+    /// Opens node `i`'s ledger on its disk, checks that it holds what the node had reported
+    /// persisted, and starts a fresh core from what it recovered.
     fn boot(&mut self, i: usize) {
-        let node = &mut self.nodes[i];
-        let (mut ledger, recovered) = Ledger::open(node.dir.path(), FsyncPolicy::Never, PARTITIONS)
-            .unwrap_or_else(|e| {
-                panic!(
-                    "seed {}: node {} cannot reopen its ledger: {e}",
-                    self.seed,
-                    i + 1
-                )
-            });
-        if recovered.last_lsn < node.synced_lsn {
-            let (last, synced) = (recovered.last_lsn, node.synced_lsn);
-            self.fail(format!(
-                "node {} recovered up to {last} but had synced {synced}",
-                i + 1
-            ));
-        }
+        let disk = Arc::new(self.nodes[i].disk.clone());
+        let (mut ledger, recovered) =
+            match Ledger::open_on(disk, LEDGER_DIR, FsyncPolicy::EveryRecord, PARTITIONS) {
+                Ok(opened) => opened,
+                Err(e) => {
+                    let why = format!("node {} cannot reopen its ledger: {e}", i + 1);
+                    return self.ledger_failed(i, why);
+                }
+            };
+        self.check_recovered_what_it_acked(i, &recovered);
         ledger.set_max_file_size(LEDGER_FILE_MAX);
         let node = &mut self.nodes[i];
-        node.synced = (ledger.file_path(), ledger.file_size());
         node.incarnation += 1;
         node.unsynced_lsn = None;
+        node.unsynced.clear();
         node.sync_scheduled = false;
         node.committed_seen = recovered.committed_lsn;
         node.timer_at = None;
@@ -253,31 +350,99 @@ impl Sim {
         self.rearm(i);
     }
 
-    /// Crashes node `i`: unsynced writes are lost, the last one possibly torn.
-    fn crash(&mut self, i: usize) {
-        let tear = self.rng.gen_bool(0.5);
+    /// Crashes node `i` (if it is up): a power loss of its disk, torn or not.
+    fn crash(&mut self, i: usize, torn: bool) {
         let node = &mut self.nodes[i];
         if node.core.is_none() {
             return;
         }
         node.core = None;
         self.crashes += 1;
-        let ledger = node.ledger.take().expect("a live node has a ledger");
-        let (path, synced_len) = node.synced.clone();
-        let current = ledger.file_size();
-        drop(ledger);
-        let keep = if tear && current > synced_len {
-            self.rng.gen_range(synced_len..=current)
-        } else {
-            synced_len
-        };
-        let file = OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .expect("ledger file");
-        file.set_len(keep).expect("truncate");
+        if let Some(ledger) = node.ledger.take() {
+            self.rollovers += ledger.rollovers();
+        }
+        self.power_loss(i, torn);
         if self.leader == Some(i) {
             self.leader = None;
+        }
+    }
+
+    /// A power loss of node `i`'s disk: what no fsync made durable is lost; a torn one keeps
+    /// some of it, in order, the last write cut anywhere (possibly inside a record).
+    fn power_loss(&mut self, i: usize, torn: bool) {
+        let rng = &mut self.rng;
+        self.nodes[i].disk.power_loss(|sizes| {
+            if !torn || sizes.is_empty() {
+                return (0, None);
+            }
+            let kept = rng.gen_range(0..=sizes.len());
+            let cut = (kept > 0).then(|| rng.gen_range(0..=sizes[kept - 1]));
+            (kept, cut)
+        });
+    }
+
+    /// Node `i`'s ledger failed (`why`). After a failed fsync (one the simulation made fail)
+    /// the node stops, as the actor does, and its machine restarts: its page cache cannot be
+    /// trusted (a failed writeback's pages are marked clean), so what was not durable is lost.
+    /// Any other ledger failure is a defect.
+    fn ledger_failed(&mut self, i: usize, why: String) {
+        let (_, failed) = self.nodes[i].disk.fsync_counts();
+        if failed == self.nodes[i].fsync_failures_seen {
+            self.fail(why);
+        }
+        self.nodes[i].fsync_failures_seen = failed;
+        self.fsync_stops += 1;
+        self.nodes[i].disk.set_faults(Faults::default());
+        let torn = self.disk_rng.gen_bool(0.5);
+        if self.live(i) {
+            self.crash(i, torn);
+        } else {
+            // It failed while opening its ledger: the machine restarts again.
+            self.power_loss(i, torn);
+        }
+        let d = Duration::from_millis(self.disk_rng.gen_range(50..=300));
+        self.schedule(d, Event::Restart { node: i });
+    }
+
+    /// What node `i` had reported persisted to its core is in the ledger it recovered.
+    fn check_recovered_what_it_acked(&self, i: usize, recovered: &Recovered) {
+        let acked = &self.nodes[i].acked;
+        if recovered.last_lsn < acked.last {
+            self.fail(format!(
+                "node {} recovered up to {} but had reported {} persisted",
+                i + 1,
+                recovered.last_lsn,
+                acked.last
+            ));
+        }
+        if recovered.committed_lsn < acked.committed {
+            self.fail(format!(
+                "node {} recovered committed LSN {} but had persisted a commit of {}",
+                i + 1,
+                recovered.committed_lsn,
+                acked.committed
+            ));
+        }
+        // A newer term's LeaderAdvisory that survived (persisted or not) supersedes the older
+        // terms' uncommitted records in the replay.
+        let superseding = recovered
+            .uncommitted
+            .iter()
+            .filter(|(_, a)| is_leader_advisory(a))
+            .map(|(l, _)| l.term)
+            .max();
+        for (lsn, advisory) in &acked.updates {
+            if *lsn <= recovered.committed_lsn || superseding.is_some_and(|t| lsn.term < t) {
+                continue;
+            }
+            let kept = recovered.uncommitted.iter().find(|(l, _)| l == lsn);
+            if kept.map(|(_, a)| a) != Some(advisory) {
+                self.fail(format!(
+                    "node {} lost the record {lsn} it had reported persisted: {advisory:?}, \
+                     recovered {kept:?}",
+                    i + 1
+                ));
+            }
         }
     }
 
@@ -383,16 +548,13 @@ impl Sim {
                     let node = &mut self.nodes[i];
                     let lsn = record.lsn();
                     let ledger = node.ledger.as_mut().expect("ledger");
-                    ledger.append(&record).expect("ledger append");
-                    if ledger.file_path() != node.synced.0 {
-                        // A rollover ran inside the append: its new file holds every record
-                        // written so far and was fsynced before the rename, whatever the
-                        // policy, so all of them are durable.
-                        node.synced = (ledger.file_path(), ledger.file_size());
-                        node.synced_lsn = node.synced_lsn.max(lsn);
-                        self.rollovers += 1;
+                    // Only buffered (the sync writes it): fails only once the ledger failed,
+                    // and a failed ledger's node has stopped.
+                    if let Err(e) = ledger.write(&record) {
+                        self.fail(format!("node {} ledger write: {e}", i + 1));
                     }
                     node.unsynced_lsn = Some(lsn);
+                    node.unsynced.push(record);
                     if !node.sync_scheduled {
                         node.sync_scheduled = true;
                         let inc = node.incarnation;
@@ -411,19 +573,26 @@ impl Sim {
                     committed_lsn,
                     uncommitted,
                 } => {
-                    let last = uncommitted.last().map(|(l, _)| *l).unwrap_or(committed_lsn);
+                    let last = uncommitted
+                        .iter()
+                        .map(|(l, _)| *l)
+                        .fold(committed_lsn, Lsn::max);
                     let now = self.now;
                     let node = &mut self.nodes[i];
                     let ledger = node.ledger.as_mut().expect("ledger");
-                    ledger
-                        .reset_to(&state, committed_lsn, &uncommitted)
-                        .expect("ledger reset");
-                    // The rewrite (the sync's work after a reset) is atomic and durable (fsync,
-                    // rename, fsync of the directory).
-                    ledger.sync().expect("ledger reset written");
-                    node.synced = (ledger.file_path(), ledger.file_size());
-                    node.synced_lsn = last;
+                    if let Err(e) = ledger.reset_to(&state, committed_lsn, &uncommitted) {
+                        self.fail(format!("node {} ledger reset: {e}", i + 1));
+                    }
+                    // The rewrite (the sync's work after a reset) is atomic: fsync, rename,
+                    // fsync of the directory. Records still unsynced belong to the history it
+                    // replaces.
+                    if let Err(e) = ledger.sync() {
+                        // The node stops: nothing of this drive leaves it.
+                        return self.ledger_failed(i, format!("node {} reset: {e}", i + 1));
+                    }
+                    node.acked = Acked::reset(committed_lsn, &uncommitted, last);
                     node.unsynced_lsn = None;
+                    node.unsynced.clear();
                     node.core.as_mut().expect("core").on_persisted(now, last);
                 }
                 MetadataOutput::Send { to, message } => outbox.push(Some(to), message),
@@ -436,6 +605,7 @@ impl Sim {
                         self.committed.insert(lsn, advisory);
                     }
                 },
+                // Routing opens while an assignment commits is the router's, not simulated here.
                 MetadataOutput::RoleChanged { .. } | MetadataOutput::AssignmentProposed { .. } => {}
             }
         }
@@ -469,16 +639,19 @@ impl Sim {
         if self.faults {
             let roll: f64 = self.rng.gen();
             if roll < 0.02 {
-                // A power loss: every node crashes at once, keeping only what it had synced.
+                // A power loss: every node crashes at once, keeping only what it had synced
+                // (and, torn, some of what it had not).
                 for i in 0..n {
-                    self.crash(i);
+                    let torn = self.rng.gen_bool(0.5);
+                    self.crash(i, torn);
                 }
             } else if roll < 0.08 {
                 let i = self.rng.gen_range(0..n);
                 let down = (0..n).filter(|&j| !self.live(j)).count();
                 // Keep a quorum alive most of the time, but not always.
                 if self.live(i) && (down < n / 2 || self.rng.gen_bool(0.1)) {
-                    self.crash(i);
+                    let torn = self.rng.gen_bool(0.5);
+                    self.crash(i, torn);
                 }
             } else if roll < 0.20 {
                 let down: Vec<usize> = (0..n).filter(|&j| !self.live(j)).collect();
@@ -538,18 +711,26 @@ impl Sim {
                 }
             }
             Event::Synced { node, incarnation } => {
+                let now = self.now;
                 let n = &mut self.nodes[node];
-                if n.incarnation == incarnation && n.core.is_some() {
+                let stale = n.incarnation != incarnation;
+                if let (false, Some(core), Some(ledger)) =
+                    (stale, n.core.as_mut(), n.ledger.as_mut())
+                {
                     n.sync_scheduled = false;
-                    let ledger = n.ledger.as_ref().expect("ledger");
-                    n.synced = (ledger.file_path(), ledger.file_size());
                     if let Some(lsn) = n.unsynced_lsn.take() {
-                        n.synced_lsn = n.synced_lsn.max(lsn);
-                        let now = self.now;
-                        if let Some(core) = n.core.as_mut() {
-                            core.on_persisted(now, lsn);
+                        match ledger.sync() {
+                            Ok(()) => {
+                                for record in std::mem::take(&mut n.unsynced) {
+                                    n.acked.record(record);
+                                }
+                                core.on_persisted(now, lsn);
+                                self.drive(node);
+                            }
+                            Err(e) => {
+                                self.ledger_failed(node, format!("node {} sync: {e}", node + 1))
+                            }
                         }
-                        self.drive(node);
                     }
                 }
             }
@@ -586,6 +767,22 @@ impl Sim {
                 }
             }
             Event::Chaos => self.chaos(),
+            Event::FailFsyncs => {
+                let live: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.live(i)).collect();
+                if self.faults && !live.is_empty() {
+                    let i = live[self.disk_rng.gen_range(0..live.len())];
+                    let fsyncs_failing = self.disk_rng.gen_range(1..=2);
+                    self.nodes[i].disk.set_faults(Faults {
+                        fsyncs_failing,
+                        ..Faults::default()
+                    });
+                }
+            }
+            Event::Restart { node } => {
+                if !self.live(node) {
+                    self.boot(node);
+                }
+            }
         }
         self.check();
         true
@@ -682,6 +879,9 @@ impl Sim {
     fn liveness(&mut self) {
         self.faults = false;
         self.isolated = None;
+        for node in &self.nodes {
+            node.disk.set_faults(Faults::default());
+        }
         for i in 0..self.nodes.len() {
             if !self.live(i) {
                 self.boot(i);
@@ -807,19 +1007,36 @@ impl Sim {
     }
 }
 
-/// Runs one seed; returns the ledger rollovers it saw.
-fn run_seed(seed: u64, n: usize) -> u64 {
+/// What a run saw, for the checks that the faults were exercised.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Ledger rollovers, all nodes together.
+    rollovers: u64,
+    /// Nodes stopped by a failed fsync.
+    fsync_stops: u64,
+}
+
+/// Runs one seed.
+fn run_seed(seed: u64, n: usize) -> Seen {
     let mut sim = Sim::new(seed, n);
     let until = sim.now + SAFETY_PHASE;
     sim.run_until(until);
     sim.liveness();
+    let live_rollovers: u64 = sim
+        .nodes
+        .iter()
+        .filter_map(|node| node.ledger.as_ref())
+        .map(Ledger::rollovers)
+        .sum();
+    sim.rollovers += live_rollovers;
     if std::env::var_os("METADATA_SIM_TRACE").is_some() {
         eprintln!(
             "seed {seed} nodes {n}: terms {}, advisories committed {}, crashes {}, \
-             rollovers {}, queues {}",
+             fsync stops {}, rollovers {}, queues {}",
             sim.term,
             sim.committed.len(),
             sim.crashes,
+            sim.fsync_stops,
             sim.rollovers,
             sim.nodes[0]
                 .core
@@ -827,7 +1044,10 @@ fn run_seed(seed: u64, n: usize) -> u64 {
                 .map_or(0, |c| c.state().queues.len())
         );
     }
-    sim.rollovers
+    Seen {
+        rollovers: sim.rollovers,
+        fsync_stops: sim.fsync_stops,
+    }
 }
 
 fn seeds() -> u64 {
@@ -846,25 +1066,32 @@ fn start_seed() -> u64 {
 
 #[test]
 fn seeds_three_nodes() {
-    // Scenario: 3 nodes under loss, duplication, delay, isolation, crashes with torn writes
-    // and leader changes, with ledger rollovers among them, then a calm phase; every
-    // invariant after every event.
-    let mut rollovers = 0;
+    // Scenario: 3 nodes under loss, duplication, delay, isolation, power losses with torn
+    // writes, failed fsyncs and leader changes, with ledger rollovers among them, then a calm
+    // phase; every invariant after every event.
+    let mut seen = Seen::default();
     for seed in start_seed()..start_seed() + seeds() {
-        rollovers += run_seed(seed, 3);
+        let run = run_seed(seed, 3);
+        seen.rollovers += run.rollovers;
+        seen.fsync_stops += run.fsync_stops;
     }
     assert!(
-        seeds() < 5 || rollovers > 0,
-        "the runs rolled the ledgers over"
+        seeds() < 5 || (seen.rollovers > 0 && seen.fsync_stops > 0),
+        "the runs rolled the ledgers over and stopped nodes on failed fsyncs: {seen:?}"
     );
 }
 
 #[test]
 fn seeds_five_nodes() {
     // Scenario: the same with 5 nodes (quorum 3, two may be down).
+    let mut fsync_stops = 0;
     for seed in start_seed()..start_seed() + seeds() / 2 {
-        run_seed(seed, 5);
+        fsync_stops += run_seed(seed, 5).fsync_stops;
     }
+    assert!(
+        seeds() < 10 || fsync_stops > 0,
+        "the runs stopped nodes on failed fsyncs"
+    );
 }
 
 #[test]
