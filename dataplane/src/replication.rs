@@ -12,7 +12,11 @@
 //! primary lease it was written in; the leases form runs that only increase (a
 //! [`JournalShape`]). Two journals that hold the same lease at the same position hold the same
 //! records up to there (each lease has one primary, which only appends, and a replica accepts
-//! a lease's records only after that lease's primary has synchronised it). Positions up to the
+//! a lease's records only after that lease's primary has synchronised it). One primary also
+//! means one run of the process: no record of a lease leaves the primary before the first one
+//! is durable in its own journal, so a primary that restarts having lost what it wrote since
+//! (a power loss, a failed fsync) finds the lease in its journal and asks for a new one
+//! ([`Output::LeaseReused`]) instead of writing other records under it. Positions up to the
 //! store's *floor* may be absent: dead records (confirmed, removed) compacted away.
 //!
 //! **Primary, normal operation**: a PUT becomes a record, is appended to the store and
@@ -420,6 +424,35 @@ impl ReplicationCore {
     /// Per replica: the highest position it has receipted (primary only).
     pub fn replica_receipts(&self) -> Vec<(NodeId, u64)> {
         self.replicas.iter().map(|(n, p)| (*n, p.receipt)).collect()
+    }
+
+    /// The last position this primary may send to replicas. No record of its lease leaves
+    /// it before the first one is durable in its own journal: a replica can then hold a
+    /// record of the lease only if this journal holds the lease durably, so a restart that
+    /// lost everything written since (a power loss, a failed fsync) still finds the lease
+    /// and asks for another ([`Output::LeaseReused`]) instead of writing other records at
+    /// positions a replica holds under the same lease. Raft's rule of persisting the term
+    /// before acting in it; it costs one local fsync before the first records of a lease.
+    fn send_horizon(&self) -> u64 {
+        match self.store.last_run() {
+            Some((lease, first)) if lease == self.lease.0 && self.persisted < first => first - 1,
+            _ => self.store.last_sequence(),
+        }
+    }
+
+    /// Drops from a read of `records` covering positions through `covered` what lies beyond
+    /// [`ReplicationCore::send_horizon`].
+    fn within_horizon(
+        &self,
+        mut records: Vec<JournalRecord>,
+        covered: u64,
+    ) -> (Vec<JournalRecord>, u64) {
+        let horizon = self.send_horizon();
+        if covered > horizon {
+            records.retain(|r| r.sequence <= horizon);
+            return (records, horizon);
+        }
+        (records, covered)
     }
 
     /// Whether the journal holds (or held: lease runs cover compacted positions too) a
@@ -838,7 +871,7 @@ impl ReplicationCore {
             .store
             .read_from(prefix, self.cfg.batch_records_max, BATCH_BYTES_MAX, false);
         let (records, covered) = match read {
-            Ok(r) => r,
+            Ok((records, covered)) => self.within_horizon(records, covered),
             Err(e) => {
                 self.fail(e);
                 return None;
@@ -868,7 +901,7 @@ impl ReplicationCore {
             .store
             .read_from(after, self.cfg.batch_records_max, BATCH_BYTES_MAX, true);
         let (records, covered) = match read {
-            Ok(r) => r,
+            Ok((records, covered)) => self.within_horizon(records, covered),
             Err(e) => {
                 self.fail(e);
                 return None;
@@ -1429,7 +1462,9 @@ impl ReplicationCore {
         {
             return;
         }
-        let last = self.store.last_sequence();
+        // Not past the horizon: what lies beyond goes once the lease's first record is
+        // durable here (`on_persisted` pumps again).
+        let last = self.send_horizon();
         let base = self.store.base();
         let nodes: Vec<NodeId> = self.replicas.keys().copied().collect();
         // The frames last read (after which position, and what they cover through): the next
@@ -1492,9 +1527,11 @@ impl ReplicationCore {
                         Some((frames.clone(), *covered))
                     }
                     _ => {
+                        // Positions at or above the floor are contiguous: a count keeps the
+                        // read within `last`.
                         let read = self.store.read_frames_from(
                             next - 1,
-                            self.cfg.batch_records_max,
+                            self.cfg.batch_records_max.min((last - (next - 1)) as usize),
                             BATCH_BYTES_MAX,
                         );
                         if let Some((frames, covered)) = &read {
@@ -1508,7 +1545,7 @@ impl ReplicationCore {
                     None => {
                         let read = self.store.read_from(
                             next - 1,
-                            self.cfg.batch_records_max,
+                            self.cfg.batch_records_max.min((last - (next - 1)) as usize),
                             BATCH_BYTES_MAX,
                             false,
                         );

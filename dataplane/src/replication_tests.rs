@@ -285,11 +285,12 @@ fn strong_put_is_acked_at_quorum_receipt() {
             framed_records: encode_frames(std::slice::from_ref(&rec1)),
         })),
     };
-    assert_eq!(drain(&mut core), vec![replicate(2), replicate(3)]);
+    // The lease's first record leaves only once it is durable here (`send_horizon`).
+    assert_eq!(drain(&mut core), vec![]);
     assert!(core.needs_sync());
     assert_eq!(records(&core), vec![rec1.clone()]);
     core.sync(now).unwrap();
-    assert_eq!(drain(&mut core), vec![]);
+    assert_eq!(drain(&mut core), vec![replicate(2), replicate(3)]);
     core.handle_message(now, NodeId(2), receipt(1, 1));
     assert_eq!(
         drain(&mut core),
@@ -334,6 +335,8 @@ fn replica_receipts_only_after_its_fsync_ticket_completes() {
             true,
             0,
         );
+        // The lease's first record leaves the primary once durable there.
+        cores[0].sync(now).unwrap();
         for o in drain(&mut cores[0]) {
             if let Output::Send { to, message } = o {
                 if to == NodeId(2) {
@@ -383,7 +386,7 @@ fn eventual_put_is_acked_once_the_primary_holds_it() {
     drain(&mut core);
     core.sync(now).unwrap();
     assert_eq!(
-        drain(&mut core),
+        acks(drain(&mut core)),
         vec![Output::Ack {
             producer: producer(),
             uri: "bmq://d/q".into(),
@@ -431,7 +434,7 @@ fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
         uri: "bmq://d/q".into(),
         guid: guid(1),
     };
-    let outs = drain(&mut core);
+    let outs = acks(drain(&mut core));
     assert_eq!(outs[..2], [ack(producer()), ack(other)]);
     resend(&mut core, producer());
     assert_eq!(drain(&mut core), vec![ack(producer())]);
@@ -590,6 +593,8 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
         true,
         0,
     );
+    // Durable here first: no record of lease 2 leaves before that (`send_horizon`).
+    primary.sync(now).unwrap();
     drain(&mut primary);
     primary.handle_message(
         now,
@@ -1353,4 +1358,62 @@ fn an_install_continues_from_its_first_chunk_not_from_the_common_prefix() {
     }
     assert!(cores[0].store().floor() > held);
     node_3_catches_up(t1 + Duration::from_secs(1), &mut cores);
+}
+
+/// The ACKs among `outputs`.
+fn acks(outputs: Vec<Output>) -> Vec<Output> {
+    outputs
+        .into_iter()
+        .filter(|o| matches!(o, Output::Ack { .. }))
+        .collect()
+}
+
+/// A primary lets no record of its lease out before the first one is durable in its own
+/// journal: a restart that lost everything since then (a power loss, a failed fsync) still
+/// finds the lease there and asks for a new one, so no replica can hold another record at a
+/// position under the same lease.
+#[test]
+fn no_record_of_a_lease_leaves_the_primary_before_its_first_is_durable_there() {
+    let now = Instant::now();
+    let mut core = active_cluster(now).remove(0);
+    for n in 1..=3 {
+        core.handle_put(
+            now,
+            producer(),
+            "bmq://d/q".into(),
+            guid(n),
+            Bytes::from_static(b"x"),
+            vec![],
+            true,
+            0,
+        );
+    }
+    let sent = |outputs: &[Output]| {
+        outputs
+            .iter()
+            .filter(|o| matches!(o, Output::Send { .. }))
+            .count()
+    };
+    assert_eq!(
+        sent(&drain(&mut core)),
+        0,
+        "nothing before the primary's fsync"
+    );
+    core.handle_timeout(now + Duration::from_secs(5));
+    assert_eq!(sent(&drain(&mut core)), 0, "no resend either");
+    core.sync(now).unwrap();
+    let outputs = drain(&mut core);
+    assert_eq!(sent(&outputs), 2, "then to both replicas: {outputs:?}");
+    // Later records of the lease stream before the primary's own fsync.
+    core.handle_put(
+        now,
+        producer(),
+        "bmq://d/q".into(),
+        guid(4),
+        Bytes::from_static(b"x"),
+        vec![],
+        true,
+        0,
+    );
+    assert_eq!(sent(&drain(&mut core)), 2);
 }

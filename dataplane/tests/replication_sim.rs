@@ -4,8 +4,11 @@
 //! clients. One seed drives every choice.
 //!
 //! - **Disk**: the store runs its `fsync = true` path. A write is seen at once but is durable
-//!   only once the node's simulated group commit runs [`Partition::sync`] (0-5 ms after the
-//!   write); a file created, renamed or removed only once its directory is fsynced. A crash
+//!   only once the fsync the node's simulated group commit hands out
+//!   ([`Partition::handle_flush`] 0-5 ms after the write, `PartitionOutput::Sync`) finishes
+//!   0-3 ms later; a file created, renamed or removed only once its directory is fsynced.
+//!   Compactions are copied 0-5 ms after the node hands them out (`PartitionOutput::Compact`),
+//!   as its compaction thread does (the older defect seeds replay inline copies). A crash
 //!   is a power loss of the node's disk: every file goes back to its last fsync, or (torn
 //!   write) keeps a random prefix of the writes since, the last one cut anywhere (possibly
 //!   inside a record), and every directory to its entries as of its last fsync; the
@@ -255,6 +258,9 @@ struct Sim {
     impostor_rng: ChaCha8Rng,
     /// The disk faults' own stream (which node, when, how many fsyncs), for the same reason.
     disk_rng: ChaCha8Rng,
+    /// Compactions copied as a node copies them, by another thread
+    /// (`PartitionOutput::Compact`), rather than inline.
+    background_compaction: bool,
     t0: Instant,
     now: Instant,
     /// Boxed: a B-tree moves its values as it inserts, and peer messages are large.
@@ -327,7 +333,11 @@ fn store_cfg() -> StoreConfig {
 const JOURNAL_DIR: &str = "/journal";
 
 impl Sim {
-    fn new(seed: u64, size: usize, traced: bool, disk_faults: bool) -> Sim {
+    fn new(seed: u64, size: usize, traced: bool, mode: Mode) -> Sim {
+        let Mode {
+            disk_faults,
+            background_compaction,
+        } = mode;
         let now = Instant::now();
         let policies = Arc::new(DomainPolicies::new([
             ("s".to_string(), policy(true)),
@@ -338,6 +348,7 @@ impl Sim {
             rng: ChaCha8Rng::seed_from_u64(seed),
             impostor_rng: ChaCha8Rng::seed_from_u64(seed ^ IMPOSTOR_SEED),
             disk_rng: ChaCha8Rng::seed_from_u64(seed ^ DISK_FAULT_SEED),
+            background_compaction,
             t0: now,
             now,
             events: BTreeMap::new(),
@@ -447,13 +458,10 @@ impl Sim {
                 n + 1
             )
         });
-        // As on a node, deleted segments are closed by another thread
-        // (`PartitionOutput::Close`). Compactions are copied inline unless
-        // `REPLICATION_SIM_BACKGROUND_COMPACTION` is set (`PartitionOutput::Compact`, as on a
-        // node): with it, five-node seed 4294967556 leaves a confirmed message outstanding on
-        // one replica (under investigation, docs/REPLICATION_VERIFICATION.md "Open").
+        // As on a node: deleted segments are closed, and compactions copied, by other threads
+        // (`PartitionOutput::Close`, `PartitionOutput::Compact`).
         store.set_defer_close(true);
-        store.set_background_compaction(background_compaction());
+        store.set_background_compaction(self.background_compaction);
         node.p = Some(Partition::new(cfg, store));
         node.durable_when_down.clear();
         node.stopping = false;
@@ -677,8 +685,13 @@ impl Sim {
                 self.schedule(d, Event::SyncDone { node: n, inc });
             }
             PartitionOutput::Close { files } => {
-                // The closer thread's work: nothing comes back.
-                let _ = files.finish();
+                // The closer thread's work: nothing comes back. A failure (a failed fsync of
+                // the directory) is logged and counted by the node, which goes on: the
+                // segments were dead, and one that comes back after a crash is removed at
+                // open.
+                if let Err(e) = files.finish() {
+                    note!(self, "node {}: deleted segments not removed: {e}", n + 1);
+                }
             }
             PartitionOutput::Compact { ticket } => {
                 // The compaction thread copies 0-5 ms later while the node goes on.
@@ -868,6 +881,12 @@ impl Sim {
             .map(|o| o.guid)
             .collect();
         drop(p);
+        // Failing fsyncs are a fault of the node's run: the machine comes back without them
+        // (one the node did not stop on, such as a deleted segment's directory entry, is
+        // counted as seen).
+        let disk = &self.nodes[n].disk;
+        disk.set_faults(Faults::default());
+        self.nodes[n].fsync_failures_seen = disk.fsync_counts().1;
         // What the disk had not made durable is lost; a torn crash keeps some of it, in
         // order, the last write cut anywhere (possibly inside a record).
         let disk = self.nodes[n].disk.clone();
@@ -1727,13 +1746,6 @@ fn trace_env() -> bool {
     std::env::var_os("REPLICATION_SIM_TRACE").is_some()
 }
 
-/// Whether compactions are copied as the node copies them, on another thread
-/// (`REPLICATION_SIM_BACKGROUND_COMPACTION` set), or inline.
-fn background_compaction() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("REPLICATION_SIM_BACKGROUND_COMPACTION").is_some())
-}
-
 /// `REPLICATION_SIM_WATCH=<guid hex>:<sequence>`, parsed.
 fn watch_env() -> Option<(u128, u64)> {
     let w = std::env::var("REPLICATION_SIM_WATCH").ok()?;
@@ -1748,20 +1760,44 @@ fn watch_env() -> Option<(u128, u64)> {
 /// The first run keeps no trace; a failing seed runs again with one (the same run: one seed
 /// drives every choice), whose panic is the one reported.
 fn run_seed(seed: u64, size: usize) -> usize {
-    run_seed_with(seed, size, true)
+    run_seed_with(seed, size, Mode::NODE)
 }
 
-/// [`run_seed`], with or without disk faults.
-fn run_seed_with(seed: u64, size: usize, disk_faults: bool) -> usize {
+/// How a run models the node.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    /// Failing fsyncs injected (in half the runs).
+    disk_faults: bool,
+    /// Compactions copied on "another thread", as on a node; else inline (as the store does
+    /// without a compaction thread, and as the simulator did when the older seeds of
+    /// [`SEEDS_THAT_FOUND_DEFECTS`] found their defects).
+    background_compaction: bool,
+}
+
+impl Mode {
+    /// As a node runs, with disk faults.
+    const NODE: Mode = Mode {
+        disk_faults: true,
+        background_compaction: true,
+    };
+    /// As the simulator ran before disk faults and background compactions.
+    const BEFORE_DISK_FAULTS: Mode = Mode {
+        disk_faults: false,
+        background_compaction: false,
+    };
+}
+
+/// [`run_seed`] in `mode`.
+fn run_seed_with(seed: u64, size: usize, mode: Mode) -> usize {
     let quiet = std::panic::catch_unwind(|| {
-        let mut sim = Sim::new(seed, size, false, disk_faults);
+        let mut sim = Sim::new(seed, size, false, mode);
         sim.run();
         sim.model.acked.len()
     });
     match quiet {
         Ok(acked) => acked,
         Err(_) => {
-            let mut sim = Sim::new(seed, size, true, disk_faults);
+            let mut sim = Sim::new(seed, size, true, mode);
             sim.run();
             panic!(
                 "seed {seed} ({size} nodes) failed without a trace and passed with one: the \
@@ -1856,6 +1892,28 @@ fn five_nodes() {
 
 /// Seeds that once found a defect, `(cluster size, seed)`: run on every test run, whatever
 /// the seed range, so the defect stays fixed. Each was found by a 1,000-seed run.
+/// Seeds that found defects with disk faults, each with the mode it was found in, run in
+/// every test run.
+const SEEDS_THAT_FOUND_DISK_DEFECTS: &[(usize, u64, Mode)] = &[
+    // A replica's rollover fsync failed, its append was rolled back over what the failed
+    // fsync had lost, and the store read the zeros left after the power loss as a record
+    // (fixed 2026-12-02: a zero length is a never-written region).
+    (
+        3,
+        3138,
+        Mode {
+            disk_faults: true,
+            background_compaction: false,
+        },
+    ),
+    // A primary whose fsync failed lost every record of its lease, restarted before the
+    // leader moved the partition and healed at the same lease: a replica kept the record
+    // it had sent before at a position now holding another, and a confirmed message stayed
+    // outstanding there (fixed 2026-12-02: no record of a lease leaves the primary before
+    // its first one is durable there).
+    (5, 4294967556, Mode::NODE),
+];
+
 const SEEDS_THAT_FOUND_DEFECTS: &[(usize, u64)] = &[
     // A healing primary skipped a segment followed by one of only markers and counted
     // receipts for records its replicas never got (fixed by f51904e).
@@ -1878,7 +1936,11 @@ const SEEDS_THAT_FOUND_DEFECTS: &[(usize, u64)] = &[
 #[test]
 fn seeds_that_found_defects() {
     for &(size, seed) in SEEDS_THAT_FOUND_DEFECTS {
-        let acked = run_seed_with(seed, size, false);
+        let acked = run_seed_with(seed, size, Mode::BEFORE_DISK_FAULTS);
+        assert!(acked > 0, "seed {seed}: no message was ACKed");
+    }
+    for &(size, seed, mode) in SEEDS_THAT_FOUND_DISK_DEFECTS {
+        let acked = run_seed_with(seed, size, mode);
         assert!(acked > 0, "seed {seed}: no message was ACKed");
     }
 }

@@ -2192,6 +2192,11 @@ impl Store {
         self.runs.last().map_or(0, |(lease, _)| *lease)
     }
 
+    /// The last lease run, `(lease, first sequence written under it)`; `None` when empty.
+    pub fn last_run(&self) -> Option<(u64, u64)> {
+        self.runs.last().copied()
+    }
+
     /// The highest settled position (see the module doc).
     pub fn base(&self) -> u64 {
         self.base
