@@ -85,7 +85,7 @@ use crate::store::{
 };
 use bmq_proto::expression::Expression;
 
-/// Old defects the replication simulator must find (issue 16), put back on purpose; compiled
+/// Old defects the replication simulator must find, put back on purpose; compiled
 /// only with the `defect-injection` feature (see `docs/REPLICATION_VERIFICATION.md`).
 #[cfg(feature = "defect-injection")]
 pub mod defects {
@@ -492,8 +492,8 @@ pub struct Partition {
     /// The queues a rise of the deliverable marks can serve, each once: those holding a
     /// message PUT above their mark, and those rebuilt by healing and not served yet. A
     /// rise visits these and no other queue, so a commit costs O(queues with messages in
-    /// flight), not O(queues) — 100,000 idle queues on a partition cut one producer's rate
-    /// from 79,000 to 10,800 msgs/s when every commit visited them all (2026-11-27).
+    /// flight), not O(queues) — idle queues on a partition slowed every producer of it when
+    /// every commit visited them all (docs/bench/JOURNAL.md, "Flat in the number of queues").
     awaiting_marks: Vec<String>,
     /// The queues each session consumes from (an open with read, until its close or the
     /// session's end): a session's end visits these, not every queue of the partition.
@@ -1254,7 +1254,7 @@ impl Partition {
     /// and reports what their queues report (consumer failures, removals). A queue left idle
     /// (nothing held, no consumer) is dropped: created again on its next open or PUT, so the
     /// primary keeps no entry for a queue that was only opened to write, or drained and left
-    /// (~0.65 KiB each, issue 18's "flat in the size of the state").
+    /// (~0.65 KiB each): its memory stays flat in the number of queues.
     fn deliver(&mut self, now: Instant, uri: &str) {
         let Some(entry) = self.queues.get_mut(uri) else {
             return;

@@ -200,7 +200,7 @@ struct Waiter {
 
 /// Producers waiting for ACKs, in sequence order: a queue, since new PUTs append at ever
 /// higher sequences and ACKs leave from the front (a `BTreeMap` of `Vec`s allocated twice per
-/// PUT, issue 18). A resent PUT waiting for an earlier record is inserted in its place.
+/// PUT). A resent PUT waiting for an earlier record is inserted in its place.
 #[derive(Debug, Default)]
 struct AckWaiters(VecDeque<(u64, Waiter)>);
 

@@ -1072,7 +1072,7 @@ fn the_duplicate_window_stays_bounded_on_replicas() {
 
 #[test]
 fn a_replica_drops_frames_that_do_not_check() {
-    // Records streamed as journal frames (issue 18) are checked frame by frame: a message with
+    // Records streamed as journal frames are checked frame by frame: a message with
     // a corrupt frame is dropped whole (nothing appended, nothing receipted; the primary
     // resends), and the intact resend is appended as received.
     let now = Instant::now();
@@ -1182,7 +1182,7 @@ fn a_primary_heals_at_a_lease_its_journal_does_not_hold_and_again_after_stepping
 
 /// ACK waiters leave in sequence order, each at its record's release; a resend waiting for an
 /// earlier record is released with it, and the same producer resending the same GUID waits
-/// once (the queue that replaced a map of lists, issue 18).
+/// once (the queue that replaced a map of lists).
 #[test]
 fn ack_waiters_leave_in_sequence_order_and_a_resend_waits_once() {
     let waiter = |session_id: u64, n: u8| Waiter {

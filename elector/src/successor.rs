@@ -21,7 +21,7 @@ use std::time::Duration;
 /// leader) and it fails only at its timeout: followers of a silent leader drop it at their own
 /// heartbeat deadlines, which differ by the spread of the last heartbeat's arrival (the
 /// failover benchmark caught a silent-leader run failing its first scouting that way with a
-/// window starting at 0: docs/bench/JOURNAL.md "Failover", 2026-11-25).
+/// window starting at 0: docs/bench/JOURNAL.md, "Failover").
 const FIRST_WINDOW_START_DIVISOR: u32 = 30;
 /// See [`FIRST_WINDOW_START_DIVISOR`].
 const FIRST_WINDOW_END_DIVISOR: u32 = 10;

@@ -28,7 +28,7 @@
 //!   committed (see [`MetadataCore::request_queue_assignment`]), so none is lost to a failover.
 //! - **Batches**: a [`peer::MetadataBatch`] is handled as its messages in order.
 //!
-//! Every step costs O(changes) in the size of the state (issue 18): the states are persistent
+//! Every step costs O(changes) in the size of the state: the states are persistent
 //! maps (see `state.rs`), commits find the quorum in O(members log members + log pending).
 //!
 //! # Why leader sync keeps the most advanced node's uncommitted advisories

@@ -2,14 +2,15 @@
 //! a removal each touch one 64-byte cache line of the table in the common case — the table
 //! under [`PositionTable`](crate::position_table), which resizes it incrementally.
 //!
-//! Why not `hashbrown` (used here until 2026-11-29): its control bytes and its slots live in
+//! Why not `hashbrown` (used here before): its control bytes and its slots live in
 //! two arrays, so a probe that reads a slot reads two cache lines far apart, a removal may
 //! leave a tombstone that the table later rebuilds itself to clear, and nothing lets a caller
 //! start the loads of many probes at once. The duplicate window pays an insert and, once full,
-//! a removal for every finished message on every node: 4-9% of the brokers' CPU per message at
-//! the maximum rate (docs/bench/JOURNAL.md, "A moderate rate's CPU is not the thread hand-offs"). Here
-//! a bucket is one cache line holding 12 slots: 12 one-byte tags (8 bits of the hash; 0 marks a free
-//! slot), a count of the entries that passed this bucket because it was full, and 12 positions.
+//! a removal for every finished message on every node: a visible share of the brokers' CPU per
+//! message at the maximum rate (docs/bench/JOURNAL.md, "A moderate rate's CPU is not the thread
+//! hand-offs"). Here a bucket is one cache line holding 12 slots: 12 one-byte tags (8 bits of
+//! the hash; 0 marks a free slot), a count of the entries that passed this bucket because it
+//! was full, and 12 positions.
 //!
 //! Collisions are resolved by linear probing over buckets: an entry goes in the first bucket
 //! from its home (chosen by the hash) with a free slot, and every full bucket it passes counts

@@ -1,5 +1,6 @@
 //! `GuidIndex`: a map from message GUIDs to small values that takes little more memory than its
-//! entries (issue 17, "Storage for months": the journal's index of outstanding messages).
+//! entries: the journal's index of outstanding messages (docs/bench/JOURNAL.md, "Storage for
+//! months").
 //!
 //! A `HashMap<u128, V>` keeps its key and value in every bucket of a table that is between
 //! 44% and 87% full, so for 1,000,000 GUIDs (2^21 buckets) with 32-byte values it takes 98 MiB,

@@ -1,14 +1,16 @@
 //! `GuidWindow`: the GUIDs of recently finished messages, for duplicate detection (the journal's
-//! index knows the outstanding ones), bounded by count and by age (issue 17: 16 bytes per GUID
-//! in the ring plus 7 to 14 in the table, where a `HashSet` beside the ring took about 52).
+//! index knows the outstanding ones), bounded by count and by age (16 bytes per GUID in the
+//! ring plus 7 to 14 in the table, where a `HashSet` beside the ring took about 52;
+//! docs/bench/JOURNAL.md, "Storage for months").
 //!
 //! The GUIDs are kept once, in insertion order, in a ring ([`ChunkedRing`]: growing never
-//! copies what it holds, which a `VecDeque` did, 8 MiB in one insert at 524,288 GUIDs); the hash table holds
-//! only each GUID's 4-byte position in the ring (a [`PositionTable`] of one-cache-line buckets,
-//! hashing the GUID the position points at, with foldhash's keyed `quality::RandomState`: GUIDs
-//! are chosen by producers). Every node inserts every finished message and, once the window is
-//! full, forgets one for each: [`GuidWindow::insert_all`] and [`GuidWindow::expire`] work on
-//! groups of GUIDs whose buckets are loaded together, so their cache misses overlap.
+//! copies what it holds, which a `VecDeque` did, 8 MiB in one insert at 524,288 GUIDs); the
+//! hash table holds only each GUID's 4-byte position in the ring (a [`PositionTable`] of
+//! one-cache-line buckets, hashing the GUID the position points at, with foldhash's keyed
+//! `quality::RandomState`: GUIDs are chosen by producers). Every node inserts every finished
+//! message and, once the window is full, forgets one for each: [`GuidWindow::insert_all`] and
+//! [`GuidWindow::expire`] work on groups of GUIDs whose buckets are loaded together, so their
+//! cache misses overlap.
 //! GUIDs leave from the front, oldest first, so positions are a counter: the ring's front has
 //! position `popped`, and a position is stored modulo 2^32 (the ring never holds 2^32 GUIDs).
 //! Ages are kept per second of traffic, not per GUID: one `(Instant, count)` per

@@ -4,12 +4,12 @@
 //! little at a time instead of all at once.
 //!
 //! A hash table that runs out of room and rehashes every element in one call (as `hashbrown`
-//! does, which this module used until 2026-11-29) reads each element's key from the caller's
-//! store at a random place: a cache miss each. Measured on 2026-11-26 (docs/bench/JOURNAL.md, "No stop-the-world rehash"): the
-//! duplicate window stopped its partition's thread for 13 ms at 229,000 GUIDs, 35 ms at
-//! 459,000 and 69 ms at 918,000, on every node at about the same moment (they all see the same
+//! does, which this module used before) reads each element's key from the caller's store at a
+//! random place: a cache miss each. The duplicate window stopped its partition's thread for
+//! longer the more GUIDs it held, on every node at about the same moment (they all see the same
 //! messages), and the index of outstanding messages did the same as a backlog grew. Every
-//! ACK and delivery of the partition waited that long.
+//! ACK and delivery of the partition waited that long (docs/bench/JOURNAL.md, "No
+//! stop-the-world rehash").
 //!
 //! So a resize (growing when the table is full, shrinking when it is less than a quarter full)
 //! only allocates the new table and keeps the old one beside it; the caller then moves a few
@@ -168,9 +168,9 @@ impl PositionTable {
     /// Below twice the floor a shrink is not worth its walk. (Under `hashbrown`, whose tables
     /// have 7/8 of a power of two of buckets, asking for the floor's 1,024 gave 1,792, and a
     /// "shrink" below twice the floor made a table as large as the one it replaced: the index
-    /// of a few hundred outstanding messages was resized every ~150 messages on every node at
-    /// 40,000-60,000 msgs/s, issue 18.) Above twice the floor a quarter-full table always at
-    /// least halves.
+    /// of a few hundred outstanding messages was resized every ~150 messages on every node;
+    /// docs/bench/JOURNAL.md, "Fewer allocations per message, and a table that resized itself
+    /// every 150 messages".) Above twice the floor a quarter-full table always at least halves.
     pub(crate) fn maybe_shrink(&mut self) -> bool {
         let cap = self.table.capacity();
         if self.resizing() || cap <= 2 * SHRINK_FLOOR || cap / 4 <= self.len() {

@@ -6,9 +6,9 @@
 //! Why a reader of our own beside prost: a replica receives its primary's records as journal
 //! frames and writes them as they are; it reads each only to index it. Decoding a frame with
 //! prost made a `Bytes` of every byte field — an atomic reference count on the peer link's read
-//! buffer, taken and given back — and built and dropped a `JournalRecord`: about a fifth of the
-//! ~110 reference-count operations per message in a 3-node cluster (issue 18, docs/bench/JOURNAL.md
-//! "Replicas read frames in place, and fewer calls per frame"). [`parse_facts`] reads the
+//! buffer, taken and given back — and built and dropped a `JournalRecord`: a good part of the
+//! reference-count operations per message in a cluster (docs/bench/JOURNAL.md, "Replicas read
+//! frames in place, and fewer calls per frame"). [`parse_facts`] reads the
 //! protobuf wire format (<https://protobuf.dev/programming-guides/encoding/>) in place: no
 //! allocation, no reference count.
 //!

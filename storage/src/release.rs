@@ -1,13 +1,12 @@
 //! Freeing a deleted file's disk blocks a step at a time, for the partition journals and the
-//! metadata ledger (issue 18; docs/bench/JOURNAL.md, "Segments freed a little at a time").
+//! metadata ledger (docs/bench/JOURNAL.md, "Segments freed a little at a time").
 //!
 //! The last close of an unlinked file frees all its blocks in one call — on a file system
 //! mounted with `discard`, a TRIM of each — and every other writer's fsync on the disk waits
-//! meanwhile: 11-26 ms for a 32 MiB journal segment on this project's machines, on every node
-//! at once since they delete the same segment together. [`release_gradually`] cuts the file
-//! down [`RELEASE_STEP`] bytes at a time first, pausing [`RELEASE_PAUSE`] between cuts, so the
-//! other fsyncs pass between them — what RocksDB's file deletion does with
-//! `bytes_max_delete_chunk`, for the same reason.
+//! meanwhile: for a journal segment, on every node at once, since they delete the same segment
+//! together. [`release_gradually`] cuts the file down [`RELEASE_STEP`] bytes at a time first,
+//! pausing [`RELEASE_PAUSE`] between cuts, so the other fsyncs pass between them — what
+//! RocksDB's file deletion does with `bytes_max_delete_chunk`, for the same reason.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;

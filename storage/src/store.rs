@@ -1055,8 +1055,9 @@ impl Store {
 
     /// The index of `app` among the apps of queue `queue`, if it is one of them. Called for
     /// every confirm record; most queues have the one default app id (empty), which is matched
-    /// by its length: comparing the strings called glibc's `memcmp` even for two empty ones,
-    /// 3% of the brokers' CPU samples at the maximum rate (issue 18, 2026-11-28 profile).
+    /// by its length: comparing the strings called glibc's `memcmp` even for two empty ones, a
+    /// visible share of the brokers' CPU at the maximum rate (docs/bench/JOURNAL.md, "The
+    /// targets on a faster host").
     fn app_index(&self, queue: u32, app: &str) -> Option<u8> {
         self.queues[queue as usize]
             .apps
@@ -1881,10 +1882,10 @@ impl Store {
     /// read put them — and nothing is cached. A replica serves no deliveries, so the cache
     /// would only hold what a promotion might read; a new primary reads its earlier records
     /// from the disk (`Store::read`, one `pread` each, most from the page cache), and what it
-    /// appends from then on is cached. Caching here cost a copy of every replicated byte (2.3%
-    /// of the three brokers' CPU at 65,000 msgs/s, issue 18) and kept the peer link's read
-    /// buffers alive with the records. The cache holds a suffix of the journal, so one that
-    /// precedes these records is emptied.
+    /// appends from then on is cached. Caching here cost a copy of every replicated byte
+    /// (docs/bench/JOURNAL.md, "A replica's journal writes without a copy") and kept the peer
+    /// link's read buffers alive with the records. The cache holds a suffix of the journal, so
+    /// one that precedes these records is emptied.
     fn append_frames(&mut self, batch: &FramedBatch<'_>, from: usize) -> Result<(), StoreError> {
         if from >= batch.len() {
             return Ok(());
@@ -1990,7 +1991,7 @@ impl Store {
     /// What [`Store::rollback`] restores. The lease runs are copied only when the append
     /// replaces them (`replaces_runs`, an install's chunk): otherwise it can only add runs
     /// after `last_sequence`, which the rollback removes (a copy per append was one of the
-    /// allocations of every record, issue 18).
+    /// allocations of every record).
     fn snapshot(&self, replaces_runs: bool) -> Snapshot {
         Snapshot {
             segments: self.segments.len(),

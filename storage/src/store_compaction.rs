@@ -1,6 +1,6 @@
-//! Compaction of a journal segment off the partition's thread (issue 18: one compaction took
-//! 41.6 ms p50, 67.6 ms max inside one call on the partition thread, and every PUT of the
-//! partition waited for it).
+//! Compaction of a journal segment off the partition's thread: done inside one call on the
+//! partition thread, a compaction made every PUT of the partition wait for it
+//! (docs/bench/JOURNAL.md, "Compaction off the partition's thread").
 //!
 //! A compaction has three steps:
 //! 1. **Issue** ([`Store::maintain`], partition thread): the settled closed segment with the
@@ -42,11 +42,10 @@ use super::{
 
 /// Bytes of a compacted segment gathered in memory before they are written and fdatasynced,
 /// and the most read at once from the old segment: a compaction streams the live records
-/// through about twice this much memory, not the whole segment. Measured (issue 18, one
-/// partition compacting about once a second per node beside 24,000 msgs/s): one fsync of the
-/// whole copy (1 MiB writes) put 1.1-2.6% of the journal's fsyncs over 5 ms against 0.5-1.7%
-/// before the copy left the partition's thread, and the producer fell short of its rate in
-/// some runs; 256 KiB chunks each fdatasynced: 0.8%, and the full rate.
+/// through about twice this much memory, not the whole segment. One fsync of the whole copy
+/// made more of the journal's fsyncs slow than before the copy left the partition's thread,
+/// and the producer fell short of its rate in some runs; chunks each fdatasynced brought both
+/// back (docs/bench/JOURNAL.md, "Compaction off the partition's thread").
 const COMPACT_CHUNK: usize = 256 << 10;
 
 /// Numbers the copies of this process, so that a discarded copy's file can never be another

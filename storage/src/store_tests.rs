@@ -1017,7 +1017,7 @@ fn reads_agree_between_cache_and_disk() {
 
 #[test]
 fn frames_stream_from_the_cache_and_append_as_received() {
-    // Recent records are read as the journal holds them (issue 18: encoded once); a second
+    // Recent records are read as the journal holds them (encoded once); a second
     // journal appends those frames as received, byte for byte, and reads them back alike, from
     // its write-behind buffer before the sync and from disk after a reopen.
     let dir = tempfile::tempdir().unwrap();
@@ -1189,7 +1189,8 @@ fn write_behind_reaches_the_file_at_sync() {
 
 /// The cache keeps its own copy of what it wrote: a record decoded from a large read buffer
 /// (a client's or a peer's frame) does not keep that buffer alive once the caller drops it
-/// (issue 17: the cache held 18 MB of frame buffers for 8 MiB of messages).
+/// (a cache of the records as decoded held far more in frame buffers than in messages;
+/// docs/bench/JOURNAL.md, "Storage for months").
 #[test]
 fn the_cache_holds_no_slice_of_the_callers_buffers() {
     let dir = tempfile::tempdir().unwrap();
