@@ -25,11 +25,18 @@
 //!   restart). In half the runs (its own RNG, so the other choices stay those of the seed)
 //!   the next one or two fsyncs of a live node's disk fail with EIO: the node must stop on
 //!   the failed fsync (as PostgreSQL's rule: never retry it, never count it durable), which
-//!   the simulator plays as a power loss of that node and a restart 50-300 ms later.
+//!   the simulator plays as a power loss of that node and a restart 50-300 ms later. In half
+//!   the runs (the same stream) a live node's disk fills up once to three times: it takes
+//!   0-6 KiB more (less than a segment), then fails writes and reservations with ENOSPC for
+//!   100-500 ms, until space returns (or the node crashes: its machine comes back with
+//!   space). The node must go on: the primary NACKs PUTs `STORAGE_FAILURE` (nothing stored),
+//!   a replica receipts nothing it could not write, maintenance waits.
 //! - **Clients**: producers with per-producer sequence numbers, at most 8 PUTs in flight,
 //!   resending every unacknowledged PUT with the same GUID to the current primary (as the
-//!   proxy does); a consumer that confirms after 1-100 ms, sometimes holds a message until it
-//!   leaves, and leaves and comes back (a consumer failure). A strong and an eventual queue.
+//!   proxy does); a PUT NACKed `NOT_READY` or `STORAGE_FAILURE` stays unacknowledged and
+//!   waits, with the producer's later ones, for the next resend (so order holds); a consumer
+//!   that confirms after 1-100 ms, sometimes holds a message until it leaves, and leaves and
+//!   comes back (a consumer failure). A strong and an eventual queue.
 //!   An impostor (a random stream of its own) sends PUTs under the GUIDs of outstanding
 //!   messages with another payload, as a client that reuses GUIDs would.
 //!
@@ -49,10 +56,15 @@
 //!    never ACKed SUCCESS, stored or pushed;
 //! 7. a node's store, reopened after a crash, holds as outstanding every message its disk held
 //!    durably when it went down and that no committed confirm removed (what was counted
-//!    durable is on the disk).
+//!    durable is on the disk);
+//! 8. a replica's receipt never names a position beyond what its journal holds durably (a
+//!    replica whose disk is full receipts nothing it could not write);
+//! 9. a node stops (`PartitionOutput::Fatal`) only on a failed fsync the simulation caused: a
+//!    full disk never stops it, nor does any other journal error.
 //!
-//! Then a liveness phase without faults: within [`LIVENESS_BOUND`] every producer has every
-//! PUT ACKed, every ACKed message was delivered (none lost) and confirmed, and every node's
+//! Then a liveness phase without faults (every disk has space again): within
+//! [`LIVENESS_BOUND`] every producer has every PUT ACKed (those NACKed `STORAGE_FAILURE`
+//! included), every ACKed message was delivered (none lost) and confirmed, and every node's
 //! journal holds nothing outstanding.
 //!
 //! A failing run prints its seed, the last events and the replay command:
@@ -111,6 +123,10 @@ const IMPOSTOR_SEED: u64 = 0x1e57_a11e;
 const DISK_FAULT_SEED: u64 = 0xd15c_fa17;
 /// Nodes stopped by a failed fsync, over every run of this process (for the summary).
 static FSYNC_STOPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Full-disk episodes begun, over every run of this process (for the summary).
+static FULL_DISKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// PUTs NACKed `STORAGE_FAILURE`, over every run of this process (for the summary).
+static STORAGE_NACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[derive(Debug, Clone)]
 enum Event {
@@ -161,6 +177,14 @@ enum Event {
     Impostor,
     /// The next fsyncs of a live node's disk fail (EIO).
     FailFsyncs,
+    /// A live node's disk fills up: a few KiB more, then ENOSPC.
+    FillDisk,
+    /// The disk that `FillDisk` filled has space again (unless the node went down since: its
+    /// machine came back with space).
+    FreeDisk {
+        node: usize,
+        inc: u64,
+    },
     Resend {
         producer: u64,
     },
@@ -199,8 +223,12 @@ struct Producer {
     next: u64,
     /// Unacknowledged PUTs by producer sequence.
     unacked: BTreeMap<u64, u128>,
-    /// A PUT was refused (NOT_READY): new PUTs wait until the next resend, so order holds.
+    /// A PUT was refused (NOT_READY, STORAGE_FAILURE): new PUTs wait until the next resend,
+    /// so order holds.
     blocked: bool,
+    /// A PUT was NACKed STORAGE_FAILURE since the last resend began: the resend stops there,
+    /// so the later PUTs follow it (a refused NOT_READY is refused for all, so goes on).
+    storage_refused: bool,
 }
 
 struct Consumer {
@@ -337,6 +365,7 @@ impl Sim {
         let Mode {
             disk_faults,
             background_compaction,
+            full_disks,
         } = mode;
         let now = Instant::now();
         let policies = Arc::new(DomainPolicies::new([
@@ -413,6 +442,16 @@ impl Sim {
             for _ in 0..times {
                 let at = sim.disk_rng.gen_range(100..SAFETY_PHASE.as_millis() as u64);
                 sim.schedule(Duration::from_millis(at), Event::FailFsyncs);
+            }
+        }
+        // Full disks, in the same stream, after its earlier draws (so the runs without them
+        // keep their fsync faults): none in the runs of seeds found before them.
+        if disk_faults && full_disks {
+            // One run in two has a disk fill up, once to three times.
+            let times = [0, 0, 0, 0, 1, 1, 2, 3][sim.disk_rng.gen_range(0..8)];
+            for _ in 0..times {
+                let at = sim.disk_rng.gen_range(100..SAFETY_PHASE.as_millis() as u64);
+                sim.schedule(Duration::from_millis(at), Event::FillDisk);
             }
         }
         sim
@@ -622,6 +661,9 @@ impl Sim {
     fn on_output(&mut self, n: usize, output: PartitionOutput) {
         match output {
             PartitionOutput::SendPeer { to, message } => {
+                if let Some(bmq_proto::peer::partition_message::Kind::Receipt(r)) = &message.kind {
+                    self.check_receipt(n, r.sequence);
+                }
                 let to = to.0 as usize - 1;
                 if !self.live(to) || (self.faults && self.rng.gen_bool(0.02)) {
                     return;
@@ -743,6 +785,19 @@ impl Sim {
                     note!(self, "node {} ACK p{producer}#{seq}", n + 1);
                 } else if ack.status == AckStatus::NotReady as i32 {
                     self.producers[producer as usize].blocked = true;
+                } else if ack.status == AckStatus::StorageFailure as i32 {
+                    // The primary's disk is full and nothing was stored: the PUT stays
+                    // unACKed, and it and the later ones go again at the next resend, as a
+                    // client resends later.
+                    STORAGE_NACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let p = &mut self.producers[producer as usize];
+                    p.blocked = true;
+                    p.storage_refused = true;
+                    note!(
+                        self,
+                        "node {} NACK STORAGE_FAILURE p{producer}#{seq}",
+                        n + 1
+                    );
                 } else {
                     self.fail(format!("unexpected NACK {ack:?}"));
                 }
@@ -926,6 +981,10 @@ impl Sim {
         if failed == self.nodes[n].fsync_failures_seen || !self.live(n) {
             self.fail(why);
         }
+        // A failed fsync since the last one acted on does not excuse a stop for a full disk.
+        if why.contains("disk full") || why.contains("os error 28") {
+            self.fail(format!("{why} (a full disk stopped the node)"));
+        }
         self.nodes[n].fsync_failures_seen = failed;
         FSYNC_STOPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         note!(self, "node {} stops: {why}", n + 1);
@@ -934,6 +993,29 @@ impl Sim {
         self.crash(n, torn);
         let d = Duration::from_millis(self.disk_rng.gen_range(50..=300));
         self.schedule(d, Event::Restart { node: n });
+    }
+
+    /// Invariant 8: node `n`'s receipt of `sequence` names nothing its journal does not hold
+    /// durably (while it receives an install, its receipts name the staged journal's, which
+    /// the simulation does not see).
+    fn check_receipt(&self, n: usize, sequence: u64) {
+        let Some(p) = self.nodes[n].p.as_ref() else {
+            return;
+        };
+        let replication = p.replication();
+        if replication.is_installing() {
+            return;
+        }
+        let store = replication.store();
+        if sequence > store.durable() {
+            self.fail(format!(
+                "node {} receipted {sequence} holding durably only through {} (last {}, disk full {})",
+                n + 1,
+                store.durable(),
+                store.last_sequence(),
+                replication.disk_full()
+            ));
+        }
     }
 
     fn restart(&mut self, n: usize) {
@@ -1519,9 +1601,47 @@ impl Sim {
                     "node {}: the next {fsyncs_failing} fsyncs fail",
                     n + 1
                 );
-                self.nodes[n].disk.set_faults(Faults {
+                // A full disk stays full.
+                let disk = &self.nodes[n].disk;
+                disk.set_faults(Faults {
                     fsyncs_failing,
-                    ..Faults::default()
+                    ..disk.faults()
+                });
+            }
+            Event::FillDisk => {
+                let live: Vec<usize> = (0..self.nodes.len()).filter(|n| self.live(*n)).collect();
+                if !self.faults || live.is_empty() {
+                    return;
+                }
+                let n = live[self.disk_rng.gen_range(0..live.len())];
+                // Less than a segment (4 KiB with its reservation): the next segment the node
+                // makes, if not the next write, fails.
+                let space_left = self.disk_rng.gen_range(0..=6 * 1024);
+                let lasts = Duration::from_millis(self.disk_rng.gen_range(100..=500));
+                FULL_DISKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                note!(
+                    self,
+                    "node {}: the disk takes {space_left} bytes more, for {} ms",
+                    n + 1,
+                    lasts.as_millis()
+                );
+                let disk = &self.nodes[n].disk;
+                disk.set_faults(Faults {
+                    space_left: Some(space_left),
+                    ..disk.faults()
+                });
+                let inc = self.nodes[n].inc;
+                self.schedule(lasts, Event::FreeDisk { node: n, inc });
+            }
+            Event::FreeDisk { node, inc } => {
+                if self.nodes[node].inc != inc {
+                    return;
+                }
+                note!(self, "node {}: the disk has space again", node + 1);
+                let disk = &self.nodes[node].disk;
+                disk.set_faults(Faults {
+                    space_left: None,
+                    ..disk.faults()
                 });
             }
             Event::Impostor => {
@@ -1531,12 +1651,17 @@ impl Sim {
             }
             Event::Resend { producer } => {
                 self.producers[producer as usize].blocked = false;
+                self.producers[producer as usize].storage_refused = false;
                 let unacked: Vec<(u64, u128)> = self.producers[producer as usize]
                     .unacked
                     .iter()
                     .map(|(s, g)| (*s, *g))
                     .collect();
                 for (seq, guid) in unacked {
+                    if self.producers[producer as usize].storage_refused {
+                        // Refused for a full disk: the rest follow it at the next resend.
+                        break;
+                    }
                     if self.producers[producer as usize].unacked.contains_key(&seq) {
                         self.send_put(producer, seq, guid);
                     }
@@ -1772,18 +1897,28 @@ struct Mode {
     /// without a compaction thread, and as the simulator did when the older seeds of
     /// [`SEEDS_THAT_FOUND_DEFECTS`] found their defects).
     background_compaction: bool,
+    /// Full disks injected too (in half the runs; only with `disk_faults`, whose stream they
+    /// share).
+    full_disks: bool,
 }
 
 impl Mode {
-    /// As a node runs, with disk faults.
+    /// As a node runs, with disk faults: failing fsyncs and full disks.
     const NODE: Mode = Mode {
         disk_faults: true,
         background_compaction: true,
+        full_disks: true,
+    };
+    /// As the simulator ran before full disks (the seeds found then replay their runs).
+    const BEFORE_FULL_DISKS: Mode = Mode {
+        full_disks: false,
+        ..Mode::NODE
     };
     /// As the simulator ran before disk faults and background compactions.
     const BEFORE_DISK_FAULTS: Mode = Mode {
         disk_faults: false,
         background_compaction: false,
+        full_disks: false,
     };
 }
 
@@ -1872,9 +2007,12 @@ fn run_seeds(size: usize, offset: u64) {
     );
     assert!(acked > 0, "no message was ACKed: the workload did not run");
     println!(
-        "{count} seeds ({size} nodes): {acked} messages ACKed, every invariant held ({} nodes \
-         of both cluster sizes stopped by a failed fsync)",
-        FSYNC_STOPS.load(Ordering::Relaxed)
+        "{count} seeds ({size} nodes): {acked} messages ACKed, every invariant held (so far, \
+         both cluster sizes: {} nodes stopped by a failed fsync, {} full-disk episodes, {} PUTs \
+         NACKed STORAGE_FAILURE)",
+        FSYNC_STOPS.load(Ordering::Relaxed),
+        FULL_DISKS.load(Ordering::Relaxed),
+        STORAGE_NACKS.load(Ordering::Relaxed)
     );
 }
 
@@ -1904,6 +2042,7 @@ const SEEDS_THAT_FOUND_DISK_DEFECTS: &[(usize, u64, Mode)] = &[
         Mode {
             disk_faults: true,
             background_compaction: false,
+            full_disks: false,
         },
     ),
     // A primary whose fsync failed lost every record of its lease, restarted before the
@@ -1911,7 +2050,7 @@ const SEEDS_THAT_FOUND_DISK_DEFECTS: &[(usize, u64, Mode)] = &[
     // it had sent before at a position now holding another, and a confirmed message stayed
     // outstanding there (fixed 2026-12-02: no record of a lease leaves the primary before
     // its first one is durable there).
-    (5, 4294967556, Mode::NODE),
+    (5, 4294967556, Mode::BEFORE_FULL_DISKS),
 ];
 
 const SEEDS_THAT_FOUND_DEFECTS: &[(usize, u64)] = &[
