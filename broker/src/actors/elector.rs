@@ -17,13 +17,14 @@
 //!   every peer);
 //! - [`LeadershipChanged`] to every subscriber on each state change.
 //!
-//! Timers: exactly one `run_later` timer, cancelled and re-armed after every input to the
-//! core's `poll_timeout()`.
+//! Timers: one [`Timer`], re-armed after every input from the core's `poll_timeout()`, never
+//! cancelled.
 //!
 //! Durability: `PersistTerm` is executed synchronously on the actor (write + fsync + rename +
-//! directory fsync). Term changes are rare (a few per election), and the core must not release
-//! a vote before the write anyway. A failed write stops the actix system with exit code 1
-//! (STYLE.md: a failed fsync stops the node, never retried).
+//! directory fsync), with no disk worker and no group commit: term changes are rare (a few per
+//! election), and the core must not release a vote before the write anyway. A failed write
+//! stops the actix system with exit code 1 (STYLE.md: a failed fsync stops the node, never
+//! retried).
 //!
 //! Thread: its own arbiter. The leader's heartbeats are timer outputs of this actor; a term
 //! fsync happens only when the term changes (scouting won, a proposal supported, a higher term
@@ -38,6 +39,8 @@ use actix::prelude::*;
 use bmq_proto::peer::ElectorMessage;
 use bmq_proto::NodeId;
 use tracing::{error, info};
+
+use super::shell::Timer;
 
 use bmq_elector::{
     Elector, ElectorCounters, ElectorOutput, ElectorState, ElectorStatus, TermStore,
@@ -139,7 +142,8 @@ pub struct ElectorActor {
     term_store: TermStore,
     transport: Recipient<ElectorOutbound>,
     subscribers: Vec<Recipient<LeadershipChanged>>,
-    timer: Option<SpawnHandle>,
+    /// The core's next deadline.
+    timer: Timer,
     /// Set once a term write failed: the system is stopping, the core is no longer driven.
     stopped: bool,
 }
@@ -159,7 +163,7 @@ impl ElectorActor {
             term_store,
             transport,
             subscribers: Vec::new(),
-            timer: None,
+            timer: Timer::new(),
             stopped: false,
         }
     }
@@ -206,20 +210,22 @@ impl ElectorActor {
             }
         }
         self.publish_counters(self.core.counters());
-        if let Some(handle) = self.timer.take() {
-            ctx.cancel_future(handle);
-        }
         if self.stopped {
             return;
         }
-        if let Some(deadline) = self.core.poll_timeout() {
-            let delay = deadline.saturating_duration_since(Instant::now());
-            self.timer = Some(ctx.run_later(delay, |act, ctx| {
-                act.timer = None;
-                act.core.handle_timeout(Instant::now());
-                act.drive(ctx);
-            }));
+        let deadline = self.core.poll_timeout();
+        self.timer
+            .arm(ctx, deadline, |actor| &mut actor.timer, Self::on_timer);
+    }
+
+    /// The timer fired: the core handles what is due, then `drive` re-arms it. Once stopped,
+    /// the core is no longer driven (a timer armed before is not cancelled, and fires here).
+    fn on_timer(&mut self, ctx: &mut Context<Self>) {
+        if self.stopped {
+            return;
         }
+        self.core.handle_timeout(Instant::now());
+        self.drive(ctx);
     }
 
     fn publish(&mut self, status: ElectorStatus) {

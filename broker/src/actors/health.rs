@@ -24,6 +24,19 @@
 //! more — a node that returns gets its share back without a burst of moves, and a balanced
 //! cluster never moves a primary. Safe because the journals are replicated: the new primary
 //! heals from a quorum before serving.
+//!
+//! Receives: `ClusterStateCommitted` (role and committed state), [`PrimaryActive`] (a healed
+//! primary's notice, or its request for a higher lease), [`NodeStopping`], [`PeersChanged`],
+//! [`GetStoppingPeers`] (for the graceful stop).
+//!
+//! Sends: [`Propose`] to the metadata actor (a `PartitionPrimaryAdvisory` or a
+//! `PrimaryStatusAdvisory { ACTIVE }`).
+//!
+//! Timers: the check every `CHECK_PERIOD` (`run_interval`, never cancelled), besides the checks
+//! that commits and availability changes prompt. No disk work.
+//!
+//! Thread: the node's main thread, beside the metadata actor. Supervisor: none; the node
+//! starts it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -195,18 +208,7 @@ impl HealthActor {
                 }),
         );
     }
-}
 
-impl Actor for HealthActor {
-    type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.set_mailbox_capacity(self.mailbox_capacity);
-        ctx.run_interval(CHECK_PERIOD, |actor, ctx| actor.check(ctx));
-    }
-}
-
-impl HealthActor {
     /// `msg.node`, named primary of `msg.partition` at `msg.lease`, found records of that lease
     /// in its journal from before a restart and will not heal at it: name it again at the next
     /// lease (a `PartitionPrimaryAdvisory`, PASSIVE until it heals), so that records of one
@@ -245,6 +247,34 @@ impl HealthActor {
                 .into_actor(self)
                 .map(|_, _, _| ()),
         );
+    }
+}
+
+impl Actor for HealthActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(self.mailbox_capacity);
+        ctx.run_interval(CHECK_PERIOD, |actor, ctx| actor.check(ctx));
+    }
+}
+
+impl Handler<ClusterStateCommitted> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClusterStateCommitted, ctx: &mut Self::Context) {
+        let was_active = self.active_leader;
+        self.active_leader = msg.status.role == MetadataRole::ActiveLeader;
+        let changed = !Arc::ptr_eq(&self.state, &msg.state) || was_active != self.active_leader;
+        if changed {
+            self.in_flight_since = None;
+        }
+        self.state = msg.state;
+        if changed {
+            // A new active leader replaces the primaries of the nodes that are gone right after
+            // its sync; a commit settles the proposal in flight, so the next step can go.
+            self.check(ctx);
+        }
     }
 }
 
@@ -302,6 +332,14 @@ impl Handler<NodeStopping> for HealthActor {
     }
 }
 
+impl Handler<PeersChanged> for HealthActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: PeersChanged, ctx: &mut Self::Context) {
+        self.check(ctx);
+    }
+}
+
 impl Handler<GetStoppingPeers> for HealthActor {
     type Result = actix::MessageResult<GetStoppingPeers>;
 
@@ -316,32 +354,5 @@ impl Handler<GetStoppingPeers> for HealthActor {
                 .filter(|n| *n != self_id)
                 .collect(),
         )
-    }
-}
-
-impl Handler<ClusterStateCommitted> for HealthActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: ClusterStateCommitted, ctx: &mut Self::Context) {
-        let was_active = self.active_leader;
-        self.active_leader = msg.status.role == MetadataRole::ActiveLeader;
-        let changed = !Arc::ptr_eq(&self.state, &msg.state) || was_active != self.active_leader;
-        if changed {
-            self.in_flight_since = None;
-        }
-        self.state = msg.state;
-        if changed {
-            // A new active leader replaces the primaries of the nodes that are gone right after
-            // its sync; a commit settles the proposal in flight, so the next step can go.
-            self.check(ctx);
-        }
-    }
-}
-
-impl Handler<PeersChanged> for HealthActor {
-    type Result = ();
-
-    fn handle(&mut self, _msg: PeersChanged, ctx: &mut Self::Context) {
-        self.check(ctx);
     }
 }

@@ -2,9 +2,10 @@
 //!
 //! - **Role**: one per node. Owns the metadata core and the ledger; executes the core's outputs
 //!   in order; publishes the committed cluster state.
-//! - **Group commit**: while handling the messages already in its mailbox, the actor
-//!   only buffers — records into the ledger's buffer, peer messages into a [`PeerOutbox`].
-//!   Once the mailbox is empty, one *flush* sends every peer one frame (a
+//! - **Group commit** ([`GroupCommit`]): while handling the messages already in its
+//!   mailbox, the actor only buffers — records into the ledger's buffer, peer messages into a
+//!   [`PeerOutbox`]. The first of them to produce something sends the actor a `FlushLedger`,
+//!   which lands behind them; that one *flush* sends every peer one frame (a
 //!   `MetadataBatch` of everything for it), publishes the committed state once, writes the
 //!   buffered records with one `write` and, if an advisory record is among them, hands one
 //!   fsync to the ledger's *sync thread*; its completion (`LedgerSynced`) tells the core
@@ -31,7 +32,8 @@
 //!   each queue assignment the core reports proposed (`MetadataOutput::AssignmentProposed`,
 //!   right after its record is written, before its commit) to the [`ProposalWatcher`]s (the
 //!   router: an open goes to the proposed partition's primary while the commit is under way).
-//! - **Timers**: a single timer, re-armed after every input from the core's `poll_timeout`.
+//! - **Timers**: a single [`Timer`], re-armed after every input from the core's
+//!   `poll_timeout`, never cancelled.
 //! - **Failure**: a ledger write or fsync error is logged (with why it is fatal) and stops the
 //!   actor and the system with exit code 1 (never retry an fsync): the core is not told
 //!   `on_persisted` for what the failed fsync covered, so no ack, vote or commit rests on it,
@@ -41,17 +43,15 @@
 //!   (`Ledger::set_wall_clock_ms`) before writing, for the records' timestamps.
 //! - **Threads**: the actor runs on the node's main thread, beside the peer links and the
 //!   client sessions, so a proposal reaches the peers and an ack reaches the core without a
-//!   hand-off between threads (each costs a thread wake-up, tens of µs; a sequential queue
-//!   assignment crossed seven of them before: docs/bench/JOURNAL.md "Metadata without thread
-//!   hand-offs"). The ledger's disk
-//!   work has two threads of its own: `bmq-ledger-sync` runs the fsyncs, a rollover's switch
-//!   to its new file (about two fsyncs) and a reset's new file; `bmq-ledger-rewrite` runs a
-//!   rollover's snapshot (the whole state encoded, written and fsynced: ~0.35 s with 420,000
-//!   queues, while the fsyncs go on) and frees the blocks of the files the ledger let go of.
-//!   What runs on the main thread: writing records (a `write` of a few hundred bytes), applying
-//!   commits (O(log n) in the state's size), and, once per failover, a new leader's snapshot
-//!   (compared in ~5 ms, rebuilt in 30-50 ms with 100,000 queues); the peer links' heartbeats
-//!   tolerate that (800 ms of missed heartbeats).
+//!   hand-off between threads (each costs a thread wake-up; docs/bench/JOURNAL.md "Metadata
+//!   without thread hand-offs"). The ledger's disk work has two [`DiskWorker`]s of its own,
+//!   started when first needed: `bmq-ledger-sync` runs the fsyncs, a rollover's switch to its
+//!   new file and a reset's new file; `bmq-ledger-rewrite` runs a rollover's snapshot (the
+//!   whole state encoded, written and fsynced, while the fsyncs go on) and frees the blocks of
+//!   the files the ledger let go of. A worker that is gone (or could not start) is a failed
+//!   fsync: the node stops. What runs on the main thread: writing records (a `write` of a few
+//!   hundred bytes), applying commits (O(log n) in the state's size), and, once per failover, a
+//!   new leader's snapshot; the peer links' heartbeat tolerance covers that.
 //! - **Metrics**: gauges `bmq_metadata_lsn_term`, `bmq_metadata_lsn_sequence`,
 //!   `bmq_metadata_committed_lsn_term`, `bmq_metadata_committed_lsn_sequence`,
 //!   `bmq_metadata_role` (0 follower, 1 passive leader, 2 active leader), `bmq_metadata_uncommitted_advisories`,
@@ -60,11 +60,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use actix::prelude::*;
 use bmq_proto::{peer, NodeId, PartitionId, Term};
 use tracing::{debug, error};
+
+use super::shell::{wall_clock_ms, DiskWorker, GroupCommit, Timer};
 
 use bmq_metadata::{
     ClusterState, Ledger, LedgerError, LedgerRecord, LedgerRelease, LedgerSnapshot, LedgerSync,
@@ -194,7 +196,8 @@ struct LedgerSynced {
     result: Result<SyncDone, LedgerError>,
 }
 
-/// One fsync for the sync thread.
+/// One fsync for the sync thread (`bmq-ledger-sync`), which runs one at a time and answers
+/// [`LedgerSynced`]; the actor keeps at most one in flight.
 struct SyncJob {
     sync: LedgerSync,
     /// The last record it covers (`None`: none this node waits for).
@@ -203,37 +206,12 @@ struct SyncJob {
     generation: u64,
 }
 
-/// The ledger's fsync thread: runs one [`SyncJob`] at a time and answers [`LedgerSynced`].
-/// The actor keeps at most one job in flight, so the channel holds at most one. The thread
-/// holds a weak address (it must not keep the actor alive) and ends when the actor, which
-/// holds the sender, is gone.
-struct LedgerSyncer {
-    jobs: std::sync::mpsc::SyncSender<SyncJob>,
-}
+/// Sent by the actor to itself: the end of a turn (group commit, see [`GroupCommit`]).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct FlushLedger;
 
-impl LedgerSyncer {
-    fn start(actor: actix::WeakAddr<MetadataActor>) -> LedgerSyncer {
-        let (jobs, rx) = std::sync::mpsc::sync_channel::<SyncJob>(1);
-        std::thread::Builder::new()
-            .name("bmq-ledger-sync".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    let result = job.sync.run();
-                    let Some(actor) = actor.upgrade() else { break };
-                    // do_send: one answer per job, and one job at a time.
-                    actor.do_send(LedgerSynced {
-                        lsn: job.lsn,
-                        generation: job.generation,
-                        result,
-                    });
-                }
-            })
-            .expect("spawn the ledger's fsync thread");
-        LedgerSyncer { jobs }
-    }
-}
-
-/// Work for the ledger's rewrite thread ([`LedgerRewriter`]).
+/// Work for the ledger's rewrite thread.
 enum RewriteJob {
     /// A rollover's snapshot; answered by [`SnapshotDone`].
     Snapshot(LedgerSnapshot),
@@ -246,36 +224,6 @@ enum RewriteJob {
 #[rtype(result = "()")]
 struct SnapshotDone {
     result: Result<SnapshotWritten, LedgerError>,
-}
-
-/// The ledger's rewrite thread: the slow disk work that no fsync may wait behind — a
-/// rollover's snapshot (at most one at a time) and the release of the files the ledger let go
-/// of (at most one per rollover or reset), so the channel stays short. Like [`LedgerSyncer`]
-/// it holds a weak address and ends with the actor.
-struct LedgerRewriter {
-    jobs: std::sync::mpsc::Sender<RewriteJob>,
-}
-
-impl LedgerRewriter {
-    fn start(actor: actix::WeakAddr<MetadataActor>) -> LedgerRewriter {
-        let (jobs, rx) = std::sync::mpsc::channel::<RewriteJob>();
-        std::thread::Builder::new()
-            .name("bmq-ledger-rewrite".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    match job {
-                        RewriteJob::Snapshot(snapshot) => {
-                            let result = snapshot.run();
-                            let Some(actor) = actor.upgrade() else { break };
-                            actor.do_send(SnapshotDone { result });
-                        }
-                        RewriteJob::Release(release) => release.run(),
-                    }
-                }
-            })
-            .expect("spawn the ledger's rewrite thread");
-        LedgerRewriter { jobs }
-    }
 }
 
 /// The metadata actor's metrics (METRICS.md), registered when the actor is made.
@@ -315,11 +263,12 @@ pub struct MetadataActor {
     subscribers: Vec<Recipient<ClusterStateCommitted>>,
     /// Told of queue assignments as they are proposed ([`SubscribeProposals`]).
     proposal_watchers: Vec<Arc<dyn ProposalWatcher>>,
-    timer: Option<(Instant, SpawnHandle)>,
+    /// The core's next deadline.
+    timer: Timer,
     proposed_at: HashMap<Lsn, Instant>,
     rollovers_reported: u64,
-    /// The actor's metrics, registered once (a registry look-up each, with an allocation,
-    /// on every flush was ~3 of the ~130 allocations per queue assignment).
+    /// The actor's metrics, registered once (a registry look-up allocates, and the flush
+    /// runs on every turn).
     metrics: MetadataMetrics,
     /// Peer messages of this turn, sent at the flush.
     outbox: PeerOutbox,
@@ -328,19 +277,21 @@ pub struct MetadataActor {
     /// An advisory record is among them: the flush starts an fsync, whose completion
     /// (`LedgerSynced`) calls `on_persisted`.
     advisory_unsynced: bool,
-    /// The ledger's fsync thread (see [`LedgerSyncer`]); started at the first sync.
-    syncer: Option<LedgerSyncer>,
+    /// The ledger's fsync thread; started at the first sync.
+    syncer: Option<DiskWorker<SyncJob>>,
     /// An fsync runs on the sync thread (at most one at a time).
     sync_in_flight: bool,
-    /// The ledger's rewrite thread (see [`LedgerRewriter`]); started at the first rollover.
-    rewriter: Option<LedgerRewriter>,
+    /// The ledger's rewrite thread (the slow disk work that no fsync may wait behind: a
+    /// rollover's snapshot, at most one at a time, and the files to release, at most one per
+    /// rollover or reset); started at the first rollover.
+    rewriter: Option<DiskWorker<RewriteJob>>,
     /// Raised by each ledger reset: an fsync started before it covered records of a history
     /// that is gone, so its completion releases nothing.
     ledger_generation: u64,
     /// The committed state or the role changed this turn: the flush publishes.
     changed: bool,
-    /// A flush is scheduled.
-    flush_scheduled: bool,
+    /// A [`FlushLedger`] is in the mailbox.
+    group_commit: GroupCommit,
 }
 
 impl MetadataActor {
@@ -354,7 +305,7 @@ impl MetadataActor {
             transport,
             subscribers: Vec::new(),
             proposal_watchers: Vec::new(),
-            timer: None,
+            timer: Timer::new(),
             proposed_at: HashMap::new(),
             rollovers_reported: 0,
             metrics: MetadataMetrics::register(),
@@ -366,7 +317,7 @@ impl MetadataActor {
             rewriter: None,
             ledger_generation: 0,
             changed: false,
-            flush_scheduled: false,
+            group_commit: GroupCommit::new(),
         }
     }
 
@@ -409,8 +360,8 @@ impl MetadataActor {
     }
 
     /// Drains the core's outputs into the ledger's buffer, the outbox and the publication
-    /// flag, then schedules the flush (after the messages already in the mailbox) and re-arms
-    /// the timer. Returns false when the node is stopping.
+    /// flag, then asks for the flush (after the messages already in the mailbox; at once when
+    /// the mailbox is full) and re-arms the timer. Returns false when the node is stopping.
     fn drive(&mut self, ctx: &mut Context<Self>) -> bool {
         if !self.drain_outputs(ctx) {
             return false;
@@ -419,11 +370,8 @@ impl MetadataActor {
             || self.written.is_some()
             || self.changed
             || self.ledger.rewrite_due();
-        if pending && !self.flush_scheduled {
-            self.flush_scheduled = true;
-            // A spawned future runs once the context has handled what is in the mailbox: every
-            // message that arrived meanwhile shares this flush (group commit).
-            ctx.spawn(actix::fut::ready(()).map(|(), actor: &mut Self, ctx| actor.flush(ctx)));
+        if pending && self.group_commit.request(ctx, FlushLedger) {
+            self.flush(ctx);
         }
         self.arm_timer(ctx);
         true
@@ -507,7 +455,7 @@ impl MetadataActor {
     /// the sync thread (its completion, [`LedgerSynced`], lets the core release what waited
     /// for durability), until nothing is left.
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        self.flush_scheduled = false;
+        self.group_commit.take();
         loop {
             // While an fsync runs, peer messages wait for its completion and leave together
             // with the next fsync's start: under load the batches stay as large as when the
@@ -578,16 +526,30 @@ impl MetadataActor {
     /// Hands `sync` to the sync thread; its completion releases `lsn` (the last record it
     /// covers) unless the ledger was reset meanwhile.
     fn start_sync(&mut self, ctx: &mut Context<Self>, sync: LedgerSync, lsn: Option<Lsn>) {
-        let syncer = self
-            .syncer
-            .get_or_insert_with(|| LedgerSyncer::start(ctx.address().downgrade()));
+        let syncer = self.syncer.get_or_insert_with(|| {
+            // A weak address: the thread must not keep the actor alive; it ends with the actor,
+            // which holds its queue.
+            let actor = ctx.address().downgrade();
+            DiskWorker::start("bmq-ledger-sync".into(), move |job: SyncJob| {
+                let result = job.sync.run();
+                if let Some(actor) = actor.upgrade() {
+                    // do_send: one answer per job, and one job at a time.
+                    actor.do_send(LedgerSynced {
+                        lsn: job.lsn,
+                        generation: job.generation,
+                        result,
+                    });
+                }
+            })
+        });
         let job = SyncJob {
             sync,
             lsn,
             generation: self.ledger_generation,
         };
-        if syncer.jobs.send(job).is_err() {
-            // The thread is gone only after a panic in an fsync: treat it as a failed fsync.
+        if syncer.send(job).is_err() {
+            // The thread is gone only after a panic in an fsync (or never started): treat it
+            // as a failed fsync.
             let e = LedgerError::Io {
                 path: self.ledger.file_path(),
                 source: std::io::Error::other("the ledger's fsync thread is gone"),
@@ -599,11 +561,23 @@ impl MetadataActor {
 
     /// Hands `job` to the rewrite thread; false when the node is stopping.
     fn start_rewrite(&mut self, ctx: &mut Context<Self>, job: RewriteJob) -> bool {
-        let rewriter = self
-            .rewriter
-            .get_or_insert_with(|| LedgerRewriter::start(ctx.address().downgrade()));
-        if rewriter.jobs.send(job).is_err() {
-            // The thread is gone only after a panic in its disk work: stop, as after an error.
+        let rewriter = self.rewriter.get_or_insert_with(|| {
+            // A weak address, as for the sync thread.
+            let actor = ctx.address().downgrade();
+            DiskWorker::start("bmq-ledger-rewrite".into(), move |job| match job {
+                RewriteJob::Snapshot(snapshot) => {
+                    let result = snapshot.run();
+                    if let Some(actor) = actor.upgrade() {
+                        // do_send: at most one snapshot at a time.
+                        actor.do_send(SnapshotDone { result });
+                    }
+                }
+                RewriteJob::Release(release) => release.run(),
+            })
+        });
+        if rewriter.send(job).is_err() {
+            // The thread is gone only after a panic in its disk work (or never started): stop,
+            // as after an error.
             let e = LedgerError::Io {
                 path: self.ledger.file_path(),
                 source: std::io::Error::other("the ledger's rewrite thread is gone"),
@@ -649,29 +623,15 @@ impl MetadataActor {
 
     fn arm_timer(&mut self, ctx: &mut Context<Self>) {
         let deadline = self.core.poll_timeout();
-        if self.timer.as_ref().map(|(d, _)| *d) == deadline {
-            return;
-        }
-        if let Some((_, handle)) = self.timer.take() {
-            ctx.cancel_future(handle);
-        }
-        if let Some(deadline) = deadline {
-            let delay = deadline.saturating_duration_since(Instant::now());
-            let handle = ctx.run_later(delay, |actor, ctx| {
-                actor.timer = None;
-                actor.core.handle_timeout(Instant::now());
-                actor.drive(ctx);
-            });
-            self.timer = Some((deadline, handle));
-        }
+        self.timer
+            .arm(ctx, deadline, |actor| &mut actor.timer, Self::on_timer);
     }
-}
 
-/// The wall-clock time, ms since the Unix epoch (0 for a clock before it).
-fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    /// The timer fired: the core handles what is due, then `drive` re-arms it.
+    fn on_timer(&mut self, ctx: &mut Context<Self>) {
+        self.core.handle_timeout(Instant::now());
+        self.drive(ctx);
+    }
 }
 
 impl Actor for MetadataActor {
@@ -715,6 +675,16 @@ impl Handler<LedgerSynced> for MetadataActor {
         // Records written while it ran (`written` is set) wait for the next fsync, which the
         // flush that `drive` schedules starts.
         self.drive(ctx);
+    }
+}
+
+impl Handler<FlushLedger> for MetadataActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: FlushLedger, ctx: &mut Self::Context) {
+        if self.group_commit.take() {
+            self.flush(ctx);
+        }
     }
 }
 

@@ -35,17 +35,18 @@
 //! full disk stops the node (never retry an fsync); a full disk makes the partition refuse
 //! PUTs until writes succeed again.
 //!
-//! Timers: one, re-armed from the core's `poll_timeout` after every input.
+//! Timers: one [`Timer`], re-armed from the core's `poll_timeout` after every input.
 //!
 //! Threads: each partition actor runs on its own arbiter thread (started by the router), so
 //! its work never delays heartbeats, sessions or another partition; its fsyncs run on its own
 //! sync thread (`bmq-sync-<id>`), so they delay nothing but what waits for durability; the
 //! files of deleted segments are closed on `bmq-close-<id>`, and the copy of a compaction
-//! (reading, writing and fsyncing a sparse segment's live records: tens of milliseconds) runs
-//! on `bmq-compact-<id>` ([`JournalCompacted`] brings it back; the partition puts it in place).
+//! (reading, writing and fsyncing a sparse segment's live records) runs on `bmq-compact-<id>`
+//! ([`JournalCompacted`] brings it back; the partition puts it in place). Each is a
+//! [`DiskWorker`]; one that could not start leaves its work to the partition's thread.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use bmq_dataplane::{
@@ -56,6 +57,9 @@ use bmq_proto::client::ClientMessage;
 use bmq_proto::peer::PartitionMessage;
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr};
 use tracing::{debug, error};
+
+pub use super::shell::wall_clock_ms;
+use super::shell::{DiskWorker, GroupCommit, Timer};
 
 /// Where a partition's outputs go: implemented by the router, which knows where sessions and
 /// peers are. Every method is non-blocking (`try_send` into a bounded queue).
@@ -179,19 +183,19 @@ pub struct PartitionActor {
     opening: Option<(std::path::PathBuf, StoreConfig, PartitionConfig)>,
     outbox: Arc<dyn PartitionOutbox>,
     mailbox_capacity: usize,
-    /// When the pending timer fires, if one is pending.
-    timer_at: Option<Instant>,
-    /// A `FlushJournal` is in the mailbox.
-    flush_queued: bool,
-    /// The sync thread's queue (one fsync at a time: the core hands out the next one only
-    /// after the last one's outcome is back).
-    syncer: Option<std::sync::mpsc::Sender<SyncTicket>>,
-    /// The closer thread's queue: files of deleted journal segments, to remove and close (the
-    /// last close frees their pages and blocks: tens of milliseconds for a segment).
-    closer: Option<std::sync::mpsc::Sender<ClosedFiles>>,
-    /// The compaction thread's queue: copies of compacted journal segments (reading, writing
-    /// and fsyncing a segment's live records: tens of milliseconds), one at a time.
-    compactor: Option<std::sync::mpsc::Sender<CompactionTicket>>,
+    /// The core's next deadline.
+    timer: Timer,
+    /// A [`FlushJournal`] is in the mailbox.
+    group_commit: GroupCommit,
+    /// The sync thread (one fsync at a time: the core hands out the next one only after the
+    /// last one's outcome is back).
+    syncer: DiskWorker<SyncTicket>,
+    /// The closer thread: files of deleted journal segments, to remove and close (the last
+    /// close frees their pages and blocks, which can hold the thread).
+    closer: DiskWorker<ClosedFiles>,
+    /// The compaction thread: copies of compacted journal segments (reading, writing and
+    /// fsyncing a segment's live records), one at a time.
+    compactor: DiskWorker<CompactionTicket>,
     /// A journal write or fsync failed: the node is stopping; nothing more is written or sent.
     failed: bool,
     /// `bmq_partition_turn_seconds{partition}`: how long each input held the thread.
@@ -223,31 +227,6 @@ impl Drop for Turn {
     }
 }
 
-/// Starts the partition's thread `bmq-<role>-<partition>`, which hands every item sent to the
-/// returned queue to `work`, in order, and ends when the queue's sender (the actor) is
-/// dropped. `None` when the thread cannot start (logged): the actor then does the work itself.
-fn spawn_worker<T: Send + 'static>(
-    partition: PartitionId,
-    role: &str,
-    mut work: impl FnMut(T) + Send + 'static,
-) -> Option<std::sync::mpsc::Sender<T>> {
-    let (tx, rx) = std::sync::mpsc::channel::<T>();
-    let spawned = std::thread::Builder::new()
-        .name(format!("bmq-{role}-{partition}"))
-        .spawn(move || {
-            while let Ok(item) = rx.recv() {
-                work(item);
-            }
-        });
-    match spawned {
-        Ok(_) => Some(tx),
-        Err(e) => {
-            tracing::warn!(%partition, role, error = %e, "cannot start a partition thread: the partition thread does its work");
-            None
-        }
-    }
-}
-
 /// Runs the fsync of `ticket` and records its duration (`bmq_journal_fsync_seconds`).
 fn run_ticket(ticket: &SyncTicket) -> std::io::Result<()> {
     let started = Instant::now();
@@ -263,14 +242,6 @@ fn finish_closed(partition: PartitionId, closed: ClosedFiles) {
         metrics::counter!("bmq_journal_delete_errors_total").increment(1);
         tracing::warn!(%partition, error = %e, "cannot remove a deleted journal segment: its space returns at the next start");
     }
-}
-
-/// Wall-clock milliseconds since the Unix epoch (the anchor of the core's record timestamps).
-pub fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl PartitionActor {
@@ -292,11 +263,11 @@ impl PartitionActor {
             opening: Some((dir, store, cfg)),
             outbox,
             mailbox_capacity,
-            timer_at: None,
-            flush_queued: false,
-            syncer: None,
-            closer: None,
-            compactor: None,
+            timer: Timer::new(),
+            group_commit: GroupCommit::new(),
+            syncer: DiskWorker::none(),
+            closer: DiskWorker::none(),
+            compactor: DiskWorker::none(),
             failed: false,
             turn_seconds: metrics::histogram!("bmq_partition_turn_seconds", "partition" => id.to_string()),
         }
@@ -331,22 +302,14 @@ impl PartitionActor {
                 PartitionOutput::Sync { ticket } => Self::run_sync(&self.syncer, core, ticket),
                 PartitionOutput::Close { files } => {
                     // Without the closer thread they close here.
-                    let unsent = match &self.closer {
-                        Some(closer) => closer.send(files).err().map(|e| e.0),
-                        None => Some(files),
-                    };
-                    if let Some(files) = unsent {
+                    if let Err(files) = self.closer.send(files) {
                         finish_closed(self.id, files);
                     }
                 }
                 PartitionOutput::Compact { ticket } => {
                     // Only issued with the compaction thread running; should it have ended,
                     // the copy runs here and its outcome comes back like the thread's.
-                    let unsent = match &self.compactor {
-                        Some(compactor) => compactor.send(ticket).err().map(|e| e.0),
-                        None => Some(ticket),
-                    };
-                    if let Some(ticket) = unsent {
+                    if let Err(ticket) = self.compactor.send(ticket) {
                         ctx.address()
                             .do_send(JournalCompacted { done: ticket.run() });
                     }
@@ -366,33 +329,23 @@ impl PartitionActor {
         let needs_sync = core.needs_sync();
         let timeout = core.poll_timeout();
         self.publish_counters();
-        if needs_sync && !self.flush_queued {
-            // Group commit: the flush goes to the back of the mailbox, so every request
-            // already waiting is written before the one fsync. A full mailbox flushes now.
-            if ctx.address().try_send(FlushJournal).is_ok() {
-                self.flush_queued = true;
-            } else {
-                self.flush(ctx);
-                return;
-            }
+        // Group commit: every request already waiting is written before the one fsync.
+        if needs_sync && self.group_commit.request(ctx, FlushJournal) {
+            self.flush(ctx);
+            return;
         }
-        // Arm the timer only when none is pending for an earlier time: cancelling actix
-        // futures on every message starves them while the mailbox stays busy.
-        if let Some(at) = timeout {
-            if self.timer_at.is_none_or(|t| at < t) {
-                self.timer_at = Some(at);
-                let wait = at.saturating_duration_since(Instant::now());
-                ctx.run_later(wait, |actor, ctx| {
-                    let _turn = Turn::start(&actor.turn_seconds);
-                    actor.timer_at = None;
-                    if let Some(core) = actor.core.as_mut() {
-                        core.handle_timeout(Instant::now());
-                    }
-                    actor.publish_gauges();
-                    actor.drive(ctx);
-                });
-            }
+        self.timer
+            .arm(ctx, timeout, |actor| &mut actor.timer, Self::on_timer);
+    }
+
+    /// The timer fired: the core handles what is due, then `drive` re-arms it.
+    fn on_timer(&mut self, ctx: &mut Context<Self>) {
+        let _turn = Turn::start(&self.turn_seconds);
+        if let Some(core) = self.core.as_mut() {
+            core.handle_timeout(Instant::now());
         }
+        self.publish_gauges();
+        self.drive(ctx);
     }
 
     /// Publishes what the core counted since the last call.
@@ -495,7 +448,7 @@ impl PartitionActor {
     /// it answers ([`JournalSynced`]) the core releases what waited for it (receipts, ACKs,
     /// deliveries) and reclaims space. While one fsync runs, the core hands out no other.
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        self.flush_queued = false;
+        self.group_commit.take();
         if self.failed {
             return;
         }
@@ -507,16 +460,8 @@ impl PartitionActor {
 
     /// Gives the fsync to the sync thread; without it (it failed to start) the fsync runs here
     /// and its outcome goes straight back to the core, whose new outputs `drive` goes on with.
-    fn run_sync(
-        syncer: &Option<std::sync::mpsc::Sender<SyncTicket>>,
-        core: &mut Partition,
-        ticket: SyncTicket,
-    ) {
-        let unsent = match syncer {
-            Some(syncer) => syncer.send(ticket).err().map(|e| e.0),
-            None => Some(ticket),
-        };
-        if let Some(ticket) = unsent {
+    fn run_sync(syncer: &DiskWorker<SyncTicket>, core: &mut Partition, ticket: SyncTicket) {
+        if let Err(ticket) = syncer.send(ticket) {
             let result = run_ticket(&ticket);
             core.handle_synced(Instant::now(), ticket, result);
         }
@@ -537,29 +482,34 @@ impl Actor for PartitionActor {
         // The sync thread: runs one fsync at a time and answers each. `do_send` is
         // rate-bounded: one answer per ticket, and a ticket is issued only after the previous
         // one was answered.
+        let id = self.id;
         let addr = ctx.address();
-        self.syncer = spawn_worker(self.id, "sync", move |ticket: SyncTicket| {
+        self.syncer = DiskWorker::start(format!("bmq-sync-{id}"), move |ticket: SyncTicket| {
             let result = run_ticket(&ticket);
             addr.do_send(JournalSynced { ticket, result });
         });
         // The closer thread: removes and closes the files of deleted journal segments, in
         // order, so the partition never waits while the kernel frees them.
-        let id = self.id;
-        self.closer = spawn_worker(self.id, "close", move |closed| finish_closed(id, closed));
+        self.closer = DiskWorker::start(format!("bmq-close-{id}"), move |closed| {
+            finish_closed(id, closed)
+        });
         // The compaction thread: copies the live records of a segment being compacted while
         // the partition goes on; the copy is put in place on the partition's thread.
         let addr = ctx.address();
-        self.compactor = spawn_worker(self.id, "compact", move |ticket: CompactionTicket| {
-            addr.do_send(JournalCompacted { done: ticket.run() });
-        });
+        self.compactor = DiskWorker::start(
+            format!("bmq-compact-{id}"),
+            move |ticket: CompactionTicket| {
+                addr.do_send(JournalCompacted { done: ticket.run() });
+            },
+        );
         let Some((dir, store, cfg)) = self.opening.take() else {
             return;
         };
         let started = Instant::now();
         match Store::open(&dir, store, cfg.policies.apps_of()) {
             Ok(mut store) => {
-                store.set_defer_close(self.closer.is_some());
-                store.set_background_compaction(self.compactor.is_some());
+                store.set_defer_close(self.closer.is_running());
+                store.set_background_compaction(self.compactor.is_running());
                 let stats = store.stats();
                 tracing::info!(
                     partition = %self.id,
@@ -672,7 +622,7 @@ impl Handler<FlushJournal> for PartitionActor {
 
     fn handle(&mut self, _msg: FlushJournal, ctx: &mut Self::Context) {
         let _turn = Turn::start(&self.turn_seconds);
-        if self.flush_queued {
+        if self.group_commit.take() {
             self.flush(ctx);
         }
     }
