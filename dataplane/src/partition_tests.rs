@@ -1240,12 +1240,9 @@ fn subscription_cost() {
     }
 }
 
-/// The journal's fsync is an output: a flush hands out one [`PartitionOutput::Sync`], nothing
-/// it covers is ACKed or pushed before its outcome comes back, a second flush while it is in
-/// flight hands out nothing, and what was written meanwhile goes in the next one.
-#[test]
-fn the_fsync_is_an_output_and_nothing_it_covers_is_released_before_its_outcome() {
-    let now = Instant::now();
+/// An active single-node primary whose journal fsyncs (so a flush hands out a
+/// [`PartitionOutput::Sync`]), a consumer of `uri` attached and one PUT to it written.
+fn fsyncing_node_with_a_put(now: Instant, uri: &str) -> Node {
     let mut p = active_single_node_with(
         now,
         StoreConfig {
@@ -1253,10 +1250,19 @@ fn the_fsync_is_an_output_and_nothing_it_covers_is_released_before_its_outcome()
             ..store_cfg()
         },
     );
-    let uri = "bmq://d/q";
     p.handle_request(now, session(1), open(uri, true, ""));
     drain(&mut p);
     p.handle_request(now, session(2), put(uri, 1));
+    p
+}
+
+/// The journal's fsync is an output: a flush hands out one [`PartitionOutput::Sync`], nothing
+/// it covers is ACKed or pushed before its outcome comes back, a second flush while it is in
+/// flight hands out nothing, and what was written meanwhile goes in the next one.
+#[test]
+fn the_fsync_is_an_output_and_nothing_it_covers_is_released_before_its_outcome() {
+    let (now, uri) = (Instant::now(), "bmq://d/q");
+    let mut p = fsyncing_node_with_a_put(now, uri);
     assert!(p.needs_sync());
     p.handle_flush(now);
     let mut outputs = drain(&mut p);
@@ -1290,18 +1296,8 @@ fn the_fsync_is_an_output_and_nothing_it_covers_is_released_before_its_outcome()
 /// is handed out again (PostgreSQL's rule: never retry a failed fsync).
 #[test]
 fn a_failed_fsync_is_fatal_and_releases_nothing() {
-    let now = Instant::now();
-    let mut p = active_single_node_with(
-        now,
-        StoreConfig {
-            fsync: true,
-            ..store_cfg()
-        },
-    );
-    let uri = "bmq://d/q";
-    p.handle_request(now, session(1), open(uri, true, ""));
-    drain(&mut p);
-    p.handle_request(now, session(2), put(uri, 1));
+    let (now, uri) = (Instant::now(), "bmq://d/q");
+    let mut p = fsyncing_node_with_a_put(now, uri);
     p.handle_flush(now);
     let Some(PartitionOutput::Sync { ticket }) = drain(&mut p).pop() else {
         panic!("expected the fsync");
