@@ -81,7 +81,8 @@ use crate::policy::{refusal, ConsumerDefaults, DeliveryMode, DomainPolicies, Dom
 use crate::queue::{ConsumerOptions, PutOutcome, QueueCore, QueueEvent, RemovalReason};
 use crate::replication::{Output, PrimaryPhase, PutResult, ReplicationConfig, ReplicationCore};
 use crate::store::{
-    guid_key, ClosedFiles, CompactionDone, CompactionTicket, Store, StoreStats, SyncTicket,
+    guid_key, ClosedFiles, CompactionDone, CompactionTicket, Store, StoreError, StoreStats,
+    SyncTicket,
 };
 use bmq_proto::expression::Expression;
 
@@ -710,31 +711,17 @@ impl Partition {
         self.absorb_replication(now);
     }
 
-    /// [`Partition::handle_flush`] with its fsync run here and its outcome handed back, for
-    /// tests and for a node's clean exit. Errors: the journal failed (also a
+    /// [`Partition::handle_flush`] with its fsync run here and its outcome handed back at once
+    /// ([`ReplicationCore::sync`]), for tests and for a node's clean exit; nothing while an
+    /// fsync handed out is in flight. Errors: the journal failed (also a
     /// [`PartitionOutput::Fatal`]).
-    pub fn sync_now(&mut self, now: Instant) -> Result<(), String> {
-        self.handle_flush(now);
-        let mut kept = VecDeque::new();
-        while let Some(output) = self.outputs.pop_front() {
-            match output {
-                PartitionOutput::Sync { ticket } => {
-                    let result = ticket.run();
-                    self.outputs.extend(kept.drain(..));
-                    self.handle_synced(now, ticket, result);
-                    break;
-                }
-                other => kept.push_back(other),
-            }
+    pub fn sync_now(&mut self, now: Instant) -> Result<(), StoreError> {
+        if self.sync_in_flight {
+            return Ok(());
         }
-        self.outputs.extend(kept);
-        match self.outputs.iter().find_map(|o| match o {
-            PartitionOutput::Fatal { error } => Some(error.clone()),
-            _ => None,
-        }) {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
+        let result = self.replication.sync(now);
+        self.absorb_replication(now);
+        result
     }
 
     /// Replication traffic from `from`.
