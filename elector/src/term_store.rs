@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bmq_proto::Term;
-use bmq_storage::disk::{Disk, DiskFile, Open, RealDisk};
+use bmq_storage::disk::{Disk, Open, RealDisk};
 
 /// Name of the term file inside the elector's directory.
 pub const TERM_FILE_NAME: &str = "elector-term";
@@ -71,7 +71,9 @@ impl TermStore {
         };
         match store.disk.open(&path, Open::Read) {
             Ok(file) => {
-                let bytes = read_all(&*file).map_err(|e| {
+                // At most one byte more than a term file: anything longer is corrupt
+                // whatever follows, and is not read into memory.
+                let bytes = file.read_up_to(FILE_LEN as u64 + 1).map_err(|e| {
                     io::Error::new(
                         e.kind(),
                         format!("cannot read elector term file {}: {e}", path.display()),
@@ -156,15 +158,6 @@ impl TermStore {
         self.disk.rename(&temp, &self.dir.join(TERM_FILE_NAME))?;
         self.disk.sync_dir(&self.dir)
     }
-}
-
-/// The whole content of `file`, at most one byte more than a term file: anything longer is
-/// corrupt whatever follows, and is not read into memory.
-fn read_all(file: &dyn DiskFile) -> io::Result<Vec<u8>> {
-    let len = file.len()?.min(FILE_LEN as u64 + 1) as usize;
-    let mut bytes = vec![0u8; len];
-    file.read_exact_at(&mut bytes, 0)?;
-    Ok(bytes)
 }
 
 fn encode(term: Term) -> [u8; FILE_LEN] {

@@ -648,7 +648,7 @@ impl Ledger {
         }
         let path = file_path(&dir, file_index);
         let file = disk.open(&path, Open::ReadWrite).map_err(io_err(&path))?;
-        let bytes = read_all(&*file).map_err(io_err(&path))?;
+        let bytes = file.read_up_to(u64::MAX).map_err(io_err(&path))?;
         let scan = scan(&path, &bytes, partition_count)?;
         // Zeros after the last record are the length set ahead of it (see the module doc).
         let zero_tail = bytes
@@ -1269,15 +1269,6 @@ fn file_path(dir: &Path, index: u64) -> PathBuf {
 
 fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), LedgerError> {
     disk.sync_dir(dir).map_err(io_err(dir))
-}
-
-/// The whole content of `file`.
-fn read_all(file: &dyn bmq_storage::disk::DiskFile) -> std::io::Result<Vec<u8>> {
-    let len = usize::try_from(file.len()?)
-        .map_err(|_| std::io::Error::other("ledger file larger than memory"))?;
-    let mut bytes = vec![0u8; len];
-    file.read_exact_at(&mut bytes, 0)?;
-    Ok(bytes)
 }
 
 fn file_header() -> [u8; FILE_HEADER_LEN] {
@@ -2396,7 +2387,11 @@ mod tests {
         ledger
             .append(&update(lsn(1, 2), assign("q1", 0, 0)))
             .unwrap();
-        let bytes = read_all(&*disk.open(&ledger.file_path(), Open::Read).unwrap()).unwrap();
+        let bytes = disk
+            .open(&ledger.file_path(), Open::Read)
+            .unwrap()
+            .read_up_to(u64::MAX)
+            .unwrap();
         let stamp = |at: usize| u64::from_le_bytes(bytes[at + 17..at + 25].try_into().unwrap());
         let first = FILE_HEADER_LEN;
         let second = first + read_frame(&bytes[first..]).expect("a record").len;

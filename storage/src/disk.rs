@@ -79,6 +79,17 @@ pub trait DiskFile: Send + Sync + fmt::Debug {
         self.write_vectored_at(&[IoSlice::new(buf)], offset)
             .map(|_| ())
     }
+
+    /// The file's first `max` bytes, or all of it when shorter (a whole file read at open).
+    ///
+    /// Errors: the length or a read fails; a length that does not fit in memory.
+    fn read_up_to(&self, max: u64) -> io::Result<Vec<u8>> {
+        let len = usize::try_from(self.len()?.min(max))
+            .map_err(|_| io::Error::other("file larger than memory"))?;
+        let mut bytes = vec![0u8; len];
+        self.read_exact_at(&mut bytes, 0)?;
+        Ok(bytes)
+    }
 }
 
 /// A shared open file.

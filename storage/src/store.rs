@@ -1076,8 +1076,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let path = segment_path(&self.dir, n);
         let file = self.disk.open(&path, Open::ReadWrite).map_err(io(&path))?;
-        let mut data = vec![0u8; file.len().map_err(io(&path))? as usize];
-        file.read_exact_at(&mut data, 0).map_err(io(&path))?;
+        let data = file.read_up_to(u64::MAX).map_err(io(&path))?;
         let corrupt = |offset: u64, reason: String| StoreError::Corrupt {
             path: path.clone(),
             offset,
