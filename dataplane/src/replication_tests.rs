@@ -89,6 +89,21 @@ fn producer() -> SessionAddr {
     }
 }
 
+/// A PUT of `producer()` to `bmq://d/q` with GUID `guid(n)` and payload `x`, strong or
+/// eventual.
+fn put(core: &mut ReplicationCore, now: Instant, n: u8, strong: bool) -> PutResult {
+    core.handle_put(
+        now,
+        producer(),
+        "bmq://d/q".into(),
+        guid(n),
+        Bytes::from_static(b"x"),
+        vec![],
+        strong,
+        0,
+    )
+}
+
 fn guid(n: u8) -> Bytes {
     Bytes::from(vec![n; 16])
 }
@@ -260,16 +275,7 @@ fn strong_put_is_acked_at_quorum_receipt() {
     // it (node 3, which never receipted, is not waited for).
     let now = Instant::now();
     let mut core = active_cluster(now).remove(0);
-    let r = core.handle_put(
-        now,
-        producer(),
-        "bmq://d/q".into(),
-        guid(1),
-        Bytes::from_static(b"x"),
-        vec![],
-        true,
-        0,
-    );
+    let r = put(&mut core, now, 1, true);
     assert_eq!(r, PutResult::Appended { sequence: 1 });
     let rec1 = rec(1, 1);
     let replicate = |to| Output::Send {
@@ -325,16 +331,7 @@ fn replica_receipts_only_after_its_fsync_ticket_completes() {
         vec![Output::Active { lease: LeaseId(1) }]
     );
     let put_to_node_2 = |cores: &mut [Node], n: u8| {
-        cores[0].handle_put(
-            now,
-            producer(),
-            "bmq://d/q".into(),
-            guid(n),
-            Bytes::from_static(b"x"),
-            vec![],
-            true,
-            0,
-        );
+        put(&mut cores[0], now, n, true);
         // The lease's first record leaves the primary once durable there.
         cores[0].sync(now).unwrap();
         for o in drain(&mut cores[0]) {
@@ -373,16 +370,7 @@ fn eventual_put_is_acked_once_the_primary_holds_it() {
     // DESIGN.md §7 eventual consistency: the primary's own fsync releases the ACK.
     let now = Instant::now();
     let mut core = active_cluster(now).remove(0);
-    core.handle_put(
-        now,
-        producer(),
-        "bmq://d/q".into(),
-        guid(1),
-        Bytes::from_static(b"x"),
-        vec![],
-        false,
-        0,
-    );
+    put(&mut core, now, 1, false);
     drain(&mut core);
     core.sync(now).unwrap();
     assert_eq!(
@@ -407,16 +395,7 @@ fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
         session_id: 4,
     };
     assert_eq!(core.duplicate_of(now, &guid(1)), None);
-    let r = core.handle_put(
-        now,
-        producer(),
-        "bmq://d/q".into(),
-        guid(1),
-        Bytes::from_static(b"x"),
-        vec![],
-        true,
-        0,
-    );
+    let r = put(&mut core, now, 1, true);
     assert_eq!(r, PutResult::Appended { sequence: 1 });
     drain(&mut core);
     let resend = |core: &mut ReplicationCore, producer: SessionAddr| {
@@ -583,16 +562,7 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
         drain(&mut primary),
         vec![Output::Active { lease: LeaseId(2) }, settled(1, 2, 3, 3)]
     );
-    primary.handle_put(
-        now,
-        producer(),
-        "bmq://d/q".into(),
-        guid(4),
-        Bytes::from_static(b"x"),
-        vec![],
-        true,
-        0,
-    );
+    put(&mut primary, now, 4, true);
     // Durable here first: no record of lease 2 leaves before that (`send_horizon`).
     primary.sync(now).unwrap();
     drain(&mut primary);
@@ -695,16 +665,7 @@ fn every_acked_message_survives_the_primary_failing() {
     let mut cores = active_cluster(now);
     let mut acked = Vec::new();
     for i in 0..20u8 {
-        cores[0].handle_put(
-            now,
-            producer(),
-            "bmq://d/q".into(),
-            guid(i),
-            Bytes::from_static(b"x"),
-            vec![],
-            true,
-            0,
-        );
+        put(&mut cores[0], now, i, true);
         // Node 2 misses every other batch (a slow link); node 3 stops hearing at i = 15.
         let down: &[u32] = if i >= 15 {
             &[2, 3]
@@ -1377,16 +1338,7 @@ fn no_record_of_a_lease_leaves_the_primary_before_its_first_is_durable_there() {
     let now = Instant::now();
     let mut core = active_cluster(now).remove(0);
     for n in 1..=3 {
-        core.handle_put(
-            now,
-            producer(),
-            "bmq://d/q".into(),
-            guid(n),
-            Bytes::from_static(b"x"),
-            vec![],
-            true,
-            0,
-        );
+        put(&mut core, now, n, true);
     }
     let sent = |outputs: &[Output]| {
         outputs
@@ -1405,15 +1357,6 @@ fn no_record_of_a_lease_leaves_the_primary_before_its_first_is_durable_there() {
     let outputs = drain(&mut core);
     assert_eq!(sent(&outputs), 2, "then to both replicas: {outputs:?}");
     // Later records of the lease stream before the primary's own fsync.
-    core.handle_put(
-        now,
-        producer(),
-        "bmq://d/q".into(),
-        guid(4),
-        Bytes::from_static(b"x"),
-        vec![],
-        true,
-        0,
-    );
+    put(&mut core, now, 4, true);
     assert_eq!(sent(&drain(&mut core)), 2);
 }

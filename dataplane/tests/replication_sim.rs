@@ -328,6 +328,18 @@ fn producer_of(guid: u128) -> (u64, u64) {
     ((guid >> 64) as u64 - 1, guid as u64)
 }
 
+/// A PUT of `payload` to `uri` under `guid`, without properties.
+fn put_message(uri: &'static str, guid: u128, payload: Bytes) -> ClientMessage {
+    ClientMessage {
+        kind: Some(Kind::Put(Put {
+            uri: uri.into(),
+            guid: guid_bytes(guid),
+            payload,
+            properties: vec![],
+        })),
+    }
+}
+
 fn guid_bytes(guid: u128) -> Bytes {
     Bytes::copy_from_slice(&guid.to_be_bytes())
 }
@@ -1077,14 +1089,7 @@ impl Sim {
             origin_node: CLIENT_NODE,
             session_id: producer,
         };
-        let put = ClientMessage {
-            kind: Some(Kind::Put(Put {
-                uri: uri.into(),
-                guid: guid_bytes(guid),
-                payload: Bytes::from(format!("p{producer}#{seq}")),
-                properties: vec![],
-            })),
-        };
+        let put = put_message(uri, guid, Bytes::from(format!("p{producer}#{seq}")));
         note!(self, "PUT p{producer}#{seq} -> node {}", primary + 1);
         self.input(primary, |p, now| {
             p.handle_requests(now, vec![(session, put)])
@@ -1115,14 +1120,7 @@ impl Sim {
             origin_node: CLIENT_NODE,
             session_id: IMPOSTOR_SESSION,
         };
-        let put = ClientMessage {
-            kind: Some(Kind::Put(Put {
-                uri: uri.into(),
-                guid: guid_bytes(guid),
-                payload: Bytes::from_static(IMPOSTOR_PAYLOAD),
-                properties: vec![],
-            })),
-        };
+        let put = put_message(uri, guid, Bytes::from_static(IMPOSTOR_PAYLOAD));
         let (pr, seq) = producer_of(guid);
         note!(
             self,
