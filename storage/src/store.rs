@@ -323,6 +323,11 @@ struct Segment {
     /// the message also sends its confirm; the segment may still be deleted when they are its
     /// only live records.
     self_pinned: u64,
+    /// The dead bytes its last compaction left (records it had to keep, its marker): no
+    /// compaction can reclaim them until more of its records die, so they do not count
+    /// towards compacting it again (a segment chosen again and again for bytes its copy keeps
+    /// kept an idle node compacting without end: replication simulator).
+    unreclaimable: u64,
 }
 
 impl Segment {
@@ -336,6 +341,11 @@ impl Segment {
 
     fn dead_bytes(&self) -> u64 {
         (self.len - HEADER_LEN).saturating_sub(self.live_bytes)
+    }
+
+    /// Dead bytes a compaction could remove.
+    fn reclaimable(&self) -> u64 {
+        self.dead_bytes().saturating_sub(self.unreclaimable)
     }
 }
 
@@ -1116,6 +1126,7 @@ impl Store {
             live_bytes: 0,
             pins: Vec::new(),
             self_pinned: 0,
+            unreclaimable: 0,
         });
         let data = Bytes::from(data);
         let mut pos = HEADER_LEN as usize;
@@ -1565,6 +1576,7 @@ impl Store {
             live_bytes: 0,
             pins: Vec::new(),
             self_pinned: 0,
+            unreclaimable: 0,
         });
         self.marked = (self.base, self.last_sequence);
         if !fresh {
@@ -2687,7 +2699,7 @@ impl Store {
         let dead_closed: u64 = self.segments[..closed]
             .iter()
             .filter(|s| sparse(s))
-            .map(Segment::dead_bytes)
+            .map(Segment::reclaimable)
             .sum();
         // Deleting what waits for its marker releases records it pins elsewhere: decide on
         // compaction after that.
@@ -2698,8 +2710,8 @@ impl Store {
             self.segments[..closed]
                 .iter()
                 .enumerate()
-                .filter(|(i, s)| sparse(s) && stays_closed(*i))
-                .max_by_key(|(_, s)| s.dead_bytes())
+                .filter(|(i, s)| sparse(s) && stays_closed(*i) && s.reclaimable() > 0)
+                .max_by_key(|(_, s)| s.reclaimable())
                 .map(|(_, s)| s.no)
         } else {
             None

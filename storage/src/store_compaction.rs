@@ -412,6 +412,7 @@ impl Store {
         s.synced_len = copied.len;
         s.recycled = false;
         s.records = records;
+        s.unreclaimable = s.dead_bytes();
         self.retire_file(replaced);
         self.floor = self.floor.max(c.dropped_max);
         self.bytes_total = self.bytes_total.saturating_sub(freed);
