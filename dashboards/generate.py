@@ -435,13 +435,17 @@ def storage():
             "back, by reason, per rate interval (alert BmqJournalWriteFailures).",
             [(increase("bmq_journal_write_failures_total", "node, reason"),
               "{{node}} {{reason}}")], decimals=0)
-    d.panel("Torn tails and undeleted files",
+    d.panel("Torn tails, corrupt journals, undeleted files",
             "bmq_journal_torn_tail_truncations_total: incomplete records cut from a journal's "
             "tail at start (a crash mid-write leaves them; nothing ACKed is lost: an ACK waits "
-            "for the fsync). bmq_journal_delete_errors_total: deleted segments' files that "
-            "could not be removed (the next start removes them).",
+            "for the fsync). bmq_journal_quarantines_total: journals found corrupt at start and "
+            "set aside (the partition is re-installed from its primary; "
+            "bmq_journal_needs_install is 1 until then). bmq_journal_delete_errors_total: "
+            "deleted segments' files that could not be removed (the next start removes them).",
             [(increase("bmq_journal_torn_tail_truncations_total", "node"),
               "torn tails {{node}}"),
+             (increase("bmq_journal_quarantines_total", "node"), "set aside {{node}}"),
+             (f"sum by (node) (bmq_journal_needs_install{{{SEL}}})", "re-installing {{node}}"),
              (increase("bmq_journal_delete_errors_total", "node"), "delete errors {{node}}")],
             decimals=0)
     d.write()

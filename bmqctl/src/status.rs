@@ -264,7 +264,7 @@ fn render_status(results: &[(String, anyhow::Result<NodeStatusDoc>)]) -> String 
 /// journal write for it failed for a full disk.
 fn partition_row(p: &PartitionDoc, docs: &[&NodeStatusDoc]) -> Vec<String> {
     // Each node's own view of this partition: `(node, its entry)`.
-    let mut views = docs.iter().filter_map(|d| {
+    let views = docs.iter().filter_map(|d| {
         let q = d
             .partitions
             .iter()
@@ -278,7 +278,11 @@ fn partition_row(p: &PartitionDoc, docs: &[&NodeStatusDoc]) -> Vec<String> {
         .and_then(|primary| views.clone().find(|(node, _)| *node == primary))
         .map(|(_, q)| q);
     let figure = |f: fn(&PartitionDoc) -> String| at_primary.map_or("-".to_string(), f);
-    let disk_full = views.any(|(_, q)| q.disk_full);
+    let disk_full = views.clone().any(|(_, q)| q.disk_full);
+    let reinstalling: Vec<String> = views
+        .filter(|(_, q)| q.needs_install)
+        .map(|(node, _)| node.to_string())
+        .collect();
     vec![
         p.partition_id.to_string(),
         opt_id(p.primary),
@@ -292,7 +296,14 @@ fn partition_row(p: &PartitionDoc, docs: &[&NodeStatusDoc]) -> Vec<String> {
         }),
         figure(|q| q.replication_lag.to_string()),
         figure(|q| format!("{:.1} MiB", q.journal_bytes as f64 / (1u64 << 20) as f64)),
-        if disk_full { "full" } else { "ok" }.to_string(),
+        if disk_full {
+            "full".to_string()
+        } else if !reinstalling.is_empty() {
+            // A journal found corrupt there, set aside and not yet re-installed.
+            format!("re-install {}", reinstalling.join(","))
+        } else {
+            "ok".to_string()
+        },
     ]
 }
 
@@ -433,6 +444,7 @@ mod tests {
                 replication_lag: 5,
                 journal_bytes: 64 << 20,
                 disk_full: false,
+                needs_install: false,
             }],
             queues: vec![QueueDoc {
                 uri: "bmq://bmq.test/orders".into(),

@@ -134,6 +134,7 @@ fn register_counters_at_zero() {
         "bmq_journal_compactions_total",
         "bmq_journal_torn_tail_truncations_total",
         "bmq_journal_delete_errors_total",
+        "bmq_journal_quarantines_total",
         "bmq_ledger_torn_tail_truncations_total",
         "bmq_proxy_puts_held_total",
     ];
@@ -447,6 +448,7 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
                     replication_lag: gauges.map(|g| g.replication_lag).unwrap_or(0),
                     journal_bytes: gauges.map(|g| g.store.bytes).unwrap_or(0),
                     disk_full: gauges.is_some_and(|g| g.disk_full),
+                    needs_install: gauges.is_some_and(|g| g.needs_install),
                 }
             })
             .collect(),

@@ -634,10 +634,10 @@ pub struct StorageSettings {
     pub in_sync_timeout_ms: u64,
     /// Whether a deleted full segment is kept as a spare that the next segment is written
     /// over, so a journal fsync does not also write the file's inode (one disk write fewer per
-    /// fsync; up to one segment more disk per partition). The price: a record damaged in place
-    /// in the newest segment of a recycled file ends that segment's records at open (the node
-    /// catches up from the primary) instead of failing the open as corruption; `false` keeps
-    /// the strict rule. Default true.
+    /// fsync; up to one segment more disk per partition). In the newest segment of a recycled
+    /// file the records end at the first one that is not this segment's (an earlier life's
+    /// bytes follow them); a damaged record followed by one of its own is still found as
+    /// corruption. Default true.
     pub recycle_segments: bool,
 }
 

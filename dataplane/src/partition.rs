@@ -296,6 +296,9 @@ pub struct PartitionGauges {
     pub store: StoreStats,
     /// The last journal write failed for a full disk.
     pub disk_full: bool,
+    /// The journal was found corrupt, set aside, and is not re-installed yet
+    /// ([`crate::store::Store::needs_install`]).
+    pub needs_install: bool,
 }
 
 /// What `/status` shows of a partition on this node: the [`PartitionGauges`] and the totals
@@ -593,6 +596,7 @@ impl Partition {
             },
             store: self.replication.store().stats(),
             disk_full: self.replication.disk_full(),
+            needs_install: self.replication.store().needs_install(),
         }
     }
 
@@ -1025,15 +1029,16 @@ impl Partition {
 
     /// Whether `put` is a resend of the message stored as record `sequence`: the same queue
     /// and payload. Read back from the journal (a duplicate is rare: a resend after a failover
-    /// or a lost ACK). A record that cannot be read counts as the same message: the journal's
-    /// own failure handling deals with it where it is delivered.
-    fn is_resend_of(&self, sequence: u64, put: &Put) -> bool {
+    /// or a lost ACK). Errors: the record cannot be read (corrupt, an I/O error): the node
+    /// must stop, and the PUT gets no answer — never an ACK for a copy it could not compare.
+    fn is_resend_of(&self, sequence: u64, put: &Put) -> Result<bool, String> {
         match self.replication.store().read(sequence) {
-            Ok(Some(record)) => match record.kind {
+            Ok(Some(record)) => Ok(match record.kind {
                 Some(RecordKind::Message(m)) => m.uri == put.uri && m.payload == put.payload,
                 _ => true,
-            },
-            _ => true,
+            }),
+            Ok(None) => Ok(true),
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -1065,7 +1070,17 @@ impl Partition {
             // own. (A finished message's GUID in the duplicate window cannot be compared: its
             // payload is gone; the clients' GUIDs are unique by construction — random, the
             // SDKs' generator, or made by the bmqp listener for a legacy client.)
-            if sequence > 0 && !self.is_resend_of(sequence, &put) {
+            let resend = match sequence {
+                0 => true,
+                _ => match self.is_resend_of(sequence, &put) {
+                    Ok(resend) => resend,
+                    Err(e) => {
+                        self.fatal(e);
+                        return;
+                    }
+                },
+            };
+            if !resend {
                 self.counters.nacks_guid_conflict += 1;
                 let why = format!(
                     "message GUID {} is the GUID of another message held in partition {}",

@@ -118,13 +118,16 @@ fn sync(p: &mut Partition, now: Instant) {
     p.sync_now(now).unwrap();
 }
 
-/// Every record of the partition's journal.
+/// Every record of the partition's journal but the primaries' lease starts.
 fn journal(p: &Partition) -> Vec<JournalRecord> {
     p.replication()
         .store()
         .read_from(0, usize::MAX, u64::MAX, false)
         .unwrap()
         .0
+        .into_iter()
+        .filter(|r| !matches!(r.kind, Some(RecordKind::LeaseStart(_))))
+        .collect()
 }
 
 fn replication_cfg(me: u32, partition: u32, members: &[u32], quorum: usize) -> ReplicationConfig {
@@ -159,6 +162,12 @@ fn active_single_node_with(now: Instant, store: StoreConfig) -> Node {
     };
     let mut p = new_node_with(cfg, store);
     p.handle_role(now, Some(NodeId(1)), LeaseId(1), false);
+    // The primary-lease mark is made durable before the partition heals, then its lease's
+    // first record.
+    assert!(p.needs_sync());
+    while p.needs_sync() {
+        p.sync_now(now).unwrap();
+    }
     let outputs = drain(&mut p);
     assert_eq!(
         outputs,
@@ -308,8 +317,11 @@ fn active_three_nodes(now: Instant, strong: bool) -> Node {
     };
     let mut p = new_node(cfg);
     p.handle_role(now, Some(NodeId(1)), LeaseId(1), false);
+    // The primary-lease mark is made durable before the partition heals.
+    p.sync_now(now).unwrap();
     drain(&mut p);
     let shape = bmq_proto::peer::ReplicaStateResponse {
+        needs_install: false,
         partition_id: 0,
         lease: 1,
         shape: Some(Default::default()),
@@ -323,6 +335,13 @@ fn active_three_nodes(now: Instant, strong: bool) -> Node {
             )),
         },
     );
+    drain(&mut p);
+    // Active once node 2 holds the lease's first record too.
+    while p.needs_sync() {
+        p.sync_now(now).unwrap();
+    }
+    drain(&mut p);
+    p.handle_peer(now, NodeId(2), receipt(1));
     drain(&mut p);
     assert_eq!(p.role(), PartitionRole::Active);
     p
@@ -359,7 +378,8 @@ fn strong_delivery_waits_for_a_quorum() {
     drain(&mut p);
     sync(&mut p, now);
     assert_eq!(pushes(&drain(&mut p)), 0, "only the primary holds it");
-    p.handle_peer(now, NodeId(3), receipt(1));
+    // Record 1 is the lease's first record; the message is record 2.
+    p.handle_peer(now, NodeId(3), receipt(2));
     let outputs = drain(&mut p);
     assert_eq!(pushes(&outputs), 1, "{outputs:?}");
     assert_eq!(p.take_counters().acks, 1);
@@ -453,7 +473,11 @@ fn broadcast_pushes_and_acks_without_storing() {
         if *to == session(1) && matches!(&message.kind, Some(Kind::Push(_)))));
     assert!(matches!(&outputs[1], PartitionOutput::Reply { to, message }
         if *to == session(2) && matches!(&message.kind, Some(Kind::Ack(a)) if a.status == AckStatus::Success as i32)));
-    assert_eq!(p.replication().last_sequence(), 0);
+    assert_eq!(
+        p.replication().last_sequence(),
+        1,
+        "the lease's first record only"
+    );
 }
 
 #[test]
@@ -683,7 +707,11 @@ fn a_guid_that_is_not_16_bytes_is_refused() {
     );
     let statuses = ack_status(&drain(&mut p));
     assert_eq!(statuses[0].0, AckStatus::Invalid as i32);
-    assert_eq!(p.replication().last_sequence(), 0);
+    assert_eq!(
+        p.replication().last_sequence(),
+        1,
+        "the lease's first record only"
+    );
 }
 
 #[test]
@@ -769,6 +797,7 @@ fn a_queue_rebuilt_by_a_new_primary_still_waits_for_a_quorum() {
     let mut p = Partition::new(cfg, store);
     // Primary at lease 2: node 2 answers an empty journal, is synchronised and receipts.
     p.handle_role(now, Some(NodeId(1)), LeaseId(2), false);
+    p.sync_now(now).unwrap();
     drain(&mut p);
     let peer = |kind| PartitionMessage { kind: Some(kind) };
     use bmq_proto::peer::partition_message::Kind as PeerKind;
@@ -777,6 +806,7 @@ fn a_queue_rebuilt_by_a_new_primary_still_waits_for_a_quorum() {
         NodeId(2),
         peer(PeerKind::StateResponse(
             bmq_proto::peer::ReplicaStateResponse {
+                needs_install: false,
                 partition_id: 0,
                 lease: 2,
                 shape: Some(Default::default()),
@@ -791,7 +821,12 @@ fn a_queue_rebuilt_by_a_new_primary_still_waits_for_a_quorum() {
             sequence,
         }))
     };
-    p.handle_peer(now, NodeId(2), receipt(1));
+    // Record 2 is lease 2's first record, durable here once synced.
+    while p.needs_sync() {
+        p.sync_now(now).unwrap();
+    }
+    drain(&mut p);
+    p.handle_peer(now, NodeId(2), receipt(2));
     drain(&mut p);
     assert_eq!(p.role(), PartitionRole::Active);
     p.handle_request(now, session(1), open(uri, true, ""));
@@ -810,7 +845,7 @@ fn a_queue_rebuilt_by_a_new_primary_still_waits_for_a_quorum() {
         0,
         "no push before a quorum holds it"
     );
-    p.handle_peer(now, NodeId(2), receipt(2));
+    p.handle_peer(now, NodeId(2), receipt(3));
     assert_eq!(pushes(&drain(&mut p)), 1, "pushed once a quorum holds it");
 }
 

@@ -37,8 +37,13 @@
 //! brings every answering member to its journal with `SyncRecords{truncate_after, records}`:
 //! the member drops records after the common prefix — records of an older lease that the
 //! healing quorum does not hold, so no quorum ever acknowledged them — and appends the rest.
-//! (4) Once a quorum holds its whole journal, it goes *active* ([`Output::Active`]): the shell
-//! rebuilds the queues from [`Store::outstanding`]. Why no ACKed record is lost: an ACKed
+//! (4) It appends its lease's first record (`StoredLeaseStart`, which carries nothing) and,
+//! once a quorum holds its whole journal with it, goes *active* ([`Output::Active`]): the
+//! shell rebuilds the queues from [`Store::outstanding`]. The lease's record is Raft's no-op
+//! at the start of a term (§5.4.2): records of older leases are committed by this primary
+//! only together with one of its own, so a quorum's journals end in its lease — without it,
+//! a later primary holding another older lease's records at those positions could count its
+//! journal the more advanced one. Why no ACKed record is lost: an ACKed
 //! record is on a quorum; the healing quorum intersects it; the most advanced member of the
 //! healing quorum therefore holds it (same-lease journals are prefixes of each other, and a
 //! member with a later lease was synchronised by that lease's primary, which held it by the
@@ -57,6 +62,21 @@
 //! lease at the floor differs holds from there on records that the primary's journal does
 //! not, so none of them was committed: see the healing argument above.)
 //!
+//! **A journal lost to corruption**: a node whose journal was found corrupt at open starts
+//! with an empty one that [`Store::needs_install`] — it may lack records it receipted, which
+//! a quorum counted on. Counted in a healing quorum it could hide a committed record (the
+//! healing quorum must intersect every commit quorum in a member that still holds it), so
+//! it answers shape queries marked `needs_install` and the primary does not count it (nor
+//! itself, when it is the one); it serves no pull (a sync from its shorter journal would cut
+//! the puller's), and a primary pulling from it when it lost its journal chooses again. It
+//! counts again once it durably holds what a primary had when it began bringing it up to
+//! date (that primary's journal holds every committed record: it healed from a quorum that
+//! did not count this node), or, as primary, once it goes active. Since its journal no
+//! longer tells which leases it served, the highest one it served is kept beside the journal
+//! ([`Store::primary_lease_mark`]), and named primary at a lease up to it, it asks for a new
+//! one ([`Output::LeaseReused`]). This is the rule of a Raft server that lost its log: it
+//! must not vote as if it held what it acknowledged.
+//!
 //! **Replica**: accepts `SyncRecords` from a primary with a lease at least its own, and then
 //! `ReplicateRecords` of that lease that follow its last record; anything else from a current
 //! primary is answered with its shape (the primary then synchronises it). Stale leases are
@@ -65,14 +85,14 @@
 //! only from a conflict (§5.3): a sync may answer an older shape, and what the replica holds
 //! beyond it may already be receipted, and counted towards a quorum.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bmq_proto::client::Property;
 use bmq_proto::peer::{
     journal_record::Kind as RecordKind, partition_message::Kind as MsgKind, JournalRecord,
     JournalShape, PartitionMessage, PullRecords, Receipt, ReplicaStateQuery, ReplicaStateResponse,
-    ReplicateRecords, StoredMessage, SyncRecords,
+    ReplicateRecords, StoredLeaseStart, StoredMessage, SyncRecords,
 };
 use bmq_proto::{LeaseId, NodeId, PartitionId, SessionAddr, UriBytes};
 use bytes::Bytes;
@@ -291,6 +311,15 @@ pub struct ReplicationCore {
     phase: Option<PrimaryPhase>,
     /// Journal shapes collected while healing.
     shapes: BTreeMap<NodeId, JournalShape>,
+    /// Members (this node among them) whose journal was set aside as corrupt and is not
+    /// re-installed yet ([`Store::needs_install`]): their shapes are used, but they do not
+    /// count towards the healing quorum.
+    uncounted: BTreeSet<NodeId>,
+    /// While this node's journal needs an install: the lease of the primary that began
+    /// bringing it up to date and that primary's last position then. Once it holds that
+    /// position durably it holds every record it can have acknowledged before it lost its
+    /// journal, and counts again.
+    reinstall_target: Option<(LeaseId, u64)>,
     replicas: BTreeMap<NodeId, ReplicaProgress>,
     /// Highest position held by a quorum at this lease.
     committed: u64,
@@ -335,6 +364,8 @@ impl ReplicationCore {
             synced_lease: LeaseId(0),
             phase: None,
             shapes: BTreeMap::new(),
+            uncounted: BTreeSet::new(),
+            reinstall_target: None,
             replicas: BTreeMap::new(),
             committed: 0,
             strong_waiters: AckWaiters::default(),
@@ -453,6 +484,20 @@ impl ReplicationCore {
             return (records, horizon);
         }
         (records, covered)
+    }
+
+    /// Whether an earlier run of this node may have acted as primary of `lease`: its journal
+    /// holds the lease, or its durable primary-lease mark reaches it (made durable before any
+    /// sync of the lease leaves, and kept when a corrupt journal is set aside).
+    fn may_have_served(&self, lease: LeaseId) -> bool {
+        self.journal_holds_lease(lease) || self.store.primary_lease_mark() >= lease.0
+    }
+
+    /// Whether this primary's lease is in its durable primary-lease mark: until then it
+    /// changes no replica's journal (no sync, no records), so a restart that lost what it
+    /// did since still knows it served the lease.
+    fn lease_marked(&self) -> bool {
+        self.store.primary_lease_mark() >= self.lease.0
     }
 
     /// Whether the journal holds (or held: lease runs cover compacted positions too) a
@@ -709,7 +754,7 @@ impl ReplicationCore {
             if self.phase.is_some() && self.lease == lease {
                 return;
             }
-            if self.primary_lease_this_run != Some(lease) && self.journal_holds_lease(lease) {
+            if self.primary_lease_this_run != Some(lease) && self.may_have_served(lease) {
                 // Written by an earlier run of this node as primary of `lease`: ask for a new
                 // lease instead of healing at this one (see `Output::LeaseReused`).
                 warn!(partition = %self.cfg.partition, %lease, "named primary at a lease this node's journal already holds from before a restart: asking the leader for a new lease");
@@ -724,6 +769,20 @@ impl ReplicationCore {
                 return;
             }
             self.step_down(lease, primary);
+            self.ask_for_install(now);
+        }
+    }
+
+    /// A replica whose journal was set aside shows its (empty) shape to the primary until a
+    /// sync begins its re-install: an idle primary that saw it caught up before would
+    /// otherwise send it nothing.
+    fn ask_for_install(&mut self, now: Instant) {
+        if !self.store.needs_install() || self.reinstall_target.is_some() || self.failed {
+            return;
+        }
+        if let Some(primary) = self.primary.filter(|p| *p != self.cfg.self_id) {
+            self.answer_shape(primary);
+            self.next_tick = Some(now + self.cfg.resend_after);
         }
     }
 
@@ -739,6 +798,7 @@ impl ReplicationCore {
         self.lease = lease;
         self.primary = primary;
         self.shapes.clear();
+        self.uncounted.clear();
         self.replicas.clear();
         self.strong_waiters.clear();
         self.eventual_waiters.clear();
@@ -751,6 +811,10 @@ impl ReplicationCore {
         self.installing = None;
         self.phase = Some(PrimaryPhase::Collecting);
         self.synced_lease = lease;
+        self.store.note_primary_lease(lease.0);
+        if self.store.needs_install() {
+            self.uncounted.insert(self.cfg.self_id);
+        }
         self.shapes.insert(self.cfg.self_id, self.shape());
         for n in self.others() {
             self.replicas.insert(
@@ -833,8 +897,19 @@ impl ReplicationCore {
         }
         let shape = r.shape.unwrap_or_default();
         match self.phase.clone().expect("checked") {
-            PrimaryPhase::Collecting | PrimaryPhase::Pulling { .. } => {
+            phase @ (PrimaryPhase::Collecting | PrimaryPhase::Pulling { .. }) => {
+                if r.needs_install {
+                    self.uncounted.insert(from);
+                } else {
+                    self.uncounted.remove(&from);
+                }
                 self.shapes.insert(from, shape);
+                if phase == (PrimaryPhase::Pulling { from }) {
+                    // The member pulled from answers with its shape instead (it lost its
+                    // journal): choose again.
+                    self.phase = Some(PrimaryPhase::Collecting);
+                    self.pull_sent_at = None;
+                }
                 self.advance_healing(now);
             }
             PrimaryPhase::Syncing | PrimaryPhase::Active => {
@@ -846,6 +921,13 @@ impl ReplicationCore {
 
     fn on_pull(&mut self, from: NodeId, p: PullRecords) {
         if !self.observe_lease(LeaseId(p.lease), from) {
+            return;
+        }
+        if self.store.needs_install() {
+            // A journal set aside since the puller saw our shape holds less than it did, and
+            // a sync from it would cut the puller's journal to what we hold: show our shape
+            // instead (marked), and the puller chooses again.
+            self.answer_shape(from);
             return;
         }
         let shape = p.shape.unwrap_or_default();
@@ -1144,6 +1226,15 @@ impl ReplicationCore {
         };
         if applied {
             self.synced_lease = LeaseId(s.lease);
+            if self.store.needs_install()
+                && self
+                    .reinstall_target
+                    .is_none_or(|(l, _)| l != LeaseId(s.lease))
+            {
+                self.reinstall_target = Some((LeaseId(s.lease), s.sender_last_sequence));
+            }
+            // An install may have made it durable already.
+            self.check_reinstalled();
             if !self.writes_pending() {
                 // Nothing new to write: what we hold is durable already.
                 self.send_receipt();
@@ -1162,6 +1253,7 @@ impl ReplicationCore {
             partition_id: self.cfg.partition.0,
             lease: self.lease.0,
             shape: Some(self.shape()),
+            needs_install: self.store.needs_install(),
         };
         self.send(to, MsgKind::StateResponse(r));
     }
@@ -1274,11 +1366,43 @@ impl ReplicationCore {
     /// The journal is durable up to `sequence` (fsync done).
     fn on_persisted(&mut self, now: Instant, sequence: u64) {
         self.persisted = sequence.min(self.store.last_sequence()).max(self.persisted);
+        self.check_reinstalled();
+        if matches!(
+            self.phase,
+            Some(PrimaryPhase::Collecting | PrimaryPhase::Pulling { .. })
+        ) {
+            // Healing may have waited for the primary-lease mark.
+            self.advance_healing(now);
+        }
         if self.phase.is_some() {
             self.update_commit(now);
             self.pump(now);
         } else {
             self.send_receipt();
+        }
+    }
+
+    /// Clears [`Store::needs_install`] once this journal durably holds the position its
+    /// re-install aims at (`reinstall_target`) under the same lease.
+    fn check_reinstalled(&mut self) {
+        let Some((lease, through)) = self.reinstall_target else {
+            return;
+        };
+        if !self.store.needs_install() {
+            self.reinstall_target = None;
+            return;
+        }
+        if lease != self.lease || self.persisted < through || self.installing.is_some() {
+            return;
+        }
+        match self.store.clear_needs_install() {
+            Ok(()) => {
+                self.reinstall_target = None;
+                info!(partition = %self.cfg.partition, %lease, through, "journal re-installed: counts in healing quorums again");
+            }
+            Err(e) => {
+                self.fail(e);
+            }
         }
     }
 
@@ -1313,8 +1437,15 @@ impl ReplicationCore {
         match self.phase {
             Some(PrimaryPhase::Syncing) => {
                 let last = self.store.last_sequence();
-                if self.persisted == last && self.committed >= last {
+                let started = self.store.last_lease() == self.lease.0;
+                if started && self.persisted == last && self.committed >= last {
                     self.phase = Some(PrimaryPhase::Active);
+                    if self.store.needs_install() {
+                        // Healed from a quorum that did not count this node: its journal
+                        // holds every committed record.
+                        self.reinstall_target = Some((self.lease, last));
+                        self.check_reinstalled();
+                    }
                     self.settle(now);
                     self.outputs.push_back(Output::Active { lease: self.lease });
                 }
@@ -1356,19 +1487,33 @@ impl ReplicationCore {
         loop {
             match self.phase.clone() {
                 Some(PrimaryPhase::Collecting) => {
-                    if self.shapes.len() < self.cfg.quorum {
+                    let counted = self
+                        .shapes
+                        .keys()
+                        .filter(|n| !self.uncounted.contains(n))
+                        .count();
+                    if counted < self.cfg.quorum {
                         return;
                     }
                     let mine = shape_position(&self.shape());
+                    // Pulled from a counted member (or this one): one whose journal was set
+                    // aside serves no pull, and a counted member holds every committed record
+                    // (the counted members are a quorum, and each holds what it receipted).
+                    let me = self.cfg.self_id;
                     let best = self
                         .shapes
                         .iter()
+                        .filter(|(n, _)| **n == me || !self.uncounted.contains(n))
                         .max_by_key(|(n, s)| (shape_position(s), **n == self.cfg.self_id))
                         .map(|(n, s)| (*n, shape_position(s)))
                         .expect("at least our own shape");
                     if best.1 > mine {
                         self.phase = Some(PrimaryPhase::Pulling { from: best.0 });
                         self.send_pull(now, best.0);
+                        return;
+                    }
+                    if !self.lease_marked() {
+                        // Resumed once the mark is durable (`on_persisted`).
                         return;
                     }
                     self.phase = Some(PrimaryPhase::Syncing);
@@ -1385,9 +1530,13 @@ impl ReplicationCore {
                         }
                         return;
                     }
+                    if !self.lease_marked() {
+                        return;
+                    }
                     self.phase = Some(PrimaryPhase::Syncing);
                 }
                 Some(PrimaryPhase::Syncing) => {
+                    self.start_lease(now);
                     let shapes = std::mem::take(&mut self.shapes);
                     for (n, shape) in &shapes {
                         if *n != self.cfg.self_id {
@@ -1400,6 +1549,18 @@ impl ReplicationCore {
                 }
                 _ => return,
             }
+        }
+    }
+
+    /// Appends the lease's first record once the journal is whole (`StoredLeaseStart`, as
+    /// Raft's leader appends a no-op at the start of its term, §5.4.2): until a quorum holds a
+    /// record of this lease, the records of older leases it holds are not committed by this
+    /// primary's count, since a later healing could prefer a journal whose last lease is
+    /// higher than theirs. A full disk leaves it to the next tick; the primary goes active
+    /// only with it.
+    fn start_lease(&mut self, now: Instant) {
+        if self.store.last_lease() != self.lease.0 {
+            self.append(now, RecordKind::LeaseStart(StoredLeaseStart {}), 0);
         }
     }
 
@@ -1583,6 +1744,7 @@ impl ReplicationCore {
         }
         self.next_tick = self.phase.as_ref().map(|_| now + TICK);
         let Some(phase) = self.phase.clone() else {
+            self.ask_for_install(now);
             return;
         };
         let resend = self.cfg.resend_after;
@@ -1592,6 +1754,9 @@ impl ReplicationCore {
             if stale(self.pull_sent_at) {
                 self.send_pull(now, from);
             }
+        }
+        if phase == PrimaryPhase::Syncing {
+            self.start_lease(now);
         }
         let last = self.store.last_sequence();
         let nodes: Vec<NodeId> = self.replicas.keys().copied().collect();

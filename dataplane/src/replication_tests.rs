@@ -271,47 +271,53 @@ fn settled(to: u32, lease: u64, prev: u64, base: u64) -> Output {
 #[test]
 fn strong_put_is_acked_at_quorum_receipt() {
     // DESIGN.md §7 strong consistency: no ACK on the primary's own fsync, ACK on the first
-    // replica receipt (2 of 3); then the position is settled where every in-sync replica has
-    // it (node 3, which never receipted, is not waited for).
+    // replica receipt (2 of 3); the position is settled once every in-sync replica has it
+    // (node 3 receipted the lease's first record, so it is in sync and waited for).
     let now = Instant::now();
     let mut core = active_cluster(now).remove(0);
-    let r = put(&mut core, now, 1, true);
-    assert_eq!(r, PutResult::Appended { sequence: 1 });
-    let rec1 = rec(1, 1);
+    // Record 1 is the lease's first record (committed when the primary went active).
+    let r = put(&mut core, now, 2, true);
+    assert_eq!(r, PutResult::Appended { sequence: 2 });
+    let rec2 = rec(1, 2);
     let replicate = |to| Output::Send {
         to: NodeId(to),
         message: msg(MsgKind::Replicate(ReplicateRecords {
             partition_id: 0,
             lease: 1,
-            prev_sequence: 0,
+            prev_sequence: 1,
             records: vec![],
-            covered_through: 1,
-            settled_through: 0,
+            covered_through: 2,
+            settled_through: 1,
             // Fresh records stream as the journal holds them, encoded once.
-            framed_records: encode_frames(std::slice::from_ref(&rec1)),
+            framed_records: encode_frames(std::slice::from_ref(&rec2)),
         })),
     };
-    // The lease's first record leaves only once it is durable here (`send_horizon`).
-    assert_eq!(drain(&mut core), vec![]);
-    assert!(core.needs_sync());
-    assert_eq!(records(&core), vec![rec1.clone()]);
-    core.sync(now).unwrap();
+    // Streamed at once, before the primary's own fsync.
     assert_eq!(drain(&mut core), vec![replicate(2), replicate(3)]);
-    core.handle_message(now, NodeId(2), receipt(1, 1));
+    assert_eq!(records(&core)[1], rec2);
+    core.sync(now).unwrap();
     assert_eq!(
         drain(&mut core),
-        vec![
-            Output::Ack {
-                producer: producer(),
-                uri: "bmq://d/q".into(),
-                guid: guid(1)
-            },
-            settled(2, 1, 1, 1),
-            settled(3, 1, 1, 1),
-        ]
+        vec![],
+        "no ACK on the primary's fsync alone"
     );
-    assert_eq!(core.committed(), 1);
-    assert_eq!(core.store().base(), 1);
+    core.handle_message(now, NodeId(2), receipt(2, 1));
+    assert_eq!(
+        drain(&mut core),
+        vec![Output::Ack {
+            producer: producer(),
+            uri: "bmq://d/q".into(),
+            guid: guid(2)
+        }]
+    );
+    assert_eq!(core.committed(), 2);
+    assert_eq!(core.store().base(), 1, "node 3 is in sync and lacks it");
+    core.handle_message(now, NodeId(3), receipt(2, 1));
+    assert_eq!(
+        drain(&mut core),
+        vec![settled(2, 1, 2, 2), settled(3, 1, 2, 2)]
+    );
+    assert_eq!(core.store().base(), 2);
 }
 
 /// A replica receipts a record only once its fsync has finished when the fsync runs off the
@@ -332,7 +338,6 @@ fn replica_receipts_only_after_its_fsync_ticket_completes() {
     );
     let put_to_node_2 = |cores: &mut [Node], n: u8| {
         put(&mut cores[0], now, n, true);
-        // The lease's first record leaves the primary once durable there.
         cores[0].sync(now).unwrap();
         for o in drain(&mut cores[0]) {
             if let Output::Send { to, message } = o {
@@ -344,8 +349,9 @@ fn replica_receipts_only_after_its_fsync_ticket_completes() {
     };
     put_to_node_2(&mut cores, 1);
     assert_eq!(drain(&mut cores[1]), vec![], "no receipt before an fsync");
+    // Record 1 is the lease's first record, durable since the primary went active.
     let ticket = cores[1].begin_sync(now).unwrap().expect("an fsync to run");
-    assert_eq!(ticket.through(), 1);
+    assert_eq!(ticket.through(), 2);
     assert_eq!(
         drain(&mut cores[1]),
         vec![],
@@ -359,10 +365,10 @@ fn replica_receipts_only_after_its_fsync_ticket_completes() {
         to: NodeId(1),
         message: receipt(sequence, 1),
     };
-    assert_eq!(drain(&mut cores[1]), vec![receipt_to_1(1)]);
-    assert!(cores[1].needs_sync(), "record 2 waits for the next fsync");
-    cores[1].sync(now).unwrap();
     assert_eq!(drain(&mut cores[1]), vec![receipt_to_1(2)]);
+    assert!(cores[1].needs_sync(), "record 3 waits for the next fsync");
+    cores[1].sync(now).unwrap();
+    assert_eq!(drain(&mut cores[1]), vec![receipt_to_1(3)]);
 }
 
 #[test]
@@ -396,7 +402,8 @@ fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
     };
     assert_eq!(core.duplicate_of(now, &guid(1)), None);
     let r = put(&mut core, now, 1, true);
-    assert_eq!(r, PutResult::Appended { sequence: 1 });
+    // Record 1 is the lease's first record.
+    assert_eq!(r, PutResult::Appended { sequence: 2 });
     drain(&mut core);
     let resend = |core: &mut ReplicationCore, producer: SessionAddr| {
         let sequence = core.duplicate_of(now, &guid(1)).expect("a resend");
@@ -405,9 +412,9 @@ fn duplicate_guid_is_stored_once_and_acked_with_the_first_copy() {
     resend(&mut core, producer());
     resend(&mut core, other);
     assert_eq!(drain(&mut core), vec![]);
-    assert_eq!(core.last_sequence(), 1);
+    assert_eq!(core.last_sequence(), 2);
     core.sync(now).unwrap();
-    core.handle_message(now, NodeId(3), receipt(1, 1));
+    core.handle_message(now, NodeId(3), receipt(2, 1));
     let ack = |producer| Output::Ack {
         producer,
         uri: "bmq://d/q".into(),
@@ -447,6 +454,8 @@ fn healing_pulls_from_the_most_advanced_member() {
     let mut replica = node(3, journal(&[(1, 4)]));
     primary.handle_role(now, Some(NodeId(2)), LeaseId(2));
     replica.handle_role(now, Some(NodeId(2)), LeaseId(2));
+    // The primary-lease mark is made durable before the primary changes a replica.
+    primary.sync(now).unwrap();
     drain(&mut primary);
     replica.handle_message(
         now,
@@ -462,6 +471,7 @@ fn healing_pulls_from_the_most_advanced_member() {
         vec![Output::Send {
             to: NodeId(2),
             message: msg(MsgKind::StateResponse(ReplicaStateResponse {
+                needs_install: false,
                 partition_id: 0,
                 lease: 2,
                 shape: Some(shape_of(&[(1, 1)], 4)),
@@ -509,6 +519,7 @@ fn healing_pulls_from_the_most_advanced_member() {
     );
     primary.handle_message(now, NodeId(3), msg(MsgKind::Sync(sync)));
     let outs = drain(&mut primary);
+    // Whole, the primary appends its lease's first record (5), which leaves it once durable.
     assert_eq!(
         outs,
         vec![Output::Send {
@@ -518,21 +529,35 @@ fn healing_pulls_from_the_most_advanced_member() {
                 lease: 2,
                 truncate_after: 4,
                 records: vec![],
-                sender_last_sequence: 4,
+                sender_last_sequence: 5,
                 covered_through: 4,
-                runs: shape_of(&[(1, 1)], 4).runs,
+                runs: shape_of(&[(1, 1), (2, 5)], 5).runs,
                 ..Default::default()
             }))
         },]
     );
-    assert_eq!(records(&primary), journal(&[(1, 4)]));
+    assert_eq!(records(&primary)[..4], journal(&[(1, 4)])[..]);
+    assert!(matches!(
+        records(&primary)[4].kind,
+        Some(RecordKind::LeaseStart(_))
+    ));
     assert_eq!(primary.phase(), Some(&PrimaryPhase::Syncing));
     primary.sync(now).unwrap();
-    assert_eq!(drain(&mut primary), vec![]);
+    let outs = drain(&mut primary);
+    assert!(
+        matches!(&outs[..], [Output::Send { to, message }] if *to == NodeId(3) && matches!(&message.kind, Some(MsgKind::Replicate(r)) if r.prev_sequence == 4 && r.covered_through == 5)),
+        "{outs:?}"
+    );
     primary.handle_message(now, NodeId(3), receipt(4, 2));
     assert_eq!(
         drain(&mut primary),
-        vec![Output::Active { lease: LeaseId(2) }, settled(3, 2, 4, 4)]
+        vec![],
+        "not active before a quorum holds record 5"
+    );
+    primary.handle_message(now, NodeId(3), receipt(5, 2));
+    assert_eq!(
+        drain(&mut primary),
+        vec![Output::Active { lease: LeaseId(2) }, settled(3, 2, 5, 5)]
     );
 }
 
@@ -545,11 +570,13 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
     let mut primary = node(2, journal(&[(1, 3)]));
     let mut replica = node(3, journal(&[(1, 5)]));
     primary.handle_role(now, Some(NodeId(2)), LeaseId(2));
+    primary.sync(now).unwrap();
     drain(&mut primary);
     primary.handle_message(
         now,
         NodeId(1),
         msg(MsgKind::StateResponse(ReplicaStateResponse {
+            needs_install: false,
             partition_id: 0,
             lease: 2,
             shape: Some(shape_of(&[(1, 1)], 3)),
@@ -557,36 +584,39 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
     );
     drain(&mut primary);
     primary.sync(now).unwrap();
-    primary.handle_message(now, NodeId(1), receipt(3, 2));
+    drain(&mut primary);
+    // Record 4 is lease 2's first record: active once node 1 holds it.
+    primary.handle_message(now, NodeId(1), receipt(4, 2));
     assert_eq!(
         drain(&mut primary),
-        vec![Output::Active { lease: LeaseId(2) }, settled(1, 2, 3, 3)]
+        vec![Output::Active { lease: LeaseId(2) }, settled(1, 2, 4, 4)]
     );
-    put(&mut primary, now, 4, true);
-    // Durable here first: no record of lease 2 leaves before that (`send_horizon`).
+    put(&mut primary, now, 5, true);
     primary.sync(now).unwrap();
     drain(&mut primary);
     primary.handle_message(
         now,
         NodeId(3),
         msg(MsgKind::StateResponse(ReplicaStateResponse {
+            needs_install: false,
             partition_id: 0,
             lease: 2,
             shape: Some(replica.shape()),
         })),
     );
     let outs = drain(&mut primary);
-    let new4 = records(&primary)[3].clone();
-    assert_eq!(new4.lease, 2);
+    let lease_start = records(&primary)[3].clone();
+    let new5 = records(&primary)[4].clone();
+    assert_eq!((lease_start.lease, new5.lease), (2, 2));
     let sync = SyncRecords {
         partition_id: 0,
         lease: 2,
         truncate_after: 3,
-        records: vec![new4.clone()],
-        sender_last_sequence: 4,
-        covered_through: 4,
-        settled_through: 3,
-        runs: shape_of(&[(1, 1), (2, 4)], 4).runs,
+        records: vec![lease_start.clone(), new5.clone()],
+        sender_last_sequence: 5,
+        covered_through: 5,
+        settled_through: 4,
+        runs: shape_of(&[(1, 1), (2, 4)], 5).runs,
         ..Default::default()
     };
     assert_eq!(
@@ -599,9 +629,9 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
     replica.handle_message(now, NodeId(2), msg(MsgKind::Sync(sync)));
     assert_eq!(drain(&mut replica), vec![]);
     let mut want = journal(&[(1, 3)]);
-    want.push(new4);
+    want.extend([lease_start, new5]);
     assert_eq!(records(&replica), want);
-    assert_eq!(replica.store().base(), 3);
+    assert_eq!(replica.store().base(), 4);
     replica.sync(now).unwrap();
     assert_eq!(
         drain(&mut replica),
@@ -610,7 +640,7 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
             message: msg(MsgKind::Receipt(Receipt {
                 partition_id: 0,
                 lease: 2,
-                sequence: 4
+                sequence: 5
             }))
         }]
     );
@@ -693,17 +723,22 @@ fn every_acked_message_survives_the_primary_failing() {
         cores[2].shape(),
         cores[1].replica_receipts()
     );
-    let held: Vec<Bytes> = records(&cores[1])
+    assert_holds_every(&cores[1], &acked);
+    assert_eq!(records(&cores[1]), records(&cores[2]));
+}
+
+/// Asserts that `core`'s journal holds a message record of every GUID in `acked`.
+fn assert_holds_every(core: &ReplicationCore, acked: &[Bytes]) {
+    let held: Vec<Bytes> = records(core)
         .iter()
         .filter_map(|r| match &r.kind {
             Some(RecordKind::Message(m)) => Some(m.guid.clone()),
             _ => None,
         })
         .collect();
-    for g in &acked {
+    for g in acked {
         assert!(held.contains(g), "acked {g:?} lost");
     }
-    assert_eq!(records(&cores[1]), records(&cores[2]));
 }
 
 fn confirm_record(n: u8) -> RecordKind {
@@ -876,8 +911,8 @@ fn the_duplicate_window_holds_finished_messages_only() {
     let primary = &mut cores[0];
     assert_eq!(
         primary.duplicate_of(now, &guid(1)),
-        Some(1),
-        "outstanding: its record"
+        Some(2),
+        "outstanding: its record (after the lease's first)"
     );
     assert_eq!(
         primary.duplicate_of(now, &guid(2)),
@@ -1177,7 +1212,8 @@ fn ack_waiters_leave_in_sequence_order_and_a_resend_waits_once() {
 
 /// Three nodes that compacted (floor above 0) with some messages outstanding; node 2 is named
 /// primary of lease 2 on nodes 2 and 3 (node 1 is down), and the lease's state queries
-/// between them are delivered. Returns the cluster and node 2's sync of node 3, not delivered.
+/// between them are delivered. Returns the cluster and node 2's sync of node 3, not delivered
+/// (nor is the lease's first record that follows it).
 fn lease_two_healing_with_compacted_journals(now: Instant) -> (Vec<Node>, PartitionMessage) {
     let mut cores = small_segment_cluster(now, 700);
     for n in 1..=40u8 {
@@ -1212,11 +1248,10 @@ fn lease_two_healing_with_compacted_journals(now: Instant) -> (Vec<Node>, Partit
             message,
         } = o
         {
-            assert!(
-                matches!(&message.kind, Some(MsgKind::Sync(s)) if !s.install),
-                "{message:?}"
-            );
-            sync = Some(message);
+            if let Some(MsgKind::Sync(s)) = &message.kind {
+                assert!(!s.install, "{message:?}");
+                sync.get_or_insert(message);
+            }
         }
     }
     (cores, sync.expect("node 2 syncs node 3"))
@@ -1233,7 +1268,8 @@ fn a_lost_sync_is_not_replaced_by_an_install_of_a_replica_that_holds_the_history
     let t0 = Instant::now();
     let (mut cores, _lost) = lease_two_healing_with_compacted_journals(t0);
     let held = cores[2].last_sequence();
-    assert_eq!(held, cores[1].last_sequence());
+    // Node 2 holds the same and its lease's first record.
+    assert_eq!(held + 1, cores[1].last_sequence());
     let t1 = t0 + Duration::from_secs(1);
     cores[1].handle_timeout(t1);
     let to_node_3: Vec<_> = drain(&mut cores[1])
@@ -1262,8 +1298,8 @@ fn a_lost_sync_is_not_replaced_by_an_install_of_a_replica_that_holds_the_history
         outs.contains(&Output::Active { lease: LeaseId(2) }),
         "{outs:?}"
     );
-    assert_eq!(cores[2].last_sequence(), held);
-    assert_eq!(cores[1].replica_receipts()[1], (NodeId(3), held));
+    assert_eq!(cores[2].last_sequence(), held + 1);
+    assert_eq!(cores[1].replica_receipts()[1], (NodeId(3), held + 1));
 }
 
 #[test]
@@ -1276,8 +1312,8 @@ fn a_replica_that_holds_the_install_floor_position_keeps_its_journal() {
     let t0 = Instant::now();
     let (mut cores, sync) = lease_two_healing_with_compacted_journals(t0);
     cores[2].handle_message(t0, NodeId(2), sync);
+    // Node 3 holds lease 1's records (the lease's first record was not delivered).
     settle(t0, &mut cores, &[1]);
-    assert!(cores[1].is_active_primary());
     let held = cores[2].last_sequence();
     let install = cores[1].install_message(0).expect("readable");
     assert!(install.install_through > 0 && install.install_through < held);
@@ -1294,6 +1330,11 @@ fn a_replica_that_holds_the_install_floor_position_keeps_its_journal() {
         ),
         "{outs:?}"
     );
+    // The lease's first record is resent; the primary goes active.
+    let t1 = t0 + Duration::from_secs(1);
+    cores[1].handle_timeout(t1);
+    settle(t1, &mut cores, &[1]);
+    assert!(cores[1].is_active_primary());
     // (A journal that ends below the floor still takes the install:
     // `a_replica_behind_the_floor_receives_the_live_state`.)
 }
@@ -1335,28 +1376,262 @@ fn acks(outputs: Vec<Output>) -> Vec<Output> {
 /// position under the same lease.
 #[test]
 fn no_record_of_a_lease_leaves_the_primary_before_its_first_is_durable_there() {
+    // The lease's first record is the one a healed primary appends (`StoredLeaseStart`).
     let now = Instant::now();
-    let mut core = active_cluster(now).remove(0);
-    for n in 1..=3 {
-        put(&mut core, now, n, true);
-    }
-    let sent = |outputs: &[Output]| {
-        outputs
-            .iter()
-            .filter(|o| matches!(o, Output::Send { .. }))
-            .count()
+    let mut core = node(1, vec![]);
+    core.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    drain(&mut core);
+    core.sync(now).unwrap();
+    core.handle_message(
+        now,
+        NodeId(2),
+        msg(MsgKind::StateResponse(ReplicaStateResponse {
+            needs_install: false,
+            partition_id: 0,
+            lease: 1,
+            shape: Some(Default::default()),
+        })),
+    );
+    assert_eq!(core.last_sequence(), 1, "the lease's first record");
+    let carries_1 = |outputs: &[Output]| {
+        outputs.iter().any(|o| match o {
+            Output::Send { message, .. } => match &message.kind {
+                Some(MsgKind::Sync(s)) => s.covered_through >= 1 || !s.records.is_empty(),
+                Some(MsgKind::Replicate(r)) => r.covered_through >= 1,
+                _ => false,
+            },
+            _ => false,
+        })
     };
-    assert_eq!(
-        sent(&drain(&mut core)),
-        0,
-        "nothing before the primary's fsync"
+    let outputs = drain(&mut core);
+    assert!(
+        !carries_1(&outputs),
+        "nothing before the primary's fsync: {outputs:?}"
     );
     core.handle_timeout(now + Duration::from_secs(5));
-    assert_eq!(sent(&drain(&mut core)), 0, "no resend either");
+    assert!(!carries_1(&drain(&mut core)), "no resend either");
     core.sync(now).unwrap();
     let outputs = drain(&mut core);
-    assert_eq!(sent(&outputs), 2, "then to both replicas: {outputs:?}");
+    assert!(carries_1(&outputs), "then it goes: {outputs:?}");
+    core.handle_message(now, NodeId(2), receipt(1, 1));
+    assert!(core.is_active_primary());
+    drain(&mut core);
     // Later records of the lease stream before the primary's own fsync.
     put(&mut core, now, 4, true);
-    assert_eq!(sent(&drain(&mut core)), 2);
+    let sends = drain(&mut core)
+        .iter()
+        .filter(|o| matches!(o, Output::Send { .. }))
+        .count();
+    assert_eq!(sends, 1, "to node 2 (node 3 never answered)");
+}
+
+/// `node` after its journal was found corrupt and set aside ([`Store::quarantine`]): a
+/// restarted core over the empty journal that needs an install.
+fn lose_journal(node: Node) -> Node {
+    let Node { core, _dir } = node;
+    let me = core.cfg.self_id.0;
+    let cfg_store = core.store().config();
+    drop(core);
+    Store::quarantine(&bmq_storage::disk::RealDisk, _dir.path()).unwrap();
+    let store = Store::open(_dir.path(), cfg_store, apps()).unwrap();
+    assert!(store.needs_install());
+    assert_eq!(store.last_sequence(), 0);
+    Node {
+        core: ReplicationCore::new(cfg(me), store),
+        _dir,
+    }
+}
+
+#[test]
+fn a_replica_that_lost_its_journal_counts_in_no_healing_quorum_until_reinstalled() {
+    // Records 4 and 5 are ACKed by nodes 1 and 3 while node 2 misses them. Node 3 then loses
+    // its journal (corrupt, set aside) and node 1 dies. Healing with nodes 2 and 3 would lose
+    // 4 and 5 — node 3 answers an empty journal — so node 2, primary of lease 2, does not go
+    // active on that quorum: it waits for node 1, pulls 4 and 5 from it, and brings node 3 up
+    // to its journal, after which node 3 counts again.
+    let now = Instant::now();
+    let mut cores = active_cluster(now);
+    let mut acked = Vec::new();
+    for i in 1..=5u8 {
+        put(&mut cores[0], now, i, true);
+        let down: &[u32] = if i >= 4 { &[2] } else { &[] };
+        for o in settle(now, &mut cores, down) {
+            if let Output::Ack { guid, .. } = o {
+                acked.push(guid);
+            }
+        }
+    }
+    assert_eq!(acked.len(), 5);
+    // The lease's first record and three messages.
+    assert_eq!(cores[1].store().last_sequence(), 4);
+    let third = cores.pop().unwrap();
+    cores.push(lose_journal(third));
+    for c in cores.iter_mut().skip(1) {
+        c.handle_role(now, Some(NodeId(2)), LeaseId(2));
+    }
+    let outs = settle(now, &mut cores, &[1]);
+    assert!(
+        !outs.contains(&Output::Active { lease: LeaseId(2) }),
+        "healed on a quorum counting an emptied journal: {outs:?}"
+    );
+    assert_eq!(cores[1].phase(), Some(&PrimaryPhase::Collecting));
+    assert!(cores[2].store().needs_install());
+    // Node 1 answers (its query is resent on the primary's timer).
+    cores[1].handle_timeout(now + Duration::from_secs(1));
+    let outs = settle(now + Duration::from_secs(1), &mut cores, &[]);
+    assert!(
+        outs.contains(&Output::Active { lease: LeaseId(2) }),
+        "{outs:?}"
+    );
+    assert_holds_every(&cores[1], &acked);
+    assert_eq!(records(&cores[2]), records(&cores[1]));
+    assert!(
+        !cores[2].store().needs_install(),
+        "re-installed through the primary's last position: counts again"
+    );
+}
+
+#[test]
+fn a_primary_that_lost_its_journal_asks_for_a_lease_above_its_mark_and_does_not_count_itself() {
+    // Node 1 served lease 2 as primary, then lost its journal. Named again at lease 2 it can
+    // no longer see that in its journal, but its primary-lease mark does: it asks for a new
+    // lease. At lease 3 it heals, counting only the other members' answers.
+    let now = Instant::now();
+    let mut cores: Vec<_> = (1..=3).map(|n| node(n, vec![])).collect();
+    for c in cores.iter_mut() {
+        c.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    }
+    settle(now, &mut cores, &[]);
+    put(&mut cores[0], now, 1, true);
+    settle(now, &mut cores, &[]);
+    let first = cores.remove(0);
+    cores.insert(0, lose_journal(first));
+    assert_eq!(cores[0].store().primary_lease_mark(), 2);
+    cores[0].handle_role(now, Some(NodeId(1)), LeaseId(2));
+    assert!(cores[0].phase().is_none());
+    assert!(matches!(
+        drain(&mut cores[0]).as_slice(),
+        [Output::LeaseReused { lease }] if *lease == LeaseId(2)
+    ));
+    for c in cores.iter_mut() {
+        c.handle_role(now, Some(NodeId(1)), LeaseId(3));
+    }
+    // With node 3 down, node 2's answer and its own (uncounted) are not a quorum.
+    let outs = settle(now, &mut cores, &[3]);
+    assert!(
+        !outs.contains(&Output::Active { lease: LeaseId(3) }),
+        "{outs:?}"
+    );
+    cores[0].handle_timeout(now + Duration::from_secs(1));
+    let outs = settle(now + Duration::from_secs(1), &mut cores, &[]);
+    assert!(
+        outs.contains(&Output::Active { lease: LeaseId(3) }),
+        "{outs:?}"
+    );
+    let messages = records(&cores[0])
+        .iter()
+        .filter(|r| matches!(r.kind, Some(RecordKind::Message(_))))
+        .count();
+    assert_eq!(messages, 1, "pulled the message back");
+    assert!(!cores[0].store().needs_install());
+    assert!(cores[0].store().primary_lease_mark() >= 3);
+}
+
+#[test]
+fn a_primary_changes_no_replica_before_its_lease_is_durably_marked_and_a_restart_renews_it() {
+    // Node 1, named primary of lease 2 over a journal of lease 1, collects a quorum of shapes
+    // but sends no sync until its primary-lease mark is durable. Then it syncs node 2 and
+    // restarts having written no record of lease 2 (as after a failed fsync): its journal
+    // does not show the lease, its mark does, so named at lease 2 again it asks for a new
+    // lease instead of healing a second time at a lease whose first run changed a replica.
+    let now = Instant::now();
+    let node1 = node_on_disk(1, journal(&[(1, 3)]), 1 << 20, true);
+    let mut primary = node1;
+    primary.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    drain(&mut primary);
+    primary.handle_message(
+        now,
+        NodeId(2),
+        msg(MsgKind::StateResponse(ReplicaStateResponse {
+            needs_install: false,
+            partition_id: 0,
+            lease: 2,
+            shape: Some(shape_of(&[(1, 1)], 1)),
+        })),
+    );
+    assert_eq!(
+        drain(&mut primary),
+        vec![],
+        "no sync before the mark is durable"
+    );
+    assert_eq!(primary.phase(), Some(&PrimaryPhase::Collecting));
+    assert!(primary.needs_sync());
+    primary.sync(now).unwrap();
+    let outs = drain(&mut primary);
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::Send { to, message } if *to == NodeId(2) && matches!(message.kind, Some(MsgKind::Sync(_))))),
+        "{outs:?}"
+    );
+    let Node { core, _dir } = primary;
+    let cfg_store = core.store().config();
+    drop(core);
+    let store = Store::open(_dir.path(), cfg_store, apps()).unwrap();
+    assert_eq!(store.last_lease(), 1, "no record of lease 2 in the journal");
+    let mut restarted = ReplicationCore::new(cfg(1), store);
+    restarted.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    assert!(restarted.phase().is_none());
+    assert!(matches!(
+        drain(&mut restarted).as_slice(),
+        [Output::LeaseReused { lease }] if *lease == LeaseId(2)
+    ));
+}
+
+#[test]
+fn a_healed_primary_commits_older_records_only_with_a_record_of_its_own_lease() {
+    // Raft's figure 8 (§5.4.2). Nodes 1 and 2 hold records 4-5 of lease 1; node 3, primary of
+    // lease 2 once, holds records 4-5 of lease 2 that no quorum took. Node 1 heals lease 3
+    // with node 2 (node 3 down) and goes active, settling 4-5 of lease 1 on node 2. Without a
+    // record of lease 3, node 2's journal would still end in lease 1, and node 3, primary of
+    // lease 4 with node 2 (node 1 down), would count its own lease-2 journal the most
+    // advanced and sync node 2 to it — whose settled records cannot be cut. With lease 3's
+    // first record on node 2, node 2 is the most advanced: node 3 pulls from it.
+    let now = Instant::now();
+    let mut cores = vec![
+        node(1, journal(&[(1, 5)])),
+        node(2, journal(&[(1, 5)])),
+        node(3, journal(&[(1, 3), (2, 2)])),
+    ];
+    for c in cores.iter_mut().take(2) {
+        c.handle_role(now, Some(NodeId(1)), LeaseId(3));
+    }
+    let outs = settle(now, &mut cores, &[3]);
+    assert!(
+        outs.contains(&Output::Active { lease: LeaseId(3) }),
+        "{outs:?}"
+    );
+    assert_eq!(
+        cores[1].store().last_lease(),
+        3,
+        "node 2 holds lease 3's first record"
+    );
+    assert!(
+        cores[1].store().base() >= 5,
+        "4-5 of lease 1 settled on node 2"
+    );
+    for c in cores.iter_mut().skip(1) {
+        c.handle_role(now, Some(NodeId(3)), LeaseId(4));
+    }
+    let outs = settle(now, &mut cores, &[1]);
+    assert!(
+        outs.contains(&Output::Active { lease: LeaseId(4) }),
+        "{outs:?}"
+    );
+    let leases = |core: &ReplicationCore| -> Vec<(u64, u64)> {
+        records(core)
+            .iter()
+            .map(|r| (r.sequence, r.lease))
+            .collect()
+    };
+    assert_eq!(leases(&cores[2]), leases(&cores[1]), "one journal");
+    assert_eq!(&leases(&cores[2])[3..5], &[(4, 1), (5, 1)]);
 }

@@ -30,7 +30,13 @@
 //!   0-6 KiB more (less than a segment), then fails writes and reservations with ENOSPC for
 //!   100-500 ms, until space returns (or the node crashes: its machine comes back with
 //!   space). The node must go on: the primary NACKs PUTs `STORAGE_FAILURE` (nothing stored),
-//!   a replica receipts nothing it could not write, maintenance waits.
+//!   a replica receipts nothing it could not write, maintenance waits. In half the runs (a
+//!   stream of its own) one node's disk — one only, so that a quorum always keeps its
+//!   journal — has a bit flipped once or twice in a closed journal segment (live or down): a
+//!   read of the damaged record must stop the node before it is sent or delivered, and the
+//!   next open must find it, set the journal aside and start empty; that node then counts in
+//!   no healing quorum until a primary has re-installed it. (A damaged last record of the
+//!   active segment is cut as a torn write, as everywhere, and is not injected.)
 //! - **Clients**: producers with per-producer sequence numbers, at most 8 PUTs in flight,
 //!   resending every unacknowledged PUT with the same GUID to the current primary (as the
 //!   proxy does); a PUT NACKed `NOT_READY` or `STORAGE_FAILURE` stays unacknowledged and
@@ -59,13 +65,16 @@
 //!    durable is on the disk);
 //! 8. a replica's receipt never names a position beyond what its journal holds durably (a
 //!    replica whose disk is full receipts nothing it could not write);
-//! 9. a node stops (`PartitionOutput::Fatal`) only on a failed fsync the simulation caused: a
-//!    full disk never stops it, nor does any other journal error.
+//! 9. a node stops (`PartitionOutput::Fatal`) only on a failed fsync the simulation caused,
+//!    or on reading a record whose bit it flipped: a full disk never stops it, nor does any
+//!    other journal error; a journal is set aside at open only when a bit of it was flipped;
+//! 10. every push carries the payload its producer sent (no damaged record is delivered).
 //!
 //! Then a liveness phase without faults (every disk has space again): within
 //! [`LIVENESS_BOUND`] every producer has every PUT ACKed (those NACKed `STORAGE_FAILURE`
 //! included), every ACKed message was delivered (none lost) and confirmed, and every node's
-//! journal holds nothing outstanding.
+//! journal holds nothing outstanding, and no journal set aside is still waiting for its
+//! re-install.
 //!
 //! A failing run prints its seed, the last events and the replay command:
 //! `REPLICATION_SIM_SEED=<seed> cargo test -p bmq-dataplane --test replication_sim -- replay --nocapture`.
@@ -121,6 +130,13 @@ const IMPOSTOR_PAYLOAD: &[u8] = b"impostor";
 const IMPOSTOR_SEED: u64 = 0x1e57_a11e;
 /// Mixed into the seed for the disk faults' random stream.
 const DISK_FAULT_SEED: u64 = 0xd15c_fa17;
+/// Mixed into the seed for the flipped bits' random stream.
+const BIT_FLIP_SEED: u64 = 0xb17f_11b5;
+/// Journals found corrupt at open and set aside, over every run of this process (for the
+/// summary).
+static QUARANTINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Nodes stopped by a corrupt record read, over every run of this process (for the summary).
+static CORRUPT_READS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Nodes stopped by a failed fsync, over every run of this process (for the summary).
 static FSYNC_STOPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// Full-disk episodes begun, over every run of this process (for the summary).
@@ -179,6 +195,11 @@ enum Event {
     FailFsyncs,
     /// A live node's disk fills up: a few KiB more, then ENOSPC.
     FillDisk,
+    /// A bit of one of the node's closed journal segments flips (live or down): a block that
+    /// reads back damaged.
+    FlipBit {
+        node: usize,
+    },
     /// The disk that `FillDisk` filled has space again (unless the node went down since: its
     /// machine came back with space).
     FreeDisk {
@@ -215,6 +236,13 @@ struct SimNode {
     durable_when_down: HashSet<u128>,
     /// Failed fsyncs of this node's disk the simulation has acted on.
     fsync_failures_seen: u64,
+    /// A bit of its journal was flipped since it last opened it: a corrupt read may stop it,
+    /// and its next open may set the journal aside.
+    flipped: bool,
+    /// What its journal held durably when it was set aside as corrupt: lost to a disk fault
+    /// after it was committed, it still counts as held for invariants 1 and 2 (they are about
+    /// the commit) until the node is re-installed.
+    set_aside_held: HashSet<u128>,
     stopping: bool,
 }
 
@@ -286,6 +314,8 @@ struct Sim {
     impostor_rng: ChaCha8Rng,
     /// The disk faults' own stream (which node, when, how many fsyncs), for the same reason.
     disk_rng: ChaCha8Rng,
+    /// The flipped bits' own stream (which node, when, which bit).
+    flip_rng: ChaCha8Rng,
     /// Compactions copied as a node copies them, by another thread
     /// (`PartitionOutput::Compact`), rather than inline.
     background_compaction: bool,
@@ -378,6 +408,7 @@ impl Sim {
             disk_faults,
             background_compaction,
             full_disks,
+            bit_flips,
         } = mode;
         let now = Instant::now();
         let policies = Arc::new(DomainPolicies::new([
@@ -389,6 +420,7 @@ impl Sim {
             rng: ChaCha8Rng::seed_from_u64(seed),
             impostor_rng: ChaCha8Rng::seed_from_u64(seed ^ IMPOSTOR_SEED),
             disk_rng: ChaCha8Rng::seed_from_u64(seed ^ DISK_FAULT_SEED),
+            flip_rng: ChaCha8Rng::seed_from_u64(seed ^ BIT_FLIP_SEED),
             background_compaction,
             t0: now,
             now,
@@ -428,6 +460,8 @@ impl Sim {
                 compaction: None,
                 durable_when_down: HashSet::new(),
                 fsync_failures_seen: 0,
+                flipped: false,
+                set_aside_held: HashSet::new(),
                 stopping: false,
             });
         }
@@ -466,6 +500,16 @@ impl Sim {
                 sim.schedule(Duration::from_millis(at), Event::FillDisk);
             }
         }
+        // Flipped bits, in their own stream: one node's disk (so that a quorum always keeps
+        // its journal), once or twice in half the runs.
+        if bit_flips {
+            let node = sim.flip_rng.gen_range(0..size);
+            let times = [0, 0, 1, 2][sim.flip_rng.gen_range(0..4)];
+            for _ in 0..times {
+                let at = sim.flip_rng.gen_range(100..SAFETY_PHASE.as_millis() as u64);
+                sim.schedule(Duration::from_millis(at), Event::FlipBit { node });
+            }
+        }
         sim
     }
 
@@ -496,7 +540,7 @@ impl Sim {
         };
         let node = &mut self.nodes[n];
         let disk: Arc<dyn Disk> = Arc::new(node.disk.clone());
-        let mut store = Store::open_on(
+        let mut store = Store::open_or_quarantine(
             disk,
             Path::new(JOURNAL_DIR),
             store_cfg(),
@@ -594,8 +638,11 @@ impl Sim {
                     store
                         .outstanding_sequence(guid)
                         .is_some_and(|s| s <= store.durable())
+                        || (store.needs_install() && node.set_aside_held.contains(&guid))
                 }
-                None => node.durable_when_down.contains(&guid),
+                None => {
+                    node.durable_when_down.contains(&guid) || node.set_aside_held.contains(&guid)
+                }
             })
             .count()
     }
@@ -605,19 +652,26 @@ impl Sim {
         if strong {
             let holders = self.durable_holders(guid);
             if holders < self.quorum {
+                let at = self.nodes[node]
+                    .p
+                    .as_ref()
+                    .and_then(|p| p.replication().store().outstanding_sequence(guid))
+                    .unwrap_or(0);
                 let views: Vec<String> = self
                     .nodes
                     .iter()
                     .map(|node| match &node.p {
                         Some(p) => {
                             let store = p.replication().store();
+                            let held = store.read(at).ok().flatten().map(|r| (r.lease, r.sequence));
                             format!(
-                                "[seq {:?} durable {} last {} role {:?} lease {}]",
+                                "[seq {:?} durable {} last {} role {:?} lease {} record at {at}: {held:?} runs {:?}]",
                                 store.outstanding_sequence(guid),
                                 store.durable(),
                                 store.last_sequence(),
                                 p.role(),
-                                p.replication().lease().0
+                                p.replication().lease().0,
+                                store.runs().iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>()
                             )
                         }
                         None => "[down]".into(),
@@ -819,6 +873,13 @@ impl Sim {
                 if push.payload == IMPOSTOR_PAYLOAD {
                     self.fail(format!("the impostor's message under {guid:#x} was pushed"));
                 }
+                let (pr, sq) = producer_of(guid);
+                if push.payload != format!("p{pr}#{sq}").as_bytes() {
+                    self.fail(format!(
+                        "p{pr}#{sq} pushed with another payload ({:?}): a damaged record was delivered",
+                        push.payload
+                    ));
+                }
                 if to.session_id != self.consumer.session || !self.consumer.present {
                     self.fail(format!("push of {guid:#x} to a session that left ({to:?})"));
                 }
@@ -947,6 +1008,9 @@ impl Sim {
             .filter(|o| o.sequence <= store.durable())
             .map(|o| o.guid)
             .collect();
+        if !store.needs_install() {
+            self.nodes[n].set_aside_held.clear();
+        }
         drop(p);
         // Failing fsyncs are a fault of the node's run: the machine comes back without them
         // (one the node did not stop on, such as a deleted segment's directory entry, is
@@ -989,6 +1053,16 @@ impl Sim {
     /// could read what never reached the disk), so what was not durable is lost. Any other
     /// journal failure is a defect.
     fn journal_failed(&mut self, n: usize, why: String) {
+        if why.contains("journal corrupt") && self.nodes[n].flipped && self.live(n) {
+            // A record read back damaged (a bit the simulation flipped): the node stops
+            // without sending or delivering it; its next open finds the corruption.
+            CORRUPT_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            note!(self, "node {} stops: {why}", n + 1);
+            self.crash(n, false);
+            let d = Duration::from_millis(self.flip_rng.gen_range(50..=300));
+            self.schedule(d, Event::Restart { node: n });
+            return;
+        }
         let (_, failed) = self.nodes[n].disk.fsync_counts();
         if failed == self.nodes[n].fsync_failures_seen || !self.live(n) {
             self.fail(why);
@@ -1035,10 +1109,40 @@ impl Sim {
             return;
         }
         let held = std::mem::take(&mut self.nodes[n].durable_when_down);
+        // Where a journal set aside goes; removed once seen, as an operator would.
+        let aside = Path::new(JOURNAL_DIR).join(bmq_dataplane::store::QUARANTINE_DIR);
         self.open_node(n);
+        let set_aside = self.nodes[n].disk.exists(&aside);
+        if set_aside {
+            if !self.nodes[n].flipped {
+                // Why: the files set aside, opened where they are, say it again.
+                let disk: Arc<dyn Disk> = Arc::new(self.nodes[n].disk.clone());
+                let why = Store::open_on(disk, &aside, store_cfg(), self.policies.apps_of())
+                    .err()
+                    .map_or("(opens where set aside)".to_string(), |e| e.to_string());
+                self.fail(format!(
+                    "node {}: journal set aside as corrupt, but no bit of it was flipped: {why}",
+                    n + 1
+                ));
+            }
+            self.nodes[n].set_aside_held.extend(held.iter().copied());
+            let disk = &self.nodes[n].disk;
+            disk.remove_dir_all(&aside)
+                .and_then(|()| disk.sync_dir(Path::new(JOURNAL_DIR)))
+                .expect("the simulated disk removes a directory");
+            QUARANTINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            note!(
+                self,
+                "node {}: corrupt journal set aside, starts empty until re-installed",
+                n + 1
+            );
+        }
+        // Every record was checked at open: a flipped bit was found, or went with its segment.
+        self.nodes[n].flipped = false;
         // Invariant 7: what the node's journal counted durable when it went down is there
-        // when it comes back (the store's idea of durable is the disk's).
-        if let Some(p) = self.nodes[n].p.as_ref() {
+        // when it comes back (the store's idea of durable is the disk's) — unless the journal
+        // was found corrupt and set aside.
+        if let Some(p) = self.nodes[n].p.as_ref().filter(|_| !set_aside) {
             let store = p.replication().store();
             let mut missing: Vec<u128> = held
                 .into_iter()
@@ -1393,12 +1497,13 @@ impl Sim {
                 note!(self, "node {} -> node {}: receipt {}", from + 1, to + 1, r.sequence)
             }
             Some(bmq_proto::peer::partition_message::Kind::Sync(r)) => note!(self,
-                "node {} -> node {}: sync lease {} truncate_after {} install {} through {} records {:?} covered {} settled {}",
+                "node {} -> node {}: sync lease {} truncate_after {} install {} (id {}) through {} records {:?} covered {} settled {}",
                 from + 1,
                 to + 1,
                 r.lease,
                 r.truncate_after,
                 r.install,
+                r.install_id,
                 r.install_through,
                 r.records.first().map(|f| (f.sequence, r.records.last().map(|l| l.sequence))),
                 r.covered_through,
@@ -1407,13 +1512,14 @@ impl Sim {
             Some(bmq_proto::peer::partition_message::Kind::StateResponse(r)) => {
                 let shape = r.shape.clone().unwrap_or_default();
                 note!(self,
-                    "node {} -> node {}: shape lease {} last {} floor {} runs {:?}",
+                    "node {} -> node {}: shape lease {} last {} floor {} runs {:?} needs install {}",
                     from + 1,
                     to + 1,
                     r.lease,
                     shape.last_sequence,
                     shape.floor,
-                    shape.runs.iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>()
+                    shape.runs.iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>(),
+                    r.needs_install
                 )
             }
             Some(bmq_proto::peer::partition_message::Kind::Replicate(r)) if to == 1 => {
@@ -1631,6 +1737,45 @@ impl Sim {
                 let inc = self.nodes[n].inc;
                 self.schedule(lasts, Event::FreeDisk { node: n, inc });
             }
+            Event::FlipBit { node } => {
+                if !self.faults {
+                    return;
+                }
+                // Closed segments only: a damaged last record of the active one looks like a
+                // torn write, and is cut as one (the store's module doc).
+                let disk = self.nodes[node].disk.clone();
+                let mut segments: Vec<(u32, std::path::PathBuf)> = disk
+                    .files()
+                    .into_iter()
+                    .filter(|p| p.parent() == Some(Path::new(JOURNAL_DIR)))
+                    .filter_map(|p| {
+                        let name = p.file_name()?.to_str()?;
+                        let n = name.strip_prefix("journal-")?.strip_suffix(".bmqj")?;
+                        Some((n.parse().ok()?, p.clone()))
+                    })
+                    .collect();
+                segments.sort();
+                segments.pop();
+                if segments.is_empty() {
+                    return;
+                }
+                let (_, path) = &segments[self.flip_rng.gen_range(0..segments.len())];
+                let len = disk.file_len(path).unwrap_or(0);
+                if len == 0 {
+                    return;
+                }
+                let offset = self.flip_rng.gen_range(0..len);
+                let bit = self.flip_rng.gen_range(0..8u8);
+                disk.flip_bit(path, offset, bit)
+                    .expect("a byte of the file");
+                self.nodes[node].flipped = true;
+                note!(
+                    self,
+                    "node {}: bit {bit} of byte {offset} of {} flipped",
+                    node + 1,
+                    path.display()
+                );
+            }
             Event::FreeDisk { node, inc } => {
                 if self.nodes[node].inc != inc {
                     return;
@@ -1796,8 +1941,9 @@ impl Sim {
                     n.p.as_ref().map_or("down".into(), |p| {
                         let st = p.replication().store();
                         format!(
-                            "{} (persisted {} installing {} last {} base {} floor {} durable {} runs {:?} role {:?} lease {} committed {} receipts {:?})",
+                            "{} (needs install {} persisted {} installing {} last {} base {} floor {} durable {} runs {:?} role {:?} lease {} committed {} receipts {:?})",
                             st.outstanding().len(),
+                            st.needs_install(),
                             p.replication().persisted(),
                             p.replication().is_installing(),
                             st.last_sequence(),
@@ -1857,8 +2003,11 @@ impl Sim {
         // The cheap conditions first: `lost` walks every ACKed message.
         self.producers.iter().all(|p| p.unacked.is_empty())
             && self.nodes.iter().all(|n| {
-                n.p.as_ref()
-                    .is_some_and(|p| p.replication().store().outstanding().is_empty())
+                n.p.as_ref().is_some_and(|p| {
+                    let store = p.replication().store();
+                    // A journal set aside is re-installed by then.
+                    store.outstanding().is_empty() && !store.needs_install()
+                })
             })
             && self.lost().is_empty()
     }
@@ -1898,25 +2047,35 @@ struct Mode {
     /// Full disks injected too (in half the runs; only with `disk_faults`, whose stream they
     /// share).
     full_disks: bool,
+    /// Flipped bits in one node's closed journal segments (in half the runs, their own
+    /// stream).
+    bit_flips: bool,
 }
 
 impl Mode {
-    /// As a node runs, with disk faults: failing fsyncs and full disks.
+    /// As a node runs, with disk faults: failing fsyncs, full disks and flipped bits.
     const NODE: Mode = Mode {
         disk_faults: true,
         background_compaction: true,
         full_disks: true,
+        bit_flips: true,
+    };
+    /// As the simulator ran before flipped bits.
+    const BEFORE_BIT_FLIPS: Mode = Mode {
+        bit_flips: false,
+        ..Mode::NODE
     };
     /// As the simulator ran before full disks (the seeds found then replay their runs).
     const BEFORE_FULL_DISKS: Mode = Mode {
         full_disks: false,
-        ..Mode::NODE
+        ..Mode::BEFORE_BIT_FLIPS
     };
     /// As the simulator ran before disk faults and background compactions.
     const BEFORE_DISK_FAULTS: Mode = Mode {
         disk_faults: false,
         background_compaction: false,
         full_disks: false,
+        bit_flips: false,
     };
 }
 
@@ -2007,10 +2166,13 @@ fn run_seeds(size: usize, offset: u64) {
     println!(
         "{count} seeds ({size} nodes): {acked} messages ACKed, every invariant held (so far, \
          both cluster sizes: {} nodes stopped by a failed fsync, {} full-disk episodes, {} PUTs \
-         NACKed STORAGE_FAILURE)",
+         NACKed STORAGE_FAILURE, {} nodes stopped by a damaged record read, {} corrupt \
+         journals set aside and re-installed)",
         FSYNC_STOPS.load(Ordering::Relaxed),
         FULL_DISKS.load(Ordering::Relaxed),
-        STORAGE_NACKS.load(Ordering::Relaxed)
+        STORAGE_NACKS.load(Ordering::Relaxed),
+        CORRUPT_READS.load(Ordering::Relaxed),
+        QUARANTINES.load(Ordering::Relaxed)
     );
 }
 
@@ -2041,6 +2203,7 @@ const SEEDS_THAT_FOUND_DISK_DEFECTS: &[(usize, u64, Mode)] = &[
             disk_faults: true,
             background_compaction: false,
             full_disks: false,
+            bit_flips: false,
         },
     ),
     // A primary whose fsync failed lost every record of its lease, restarted before the
@@ -2049,6 +2212,20 @@ const SEEDS_THAT_FOUND_DISK_DEFECTS: &[(usize, u64, Mode)] = &[
     // outstanding there (fixed 2026-12-02: no record of a lease leaves the primary before
     // its first one is durable there).
     (5, 4294967556, Mode::BEFORE_FULL_DISKS),
+    // A primary whose fsync failed had synchronised a replica at its lease but written no
+    // record of it durably; restarted, it healed again at that lease with another journal,
+    // and the replica took records of the second run after its records of the first (the
+    // partition never healed again). Fixed 2026-12-02: the primary's lease is durably marked
+    // beside the journal before it changes any replica, and a restart named at a lease up to
+    // the mark asks for a new one.
+    (3, 2979, Mode::BEFORE_BIT_FLIPS),
+    // Raft's figure 8: a primary healed a lease and settled an older lease's records without
+    // a record of its own lease; a later primary holding an even older lease's records at
+    // those positions counted its journal the most advanced, and its sync could not cut the
+    // settled records: replicas took its records after theirs, and it ACKed a message no
+    // quorum held. Fixed 2026-12-02: a healed primary appends its lease's first record
+    // (`StoredLeaseStart`) and goes active only once a quorum holds it.
+    (3, 5945, Mode::NODE),
 ];
 
 const SEEDS_THAT_FOUND_DEFECTS: &[(usize, u64)] = &[

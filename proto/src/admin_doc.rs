@@ -92,6 +92,10 @@ pub struct PartitionDoc {
     /// PUTs are NACKed `STORAGE_FAILURE` until a write succeeds).
     #[serde(default)]
     pub disk_full: bool,
+    /// Whether this node's journal for the partition was found corrupt, set aside, and is
+    /// not yet re-installed from the primary (it counts in no healing quorum until then).
+    #[serde(default)]
+    pub needs_install: bool,
 }
 
 /// A queue and the partition it lives in.

@@ -22,6 +22,7 @@ mod chunked_ring;
 pub mod disk;
 mod guid_index;
 pub mod guid_window;
+mod lease_mark;
 #[cfg(test)]
 mod pause_bench;
 mod position_table;

@@ -61,6 +61,8 @@ pub(crate) enum FactKind<'a> {
     Delivery,
     /// `StoredMarker` (the file's own bookkeeping).
     Marker,
+    /// `StoredLeaseStart` (a primary's first record of its lease; nothing to index).
+    LeaseStart,
 }
 
 /// The facts of a decoded record.
@@ -89,6 +91,7 @@ pub(crate) fn facts_of(record: &JournalRecord) -> RecordFacts<'_> {
         },
         Some(RecordKind::Delivery(_)) => FactKind::Delivery,
         Some(RecordKind::Marker(_)) => FactKind::Marker,
+        Some(RecordKind::LeaseStart(_)) => FactKind::LeaseStart,
     };
     RecordFacts {
         sequence: record.sequence,
@@ -220,7 +223,7 @@ struct Member<'a> {
     failures: u32,
 }
 
-/// Reads the body of oneof member `tag` (4 to 9 of `JournalRecord`) over `merged`.
+/// Reads the body of oneof member `tag` (4 to 10 of `JournalRecord`) over `merged`.
 fn read_member<'a>(tag: u32, body: &'a [u8], merged: &mut Member<'a>) -> Result<(), String> {
     let mut r = Reader { buf: body };
     while !r.is_empty() {
@@ -320,7 +323,7 @@ pub(crate) fn parse_facts(body: &[u8]) -> Result<RecordFacts<'_>, String> {
                     _ => {}
                 }
             }
-            4..=9 => {
+            4..=10 => {
                 expect_wire(field, wire, LEN)?;
                 let body = r.len_delimited()?;
                 let mut merged = match member {
@@ -351,6 +354,7 @@ pub(crate) fn parse_facts(body: &[u8]) -> Result<RecordFacts<'_>, String> {
             failures: Some(m.failures),
         },
         Some((6, _)) => FactKind::Delivery,
+        Some((10, _)) => FactKind::LeaseStart,
         Some(_) => FactKind::Marker,
     };
     Ok(RecordFacts {
@@ -365,8 +369,8 @@ mod tests {
     use super::*;
     use bmq_proto::client::PropertyType;
     use bmq_proto::peer::{
-        LeaseRun, StoredConfirm, StoredDelivery, StoredFailure, StoredMarker, StoredMessage,
-        StoredRemoval,
+        LeaseRun, StoredConfirm, StoredDelivery, StoredFailure, StoredLeaseStart, StoredMarker,
+        StoredMessage, StoredRemoval,
     };
     use bytes::Bytes;
     use proptest::prelude::*;
@@ -437,6 +441,7 @@ mod tests {
                     segment,
                 }))
             ),
+            Just(Some(RecordKind::LeaseStart(StoredLeaseStart {}))),
         ]
     }
 
@@ -555,7 +560,7 @@ mod tests {
             &[0x22, 0x05, 0x0a],             // a message longer than the body
             &[0x2a, 0x02, 0x1a, 0x01, 0xff], // a confirm's app_id not UTF-8 (cut short too)
             &[0x2a, 0x03, 0x1a, 0x01, 0xff], // a confirm's app_id not UTF-8
-            &[0x54],                         // an end-group with no group
+            &[0x5c],                         // an end-group with no group (field 11)
             &[
                 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02,
             ], // 11 bytes
@@ -564,8 +569,8 @@ mod tests {
             assert!(JournalRecord::decode(body).is_err(), "{body:?}");
             assert!(parse_facts(body).is_err(), "{body:?}");
         }
-        // Unknown fields, a group among them, are skipped.
-        let body = [0x53, 0x08, 0x01, 0x54, 0x10, 0x07];
+        // Unknown fields, a group among them, are skipped (field 11: 10 is the lease start).
+        let body = [0x5b, 0x08, 0x01, 0x5c, 0x10, 0x07];
         assert_eq!(our_facts(&body), prost_facts(&body));
         assert_eq!(parse_facts(&body).unwrap().sequence, 7);
     }

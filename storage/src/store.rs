@@ -80,12 +80,20 @@
 //! numbers segments afresh, removes the spare). Everything from there is cut at open, as a
 //! torn tail is (logged, not counted: after a clean stop it is the normal case). A recycled
 //! segment is cut to its length when it closes, so closed segments keep the strict rules (a
-//! bad record is corruption). The price: in the last segment of a recycled file, a record
-//! damaged in place (not torn) ends the segment instead of failing the open, as in those
-//! systems; the positions after it are then missing on this node only and come back from
-//! the other replicas like any lagging replica's. Measured: the block requests per
+//! bad record is corruption). A record whose checksum fails there but that is followed by an
+//! intact record of this life was damaged in place, not torn, and is corruption too; only a
+//! damaged *last* record looks like a torn write and is cut as one (as in those systems).
+//! Measured: the block requests per
 //! `fdatasync` fell from 2.0 to 1.5-1.7 and the mean fsync by 13-25% (docs/bench/JOURNAL.md,
 //! "Recycled segments"). Disk use: up to one segment more per partition (the spare).
+//!
+//! **Corruption.** A corrupt record found at open fails it ([`StoreError::Corrupt`]); the
+//! partition then sets the journal aside ([`Store::quarantine`]: to `<dir>/corrupt/`) and
+//! starts empty, marked [`Store::needs_install`] — it may lack records it acknowledged, so
+//! it counts in no healing quorum until a primary has brought it up to date. One found on a
+//! read is never delivered or sent: the read fails, and the node stops (its next open finds
+//! it). The highest lease the node served as primary is kept outside the journal
+//! (`lease_mark.rs`), since a journal set aside no longer tells.
 //!
 //! **Disk full.** A full disk shows when a segment is created (its reservation fails) or, without
 //! a reservation, when a write fails with `ENOSPC`: the append is rolled back (a segment it
@@ -95,6 +103,7 @@
 //! write ([`Store::would_exceed_quota`]).
 
 use crate::disk::{Disk, FileRef, Open, RealDisk};
+use crate::lease_mark::{LeaseMark, LEASE_MARK_NAME};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -137,6 +146,13 @@ const PENDING_BYTES_MAX: usize = 1 << 20;
 const INSTALL_DIR: &str = "install";
 /// The commit point of an install (see the module doc).
 const INSTALL_COMPLETE: &str = "COMPLETE";
+/// Name of the file under the store's directory that says its journal was set aside as
+/// corrupt ([`Store::quarantine`]) and must be re-installed from a primary before the node
+/// counts in a healing quorum again ([`Store::needs_install`]).
+const NEEDS_INSTALL: &str = "NEEDS_INSTALL";
+/// Where [`Store::quarantine`] moves a corrupt journal's files, under the store's directory
+/// (the last one only).
+pub const QUARANTINE_DIR: &str = "corrupt";
 
 /// Settings of a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -612,6 +628,9 @@ pub struct SyncTicket {
     fsync: bool,
     /// The segment is new (`Segment::fresh`): fsync its inode too, then this directory.
     new_segment_dir: Option<PathBuf>,
+    /// The primary-lease mark raised since its last fsync: its file and value (see
+    /// `lease_mark.rs`).
+    lease_mark: Option<(FileRef, u64, PathBuf)>,
 }
 
 impl SyncTicket {
@@ -621,7 +640,11 @@ impl SyncTicket {
         if !self.fsync {
             return Ok(());
         }
-        fsync_segment(&*self.disk, &self.file, self.new_segment_dir.as_deref())
+        fsync_segment(&*self.disk, &self.file, self.new_segment_dir.as_deref())?;
+        match &self.lease_mark {
+            Some((file, _, _)) => file.sync_data(),
+            None => Ok(()),
+        }
     }
 
     /// The last position this ticket makes durable.
@@ -703,6 +726,11 @@ pub struct Store {
     cache_block: BytesMut,
     bytes_total: u64,
     live_bytes: u64,
+    /// The primary-lease mark beside the journal (`None` for an install's staged journal,
+    /// which takes the live one's at the end).
+    lease_mark: Option<LeaseMark>,
+    /// The journal was set aside as corrupt and must be re-installed ([`Store::needs_install`]).
+    needs_install: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -927,8 +955,27 @@ impl Store {
         cfg: StoreConfig,
         apps_of: AppsOf,
     ) -> Result<Store, StoreError> {
+        Store::open_in(disk, dir, cfg, apps_of, true)
+    }
+
+    /// [`Store::open_on`]; `live`: the journal a partition serves (with its primary-lease
+    /// mark and install marker), not an install's staged one.
+    fn open_in(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        cfg: StoreConfig,
+        apps_of: AppsOf,
+        live: bool,
+    ) -> Result<Store, StoreError> {
         disk.create_dir_all(dir).map_err(io(dir))?;
         recover_install(&*disk, dir)?;
+        let lease_mark = if live {
+            let path = dir.join(LEASE_MARK_NAME);
+            Some(LeaseMark::open(&*disk, dir, cfg.fsync).map_err(io(&path))?)
+        } else {
+            None
+        };
+        let needs_install = live && disk.exists(&dir.join(NEEDS_INSTALL));
         let mut numbers: Vec<u32> = Vec::new();
         let mut spare = false;
         for path in disk.read_dir(dir).map_err(io(dir))? {
@@ -1007,6 +1054,8 @@ impl Store {
             cache_block: BytesMut::new(),
             bytes_total: 0,
             live_bytes: 0,
+            lease_mark,
+            needs_install,
         };
         let last = numbers.last().copied();
         let mut effects = Vec::new();
@@ -1033,6 +1082,28 @@ impl Store {
             "partition journal recovered"
         );
         Ok(store)
+    }
+
+    /// [`Store::open_on`], and where the journal is corrupt ([`StoreError::Corrupt`], logged
+    /// with file and offset) [`Store::quarantine`] and an empty journal that
+    /// [`Store::needs_install`]: what a partition opens, so that a node whose journal was
+    /// damaged is re-installed from the primary instead of refusing to start.
+    ///
+    /// Errors: as [`Store::open_on`], other than corruption; or the quarantine failed.
+    pub fn open_or_quarantine(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        cfg: StoreConfig,
+        apps_of: AppsOf,
+    ) -> Result<Store, StoreError> {
+        match Store::open_on(disk.clone(), dir, cfg, apps_of.clone()) {
+            Err(e @ StoreError::Corrupt { .. }) => {
+                tracing::error!(dir = %dir.display(), error = %e, "partition journal corrupt");
+                Store::quarantine(&*disk, dir)?;
+                Store::open_on(disk, dir, cfg, apps_of)
+            }
+            other => other,
+        }
     }
 
     /// The directory of the store.
@@ -1173,7 +1244,12 @@ impl Store {
                     return torn("incomplete record body");
                 }
                 if crc32c::crc32c(&data[body_start..body_start + len]) != crc {
-                    if body_start + len == data.len() || recycled_tail {
+                    // In a recycled tail a record of this life right after the bad one means
+                    // it was damaged in place, not torn (a torn write ends what was written):
+                    // what it held may have been acknowledged.
+                    let damaged =
+                        recycled_tail && self.record_of_this_life_at(&data, body_start + len, n);
+                    if !damaged && (body_start + len == data.len() || recycled_tail) {
                         return torn("checksum mismatch on the last record");
                     }
                     return Err(corrupt(pos as u64, "checksum mismatch".into()));
@@ -1274,6 +1350,36 @@ impl Store {
         }
     }
 
+    /// Whether `data` (segment `n`, read at open) holds at `pos` a whole, intact record of
+    /// this life that could come right after a record following what was read so far: a
+    /// marker of this segment, or one of the next two positions.
+    fn record_of_this_life_at(&self, data: &Bytes, pos: usize, n: u32) -> bool {
+        let Some(header) = data.get(pos..pos + RECORD_HEADER_LEN) else {
+            return false;
+        };
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+        let body = pos + RECORD_HEADER_LEN;
+        if len == 0 || len > RECORD_SIZE_MAX || body + len > data.len() {
+            return false;
+        }
+        if crc32c::crc32c(&data[body..body + len]) != crc {
+            return false;
+        }
+        match JournalRecord::decode(data.slice(body..body + len)) {
+            Ok(record) => match &record.kind {
+                Some(RecordKind::Marker(m)) => {
+                    m.segment == n && m.covered_through >= self.last_sequence
+                }
+                _ => {
+                    (self.last_sequence + 1..=self.last_sequence + 2).contains(&record.sequence)
+                        && record.lease >= self.last_lease()
+                }
+            },
+            Err(_) => false,
+        }
+    }
+
     /// Whether a record of position `sequence` may follow what was read so far in a segment
     /// of format `version`: the next position, or (from version 2) one after positions absent
     /// below the base — above the base every position is held; below it absent ones were
@@ -1363,8 +1469,8 @@ impl Store {
                     None => false,
                 }
             }
-            // Delivery records of version 1: informational, dead.
-            FactKind::Delivery | FactKind::Marker | FactKind::None => false,
+            // Delivery records of version 1 (informational), lease starts: dead at once.
+            FactKind::Delivery | FactKind::Marker | FactKind::LeaseStart | FactKind::None => false,
         };
         let s = &mut self.segments[segment];
         s.records.push(Held {
@@ -2081,10 +2187,17 @@ impl Store {
         let dir = self.dir.clone();
         let behind = through > self.durable;
         let disk = self.disk.clone();
+        let lease_mark = match self.lease_mark.as_mut() {
+            Some(m) => {
+                let path = self.dir.join(LEASE_MARK_NAME);
+                m.prepare().map_err(io(&path))?
+            }
+            None => None,
+        };
         let s = self.active();
         // A ticket even without fsyncs (tests): the same steps, with an fsync that does
         // nothing, so that what depends on them is exercised alike.
-        if s.synced_len < s.len || s.fresh || behind {
+        if s.synced_len < s.len || s.fresh || behind || lease_mark.is_some() {
             return Ok(Some(SyncTicket {
                 disk,
                 file: s.file.clone(),
@@ -2096,6 +2209,7 @@ impl Store {
                 epoch,
                 fsync,
                 new_segment_dir: s.fresh.then_some(dir),
+                lease_mark,
             }));
         }
         Ok(None)
@@ -2112,6 +2226,9 @@ impl Store {
         result: std::io::Result<()>,
     ) -> Result<u64, StoreError> {
         result.map_err(io(&ticket.path))?;
+        if let (Some(m), Some((_, value, _))) = (self.lease_mark.as_mut(), &ticket.lease_mark) {
+            m.synced(*value);
+        }
         if ticket.epoch != self.sync_epoch {
             return Ok(self.durable);
         }
@@ -2176,9 +2293,13 @@ impl Store {
         self.maintenance_due
     }
 
-    /// Whether something was appended since the last [`Store::sync`].
+    /// Whether something was appended (or a primary lease noted) since the last
+    /// [`Store::sync`].
     pub fn needs_sync(&self) -> bool {
-        self.durable < self.last_sequence
+        self.lease_mark
+            .as_ref()
+            .is_some_and(|m| m.high() > m.durable())
+            || self.durable < self.last_sequence
             || self
                 .segments
                 .last()
@@ -2202,6 +2323,93 @@ impl Store {
     /// The lease of the last position held (0 when empty).
     pub fn last_lease(&self) -> u64 {
         self.runs.last().map_or(0, |(lease, _)| *lease)
+    }
+
+    /// Notes that this node serves `lease` as the partition's primary: the primary-lease mark
+    /// (`lease_mark.rs`) is raised at the next [`Store::begin_sync`] and durable with that
+    /// sync, so before any record of the lease can leave the node.
+    pub fn note_primary_lease(&mut self, lease: u64) {
+        if let Some(m) = self.lease_mark.as_mut() {
+            m.note(lease);
+        }
+    }
+
+    /// The highest lease this node has served as primary of the partition by its durable
+    /// primary-lease mark (0: none, or a staged journal): noted with
+    /// [`Store::note_primary_lease`], durable once a sync since has completed. What a journal
+    /// set aside as corrupt no longer tells.
+    pub fn primary_lease_mark(&self) -> u64 {
+        self.lease_mark.as_ref().map_or(0, LeaseMark::durable)
+    }
+
+    /// Whether this journal replaces one set aside as corrupt ([`Store::quarantine`]) and
+    /// may lack records the node had acknowledged: until a primary has brought it up to the
+    /// primary's journal ([`Store::clear_needs_install`]), the node must not count in a
+    /// healing quorum (an emptied replica there could hide a committed record), nor heal as
+    /// primary at a lease it may have served.
+    pub fn needs_install(&self) -> bool {
+        self.needs_install
+    }
+
+    /// The journal holds what a primary had when it began bringing this node up to date,
+    /// durably: removes the marker of [`Store::quarantine`] (and makes that durable).
+    ///
+    /// Errors: the marker cannot be removed or the directory fsynced.
+    pub fn clear_needs_install(&mut self) -> Result<(), StoreError> {
+        if !self.needs_install {
+            return Ok(());
+        }
+        let marker = self.dir.join(NEEDS_INSTALL);
+        if self.disk.exists(&marker) {
+            self.disk.remove_file(&marker).map_err(io(&marker))?;
+        }
+        if self.cfg.fsync {
+            sync_dir(&*self.disk, &self.dir)?;
+        }
+        self.needs_install = false;
+        info!(dir = %self.dir.display(), last_sequence = self.last_sequence, "partition journal re-installed from the primary: it counts in healing quorums again");
+        Ok(())
+    }
+
+    /// Sets the journal in `dir` aside after it was found corrupt ([`StoreError::Corrupt`] at
+    /// open): its files move to `<dir>/corrupt/` (replacing an earlier set), an unfinished
+    /// install is discarded, and a `NEEDS_INSTALL` marker is made durable, so that the next
+    /// [`Store::open_on`] starts an empty journal that [`Store::needs_install`]. The
+    /// primary-lease mark stays. Returns where the files went.
+    ///
+    /// Errors: a file cannot be moved, or the marker written or fsynced.
+    pub fn quarantine(disk: &dyn Disk, dir: &Path) -> Result<PathBuf, StoreError> {
+        let aside = dir.join(QUARANTINE_DIR);
+        if disk.exists(&aside) {
+            disk.remove_dir_all(&aside).map_err(io(&aside))?;
+        }
+        disk.create_dir_all(&aside).map_err(io(&aside))?;
+        let install = dir.join(INSTALL_DIR);
+        if disk.exists(&install) {
+            disk.remove_dir_all(&install).map_err(io(&install))?;
+        }
+        // The marker first: a crash while files move leaves an incomplete journal that is
+        // known to need an install.
+        let marker = dir.join(NEEDS_INSTALL);
+        let file = disk.open(&marker, Open::Create).map_err(io(&marker))?;
+        file.sync_all().map_err(io(&marker))?;
+        sync_dir(disk, dir)?;
+        for path in disk.read_dir(dir).map_err(io(dir))? {
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            if disk.is_dir(&path) || name == NEEDS_INSTALL || name == LEASE_MARK_NAME {
+                continue;
+            }
+            disk.rename(&path, &aside.join(&name)).map_err(io(&path))?;
+        }
+        sync_dir(disk, &aside)?;
+        sync_dir(disk, dir)?;
+        metrics::counter!("bmq_journal_quarantines_total").increment(1);
+        warn!(dir = %dir.display(), aside = %aside.display(), "corrupt partition journal set aside: the node starts with an empty journal and is re-installed from the primary");
+        Ok(aside)
     }
 
     /// The last lease run, `(lease, first sequence written under it)`; `None` when empty.
@@ -2352,7 +2560,13 @@ impl Store {
         if self.disk.exists(&staged) {
             self.disk.remove_dir_all(&staged).map_err(io(&staged))?;
         }
-        let store = Store::open_on(self.disk.clone(), &staged, self.cfg, self.apps_of.clone())?;
+        let store = Store::open_in(
+            self.disk.clone(),
+            &staged,
+            self.cfg,
+            self.apps_of.clone(),
+            false,
+        )?;
         if self.cfg.fsync {
             sync_dir(&*self.disk, &self.dir)?;
         }
@@ -2391,6 +2605,8 @@ impl Store {
             staged.remove_file(&spare_path(&self.dir))?;
         }
         staged.sync_epoch = self.sync_epoch + 1;
+        staged.lease_mark = self.lease_mark.take();
+        staged.needs_install = self.needs_install;
         info!(
             dir = %self.dir.display(),
             outstanding = staged.index.len(),

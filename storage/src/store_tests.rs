@@ -126,6 +126,14 @@ fn outstanding_guids(store: &Store) -> Vec<u128> {
 
 const Q: &str = "bmq://d/q";
 
+/// The entries of a journal's directory other than its primary-lease mark.
+fn journal_entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name() != crate::lease_mark::LEASE_MARK_NAME)
+        .count()
+}
+
 /// Messages and confirms survive a reopen; a confirm counts for the index once settled, and for
 /// the rebuilt queues at once.
 #[test]
@@ -265,13 +273,13 @@ fn deleted_segments_files_are_handed_over_when_closing_is_deferred() {
     assert_eq!(m.deleted, segments - 1);
     let closed = s.take_closed_files();
     assert!(!closed.is_empty());
-    let names = std::fs::read_dir(dir.path()).unwrap().count();
+    let names = journal_entries(dir.path());
     assert_eq!(
         names, segments,
         "deleted segments are renamed until finished"
     );
     closed.finish().unwrap();
-    let names = std::fs::read_dir(dir.path()).unwrap().count();
+    let names = journal_entries(dir.path());
     assert_eq!(
         names, 2,
         "only the active segment and the spare are left on disk"
@@ -466,7 +474,7 @@ fn segments_go_only_after_a_durable_marker_and_leftovers_go_at_open() {
     assert_eq!(leftovers, segments - 2, "all but the spare");
     let s = open_fsync(dir.path(), 1024);
     assert_eq!(
-        std::fs::read_dir(dir.path()).unwrap().count(),
+        journal_entries(dir.path()),
         2,
         "the active segment and the spare"
     );
@@ -1826,4 +1834,127 @@ fn a_zero_filled_tail_is_cut_and_zeros_inside_a_closed_segment_refused() {
         }
         other => panic!("expected corruption, got {other:?}"),
     }
+}
+
+/// In a recycled last segment, a record whose checksum fails but that is followed by an intact
+/// record of this life was damaged in place (a torn write ends what was written): corruption,
+/// not a tail to cut — the records from there may have been acknowledged.
+#[test]
+fn a_record_damaged_in_place_in_a_recycled_last_segment_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open_fsync(dir.path(), 1024);
+    let (seq, _) = put_confirm_and_settle(&mut s, 0, 40);
+    let mut seq = append_until_roll_over(&mut s, seq);
+    for _ in 0..3 {
+        seq += 1;
+        s.append_one(&message(seq, 1, Q, seq)).unwrap();
+    }
+    s.sync().unwrap();
+    let (path, _, written) = s.files().last().cloned().unwrap();
+    let first = s.segments.last().unwrap().records[0];
+    assert!(s.segments.last().unwrap().recycled);
+    drop(s);
+    // A byte inside the body of the segment's first record (more follow it).
+    let mut data = std::fs::read(&path).unwrap();
+    let at = first.offset as usize + RECORD_HEADER_LEN + 20;
+    assert!((at as u64) < written);
+    data[at] ^= 0x10;
+    std::fs::write(&path, &data).unwrap();
+    match Store::open(dir.path(), cfg(1024), apps()) {
+        Err(StoreError::Corrupt {
+            path: p, offset, ..
+        }) => {
+            assert_eq!(p, path);
+            assert_eq!(offset, u64::from(first.offset));
+        }
+        other => panic!("expected corruption, got {other:?}"),
+    }
+}
+
+/// A sim-disk store with real fsyncs, 4 KiB segments.
+fn open_sim(disk: &crate::disk::SimDisk, dir: &Path) -> Result<Store, StoreError> {
+    let cfg = StoreConfig {
+        fsync: true,
+        ..cfg(4096)
+    };
+    Store::open_or_quarantine(Arc::new(disk.clone()), dir, cfg, apps())
+}
+
+/// A journal found corrupt at open is set aside (its files under `corrupt/`), and the store
+/// opens empty, marked as needing an install, with the primary-lease mark of before; the mark
+/// and the marker survive a power loss; clearing the marker is durable.
+#[test]
+fn a_corrupt_journal_is_set_aside_and_the_node_starts_empty_needing_an_install() {
+    let disk = crate::disk::SimDisk::new();
+    let dir = Path::new("/journal");
+    let mut s = open_sim(&disk, dir).unwrap();
+    assert!(!s.needs_install());
+    s.note_primary_lease(3);
+    let mut seq = 0;
+    while s.files().len() < 3 {
+        seq += 1;
+        s.append_one(&message(seq, 3, Q, seq)).unwrap();
+        s.sync().unwrap();
+    }
+    let closed = s.files()[0].0.clone();
+    drop(s);
+    // A bit of the first (closed) segment's first record.
+    disk.flip_bit(&closed, HEADER_LEN + RECORD_HEADER_LEN as u64 + 5, 3)
+        .unwrap();
+    assert!(matches!(
+        Store::open_on(Arc::new(disk.clone()), dir, cfg(4096), apps()),
+        Err(StoreError::Corrupt { .. })
+    ));
+    let s = open_sim(&disk, dir).unwrap();
+    assert!(s.needs_install());
+    assert_eq!(s.last_sequence(), 0);
+    assert!(s.outstanding().is_empty());
+    assert_eq!(
+        s.primary_lease_mark(),
+        3,
+        "the mark stays beside the journal"
+    );
+    let aside = dir.join(QUARANTINE_DIR);
+    let kept = disk.files();
+    assert!(
+        kept.iter().filter(|p| p.starts_with(&aside)).count() >= 3,
+        "the corrupt journal's segments are kept aside: {kept:?}"
+    );
+    drop(s);
+    disk.power_loss(|_| (0, None));
+    let mut s = open_sim(&disk, dir).unwrap();
+    assert!(s.needs_install(), "the marker is durable");
+    assert_eq!(s.primary_lease_mark(), 3);
+    s.clear_needs_install().unwrap();
+    drop(s);
+    disk.power_loss(|_| (0, None));
+    assert!(!open_sim(&disk, dir).unwrap().needs_install());
+}
+
+/// The primary-lease mark is made durable by the sync that covers the lease's first record,
+/// not before: a power loss before that sync keeps the earlier mark.
+#[test]
+fn the_primary_lease_mark_is_durable_with_the_sync_that_covers_the_first_record() {
+    let disk = crate::disk::SimDisk::new();
+    let dir = Path::new("/journal");
+    let mut s = open_sim(&disk, dir).unwrap();
+    s.note_primary_lease(2);
+    s.append_one(&message(1, 2, Q, 1)).unwrap();
+    s.sync().unwrap();
+    s.note_primary_lease(5);
+    s.append_one(&message(2, 5, Q, 2)).unwrap();
+    // Written, not fsynced.
+    let ticket = s.begin_sync().unwrap().expect("a ticket");
+    drop(ticket);
+    drop(s);
+    disk.power_loss(|_| (0, None));
+    let mut s = open_sim(&disk, dir).unwrap();
+    assert_eq!(s.primary_lease_mark(), 2);
+    assert_eq!(s.last_sequence(), 1);
+    s.note_primary_lease(5);
+    s.append_one(&message(2, 5, Q, 2)).unwrap();
+    s.sync().unwrap();
+    drop(s);
+    disk.power_loss(|_| (0, None));
+    assert_eq!(open_sim(&disk, dir).unwrap().primary_lease_mark(), 5);
 }

@@ -416,3 +416,139 @@ fn nix_free_bytes(dir: &Path) -> anyhow::Result<u64> {
     );
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_journal_is_found_corrupt_is_reinstalled_from_the_primary(
+) -> anyhow::Result<()> {
+    // A replica's journal gets a flipped byte in a closed segment while it is stopped. At its
+    // restart it finds the corruption, sets the journal aside (`corrupt/`, counted), starts the
+    // partition empty and shows it as re-installing in /status; the primary brings it up to
+    // date, after which it counts again. Then the primary is killed: the two others heal and a
+    // consumer receives every ACKed message.
+    const QUEUE: &str = "bmq://bmq.test/storage-corrupt";
+    const COUNT: u64 = 2500;
+    let mut cluster = Cluster::start_with(3, |c| {
+        c.storage.segment_size_mb = 1;
+        c.storage.cache_mb = 1;
+    })?;
+    cluster.wait_for_leader(Duration::from_secs(30)).await?;
+    let addrs = cluster.client_addrs();
+    let producer = Client::connect(client_config(addrs.clone(), "producer")).await?;
+    producer.open_queue(QUEUE, OpenOptions::write()).await?;
+    let mut pending = VecDeque::new();
+    for seq in 0..COUNT {
+        pending.push_back(
+            producer
+                .put(QUEUE, payload::encode(1, seq, 1024), vec![])
+                .await?,
+        );
+        if pending.len() >= 64 {
+            let ack = pending.pop_front().expect("pending").await?;
+            ensure!(ack.status == AckStatus::Success as i32, "NACK {ack:?}");
+        }
+    }
+    for p in pending {
+        let ack = p.await?;
+        ensure!(ack.status == AckStatus::Success as i32, "NACK {ack:?}");
+    }
+    let (partition, primary) = primary_of_queue(&cluster, QUEUE, Duration::from_secs(20)).await?;
+    let replica = (1..=3).find(|n| *n != primary).expect("a replica");
+    cluster.stop_node(replica)?;
+    let dir = partitions_dir(cluster.node(replica)).join(partition.to_string());
+    let mut segments: Vec<_> = std::fs::read_dir(&dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "bmqj"))
+        .collect();
+    segments.sort();
+    ensure!(
+        segments.len() >= 2,
+        "no closed segment in {}: {segments:?}",
+        dir.display()
+    );
+    let closed = &segments[0];
+    let mut data = std::fs::read(closed)?;
+    let at = data.len() / 2;
+    data[at] ^= 0x04;
+    std::fs::write(closed, &data)?;
+    cluster.start_node(replica)?;
+    let aside = dir.join("corrupt");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        ensure!(
+            Instant::now() < deadline,
+            "not re-installed within 60 s:\n{}",
+            cluster.log_tails(30)
+        );
+        let statuses = cluster.statuses().await;
+        let entry = |node: u32| {
+            statuses
+                .iter()
+                .find(|(id, _)| *id == node)
+                .and_then(|(_, s)| s.as_ref().ok())
+                .and_then(|s| {
+                    s.partitions
+                        .iter()
+                        .find(|p| p.partition_id == partition)
+                        .cloned()
+                })
+        };
+        if let (Some(r), Some(p)) = (entry(replica), entry(primary)) {
+            if !r.needs_install
+                && r.journal_last_sequence >= p.journal_last_sequence
+                && aside.exists()
+            {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(aside.exists(), "the corrupt journal was not set aside");
+    let set_aside = metric(
+        &cluster.node(replica).admin_addr(),
+        "bmq_journal_quarantines_total",
+    )
+    .await?;
+    ensure!(
+        set_aside == 1.0,
+        "bmq_journal_quarantines_total = {set_aside}"
+    );
+    let log = std::fs::read_to_string(cluster.node(replica).log_path())?;
+    ensure!(
+        log.contains("partition journal corrupt") && log.contains(&closed.display().to_string()),
+        "the log names the corrupt file"
+    );
+    cluster.kill_node(primary)?;
+    let consumer = Client::connect(client_config(
+        cluster
+            .client_addrs()
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i as u32 + 1 != primary)
+            .map(|(_, a)| a)
+            .collect(),
+        "consumer",
+    ))
+    .await?;
+    consumer
+        .open_queue(QUEUE, OpenOptions::read(ConsumerOptions::default()))
+        .await?;
+    let mut got = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (got.len() as u64) < COUNT {
+        ensure!(
+            Instant::now() < deadline,
+            "received {} of {COUNT}",
+            got.len()
+        );
+        if let Ok(Some(msg)) =
+            tokio::time::timeout(Duration::from_secs(1), consumer.next_message()).await
+        {
+            let id = payload::verify(&msg.payload)
+                .map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
+            got.insert(id);
+            consumer.confirm(&msg.uri, msg.guid).await.ok();
+        }
+    }
+    Ok(())
+}

@@ -436,7 +436,12 @@ impl PartitionActor {
         ] {
             metrics::gauge!(name, "partition" => p.clone()).set(v as f64);
         }
-        metrics::gauge!("bmq_journal_disk_full", "partition" => p).set(if s.disk_full {
+        metrics::gauge!("bmq_journal_disk_full", "partition" => p.clone()).set(if s.disk_full {
+            1.0
+        } else {
+            0.0
+        });
+        metrics::gauge!("bmq_journal_needs_install", "partition" => p).set(if s.needs_install {
             1.0
         } else {
             0.0
@@ -506,7 +511,8 @@ impl Actor for PartitionActor {
             return;
         };
         let started = Instant::now();
-        match Store::open(&dir, store, cfg.policies.apps_of()) {
+        let disk = std::sync::Arc::new(bmq_storage::disk::RealDisk);
+        match Store::open_or_quarantine(disk, &dir, store, cfg.policies.apps_of()) {
             Ok(mut store) => {
                 store.set_defer_close(self.closer.is_running());
                 store.set_background_compaction(self.compactor.is_running());
