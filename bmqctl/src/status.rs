@@ -261,7 +261,8 @@ fn render_status(results: &[(String, anyhow::Result<NodeStatusDoc>)]) -> String 
 /// what its active primary's own document says of it (messages held, records waiting for a
 /// quorum, records the slowest replica lacks, journal size; `-` when the partition has no
 /// active primary or its document is not among `docs`), and `full` when any node's last
-/// journal write for it failed for a full disk.
+/// journal write for it failed for a full disk (else `re-install N,..` while those nodes' journals,
+/// set aside as corrupt, wait for their re-install).
 fn partition_row(p: &PartitionDoc, docs: &[&NodeStatusDoc]) -> Vec<String> {
     // Each node's own view of this partition: `(node, its entry)`.
     let views = docs.iter().filter_map(|d| {

@@ -96,11 +96,16 @@ impl LeaseMark {
         self.noted = self.noted.max(lease);
     }
 
+    /// The file's path (for errors).
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Writes a raised mark to its slot (no fsync); returns the file and the value to fsync
     /// when the mark is not durable yet.
     ///
     /// Errors: the write failed (a full disk among them).
-    pub(crate) fn prepare(&mut self) -> std::io::Result<Option<(FileRef, u64, PathBuf)>> {
+    pub(crate) fn prepare(&mut self) -> std::io::Result<Option<(FileRef, u64)>> {
         if self.noted > self.written {
             let i = usize::from(self.slots[1] < self.slots[0]);
             let mut slot = [0u8; SLOT_LEN];
@@ -111,8 +116,7 @@ impl LeaseMark {
             self.slots[i] = self.noted;
             self.written = self.noted;
         }
-        Ok((self.written > self.durable)
-            .then(|| (self.file.clone(), self.written, self.path.clone())))
+        Ok((self.written > self.durable).then(|| (self.file.clone(), self.written)))
     }
 
     /// The fsync of a ticket that carried the mark at `value` succeeded.
@@ -147,7 +151,7 @@ mod tests {
         let mut m = LeaseMark::open(&disk, dir, true).unwrap();
         assert_eq!(m.high(), 0);
         m.note(3);
-        let (file, value, _) = m.prepare().unwrap().expect("not durable yet");
+        let (file, value) = m.prepare().unwrap().expect("not durable yet");
         file.sync_data().unwrap();
         m.synced(value);
         assert!(m.prepare().unwrap().is_none(), "durable: nothing to fsync");
@@ -167,7 +171,7 @@ mod tests {
         let mut m = LeaseMark::open(&disk, dir, true).unwrap();
         for lease in [4, 9] {
             m.note(lease);
-            let (file, value, _) = m.prepare().unwrap().unwrap();
+            let (file, value) = m.prepare().unwrap().unwrap();
             file.sync_data().unwrap();
             m.synced(value);
         }

@@ -630,7 +630,7 @@ pub struct SyncTicket {
     new_segment_dir: Option<PathBuf>,
     /// The primary-lease mark raised since its last fsync: its file and value (see
     /// `lease_mark.rs`).
-    lease_mark: Option<(FileRef, u64, PathBuf)>,
+    lease_mark: Option<(FileRef, u64)>,
 }
 
 impl SyncTicket {
@@ -642,7 +642,7 @@ impl SyncTicket {
         }
         fsync_segment(&*self.disk, &self.file, self.new_segment_dir.as_deref())?;
         match &self.lease_mark {
-            Some((file, _, _)) => file.sync_data(),
+            Some((file, _)) => file.sync_data(),
             None => Ok(()),
         }
     }
@@ -1358,25 +1358,22 @@ impl Store {
             return false;
         };
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
         let body = pos + RECORD_HEADER_LEN;
         if len == 0 || len > RECORD_SIZE_MAX || body + len > data.len() {
             return false;
         }
-        if crc32c::crc32c(&data[body..body + len]) != crc {
+        if check_frame(&data[pos..body + len], "open").is_err() {
             return false;
         }
-        match JournalRecord::decode(data.slice(body..body + len)) {
-            Ok(record) => match &record.kind {
-                Some(RecordKind::Marker(m)) => {
-                    m.segment == n && m.covered_through >= self.last_sequence
-                }
-                _ => {
-                    (self.last_sequence + 1..=self.last_sequence + 2).contains(&record.sequence)
-                        && record.lease >= self.last_lease()
-                }
-            },
-            Err(_) => false,
+        let Ok(record) = JournalRecord::decode(data.slice(body..body + len)) else {
+            return false;
+        };
+        match &record.kind {
+            Some(RecordKind::Marker(_)) => self.continues(&record, n, VERSION_RECYCLED),
+            _ => {
+                (self.last_sequence + 1..=self.last_sequence + 2).contains(&record.sequence)
+                    && record.lease >= self.last_lease()
+            }
         }
     }
 
@@ -2188,10 +2185,10 @@ impl Store {
         let behind = through > self.durable;
         let disk = self.disk.clone();
         let lease_mark = match self.lease_mark.as_mut() {
-            Some(m) => {
-                let path = self.dir.join(LEASE_MARK_NAME);
-                m.prepare().map_err(io(&path))?
-            }
+            Some(m) => match m.prepare() {
+                Ok(prepared) => prepared,
+                Err(e) => return Err(io(m.path())(e)),
+            },
             None => None,
         };
         let s = self.active();
@@ -2226,7 +2223,7 @@ impl Store {
         result: std::io::Result<()>,
     ) -> Result<u64, StoreError> {
         result.map_err(io(&ticket.path))?;
-        if let (Some(m), Some((_, value, _))) = (self.lease_mark.as_mut(), &ticket.lease_mark) {
+        if let (Some(m), Some((_, value))) = (self.lease_mark.as_mut(), &ticket.lease_mark) {
             m.synced(*value);
         }
         if ticket.epoch != self.sync_epoch {
