@@ -5,6 +5,8 @@
 //!   tails cut at open, write-behind, two-step syncs ([`SyncTicket`]), space reclamation of
 //!   settled dead records, compaction off the caller's thread, installs — with the index of
 //!   outstanding messages: memory and disk bounded by what is outstanding, not by the history.
+//! - [`frame`]: the record frame (length, CRC32C, body) of the journal and of the metadata
+//!   ledger: one format, one check.
 //! - [`guid_window`]: [`GuidWindow`], the GUIDs of recently finished messages for duplicate
 //!   detection, bounded by count and age.
 //! - [`release`]: a deleted file's disk blocks freed a step at a time (the journals, the
@@ -20,6 +22,7 @@
 mod bucket_table;
 mod chunked_ring;
 pub mod disk;
+pub mod frame;
 mod guid_index;
 pub mod guid_window;
 mod lease_mark;

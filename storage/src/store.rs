@@ -103,6 +103,7 @@
 //! write ([`Store::would_exceed_quota`]).
 
 use crate::disk::{Disk, FileRef, Open, RealDisk};
+use crate::frame;
 use crate::lease_mark::{LeaseMark, LEASE_MARK_NAME};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -132,8 +133,8 @@ const HEADER_LEN: u64 = 8;
 /// Name of the spare file under the store's directory: a deleted segment kept for the next
 /// roll-over to write over (see "Recycling" in the module doc).
 const SPARE_NAME: &str = "spare.bmqj-spare";
-/// Bytes of a record header (length + CRC32C).
-const RECORD_HEADER_LEN: usize = 8;
+/// Bytes of a record header (length + CRC32C: [`crate::frame`]).
+const RECORD_HEADER_LEN: usize = frame::HEADER_LEN;
 /// The largest record body accepted, bytes; a longer length field is corruption.
 pub const RECORD_SIZE_MAX: usize = 64 * 1024 * 1024;
 /// The most app ids a queue's messages are tracked for (a fanout domain's apps); more are
@@ -814,21 +815,8 @@ impl<'a> FramedBatch<'a> {
         let mut frames = Vec::new();
         let mut pos = 0;
         while pos < data.len() {
-            if data.len() - pos < RECORD_HEADER_LEN {
-                return Err(format!("truncated frame header at byte {pos}"));
-            }
-            let len = u32::from_le_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
-            let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
-            let body_start = pos + RECORD_HEADER_LEN;
-            if len > RECORD_SIZE_MAX || data.len() - body_start < len {
-                return Err(format!(
-                    "frame of {len} bytes at byte {pos} overruns the data"
-                ));
-            }
-            let body = &data[body_start..body_start + len];
-            if crc32c::crc32c(body) != crc {
-                return Err(format!("checksum mismatch in the frame at byte {pos}"));
-            }
+            let (body, len) = frame::read(&data[pos..], RECORD_SIZE_MAX)
+                .map_err(|damage| format!("{damage} in the frame at byte {pos}"))?;
             let facts = parse_facts(body)
                 .map_err(|e| format!("frame at byte {pos} does not decode: {e}"))?;
             if matches!(facts.kind, FactKind::Marker) {
@@ -836,10 +824,10 @@ impl<'a> FramedBatch<'a> {
             }
             frames.push(BatchFrame {
                 start: pos,
-                len: RECORD_HEADER_LEN + len,
+                len,
                 facts,
             });
-            pos = body_start + len;
+            pos += len;
         }
         Ok(FramedBatch { data, frames })
     }
@@ -1215,47 +1203,37 @@ impl Store {
                 metrics::counter!("bmq_journal_torn_tail_truncations_total").increment(1);
                 Ok(None)
             };
-            let parsed = (|| {
-                if data.len() - pos < RECORD_HEADER_LEN {
-                    return torn("incomplete record header");
+            let parsed = match frame::read(&data[pos..], RECORD_SIZE_MAX) {
+                Ok((_, total)) => Some(total - RECORD_HEADER_LEN),
+                // No record encodes to nothing (each has a position or is a marker): a zero
+                // header is a region of the file that was never written — an extension whose
+                // data a crash lost, as after a failed fsync. In the last segment it ends what
+                // was written; elsewhere records were expected there.
+                Err(damage @ (frame::Damage::ShortHeader | frame::Damage::ZeroLength)) => {
+                    torn(&damage.to_string())?
                 }
-                let len =
-                    u32::from_le_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
-                let crc = u32::from_le_bytes(data[pos + 4..pos + 8].try_into().expect("4 bytes"));
-                let body_start = pos + RECORD_HEADER_LEN;
-                if len == 0 {
-                    // No record encodes to nothing (each has a position or is a marker), and
-                    // an empty body's checksum is 0: a zero header is a region of the file that
-                    // was never written — an extension whose data a crash lost, as after a
-                    // failed fsync. In the last segment it ends what was written; elsewhere
-                    // records were expected there.
-                    return torn("zero-filled region (never written)");
-                }
-                if len > RECORD_SIZE_MAX {
-                    if body_start + len > data.len() || recycled_tail {
-                        return torn("record length beyond the end of the file");
+                Err(frame::Damage::TooLong(len)) => {
+                    if pos + RECORD_HEADER_LEN + len > data.len() || recycled_tail {
+                        torn("record length beyond the end of the file")?
+                    } else {
+                        return Err(corrupt(pos as u64, frame::Damage::TooLong(len).to_string()));
                     }
-                    return Err(corrupt(
-                        pos as u64,
-                        format!("record length {len} over the maximum"),
-                    ));
                 }
-                if body_start + len > data.len() {
-                    return torn("incomplete record body");
-                }
-                if crc32c::crc32c(&data[body_start..body_start + len]) != crc {
+                Err(damage @ frame::Damage::Truncated(_)) => torn(&damage.to_string())?,
+                Err(frame::Damage::Checksum) => {
+                    let end =
+                        pos + RECORD_HEADER_LEN + frame::peek_len(&data[pos..]).expect("read");
                     // In a recycled tail a record of this life right after the bad one means
                     // it was damaged in place, not torn (a torn write ends what was written):
                     // what it held may have been acknowledged.
-                    let damaged =
-                        recycled_tail && self.record_of_this_life_at(&data, body_start + len, n);
-                    if !damaged && (body_start + len == data.len() || recycled_tail) {
-                        return torn("checksum mismatch on the last record");
+                    let damaged = recycled_tail && self.record_of_this_life_at(&data, end, n);
+                    if !damaged && (end == data.len() || recycled_tail) {
+                        torn("checksum mismatch on the last record")?
+                    } else {
+                        return Err(corrupt(pos as u64, "checksum mismatch".into()));
                     }
-                    return Err(corrupt(pos as u64, "checksum mismatch".into()));
                 }
-                Ok(Some(len))
-            })()?;
+            };
             let own = match parsed {
                 None => None,
                 // Zero-copy: the record's byte fields are slices of `data`, dropped once
@@ -1354,18 +1332,11 @@ impl Store {
     /// this life that could come right after a record following what was read so far: a
     /// marker of this segment, or one of the next two positions.
     fn record_of_this_life_at(&self, data: &Bytes, pos: usize, n: u32) -> bool {
-        let Some(header) = data.get(pos..pos + RECORD_HEADER_LEN) else {
+        let Some(Ok((_, total))) = data.get(pos..).map(|d| frame::read(d, RECORD_SIZE_MAX)) else {
             return false;
         };
-        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-        let body = pos + RECORD_HEADER_LEN;
-        if len == 0 || len > RECORD_SIZE_MAX || body + len > data.len() {
-            return false;
-        }
-        if check_frame(&data[pos..body + len], "open").is_err() {
-            return false;
-        }
-        let Ok(record) = JournalRecord::decode(data.slice(body..body + len)) else {
+        let Ok(record) = JournalRecord::decode(data.slice(pos + RECORD_HEADER_LEN..pos + total))
+        else {
             return false;
         };
         match &record.kind {
@@ -3148,14 +3119,10 @@ fn frame_sized<B>(record: &JournalRecord, len: usize, buf: &mut B) -> u32
 where
     B: bytes::BufMut + std::ops::DerefMut<Target = [u8]>,
 {
-    let start = buf.len();
-    buf.put_slice(&(len as u32).to_le_bytes());
-    buf.put_slice(&[0; 4]);
+    let start = frame::begin(buf);
     record.encode_raw(&mut bmq_proto::EncodeBuf(buf));
     debug_assert_eq!(buf.len() - start, RECORD_HEADER_LEN + len);
-    let crc = crc32c::crc32c(&buf[start + RECORD_HEADER_LEN..]);
-    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-    (buf.len() - start) as u32
+    frame::finish(buf, start) as u32
 }
 
 /// Reserves `size` bytes for `file` from its start without changing its length
@@ -3191,14 +3158,7 @@ fn decode_framed(s: &Segment, held: Held, data: Vec<u8>) -> Result<JournalRecord
 /// segment's list says): its header is there and its body's checksum matches. Errors: the
 /// reason, naming what was being done (`doing`).
 fn check_frame(framed: &[u8], doing: &str) -> Result<(), String> {
-    if framed.len() < RECORD_HEADER_LEN {
-        return Err("record shorter than its header".into());
-    }
-    let crc = u32::from_le_bytes(framed[4..8].try_into().expect("4 bytes"));
-    if crc32c::crc32c(&framed[RECORD_HEADER_LEN..]) != crc {
-        return Err(format!("checksum mismatch on {doing}"));
-    }
-    Ok(())
+    frame::check(framed).map_err(|damage| format!("{damage} on {doing}"))
 }
 
 #[path = "store_compaction.rs"]

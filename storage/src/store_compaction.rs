@@ -204,8 +204,7 @@ impl CompactionTicket {
             offset: u64::from(held.offset),
             reason,
         };
-        if framed.len() >= RECORD_HEADER_LEN {
-            let len = u32::from_le_bytes(framed[0..4].try_into().expect("4 bytes")) as usize;
+        if let Ok(len) = crate::frame::peek_len(framed) {
             if len + RECORD_HEADER_LEN != framed.len() {
                 return Err(corrupt("record length differs from the index".into()));
             }
