@@ -4,9 +4,17 @@
 //!
 //! ```text
 //! file header : magic b"BMQLEDG1" | version u32 LE | reserved u32
-//! record      : record_type u8 | lsn_term u64 | lsn_sequence u64 | timestamp_ms u64 | body_len u32
-//!               | body (protobuf) | crc32c u32 over header and body   (integers little-endian)
+//! record      : the storage floor's frame (bmq_storage::frame: body length u32 | CRC32C u32 |
+//!               body), whose body is
+//!               record_type u8 | lsn_term u64 | lsn_sequence u64 | timestamp_ms u64 | protobuf
+//!               (integers little-endian)
 //! ```
+//!
+//! The partition journal writes the same frame, so one check ([`bmq_storage::frame::read`])
+//! decides for both whether a record is whole. Version 1 files (their own frame: the header
+//! above with a body length, then the protobuf, then a CRC32C over both) are read at open and
+//! rewritten at once as version 2 (the same step as a reset: a new file, fsynced, renamed into
+//! place), so a node upgraded in place keeps its ledger.
 //!
 //! Record types: 1 SNAPSHOT (body `ClusterStateSnapshot`, the committed state at the header's
 //! LSN), 2 UPDATE (body `Advisory`), 3 COMMIT (body `AdvisoryCommit`), 4 reserved for ACK (skipped).
@@ -60,6 +68,7 @@ use std::sync::{Arc, OnceLock};
 
 use bmq_proto::{peer, Term};
 use bmq_storage::disk::{Disk, FileRef, Open, RealDisk};
+use bmq_storage::frame;
 use prost::Message;
 use thiserror::Error;
 use tracing::{info, warn};
@@ -69,8 +78,9 @@ use crate::state::ClusterState;
 
 /// The file magic.
 pub const LEDGER_MAGIC: &[u8; 8] = b"BMQLEDG1";
-/// The file format version this code writes and reads.
-pub const LEDGER_VERSION: u32 = 1;
+/// The file format version this code writes (it reads version 1 too, and rewrites such a
+/// file at open).
+pub const LEDGER_VERSION: u32 = 2;
 /// Default size at which the ledger rolls over to a new file: 64 MiB.
 pub const LEDGER_MAX_FILE_SIZE_DEFAULT: u64 = 64 * 1024 * 1024;
 /// How far ahead of the records the ledger sets its file's length: 1 MiB (see the module doc).
@@ -79,8 +89,13 @@ pub const LEDGER_LENGTH_STEP: u64 = 1024 * 1024;
 pub const LEDGER_RECORD_BODY_MAX: u32 = 16 * 1024 * 1024;
 
 const FILE_HEADER_LEN: usize = 16;
-const RECORD_HEADER_LEN: usize = 1 + 8 + 8 + 8 + 4;
-const CRC_LEN: usize = 4;
+/// Bytes at the start of a record's body before its protobuf: type, LSN, timestamp.
+const ENTRY_HEADER_LEN: usize = 1 + 8 + 8 + 8;
+/// Bytes of a record before its protobuf (the frame's header, then the entry's).
+const RECORD_HEADER_LEN: usize = frame::HEADER_LEN + ENTRY_HEADER_LEN;
+/// Version 1's record header (the entry's, then the protobuf's length) and its trailing CRC.
+const V1_RECORD_HEADER_LEN: usize = ENTRY_HEADER_LEN + 4;
+const V1_CRC_LEN: usize = 4;
 
 const TYPE_SNAPSHOT: u8 = 1;
 const TYPE_UPDATE: u8 = 2;
@@ -650,6 +665,29 @@ impl Ledger {
         let file = disk.open(&path, Open::ReadWrite).map_err(io_err(&path))?;
         let bytes = file.read_up_to(u64::MAX).map_err(io_err(&path))?;
         let scan = scan(&path, &bytes, partition_count)?;
+        if scan.version < LEDGER_VERSION {
+            // Rewritten as a reset would (the old file stays whole until the new one is in
+            // place): no code path below appends records of two formats to one file.
+            drop(file);
+            let new = write_next_file(&*disk, &dir, file_index, &scan.recovered, 0)?;
+            info!(
+                from_version = scan.version,
+                to_version = LEDGER_VERSION,
+                file = %file_path(&dir, new.index).display(),
+                "ledger rewritten in the current format"
+            );
+            let ledger = Ledger::with_file(
+                disk,
+                dir,
+                fsync,
+                new.file,
+                new.index,
+                new.len,
+                new.len,
+                scan.recovered.clone(),
+            );
+            return Ok((ledger, scan.recovered));
+        }
         // Zeros after the last record are the length set ahead of it (see the module doc).
         let zero_tail = bytes
             .get(scan.valid_len as usize..)
@@ -1302,16 +1340,14 @@ fn encode_record_into(out: &mut Vec<u8>, record: &LedgerRecord, timestamp_ms: u6
         ),
     };
     let lsn = record.lsn();
-    let start = out.len();
-    out.reserve(RECORD_HEADER_LEN + body.len() + CRC_LEN);
+    out.reserve(RECORD_HEADER_LEN + body.len());
+    let start = frame::begin(out);
     out.push(record_type);
     out.extend_from_slice(&lsn.term.0.to_le_bytes());
     out.extend_from_slice(&lsn.sequence.to_le_bytes());
     out.extend_from_slice(&timestamp_ms.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
     out.extend_from_slice(&body);
-    let crc = crc32c::crc32c(&out[start..]);
-    out.extend_from_slice(&crc.to_le_bytes());
+    frame::finish(out, start);
 }
 
 /// A record whose frame (length and CRC) is intact.
@@ -1322,33 +1358,55 @@ struct Frame<'a> {
     len: usize,
 }
 
-/// Reads the frame at the start of `bytes`, if it is complete and its CRC matches.
-fn read_frame(bytes: &[u8]) -> Option<Frame<'_>> {
-    if bytes.len() < RECORD_HEADER_LEN {
-        return None;
+/// Reads the record at the start of `bytes` in a file of format `version`, if it is complete
+/// and its CRC matches.
+fn read_frame(bytes: &[u8], version: u32) -> Option<Frame<'_>> {
+    if version == 1 {
+        return read_frame_v1(bytes);
     }
-    let record_type = bytes[0];
+    let max = ENTRY_HEADER_LEN + LEDGER_RECORD_BODY_MAX as usize;
+    let (body, len) = frame::read(bytes, max).ok()?;
+    let (record_type, lsn) = entry_header(body)?;
+    Some(Frame {
+        record_type,
+        lsn,
+        body: &body[ENTRY_HEADER_LEN..],
+        len,
+    })
+}
+
+/// The record type and LSN at the start of `entry` (a version 2 body, or a version 1 record),
+/// if it is long enough and of a known type.
+fn entry_header(entry: &[u8]) -> Option<(u8, Lsn)> {
+    let header = entry.get(..ENTRY_HEADER_LEN)?;
+    let record_type = header[0];
     if !(TYPE_SNAPSHOT..=TYPE_ACK).contains(&record_type) {
         return None;
     }
-    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().expect("8 bytes"));
+    Some((record_type, Lsn::new(Term(u64_at(1)), u64_at(9))))
+}
+
+/// [`read_frame`] of a version 1 file (read only: such a file is rewritten at open).
+fn read_frame_v1(bytes: &[u8]) -> Option<Frame<'_>> {
+    let (record_type, lsn) = entry_header(bytes.get(..V1_RECORD_HEADER_LEN)?)?;
     let body_len = u32::from_le_bytes(bytes[25..29].try_into().expect("4 bytes"));
     if body_len > LEDGER_RECORD_BODY_MAX {
         return None;
     }
-    let len = RECORD_HEADER_LEN + body_len as usize + CRC_LEN;
+    let len = V1_RECORD_HEADER_LEN + body_len as usize + V1_CRC_LEN;
     if bytes.len() < len {
         return None;
     }
-    let crc_at = len - CRC_LEN;
+    let crc_at = len - V1_CRC_LEN;
     let crc = u32::from_le_bytes(bytes[crc_at..len].try_into().expect("4 bytes"));
     if crc32c::crc32c(&bytes[..crc_at]) != crc {
         return None;
     }
     Some(Frame {
         record_type,
-        lsn: Lsn::new(Term(u64_at(1)), u64_at(9)),
-        body: &bytes[RECORD_HEADER_LEN..crc_at],
+        lsn,
+        body: &bytes[V1_RECORD_HEADER_LEN..crc_at],
         len,
     })
 }
@@ -1385,6 +1443,8 @@ struct Scan {
     recovered: Recovered,
     valid_len: u64,
     rewrite_header: bool,
+    /// The file's format version (an older one is rewritten at open).
+    version: u32,
 }
 
 /// Replays a whole file. See [`Ledger::open`] for the torn-tail rule.
@@ -1402,6 +1462,7 @@ fn scan(path: &Path, bytes: &[u8], partition_count: u32) -> Result<Scan, LedgerE
             recovered,
             valid_len: 0,
             rewrite_header: true,
+            version: LEDGER_VERSION,
         });
     }
     if &bytes[..8] != LEDGER_MAGIC {
@@ -1410,7 +1471,7 @@ fn scan(path: &Path, bytes: &[u8], partition_count: u32) -> Result<Scan, LedgerE
         });
     }
     let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-    if version != LEDGER_VERSION {
+    if !(1..=LEDGER_VERSION).contains(&version) {
         return Err(LedgerError::UnsupportedVersion {
             file: path.to_path_buf(),
             version,
@@ -1423,19 +1484,19 @@ fn scan(path: &Path, bytes: &[u8], partition_count: u32) -> Result<Scan, LedgerE
             file: path.to_path_buf(),
             offset: offset as u64,
         };
-        let Some(frame) = read_frame(&bytes[offset..]) else {
+        let Some(frame) = read_frame(&bytes[offset..], version) else {
             // Damaged here: a torn tail only if nothing valid follows, or if zeros stand where
             // the next record should begin. The file's length is set ahead of the records
             // (see the module doc), so a power loss can leave a later page of one write on
             // disk and an earlier one not; records after such a hole were never covered by a
             // completed fsync (it would have covered the hole too), so nobody was told they
             // were durable. Other damage followed by valid records is corruption.
-            let hole = bytes[offset..bytes.len().min(offset + RECORD_HEADER_LEN)]
+            let hole = bytes[offset..bytes.len().min(offset + frame::HEADER_LEN)]
                 .iter()
                 .all(|b| *b == 0);
             // (Looked for only when it matters: a zero tail of 1 MiB is the usual end.)
             let valid_after =
-                || (offset + 1..bytes.len()).any(|o| read_frame(&bytes[o..]).is_some());
+                || (offset + 1..bytes.len()).any(|o| read_frame(&bytes[o..], version).is_some());
             if !hole && valid_after() {
                 return Err(corrupt());
             }
@@ -1443,6 +1504,7 @@ fn scan(path: &Path, bytes: &[u8], partition_count: u32) -> Result<Scan, LedgerE
                 recovered,
                 valid_len: offset as u64,
                 rewrite_header: false,
+                version,
             });
         };
         let record = decode_frame(&frame).ok_or_else(corrupt)?;
@@ -1461,6 +1523,7 @@ fn scan(path: &Path, bytes: &[u8], partition_count: u32) -> Result<Scan, LedgerE
         recovered,
         valid_len: offset as u64,
         rewrite_header: false,
+        version,
     })
 }
 
@@ -1667,6 +1730,76 @@ mod tests {
         drop(ledger);
         let (_, recovered) = open(dir);
         assert_eq!(recovered.uncommitted, vec![(lsn(1, 4), assign("q3", 1, 1))]);
+    }
+
+    /// `record` in version 1's format (its own frame: entry header with the protobuf's
+    /// length, protobuf, CRC32C over both), as ledgers written before the shared frame hold.
+    fn encode_record_v1(record: &LedgerRecord) -> Vec<u8> {
+        let framed = encode_record(record, 0);
+        let entry = &framed[frame::HEADER_LEN..];
+        let mut out = entry[..ENTRY_HEADER_LEN].to_vec();
+        let body = &entry[ENTRY_HEADER_LEN..];
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(body);
+        let crc = crc32c::crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn a_version_1_ledger_is_read_and_rewritten_in_the_current_format() {
+        // Scenario: a node upgraded in place opens the ledger an older build wrote, with a
+        // torn last record.
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = LEDGER_MAGIC.to_vec();
+        bytes.extend_from_slice(&1u32.to_le_bytes());
+        bytes.extend_from_slice(&[0; 4]);
+        for record in [
+            update(lsn(1, 1), primaries(&[(0, Some(1), 1)])),
+            update(lsn(1, 2), assign("q1", 0, 0)),
+            commit(lsn(1, 3), lsn(1, 2)),
+            update(lsn(1, 4), assign("q2", 0, 1)),
+        ] {
+            bytes.extend_from_slice(&encode_record_v1(&record));
+        }
+        let torn = encode_record_v1(&update(lsn(1, 5), assign("q3", 1, 1)));
+        bytes.extend_from_slice(&torn[..torn.len() / 2]);
+        let old = dir.path().join("ledger-0.bmql");
+        fs::write(&old, &bytes).unwrap();
+
+        let (ledger, recovered) = open(dir.path());
+        assert_eq!(recovered.committed_state, expected_state());
+        assert_eq!(recovered.uncommitted, vec![(lsn(1, 4), assign("q2", 0, 1))]);
+        assert_eq!(recovered.last_lsn, lsn(1, 4));
+        assert!(!old.exists(), "the version 1 file is replaced");
+        let new = ledger.file_path();
+        let written = fs::read(&new).unwrap();
+        assert_eq!(&written[8..12], &LEDGER_VERSION.to_le_bytes());
+        // It takes records in the current format and finds them all again.
+        keeps_working_after_rewrite(dir.path(), ledger, &recovered);
+    }
+
+    fn keeps_working_after_rewrite(dir: &Path, mut ledger: Ledger, before: &Recovered) {
+        ledger.append(&commit(lsn(1, 5), lsn(1, 4))).unwrap();
+        drop(ledger);
+        let (_, recovered) = open(dir);
+        assert_eq!(recovered.last_lsn, lsn(1, 5));
+        assert_eq!(recovered.committed_lsn, lsn(1, 4));
+        assert!(recovered.uncommitted.is_empty());
+        assert_ne!(recovered.committed_state, before.committed_state);
+    }
+
+    #[test]
+    fn an_unknown_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = LEDGER_MAGIC.to_vec();
+        bytes.extend_from_slice(&(LEDGER_VERSION + 1).to_le_bytes());
+        bytes.extend_from_slice(&[0; 4]);
+        fs::write(dir.path().join("ledger-0.bmql"), &bytes).unwrap();
+        assert!(matches!(
+            Ledger::open(dir.path(), FsyncPolicy::Never, 2),
+            Err(LedgerError::UnsupportedVersion { version, .. }) if version == LEDGER_VERSION + 1
+        ));
     }
 
     #[test]
@@ -2299,7 +2432,11 @@ mod tests {
         let second = FILE_HEADER_LEN as u64
             + encode_record(&update(lsn(1, 1), primaries(&[(0, Some(1), 1)])), 0).len() as u64;
         file.read_exact_at(&mut header, second).unwrap();
-        assert_eq!(header[9], 2, "reads still see the record (sequence 2)");
+        assert_eq!(
+            header[frame::HEADER_LEN + 9],
+            2,
+            "reads still see the record (sequence 2)"
+        );
         file.sync_data().unwrap();
         drop((ledger, file));
         disk.power_loss(|sizes| (sizes.len(), None));
@@ -2392,9 +2529,15 @@ mod tests {
             .unwrap()
             .read_up_to(u64::MAX)
             .unwrap();
-        let stamp = |at: usize| u64::from_le_bytes(bytes[at + 17..at + 25].try_into().unwrap());
+        let stamp = |at: usize| {
+            let at = at + frame::HEADER_LEN + 17;
+            u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+        };
         let first = FILE_HEADER_LEN;
-        let second = first + read_frame(&bytes[first..]).expect("a record").len;
+        let second = first
+            + read_frame(&bytes[first..], LEDGER_VERSION)
+                .expect("a record")
+                .len;
         assert_eq!((stamp(first), stamp(second)), (0, 1_700_000_000_123));
     }
 

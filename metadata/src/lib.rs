@@ -25,6 +25,9 @@ pub mod state;
 /// The file layer the ledger runs on, from the storage floor ([`bmq_storage::disk`]):
 /// [`disk::RealDisk`] for the node, [`disk::SimDisk`] for the simulators.
 pub use bmq_storage::disk;
+/// The record frame the ledger's records are written in, the partition journal's too
+/// ([`bmq_storage::frame`]).
+pub use bmq_storage::frame;
 
 pub use crate::assignment::{
     pick_partition_for_queue, plan_primaries, plan_primary_assignment, plan_rebalance,

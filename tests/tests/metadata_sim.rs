@@ -21,6 +21,13 @@
 //!   core is never told `on_persisted` for what it covered; STYLE.md: never retry an fsync),
 //!   which the simulator plays as a power loss of that node's disk (torn one time in two) and
 //!   a restart 50-300 ms later. Any other ledger failure is a defect and fails the run.
+//! - **Flipped bits** (their own RNG too): in half the runs, one node's ledger gets a flipped
+//!   bit while the node is down after a crash, in a record other than the last durable one
+//!   (a flip in the last one cannot be told from a torn write, and is cut as one). Its next
+//!   open must refuse with the file and offset (`LedgerError::Corrupt`): a record whose
+//!   checksum fails is never replayed, and the node does not start on a ledger that lost
+//!   records it acknowledged. The node then stays down for the rest of the run (an operator
+//!   would restore it), so the others must make progress without it.
 //! - **Leadership**: a schedule with strictly increasing terms and one leader per term, chosen
 //!   among live nodes and announced to each node after a random delay (the elector's own safety
 //!   is checked by `elector_sim.rs` and `elector_model.rs`; here it is an input).
@@ -53,10 +60,10 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bmq_metadata::disk::{Faults, SimDisk};
+use bmq_metadata::disk::{Disk, Faults, Open, SimDisk};
 use bmq_metadata::{
-    ClusterState, FsyncPolicy, Ledger, LedgerRecord, Lsn, MetadataConfig, MetadataCore,
-    MetadataOutput, MetadataRole, PeerOutbox, Recovered,
+    frame, ClusterState, FsyncPolicy, Ledger, LedgerError, LedgerRecord, Lsn, MetadataConfig,
+    MetadataCore, MetadataOutput, MetadataRole, PeerOutbox, Recovered,
 };
 use bmq_proto::peer::{self, advisory::Kind};
 use bmq_proto::{NodeId, PartitionId, Term};
@@ -83,6 +90,10 @@ const LEDGER_FILE_MAX: u64 = 4096;
 const LEDGER_DIR: &str = "/ledger";
 /// Mixed into the seed for the disk faults' own RNG.
 const DISK_FAULT_SEED: u64 = 0xd15c_fa17;
+/// Mixed into the seed for the flipped bits' own RNG.
+const BIT_FLIP_SEED: u64 = 0xb17f_11b5;
+/// Bytes of a ledger file's header, before its first record.
+const LEDGER_FILE_HEADER: usize = 16;
 
 #[derive(Debug)]
 enum Event {
@@ -188,9 +199,20 @@ struct Node {
     fsync_failures_seen: u64,
     /// Committed LSN last seen in this incarnation.
     committed_seen: Lsn,
+    /// A bit of its ledger was flipped while it was down: its next open must refuse.
+    flipped: Option<Flip>,
+    /// Its ledger was refused as corrupt: it stays down.
+    refused: bool,
     /// The earliest pending timer event of this incarnation, so a re-arm at the same or a
     /// later deadline schedules nothing new.
     timer_at: Option<Instant>,
+}
+
+/// A bit flipped in a node's ledger: the file, and the offset of the byte.
+#[derive(Debug, Clone)]
+struct Flip {
+    path: std::path::PathBuf,
+    offset: u64,
 }
 
 struct Sim {
@@ -224,6 +246,12 @@ struct Sim {
     rollovers: u64,
     /// Nodes stopped by a failed fsync.
     fsync_stops: u64,
+    /// The flipped bits' own stream.
+    flip_rng: ChaCha8Rng,
+    /// Whether this run flips a bit (once, in one node's ledger).
+    flip_planned: bool,
+    /// Ledgers refused at open for a flipped bit.
+    refusals: u64,
 }
 
 fn config() -> MetadataConfig {
@@ -247,6 +275,8 @@ impl Sim {
                 acked: Acked::default(),
                 fsync_failures_seen: 0,
                 committed_seen: Lsn::ZERO,
+                flipped: None,
+                refused: false,
                 timer_at: None,
             });
         }
@@ -273,7 +303,11 @@ impl Sim {
             crashes: 0,
             rollovers: 0,
             fsync_stops: 0,
+            flip_rng: ChaCha8Rng::seed_from_u64(seed ^ BIT_FLIP_SEED),
+            flip_planned: false,
+            refusals: 0,
         };
+        sim.flip_planned = sim.flip_rng.gen_bool(0.5);
         for i in 0..n {
             sim.boot(i);
         }
@@ -311,15 +345,38 @@ impl Sim {
     /// Opens node `i`'s ledger on its disk, checks that it holds what the node had reported
     /// persisted, and starts a fresh core from what it recovered.
     fn boot(&mut self, i: usize) {
+        if self.nodes[i].refused {
+            return;
+        }
         let disk = Arc::new(self.nodes[i].disk.clone());
-        let (mut ledger, recovered) =
-            match Ledger::open_on(disk, LEDGER_DIR, FsyncPolicy::EveryRecord, PARTITIONS) {
-                Ok(opened) => opened,
-                Err(e) => {
-                    let why = format!("node {} cannot reopen its ledger: {e}", i + 1);
-                    return self.ledger_failed(i, why);
+        let opened = Ledger::open_on(disk, LEDGER_DIR, FsyncPolicy::EveryRecord, PARTITIONS);
+        let flipped = self.nodes[i].flipped.take();
+        let (mut ledger, recovered) = match (opened, flipped) {
+            (Err(LedgerError::Corrupt { file, offset }), Some(flip)) => {
+                // The refusal names the damaged record: in the flipped file, starting at or
+                // before the flipped byte.
+                if file != flip.path || offset > flip.offset {
+                    self.fail(format!(
+                        "node {} refused its ledger at {}:{offset}, but {flip:?} was flipped",
+                        i + 1,
+                        file.display()
+                    ));
                 }
-            };
+                self.nodes[i].refused = true;
+                self.refusals += 1;
+                return;
+            }
+            (Ok(_), Some(flip)) => self.fail(format!(
+                "node {} opened its ledger although {flip:?} was flipped",
+                i + 1
+            )),
+            (Ok(opened), None) => opened,
+            (Err(e), flipped) => {
+                let why = format!("node {} cannot reopen its ledger: {e} ({flipped:?})", i + 1);
+                self.nodes[i].flipped = flipped;
+                return self.ledger_failed(i, why);
+            }
+        };
         self.check_recovered_what_it_acked(i, &recovered);
         ledger.set_max_file_size(LEDGER_FILE_MAX);
         let node = &mut self.nodes[i];
@@ -365,6 +422,57 @@ impl Sim {
         if self.leader == Some(i) {
             self.leader = None;
         }
+        self.maybe_flip_a_bit(i);
+    }
+
+    /// In a run that flips a bit and has not yet: now and then, a bit of a record of node
+    /// `i`'s live ledger file (down since its crash) other than its last durable one. At
+    /// most one node, so that a quorum remains once it is refused.
+    fn maybe_flip_a_bit(&mut self, i: usize) {
+        if !self.flip_planned
+            || self.nodes.iter().any(|n| n.flipped.is_some() || n.refused)
+            || !self.flip_rng.gen_bool(0.3)
+        {
+            return;
+        }
+        let disk = &self.nodes[i].disk;
+        let Some(path) = disk
+            .read_dir(LEDGER_DIR.as_ref())
+            .expect("the ledger's directory")
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "bmql"))
+            .max_by_key(|p| {
+                let name = p
+                    .file_stem()
+                    .expect("a name")
+                    .to_string_lossy()
+                    .into_owned();
+                name.trim_start_matches("ledger-")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        else {
+            return;
+        };
+        let bytes = disk
+            .open(&path, Open::Read)
+            .and_then(|f| f.read_up_to(u64::MAX))
+            .expect("the live ledger file reads");
+        let mut records = Vec::new();
+        let mut at = LEDGER_FILE_HEADER;
+        while let Ok((_, len)) = frame::read(&bytes[at.min(bytes.len())..], usize::MAX) {
+            records.push((at, len));
+            at += len;
+        }
+        if records.len() < 2 {
+            return;
+        }
+        let (start, len) = records[self.flip_rng.gen_range(0..records.len() - 1)];
+        let offset = (start + self.flip_rng.gen_range(0..len)) as u64;
+        let bit = self.flip_rng.gen_range(0..8);
+        disk.flip_bit(&path, offset, bit)
+            .expect("a flip inside the file");
+        self.nodes[i].flipped = Some(Flip { path, offset });
     }
 
     /// A power loss of node `i`'s disk: what no fsync made durable is lost; a torn one keeps
@@ -945,7 +1053,7 @@ impl Sim {
 
     fn converged(&self, final_uri: &str) -> bool {
         let cores: Vec<&MetadataCore> = self.nodes.iter().filter_map(|n| n.core.as_ref()).collect();
-        cores.len() == self.nodes.len()
+        cores.len() == self.nodes.iter().filter(|n| !n.refused).count()
             && cores.iter().all(|c| {
                 c.status().committed_lsn == cores[0].status().committed_lsn
                     && c.state() == cores[0].state()
@@ -970,15 +1078,14 @@ impl Sim {
                 let _ = replay.apply(advisory);
             }
         }
-        let state = self.nodes[0].core.as_ref().expect("live").state();
-        self.check_keeps("the converged state", &replay, state);
+        let core = self
+            .nodes
+            .iter()
+            .find_map(|n| n.core.as_ref())
+            .expect("a live node");
+        self.check_keeps("the converged state", &replay, core.state());
         let max = self.committed.keys().last().copied().unwrap_or(Lsn::ZERO);
-        let lsn = self.nodes[0]
-            .core
-            .as_ref()
-            .expect("live")
-            .status()
-            .committed_lsn;
+        let lsn = core.status().committed_lsn;
         if lsn < max {
             self.fail(format!(
                 "committed LSN {lsn} is behind {max}, committed earlier"
@@ -1014,6 +1121,8 @@ struct Seen {
     rollovers: u64,
     /// Nodes stopped by a failed fsync.
     fsync_stops: u64,
+    /// Ledgers refused at open for a flipped bit.
+    refusals: u64,
 }
 
 /// Runs one seed.
@@ -1032,21 +1141,23 @@ fn run_seed(seed: u64, n: usize) -> Seen {
     if std::env::var_os("METADATA_SIM_TRACE").is_some() {
         eprintln!(
             "seed {seed} nodes {n}: terms {}, advisories committed {}, crashes {}, \
-             fsync stops {}, rollovers {}, queues {}",
+             fsync stops {}, ledgers refused {}, rollovers {}, queues {}",
             sim.term,
             sim.committed.len(),
             sim.crashes,
             sim.fsync_stops,
+            sim.refusals,
             sim.rollovers,
-            sim.nodes[0]
-                .core
-                .as_ref()
+            sim.nodes
+                .iter()
+                .find_map(|n| n.core.as_ref())
                 .map_or(0, |c| c.state().queues.len())
         );
     }
     Seen {
         rollovers: sim.rollovers,
         fsync_stops: sim.fsync_stops,
+        refusals: sim.refusals,
     }
 }
 
@@ -1067,17 +1178,19 @@ fn start_seed() -> u64 {
 #[test]
 fn seeds_three_nodes() {
     // Scenario: 3 nodes under loss, duplication, delay, isolation, power losses with torn
-    // writes, failed fsyncs and leader changes, with ledger rollovers among them, then a calm
+    // writes, failed fsyncs, flipped bits and leader changes, with ledger rollovers among them, then a calm
     // phase; every invariant after every event.
     let mut seen = Seen::default();
     for seed in start_seed()..start_seed() + seeds() {
         let run = run_seed(seed, 3);
         seen.rollovers += run.rollovers;
         seen.fsync_stops += run.fsync_stops;
+        seen.refusals += run.refusals;
     }
     assert!(
-        seeds() < 5 || (seen.rollovers > 0 && seen.fsync_stops > 0),
-        "the runs rolled the ledgers over and stopped nodes on failed fsyncs: {seen:?}"
+        seeds() < 5 || (seen.rollovers > 0 && seen.fsync_stops > 0 && seen.refusals > 0),
+        "the runs rolled the ledgers over, stopped nodes on failed fsyncs and refused ledgers \
+         with a flipped bit: {seen:?}"
     );
 }
 
