@@ -26,4 +26,4 @@ pub use crate::config::{ConfigError, ElectorConfig};
 pub use crate::core::{Elector, ElectorCounters, ElectorOutput};
 pub use crate::state::{ElectorState, ElectorStatus, TransitionReason};
 pub use crate::successor::successor_wait_bounds;
-pub use crate::term_store::TermStore;
+pub use crate::term_store::{TermStore, TERM_FILE_NAME};

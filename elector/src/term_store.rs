@@ -3,9 +3,12 @@
 //! The term is written and fsynced before the node supports a proposal or becomes a candidate,
 //! so that a restarted node can never support two candidates in one term.
 //!
-//! File `elector-term`, 20 bytes: magic `b"BMQTERM1"` (8 bytes), the term (u64 little endian),
-//! CRC-32 (IEEE) of the term bytes (u32 little endian). Updates go to `elector-term.tmp`, which
-//! is fsynced, renamed over `elector-term`, and then the directory is fsynced.
+//! File `elector-term`, 24 bytes: magic `b"BMQTERM2"` (8 bytes), then the term (u64 little
+//! endian) in the storage floor's record frame ([`bmq_storage::frame`]: body length, CRC32C,
+//! body), the frame of the journal and the metadata ledger. Updates go to `elector-term.tmp`,
+//! which is fsynced, renamed over `elector-term`, and then the directory is fsynced. A file of
+//! the first format (20 bytes: magic `b"BMQTERM1"`, the term, CRC-32 (IEEE) of the term) is
+//! read too; the next update writes the current format.
 //!
 //! **Files** are the storage floor's ([`bmq_storage::disk`], DESIGN.md §2): [`TermStore::open`]
 //! opens the operating system's ([`RealDisk`]), [`TermStore::open_on`] any [`Disk`] — the
@@ -25,12 +28,16 @@ use std::sync::Arc;
 
 use bmq_proto::Term;
 use bmq_storage::disk::{Disk, Open, RealDisk};
+use bmq_storage::frame;
 
 /// Name of the term file inside the elector's directory.
 pub const TERM_FILE_NAME: &str = "elector-term";
 const TEMP_FILE_NAME: &str = "elector-term.tmp";
-const MAGIC: &[u8; 8] = b"BMQTERM1";
-const FILE_LEN: usize = 8 + 8 + 4;
+const MAGIC: &[u8; 8] = b"BMQTERM2";
+const FILE_LEN: usize = 8 + frame::HEADER_LEN + 8;
+/// The first format's magic and length (read only).
+const MAGIC_V1: &[u8; 8] = b"BMQTERM1";
+const FILE_LEN_V1: usize = 8 + 8 + 4;
 
 /// The elector's term file. Owned by the elector actor; not shared.
 #[derive(Debug)]
@@ -160,16 +167,17 @@ impl TermStore {
     }
 }
 
-fn encode(term: Term) -> [u8; FILE_LEN] {
-    let mut out = [0u8; FILE_LEN];
-    out[..8].copy_from_slice(MAGIC);
-    let term_bytes = term.0.to_le_bytes();
-    out[8..16].copy_from_slice(&term_bytes);
-    out[16..].copy_from_slice(&crc32(&term_bytes).to_le_bytes());
+fn encode(term: Term) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    frame::encode_into(&mut out, &term.0.to_le_bytes());
+    debug_assert_eq!(out.len(), FILE_LEN);
     out
 }
 
 fn decode(bytes: &[u8]) -> Result<Term, String> {
+    if bytes.starts_with(MAGIC_V1) {
+        return decode_v1(bytes);
+    }
     if bytes.len() != FILE_LEN {
         let len = if bytes.len() > FILE_LEN {
             format!("more than {FILE_LEN}")
@@ -180,6 +188,26 @@ fn decode(bytes: &[u8]) -> Result<Term, String> {
     }
     if &bytes[..8] != MAGIC {
         return Err("bad magic".to_string());
+    }
+    match frame::read(&bytes[8..], 8) {
+        Ok((body, _)) if body.len() == 8 => {
+            Ok(Term(u64::from_le_bytes(body.try_into().expect("8 bytes"))))
+        }
+        Ok((body, _)) => Err(format!("a term of {} bytes", body.len())),
+        Err(damage) => Err(damage.to_string()),
+    }
+}
+
+/// [`decode`] of the first format.
+fn decode_v1(bytes: &[u8]) -> Result<Term, String> {
+    const FILE_LEN: usize = FILE_LEN_V1;
+    if bytes.len() != FILE_LEN {
+        let len = if bytes.len() > FILE_LEN {
+            format!("more than {FILE_LEN}")
+        } else {
+            bytes.len().to_string()
+        };
+        return Err(format!("length {len} instead of {FILE_LEN}"));
     }
     let term_bytes: [u8; 8] = bytes[8..16].try_into().expect("slice of 8 bytes");
     let stored: [u8; 4] = bytes[16..].try_into().expect("slice of 4 bytes");
@@ -192,7 +220,8 @@ fn decode(bytes: &[u8]) -> Result<Term, String> {
     Ok(Term(u64::from_le_bytes(term_bytes)))
 }
 
-/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), bitwise: the input is 8 bytes.
+/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), bitwise: the input is 8 bytes (the
+/// first format's checksum).
 fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = !0u32;
     for &b in bytes {
@@ -250,7 +279,7 @@ mod tests {
         store.persist(Term(3)).unwrap();
         let path = dir.path().join(TERM_FILE_NAME);
         let mut bytes = fs::read(&path).unwrap();
-        bytes[9] ^= 0xff;
+        bytes[8 + frame::HEADER_LEN + 1] ^= 0xff;
         fs::write(&path, &bytes).unwrap();
         let err = TermStore::open(dir.path()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
@@ -263,7 +292,40 @@ mod tests {
 
         fs::write(&path, [0u8; 4096]).unwrap();
         let err = TermStore::open(dir.path()).unwrap_err();
-        assert!(err.to_string().contains("more than 20"), "{err}");
+        assert!(err.to_string().contains("more than 24"), "{err}");
+
+        // Every single flipped bit of a term file is refused.
+        store.persist(Term(5)).unwrap();
+        let good = fs::read(&path).unwrap();
+        for bit in 0..good.len() * 8 {
+            let mut bytes = good.clone();
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            fs::write(&path, &bytes).unwrap();
+            let err = TermStore::open(dir.path()).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData, "bit {bit}: {err}");
+        }
+    }
+
+    /// A term file of the first format (an older build's) is read; the next update writes the
+    /// current one.
+    #[test]
+    fn a_term_file_of_the_first_format_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TERM_FILE_NAME);
+        let mut v1 = MAGIC_V1.to_vec();
+        v1.extend_from_slice(&9u64.to_le_bytes());
+        v1.extend_from_slice(&crc32(&9u64.to_le_bytes()).to_le_bytes());
+        fs::write(&path, &v1).unwrap();
+        let (mut store, term) = TermStore::open(dir.path()).unwrap();
+        assert_eq!(term, Term(9));
+        store.persist(Term(10)).unwrap();
+        assert_eq!(&fs::read(&path).unwrap()[..8], MAGIC);
+        let (_, term) = TermStore::open(dir.path()).unwrap();
+        assert_eq!(term, Term(10));
+        v1[9] ^= 1;
+        fs::write(&path, &v1).unwrap();
+        let err = TermStore::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("checksum"), "{err}");
     }
 
     /// The store in `/elector` on the simulated disk `disk`.

@@ -17,6 +17,11 @@
 //!   the core is never told the term persisted, so it neither votes nor campaigns in it),
 //!   which the simulator plays as a power loss of that node's disk and a restart 50-300 ms
 //!   later. Any other storage failure is a defect and fails the run.
+//! - **Flipped bits** (their own RNG too): in half the random runs, one node's term file gets a
+//!   flipped bit while the node is down after a crash. Its next open must refuse the file
+//!   (`InvalidData`, naming it): guessing a term could let the node vote twice. The node then
+//!   stays down for the rest of the run (an operator would restore it), and the others must
+//!   elect and keep a leader without it.
 //!
 //! Shape (after quinn's `tests/util.rs`, raft-rs's `harness/src/network.rs` and openraft's
 //! `tests-turmoil`): a safety phase with faults, then a liveness phase without. Invariants are
@@ -34,9 +39,9 @@
 //! - **persist before vote**: a vote or a candidacy for term T only happens with T on disk.
 //!
 //! The liveness phase heals everything, restarts every crashed node and turns message and disk
-//! faults off; exactly one leader, followed by every node, must appear within
-//! [`liveness_bound`]. The CI seeds as a whole must have stopped nodes on failed fsyncs (else
-//! the disk faults were not exercised).
+//! faults off; exactly one leader, followed by every node (but one refused for a flipped bit),
+//! must appear within [`liveness_bound`]. The CI seeds as a whole must have stopped nodes on
+//! failed fsyncs and refused flipped term files (else the disk faults were not exercised).
 //!
 //! A failing run prints its seed and the command that replays it:
 //! `BMQ_SIM_SEED=<seed> cargo test -p bmq-tests --test elector_sim -- replay --nocapture`.
@@ -50,8 +55,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bmq_elector::{Elector, ElectorConfig, ElectorOutput, ElectorState, ElectorStatus, TermStore};
-use bmq_metadata::disk::{Faults, SimDisk};
+use bmq_elector::{
+    Elector, ElectorConfig, ElectorOutput, ElectorState, ElectorStatus, TermStore, TERM_FILE_NAME,
+};
+use bmq_metadata::disk::{Disk, Faults, Open, SimDisk};
 use bmq_proto::peer::elector_message::Kind;
 use bmq_proto::peer::ElectorMessage;
 use bmq_proto::{NodeId, Term};
@@ -77,6 +84,8 @@ const LIVENESS_ROUNDS: u32 = 6;
 const TERM_DIR: &str = "/elector";
 /// Mixed into the seed for the disk faults' own RNG.
 const DISK_FAULT_SEED: u64 = 0xd15c_fa17;
+/// Mixed into the seed for the flipped bits' own RNG.
+const BIT_FLIP_SEED: u64 = 0xb17f_11b5;
 
 /// `BMQ_SIM_TRACE=1` prints every state change, fault and crash of a run (use with `replay`).
 fn trace() -> bool {
@@ -160,6 +169,10 @@ struct Node {
     committed: Term,
     /// Availability of each peer as last told to the current core.
     told: BTreeMap<NodeId, bool>,
+    /// A bit of its term file was flipped while it was down: its next open must refuse.
+    flipped: bool,
+    /// Its term file was refused as corrupt: it stays down.
+    refused: bool,
 }
 
 /// The simulated cluster. Everything random comes from `rng`, seeded by `seed`.
@@ -194,6 +207,12 @@ struct Sim {
     crashes: u64,
     /// Nodes stopped by a failed fsync.
     fsync_stops: u64,
+    /// The flipped bits' own stream.
+    flip_rng: ChaCha8Rng,
+    /// Whether this run flips a bit (once, in one node's term file).
+    flip_planned: bool,
+    /// Term files refused at open for a flipped bit.
+    refusals: u64,
 }
 
 impl Sim {
@@ -222,6 +241,9 @@ impl Sim {
             messages_sent: 0,
             crashes: 0,
             fsync_stops: 0,
+            flip_rng: ChaCha8Rng::seed_from_u64(seed ^ BIT_FLIP_SEED),
+            flip_planned: false,
+            refusals: 0,
         };
         for id in ids {
             let node = Node {
@@ -236,6 +258,8 @@ impl Sim {
                 writes_done_at: base,
                 committed: Term(0),
                 told: BTreeMap::new(),
+                flipped: false,
+                refused: false,
             };
             sim.nodes.insert(id, node);
             sim.boot(id);
@@ -261,6 +285,7 @@ impl Sim {
     /// node's disk fail (drawn from the disk faults' own RNG).
     fn schedule_disk_faults(&mut self) {
         self.disk_faults = true;
+        self.flip_planned = self.flip_rng.gen_bool(0.5);
         let times = [0, 0, 1, 2][self.disk_rng.gen_range(0..4)];
         for _ in 0..times {
             let at = self
@@ -276,11 +301,31 @@ impl Sim {
         let peers: Vec<NodeId> = self.ids.iter().copied().filter(|p| *p != id).collect();
         let rng_seed = self.rng.gen();
         let now = self.now;
+        if self.nodes[&id].refused {
+            return;
+        }
         let disk = Arc::new(self.nodes[&id].disk.clone());
-        let (store, on_disk) = match TermStore::open_on(disk, Path::new(TERM_DIR)) {
+        let opened = TermStore::open_on(disk, Path::new(TERM_DIR));
+        let flipped = std::mem::take(&mut self.nodes.get_mut(&id).unwrap().flipped);
+        let (store, on_disk) = match opened {
+            Err(e) if flipped && e.kind() == std::io::ErrorKind::InvalidData => {
+                if !e.to_string().contains("elector-term") {
+                    self.fail(format!("{id} refused its term file without naming it: {e}"));
+                }
+                if trace() {
+                    println!("{:>10?} {id} refuses its term file: {e}", self.elapsed());
+                }
+                self.nodes.get_mut(&id).unwrap().refused = true;
+                self.refusals += 1;
+                return;
+            }
+            Ok(_) if flipped => self.fail(format!(
+                "{id} opened its term file although a bit of it was flipped"
+            )),
             Ok(opened) => opened,
             Err(e) => {
-                return self.storage_failed(id, format!("{id} cannot open its term store: {e}"))
+                self.nodes.get_mut(&id).unwrap().flipped = flipped;
+                return self.storage_failed(id, format!("{id} cannot open its term store: {e}"));
             }
         };
         let node = self.nodes.get_mut(&id).unwrap();
@@ -324,7 +369,36 @@ impl Sim {
         }
         self.crashes += 1;
         self.power_loss(id, None);
+        self.maybe_flip_a_bit(id);
         self.schedule(down_for, Event::Restart { node: id });
+    }
+
+    /// In a run that flips a bit and has not yet: now and then, a bit of `id`'s term file (down
+    /// since its crash). At most one node, so that a quorum remains once it is refused.
+    fn maybe_flip_a_bit(&mut self, id: NodeId) {
+        if !self.flip_planned
+            || self.nodes.values().any(|n| n.flipped || n.refused)
+            || !self.flip_rng.gen_bool(0.3)
+        {
+            return;
+        }
+        let path = Path::new(TERM_DIR).join(TERM_FILE_NAME);
+        let disk = &self.nodes[&id].disk;
+        let Ok(len) = disk
+            .open(&path, Open::Read)
+            .and_then(|f| f.read_up_to(u64::MAX))
+            .map(|bytes| bytes.len() as u64)
+        else {
+            return;
+        };
+        if len == 0 {
+            return;
+        }
+        let offset = self.flip_rng.gen_range(0..len);
+        let bit = self.flip_rng.gen_range(0..8);
+        disk.flip_bit(&path, offset, bit)
+            .expect("a flip inside the file");
+        self.nodes.get_mut(&id).unwrap().flipped = true;
     }
 
     /// Stops `id`'s process (its core and its store); false when it was down already.
@@ -747,6 +821,7 @@ impl Sim {
         let statuses: Vec<&ElectorStatus> = self
             .nodes
             .values()
+            .filter(|node| !node.refused)
             .map(|node| node.status.as_ref())
             .collect::<Option<_>>()?;
         let leader = statuses.iter().find(|s| s.is_leader())?;
@@ -811,6 +886,7 @@ struct RunStats {
     max_term: u64,
     time_to_leader: Duration,
     fsync_stops: u64,
+    refusals: u64,
 }
 
 /// One seed: cluster size from the seed (3, 4 or 5), a safety phase with a random fault
@@ -867,6 +943,7 @@ fn run_seed(seed: u64) -> RunStats {
         max_term: term.0,
         time_to_leader: took,
         fsync_stops: sim.fsync_stops,
+        refusals: sim.refusals,
     }
 }
 
@@ -932,10 +1009,12 @@ fn run_seeds(start: u64, count: u64) {
     let mut per_size: BTreeMap<u32, (u64, u64, usize, u64, Duration)> = BTreeMap::new();
     let mut steps = 0;
     let mut fsync_stops = 0;
+    let mut refusals = 0;
     for seed in start..start + count {
         let stats = run_seed(seed);
         steps += stats.steps;
         fsync_stops += stats.fsync_stops;
+        refusals += stats.refusals;
         let e = per_size.entry(stats.nodes).or_default();
         e.0 += 1;
         e.1 += stats.crashes;
@@ -946,12 +1025,12 @@ fn run_seeds(start: u64, count: u64) {
     }
     println!(
         "elector_sim: seeds {start}..{} passed, {steps} steps, {fsync_stops} stops on a failed \
-         fsync",
+         fsync, {refusals} term files refused for a flipped bit",
         start + count
     );
     assert!(
-        count < 20 || fsync_stops > 0,
-        "the runs stopped nodes on failed fsyncs"
+        count < 20 || (fsync_stops > 0 && refusals > 0),
+        "the runs stopped nodes on failed fsyncs and refused flipped term files"
     );
     for (size, (runs, crashes, elections, messages, worst)) in per_size {
         println!(
