@@ -750,16 +750,13 @@ impl Session {
     }
 }
 
-/// How often an open waiting for its queue's assignment asks again. The metadata core keeps a
-/// request and sends it on to each new leader, so this only covers a forwarded request lost
-/// on the way.
-const ASSIGNMENT_REASK: Duration = Duration::from_millis(500);
-
-/// Waits until `uri` is assigned to a partition in the committed state, asking the leader to
-/// assign it (again every [`ASSIGNMENT_REASK`]) until `timeout`. Woken by the commit
-/// that assigns it ([`Router::watch_assignment`]), not by polling. Calls `proposed` once with
-/// the partition the leader proposes, if this node's ledger takes the proposal in while it
-/// waits ([`Router::watch_proposal`]): the open can go there before the commit.
+/// Waits until `uri` is assigned to a partition in the committed state, having asked the
+/// leader once to assign it, until `timeout`. The metadata core keeps the request and sends
+/// it again (to each new leader, and while it is not committed), so the open does not ask
+/// again. Woken by the commit that assigns it ([`Router::watch_assignment`]), not by polling.
+/// Calls `proposed` once with the partition the leader proposes, if this node's ledger takes
+/// the proposal in while it waits ([`Router::watch_proposal`]): the open can go there before
+/// the commit.
 async fn resolve_queue(
     router: &Router,
     uri: &str,
@@ -768,7 +765,7 @@ async fn resolve_queue(
 ) -> Result<PartitionId, Status> {
     let deadline = tokio::time::Instant::now() + timeout;
     let cluster = router.cluster();
-    let mut asked_at: Option<tokio::time::Instant> = None;
+    let mut asked = false;
     let mut proposed = Some(proposed);
     let mut proposal = None;
     let outcome = loop {
@@ -780,8 +777,7 @@ async fn resolve_queue(
         if proposed.is_some() && proposal.is_none() {
             proposal = Some(router.watch_proposal(uri));
         }
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
+        if tokio::time::Instant::now() >= deadline {
             break Err(Status {
                 code: StatusCode::NotReady as i32,
                 message: format!(
@@ -789,12 +785,10 @@ async fn resolve_queue(
                 ),
             });
         }
-        let ask_at = asked_at.map_or(now, |t| t + ASSIGNMENT_REASK);
-        if ask_at <= now {
-            asked_at = Some(now);
+        if !asked {
+            asked = true;
             router.request_assignment(uri.to_string());
         }
-        let wake = asked_at.map_or(deadline, |t| (t + ASSIGNMENT_REASK).min(deadline));
         let proposed_in = async {
             match proposal.as_mut() {
                 Some(rx) => rx.await.ok(),
@@ -802,7 +796,7 @@ async fn resolve_queue(
             }
         };
         tokio::select! {
-            _ = tokio::time::timeout_at(wake, committed) => {}
+            _ = tokio::time::timeout_at(deadline, committed) => {}
             got = proposed_in => {
                 // Fired, or dropped unfired (registered again at the next turn).
                 proposal = None;

@@ -92,6 +92,11 @@ pub struct MetadataConfig {
     /// A kept queue assignment request older than this is forgotten (whoever asked has given
     /// up: the node's default request timeout is 10 s).
     pub assignment_request_ttl: Duration,
+    /// How often kept queue assignment requests are sent again while none of them is
+    /// committed: a request forwarded to the leader may be lost on the way, and an active
+    /// leader with no partition primary yet defers them. This is the one place an open's
+    /// assignment is asked again (the sessions ask once).
+    pub assignment_request_resend: Duration,
 }
 
 impl Default for MetadataConfig {
@@ -106,6 +111,7 @@ impl Default for MetadataConfig {
             gated_max: 1024,
             assignment_requests_max: 4096,
             assignment_request_ttl: Duration::from_secs(10),
+            assignment_request_resend: Duration::from_millis(500),
         }
     }
 }
@@ -262,6 +268,9 @@ pub struct MetadataCounters {
     /// Queue assignment requests dropped because [`MetadataConfig::assignment_requests_max`]
     /// were already kept.
     pub assignment_requests_dropped: u64,
+    /// Times the kept queue assignment requests were sent again for want of a commit
+    /// ([`MetadataConfig::assignment_request_resend`]).
+    pub assignment_resends: u64,
     /// Batches received that contained a batch (dropped).
     pub nested_batches: u64,
 }
@@ -325,6 +334,8 @@ pub struct MetadataCore {
     /// Queue assignments asked on or through this node and not yet seen committed, with when
     /// they were asked (see [`MetadataCore::request_queue_assignment`]).
     assignment_requests: BTreeMap<String, Instant>,
+    /// When kept assignment requests go out again (while any is kept): one timer for all.
+    assignment_resend_at: Option<Instant>,
     // Follower.
     /// The highest LSN acked to the leader: an ack covers every record of the term up to it.
     ack_sent: Lsn,
@@ -402,6 +413,7 @@ impl MetadataCore {
             last_lsn: recovered.last_lsn,
             persisted_lsn: recovered.last_lsn,
             assignment_requests: BTreeMap::new(),
+            assignment_resend_at: None,
             // Recovered records are never acked again unprompted: a leader that still needs
             // them re-sends, and a duplicate is re-acked.
             ack_sent: recovered.last_lsn,
@@ -485,6 +497,11 @@ impl MetadataCore {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut deadline: Option<Instant> = None;
         let mut consider = |t: Instant| deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        if !self.assignment_requests.is_empty() {
+            if let Some(t) = self.assignment_resend_at {
+                consider(t);
+            }
+        }
         match self.role {
             MetadataRole::Follower => {
                 if self.needs_hello() {
@@ -697,6 +714,7 @@ impl MetadataCore {
     /// Re-sends what has not been answered in time.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = Some(now);
+        self.resend_assignment_requests(now);
         match self.role {
             MetadataRole::Follower => {
                 if self.needs_hello() && self.hello_deadline.is_some_and(|d| d <= now) {
@@ -747,8 +765,9 @@ impl MetadataCore {
     /// [`pick_partition_for_queue`], key `next_queue_key`); a follower forwards it to its
     /// leader. A passive leader, or a follower without a leader, only keeps it; kept requests
     /// go out again when the node becomes the active leader or learns a (new) leader, so an
-    /// open issued during a failover waits for the new leader, not for the caller's next retry.
-    /// The caller still asks again now and then (a forwarded request may be lost).
+    /// open issued during a failover waits for the new leader, not for the caller's next retry;
+    /// and every [`MetadataConfig::assignment_request_resend`] while any is kept (a forwarded
+    /// request may be lost). The caller asks once and waits for the commit.
     pub fn request_queue_assignment(&mut self, now: Instant, uri: &str) {
         self.last_now = Some(now);
         self.ask_assignment(now, uri.to_owned());
@@ -769,7 +788,24 @@ impl MetadataCore {
             }
         }
         self.assignment_requests.insert(uri.clone(), now);
+        self.assignment_resend_at
+            .get_or_insert(now + self.config.assignment_request_resend);
         self.dispatch_assignment(now, &uri);
+    }
+
+    /// Sends every kept request again once [`MetadataConfig::assignment_request_resend`] has
+    /// passed since the last time (see `request_queue_assignment`).
+    fn resend_assignment_requests(&mut self, now: Instant) {
+        if self.assignment_requests.is_empty() {
+            self.assignment_resend_at = None;
+            return;
+        }
+        if self.assignment_resend_at.is_some_and(|at| at <= now) {
+            self.counters.assignment_resends += 1;
+            self.dispatch_assignments(now);
+            self.assignment_resend_at = (!self.assignment_requests.is_empty())
+                .then(|| now + self.config.assignment_request_resend);
+        }
     }
 
     /// Sends one kept request where it can be served now (see `request_queue_assignment`).

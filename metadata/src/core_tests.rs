@@ -1563,6 +1563,49 @@ fn a_follower_keeps_its_requests_for_the_next_leader_until_committed() {
 }
 
 #[test]
+fn a_kept_request_is_sent_again_until_committed() {
+    // Scenario: a follower's forwarded request is lost on the way. The follower sends it again
+    // once `assignment_request_resend` has passed (not before), and no more once the
+    // assignment is committed: the one retry home of an open's assignment.
+    let now = Instant::now();
+    let resend = MetadataConfig::default().assignment_request_resend;
+    let requests = |out: Vec<MetadataOutput>| -> Vec<peer::MetadataMessage> {
+        messages_to(out, n(3))
+            .into_iter()
+            .filter(|m| matches!(m.kind, Some(Msg::QueueAssignmentRequest(_))))
+            .collect()
+    };
+    let mut f = follower(now);
+    f.handle_leadership(now, Term(2), Some(n(3)));
+    drain(&mut f);
+    f.request_queue_assignment(now, "bmq://d/q");
+    assert_eq!(
+        requests(drain(&mut f)),
+        vec![assignment_request("bmq://d/q")]
+    );
+    assert!(f.poll_timeout().is_some_and(|t| t <= now + resend));
+    f.handle_timeout(now + resend - Duration::from_millis(1));
+    assert_eq!(requests(drain(&mut f)), vec![]);
+    f.handle_timeout(now + resend);
+    assert_eq!(
+        requests(drain(&mut f)),
+        vec![assignment_request("bmq://d/q")]
+    );
+    assert_eq!(f.counters().assignment_resends, 1);
+    // The leader commits q (snapshot at 2:1, q at 2:2, commit 2:3): nothing more is sent.
+    let snapshot = leader_advisory(&ClusterState::new(2));
+    f.handle_message(now, n(3), record(lsn(2, 1), snapshot));
+    f.handle_message(now, n(3), record(lsn(2, 2), assign("bmq://d/q", 0, 0)));
+    f.handle_message(now, n(3), commit(lsn(2, 3), lsn(2, 2)));
+    drain(&mut f);
+    for k in 2..5 {
+        f.handle_timeout(now + resend * k);
+        assert_eq!(requests(drain(&mut f)), vec![]);
+    }
+    assert_eq!(f.counters().assignment_resends, 1);
+}
+
+#[test]
 fn a_queue_assignment_is_reported_proposed_right_after_its_record() {
     // Scenario: the leader stamps a queue assignment and a follower accepts one naming two
     // queues; each reports every queue of it proposed, right after the record's Persist and

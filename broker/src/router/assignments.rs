@@ -16,15 +16,11 @@ use crate::actors::metadata::{ProposalWatcher, RequestQueueAssignment};
 
 impl Router {
     /// Asks the leader, through the metadata actor, to assign `uri` to a partition (fire and
-    /// forget: the caller waits for the assignment in the committed state and asks again).
+    /// forget: the caller waits for the assignment in the committed state). Queued even when
+    /// the actor's mailbox is full, since the caller asks once: the metadata core keeps the
+    /// request (bounded, counted when dropped) and is the one that sends it again.
     pub fn request_assignment(&self, uri: String) {
-        if self
-            .assignments
-            .try_send(RequestQueueAssignment { uri })
-            .is_err()
-        {
-            metrics::counter!("bmq_mailbox_full_total", "actor" => "metadata").increment(1);
-        }
+        self.assignments.do_send(RequestQueueAssignment { uri });
     }
 
     /// A receiver that fires once a committed state containing `uri` is published on this node
