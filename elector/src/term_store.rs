@@ -178,14 +178,7 @@ fn decode(bytes: &[u8]) -> Result<Term, String> {
     if bytes.starts_with(MAGIC_V1) {
         return decode_v1(bytes);
     }
-    if bytes.len() != FILE_LEN {
-        let len = if bytes.len() > FILE_LEN {
-            format!("more than {FILE_LEN}")
-        } else {
-            bytes.len().to_string()
-        };
-        return Err(format!("length {len} instead of {FILE_LEN}"));
-    }
+    check_len(bytes, FILE_LEN)?;
     if &bytes[..8] != MAGIC {
         return Err("bad magic".to_string());
     }
@@ -198,17 +191,22 @@ fn decode(bytes: &[u8]) -> Result<Term, String> {
     }
 }
 
+/// Errors unless `bytes` is `expected` long (the file is read up to one byte more).
+fn check_len(bytes: &[u8], expected: usize) -> Result<(), String> {
+    if bytes.len() == expected {
+        return Ok(());
+    }
+    let len = if bytes.len() > expected {
+        format!("more than {expected}")
+    } else {
+        bytes.len().to_string()
+    };
+    Err(format!("length {len} instead of {expected}"))
+}
+
 /// [`decode`] of the first format.
 fn decode_v1(bytes: &[u8]) -> Result<Term, String> {
-    const FILE_LEN: usize = FILE_LEN_V1;
-    if bytes.len() != FILE_LEN {
-        let len = if bytes.len() > FILE_LEN {
-            format!("more than {FILE_LEN}")
-        } else {
-            bytes.len().to_string()
-        };
-        return Err(format!("length {len} instead of {FILE_LEN}"));
-    }
+    check_len(bytes, FILE_LEN_V1)?;
     let term_bytes: [u8; 8] = bytes[8..16].try_into().expect("slice of 8 bytes");
     let stored: [u8; 4] = bytes[16..].try_into().expect("slice of 4 bytes");
     let (stored, computed) = (u32::from_le_bytes(stored), crc32(&term_bytes));
