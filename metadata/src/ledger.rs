@@ -67,7 +67,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use bmq_proto::{peer, Term};
-use bmq_storage::disk::{Disk, FileRef, Open, RealDisk};
+use bmq_storage::disk::{Disk, FileRef, FileSync, Open, RealDisk};
 use bmq_storage::frame;
 use prost::Message;
 use thiserror::Error;
@@ -323,7 +323,7 @@ pub struct LedgerSync {
 #[derive(Debug)]
 enum SyncWork {
     Fsync {
-        file: FileRef,
+        sync: FileSync,
         path: PathBuf,
     },
     /// A reset's new file: the state and records of the mirror when it was handed out (a
@@ -359,7 +359,8 @@ pub struct SyncDone {
 }
 
 impl LedgerSync {
-    /// Makes the covered records durable: [`bmq_storage::disk::DiskFile::sync_data`]; or a
+    /// Makes the covered records durable: the live file's [`FileSync`] (`fdatasync`), the
+    /// journal's sync step too; or a
     /// rollover's switch (the records since its snapshot appended to the snapshot's file,
     /// fsynced, renamed into place, the directory fsynced, the old file removed: about two
     /// fsyncs); or a reset's new file written, fsynced and renamed into place the same way. A
@@ -375,8 +376,8 @@ impl LedgerSync {
         self.failure.check()?;
         let failure = self.failure;
         failure.record(match self.work {
-            SyncWork::Fsync { file, path } => file
-                .sync_data()
+            SyncWork::Fsync { sync, path } => sync
+                .run()
                 .map_err(io_err(&path))
                 .map(|()| SyncDone { rewritten: None }),
             SyncWork::Rewrite {
@@ -1030,7 +1031,9 @@ impl Ledger {
         self.unsynced = false;
         Ok(due.then(|| LedgerSync {
             work: SyncWork::Fsync {
-                file: self.file.clone(),
+                // The live file's name is durable: made by the open, a reset or a switch, each
+                // of which fsyncs the directory.
+                sync: FileSync::new(self.disk.clone(), self.file.clone(), None),
                 path: file_path(&self.dir, self.file_index),
             },
             failure: self.failure.clone(),

@@ -95,6 +95,48 @@ pub trait DiskFile: Send + Sync + fmt::Debug {
 /// A shared open file.
 pub type FileRef = Arc<dyn DiskFile>;
 
+/// The sync step every durable file of a node takes — a journal segment
+/// (`store::SyncTicket`), the metadata ledger's live file (`LedgerSync`), a closed segment at
+/// roll-over: the writes made to `file` so far made durable, to run on any thread.
+/// `fdatasync`; for a file created since its directory was last fsynced, `fsync` of the file
+/// (its inode) and of that directory (its entry), so that a power loss cannot leave the data
+/// without a name.
+#[derive(Debug, Clone)]
+pub struct FileSync {
+    disk: Arc<dyn Disk>,
+    file: FileRef,
+    new_in: Option<PathBuf>,
+}
+
+impl FileSync {
+    /// The sync of `file` on `disk`; `new_in`: the directory it was created in, while that
+    /// directory's fsync since is owed.
+    pub fn new(disk: Arc<dyn Disk>, file: FileRef, new_in: Option<PathBuf>) -> FileSync {
+        FileSync { disk, file, new_in }
+    }
+
+    /// Whether it also makes the file's directory entry durable.
+    pub fn is_new(&self) -> bool {
+        self.new_in.is_some()
+    }
+
+    /// Runs it; blocks for as long as the disk takes.
+    ///
+    /// # Errors
+    /// The fsync's error: nothing it covers may be taken as durable, now or after any later
+    /// fsync (the page cache may have dropped what it could not write; STYLE.md: never retry
+    /// an fsync).
+    pub fn run(&self) -> io::Result<()> {
+        match &self.new_in {
+            None => self.file.sync_data(),
+            Some(dir) => {
+                self.file.sync_all()?;
+                self.disk.sync_dir(dir)
+            }
+        }
+    }
+}
+
 /// A disk: files by path (see the module doc for what is durable when).
 pub trait Disk: Send + Sync + fmt::Debug {
     /// Opens `path` as `how` says.

@@ -102,7 +102,7 @@
 //! until space returns. A configured quota (`quota_bytes`) is checked by the caller before a
 //! write ([`Store::would_exceed_quota`]).
 
-use crate::disk::{Disk, FileRef, Open, RealDisk};
+use crate::disk::{Disk, FileRef, FileSync, Open, RealDisk};
 use crate::frame;
 use crate::lease_mark::{LeaseMark, LEASE_MARK_NAME};
 use std::collections::{HashMap, VecDeque};
@@ -255,18 +255,6 @@ fn spare_path(dir: &Path) -> PathBuf {
 
 fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), StoreError> {
     disk.sync_dir(dir).map_err(io(dir))
-}
-
-/// fsyncs a segment's data; for a segment new since its directory was last fsynced
-/// (`new_in`: that directory), its inode and the directory entry too.
-fn fsync_segment(disk: &dyn Disk, file: &FileRef, new_in: Option<&Path>) -> std::io::Result<()> {
-    match new_in {
-        None => file.sync_data(),
-        Some(dir) => {
-            file.sync_all()?;
-            disk.sync_dir(dir)
-        }
-    }
 }
 
 /// A message GUID as a map key: its 16 bytes, big-endian (shorter ones are zero-padded,
@@ -614,8 +602,8 @@ impl ClosedFiles {
 /// it was issued.
 #[derive(Debug)]
 pub struct SyncTicket {
-    disk: Arc<dyn Disk>,
-    file: FileRef,
+    /// The segment's sync; for a new segment (`Segment::fresh`) its directory's too.
+    sync: FileSync,
     path: PathBuf,
     segment: u32,
     /// Bytes of the segment written when the ticket was issued.
@@ -627,8 +615,6 @@ pub struct SyncTicket {
     epoch: u64,
     /// Whether [`SyncTicket::run`] fsyncs (the store's setting; off in tests).
     fsync: bool,
-    /// The segment is new (`Segment::fresh`): fsync its inode too, then this directory.
-    new_segment_dir: Option<PathBuf>,
     /// The primary-lease mark raised since its last fsync: its file and value (see
     /// `lease_mark.rs`).
     lease_mark: Option<(FileRef, u64)>,
@@ -641,7 +627,7 @@ impl SyncTicket {
         if !self.fsync {
             return Ok(());
         }
-        fsync_segment(&*self.disk, &self.file, self.new_segment_dir.as_deref())?;
+        self.sync.run()?;
         match &self.lease_mark {
             Some((file, _)) => file.sync_data(),
             None => Ok(()),
@@ -1785,7 +1771,8 @@ impl Store {
         }
         if fsync {
             // Before the next segment exists: its marker says how far this one goes.
-            fsync_segment(&*disk, &s.file, s.fresh.then_some(dir.as_path()))
+            FileSync::new(disk.clone(), s.file.clone(), s.fresh.then(|| dir.clone()))
+                .run()
                 .map_err(io(&s.path))?;
         }
         s.fresh = false;
@@ -2167,8 +2154,7 @@ impl Store {
         // nothing, so that what depends on them is exercised alike.
         if s.synced_len < s.len || s.fresh || behind || lease_mark.is_some() {
             return Ok(Some(SyncTicket {
-                disk,
-                file: s.file.clone(),
+                sync: FileSync::new(disk, s.file.clone(), s.fresh.then_some(dir)),
                 path: s.path.clone(),
                 segment: s.no,
                 len: s.len,
@@ -2176,7 +2162,6 @@ impl Store {
                 marked_base,
                 epoch,
                 fsync,
-                new_segment_dir: s.fresh.then_some(dir),
                 lease_mark,
             }));
         }
@@ -2205,7 +2190,7 @@ impl Store {
         if let Some(s) = self.segments.last_mut() {
             if s.no == ticket.segment && ticket.len <= s.len {
                 s.synced_len = s.synced_len.max(ticket.len);
-                if ticket.new_segment_dir.is_some() {
+                if ticket.sync.is_new() {
                     s.fresh = false;
                 }
             }
