@@ -31,8 +31,8 @@ pub enum Damage {
     /// The length says the body runs past the bytes given (the frame's length, header
     /// included).
     Truncated(usize),
-    /// The body's checksum does not match its header.
-    Checksum,
+    /// The body's checksum does not match its header (the frame's length, header included).
+    Checksum(usize),
 }
 
 impl fmt::Display for Damage {
@@ -42,7 +42,7 @@ impl fmt::Display for Damage {
             Damage::ZeroLength => f.write_str("zero-filled region (never written)"),
             Damage::TooLong(len) => write!(f, "record length {len} over the maximum"),
             Damage::Truncated(_) => f.write_str("incomplete record body"),
-            Damage::Checksum => f.write_str("checksum mismatch"),
+            Damage::Checksum(_) => f.write_str("checksum mismatch"),
         }
     }
 }
@@ -75,8 +75,7 @@ pub fn finish(buf: &mut [u8], start: usize) -> usize {
 
 /// Appends `body` framed to `out`. Returns the frame's length, header included.
 pub fn encode_into(out: &mut Vec<u8>, body: &[u8]) -> usize {
-    let start = out.len();
-    out.extend_from_slice(&[0; HEADER_LEN]);
+    let start = begin(out);
     out.extend_from_slice(body);
     finish(out, start)
 }
@@ -108,14 +107,14 @@ pub fn peek_len(bytes: &[u8]) -> Result<usize, Damage> {
 
 /// Checks a frame read whole (its extent known from elsewhere, as an index's): its header is
 /// there and its body's checksum matches. Errors: [`Damage::ShortHeader`],
-/// [`Damage::Checksum`].
+/// [`Damage::Checksum`] (with `framed`'s length).
 pub fn check(framed: &[u8]) -> Result<(), Damage> {
     if framed.len() < HEADER_LEN {
         return Err(Damage::ShortHeader);
     }
     let crc = u32::from_le_bytes(framed[4..HEADER_LEN].try_into().expect("4 bytes"));
     if crc32c::crc32c(&framed[HEADER_LEN..]) != crc {
-        return Err(Damage::Checksum);
+        return Err(Damage::Checksum(framed.len()));
     }
     Ok(())
 }
@@ -138,8 +137,8 @@ mod tests {
         assert_eq!(read(&[0; 16], 1024), Err(Damage::ZeroLength));
         let mut flipped = out.clone();
         flipped[HEADER_LEN + 1] ^= 0x10;
-        assert_eq!(read(&flipped, 1024), Err(Damage::Checksum));
-        assert_eq!(check(&flipped[..len]), Err(Damage::Checksum));
+        assert_eq!(read(&flipped, 1024), Err(Damage::Checksum(len)));
+        assert_eq!(check(&flipped[..len]), Err(Damage::Checksum(len)));
         assert_eq!(check(&out[..len]), Ok(()));
     }
 

@@ -1206,9 +1206,8 @@ impl Store {
                     }
                 }
                 Err(damage @ frame::Damage::Truncated(_)) => torn(&damage.to_string())?,
-                Err(frame::Damage::Checksum) => {
-                    let end =
-                        pos + RECORD_HEADER_LEN + frame::peek_len(&data[pos..]).expect("read");
+                Err(frame::Damage::Checksum(total)) => {
+                    let end = pos + total;
                     // In a recycled tail a record of this life right after the bad one means
                     // it was damaged in place, not torn (a torn write ends what was written):
                     // what it held may have been acknowledged.
@@ -2143,10 +2142,7 @@ impl Store {
         let behind = through > self.durable;
         let disk = self.disk.clone();
         let lease_mark = match self.lease_mark.as_mut() {
-            Some(m) => match m.prepare() {
-                Ok(prepared) => prepared,
-                Err(e) => return Err(io(m.path())(e)),
-            },
+            Some(m) => m.prepare().map_err(|e| io(m.path())(e))?,
             None => None,
         };
         let s = self.active();
