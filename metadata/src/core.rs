@@ -787,20 +787,20 @@ impl MetadataCore {
                 return;
             }
         }
+        if self.assignment_requests.is_empty() {
+            // The first kept request: a deadline left by earlier ones, settled since, is stale.
+            self.assignment_resend_at = Some(now + self.config.assignment_request_resend);
+        }
         self.assignment_requests.insert(uri.clone(), now);
-        self.assignment_resend_at
-            .get_or_insert(now + self.config.assignment_request_resend);
         self.dispatch_assignment(now, &uri);
     }
 
     /// Sends every kept request again once [`MetadataConfig::assignment_request_resend`] has
     /// passed since the last time (see `request_queue_assignment`).
     fn resend_assignment_requests(&mut self, now: Instant) {
-        if self.assignment_requests.is_empty() {
-            self.assignment_resend_at = None;
-            return;
-        }
-        if self.assignment_resend_at.is_some_and(|at| at <= now) {
+        if !self.assignment_requests.is_empty()
+            && self.assignment_resend_at.is_some_and(|at| at <= now)
+        {
             self.counters.assignment_resends += 1;
             self.dispatch_assignments(now);
             self.assignment_resend_at = (!self.assignment_requests.is_empty())
