@@ -14,7 +14,10 @@
 //!   `ElectionProposal` is released only after [`ElectorOutput::PersistTerm`] for that term
 //!   was confirmed with [`Elector::on_term_persisted`];
 //! - network input never panics: unknown senders, empty or stale messages are dropped and
-//!   counted in [`ElectorCounters::messages_dropped`].
+//!   counted in [`ElectorCounters::messages_dropped`];
+//! - only voters of the committed [`Membership`] count towards a quorum, a non-voter never
+//!   stands, and a voter refuses a candidate whose membership epoch is older than its own
+//!   (DESIGN.md §5a; counted in [`ElectorCounters::older_membership_refused`]).
 //!
 //! Verification hooks: the core is `Clone`, and [`Elector::hash_behaviour`] hashes everything
 //! that determines its future behaviour (instants relative to a caller's `now`), so that a model
@@ -36,6 +39,7 @@ use rand_chacha::ChaCha8Rng;
 use tracing::debug;
 
 use crate::config::ElectorConfig;
+use crate::membership::Membership;
 use crate::state::{ElectorState, ElectorStatus, TransitionReason};
 use crate::successor::successor_wait_bounds;
 
@@ -81,6 +85,9 @@ pub struct ElectorCounters {
     pub heartbeats_missed: u64,
     /// Messages dropped: unknown sender, empty, stale or not applicable in the current state.
     pub messages_dropped: u64,
+    /// Scouting requests and proposals refused because the candidate has applied fewer
+    /// membership changes than this node, or is not a voter of the same epoch.
+    pub older_membership_refused: u64,
 }
 
 /// What is released once a term is on disk.
@@ -111,7 +118,12 @@ pub struct Elector {
     /// and supports others), see [`Elector::retire`].
     retired: bool,
     self_id: NodeId,
+    /// Every member but self: who messages are accepted from and broadcast to.
     peers: BTreeSet<NodeId>,
+    /// The committed voters, self included if it votes: who counts towards a quorum.
+    voters: BTreeSet<NodeId>,
+    /// Membership changes applied ([`Membership::epoch`]).
+    membership_epoch: u64,
     /// Peers whose connection is down; every peer starts available.
     unavailable: BTreeSet<NodeId>,
     config: ElectorConfig,
@@ -156,6 +168,8 @@ pub struct Elector {
     counters: ElectorCounters,
     /// Test/diagnostic switch, see [`Elector::set_election_scouting`]; `true` in production.
     scouting_enabled: bool,
+    /// Test/diagnostic switch, see [`Elector::set_membership_check`]; `true` in production.
+    membership_check_enabled: bool,
 }
 
 fn message(kind: Kind) -> ElectorMessage {
@@ -163,7 +177,9 @@ fn message(kind: Kind) -> ElectorMessage {
 }
 
 impl Elector {
-    /// A dormant elector for node `self_id` among `peers` (self and duplicates are ignored).
+    /// A dormant elector for node `self_id` among `peers` (self and duplicates are ignored),
+    /// all of them voters at membership epoch 0 ([`Membership::all_voters`]); a later
+    /// membership is given with [`Elector::set_membership`].
     ///
     /// `persisted_term` is the term read from the term store (DESIGN.md §4: the max of the
     /// elector term and the last ledger LSN's term); `rng_seed` seeds every random wait.
@@ -181,10 +197,14 @@ impl Elector {
             panic!("invalid elector config: {e}");
         }
         let peers: BTreeSet<NodeId> = peers.iter().copied().filter(|p| *p != self_id).collect();
+        let mut voters = peers.clone();
+        voters.insert(self_id);
         Elector {
             retired: false,
             self_id,
             peers,
+            voters,
+            membership_epoch: 0,
             unavailable: BTreeSet::new(),
             quorum_setting: config.quorum,
             config,
@@ -210,6 +230,7 @@ impl Elector {
             outputs: VecDeque::new(),
             counters: ElectorCounters::default(),
             scouting_enabled: true,
+            membership_check_enabled: true,
         }
     }
 
@@ -224,6 +245,14 @@ impl Elector {
     /// next scouting or proposal.
     pub fn set_election_scouting(&mut self, enabled: bool) {
         self.scouting_enabled = enabled;
+    }
+
+    /// Test/diagnostic switch: with `false` this node supports candidates whatever their
+    /// membership epoch (the refusal described at [`Membership`] is skipped), so that the
+    /// elector's model can show the two leaders in one term that the refusal prevents. Default
+    /// `true`; never switch it off in production.
+    pub fn set_membership_check(&mut self, enabled: bool) {
+        self.membership_check_enabled = enabled;
     }
 
     /// Feeds `state` with everything that determines this elector's future behaviour, for a
@@ -245,6 +274,8 @@ impl Elector {
         self.retired.hash(state);
         self.self_id.hash(state);
         self.peers.hash(state);
+        self.voters.hash(state);
+        self.membership_epoch.hash(state);
         self.unavailable.hash(state);
         self.config.hash(state);
         self.quorum_setting.hash(state);
@@ -288,11 +319,12 @@ impl Elector {
             }
         }
         self.scouting_enabled.hash(state);
+        self.membership_check_enabled.hash(state);
     }
 
     /// Dormant -> Follower (`Started`), term = persisted term. Arms `initial_wait` plus a random
-    /// wait to discover a leader before scouting (0 without peers, so a single node elects
-    /// itself at once).
+    /// wait to discover a leader before scouting (0 without other voters, so a single node
+    /// elects itself at once). A node that is not a voter does not arm it: it only follows.
     /// A no-op if already started.
     pub fn start(&mut self, now: Instant) {
         if self.state != ElectorState::Dormant {
@@ -302,12 +334,14 @@ impl Elector {
         self.reason = TransitionReason::Started;
         // The article: after the initial wait, "some additional time (random interval)" so
         // that nodes started together do not scout together.
-        let wait = if self.peers.is_empty() {
-            Duration::ZERO
-        } else {
-            self.config.initial_wait + self.random_wait()
-        };
-        self.scout_at = Some(now + wait);
+        if self.may_stand() {
+            let wait = if self.voters.len() <= 1 {
+                Duration::ZERO
+            } else {
+                self.config.initial_wait + self.random_wait()
+            };
+            self.scout_at = Some(now + wait);
+        }
         self.publish_status();
     }
 
@@ -342,11 +376,13 @@ impl Elector {
             }
         }
         match kind {
-            Kind::ScoutingRequest(m) => self.on_scouting_request(from, Term(m.term)),
+            Kind::ScoutingRequest(m) => {
+                self.on_scouting_request(from, Term(m.term), m.membership_epoch)
+            }
             Kind::ScoutingResponse(m) => {
                 self.on_scouting_response(now, from, Term(m.term), m.will_vote)
             }
-            Kind::Proposal(m) => self.on_proposal(now, from, Term(m.term)),
+            Kind::Proposal(m) => self.on_proposal(now, from, Term(m.term), m.membership_epoch),
             Kind::ElectionResponse(m) => self.on_election_response(now, from, Term(m.term)),
             Kind::Heartbeat(m) => self.on_heartbeat(now, from, Term(m.term), preempted),
             Kind::HeartbeatResponse(_) => {
@@ -431,13 +467,14 @@ impl Elector {
                     && self.state == ElectorState::Follower
                     && self.leader.is_none()
                     && self.tentative_leader.is_none()
-                    && !self.retired;
+                    && self.may_stand();
                 if still_relevant {
                     self.become_candidate(now);
                 } else if self.state == ElectorState::Follower
                     && self.leader.is_none()
                     && self.scout_at.is_none()
                     && self.scouting.is_none()
+                    && self.may_stand()
                 {
                     let wait = self.random_wait();
                     self.scout_at = Some(now + wait);
@@ -537,11 +574,11 @@ impl Elector {
         }
     }
 
-    /// The effective quorum, self included: the configured value, or `N/2 + 1` when it is 0.
+    /// The effective quorum, in voters: the configured value, or `V/2 + 1` with `V` the
+    /// committed voters when it is 0.
     pub fn quorum(&self) -> usize {
         if self.quorum_setting == 0 {
-            let cluster_size = self.peers.len() + 1;
-            cluster_size / 2 + 1
+            self.voters.len() / 2 + 1
         } else {
             self.quorum_setting
         }
@@ -557,17 +594,153 @@ impl Elector {
         self.self_id
     }
 
+    /// The membership epoch in use ([`Membership::epoch`]).
+    pub fn membership_epoch(&self) -> u64 {
+        self.membership_epoch
+    }
+
+    /// The voters counted towards a quorum, self included if it votes.
+    pub fn voters(&self) -> &BTreeSet<NodeId> {
+        &self.voters
+    }
+
+    /// Whether this node is a voter of the membership in use.
+    pub fn is_voter(&self) -> bool {
+        self.voters.contains(&self.self_id)
+    }
+
+    /// Applies a committed membership (DESIGN.md §5a), called by the node each time its
+    /// metadata state applies a membership change, and once at start with the membership the
+    /// ledger holds. An epoch below the one in use is ignored (returns `false`): memberships
+    /// only move forward. Effects, at once:
+    /// - messages are accepted from, and broadcast to, `members` only; support already
+    ///   received is kept but only voters' support counts;
+    /// - a leader that is no longer a voter cedes ([`TransitionReason::MembershipChanged`]); a
+    ///   leader whose voting supporters no longer make a quorum steps down
+    ///   (`QuorumNotAchieved`); a candidacy or a scouting in progress is abandoned (support
+    ///   gathered under one membership never completes an election under another) and a voter
+    ///   scouts again, for the next term, after a random wait;
+    /// - a follower whose leader is no longer a member drops it; a leaderless follower that
+    ///   became a voter scouts after a random wait.
+    pub fn set_membership(&mut self, now: Instant, membership: Membership) -> bool {
+        if membership.epoch < self.membership_epoch {
+            debug!(
+                epoch = membership.epoch,
+                own_epoch = self.membership_epoch,
+                "elector membership older than the one in use ignored"
+            );
+            return false;
+        }
+        let Membership {
+            epoch,
+            mut members,
+            voters,
+        } = membership;
+        members.extend(voters.iter().copied());
+        members.remove(&self.self_id);
+        self.membership_epoch = epoch;
+        self.voters = voters;
+        self.peers = members;
+        let peers = &self.peers;
+        self.unavailable.retain(|p| peers.contains(p));
+        self.supporters.retain(|p| peers.contains(p));
+        self.support_while_unavailable.retain(|p| peers.contains(p));
+        if let Some(s) = self.scouting.as_mut() {
+            s.supporters.retain(|p| peers.contains(p));
+        }
+        if self
+            .tentative_leader
+            .is_some_and(|t| !self.peers.contains(&t))
+        {
+            self.tentative_leader = None;
+        }
+        if self.state == ElectorState::Follower
+            && self.leader.is_some_and(|l| !self.peers.contains(&l))
+        {
+            let wait = self.random_wait();
+            self.become_leaderless_follower(now, TransitionReason::MembershipChanged, wait);
+        }
+        // Support gathered under one membership never completes an election under another:
+        // a candidacy or a scouting in progress is abandoned, and the node scouts again for
+        // the next term. Otherwise a change applied mid-term lets a candidate of term T win
+        // with the new, smaller quorum after another node led T under the old one (found by
+        // the model checker: {1,2,3} -> {1,2} -> {1}, node 2 leads term 2 with {2,3}, then
+        // node 1, a candidate of term 2, wins alone once it applies {1}).
+        if self.state == ElectorState::Candidate {
+            let wait = self.random_wait();
+            self.become_leaderless_follower(now, TransitionReason::MembershipChanged, wait);
+        }
+        self.scouting = None;
+        if matches!(self.pending, Some(Pending::Candidacy { .. })) {
+            self.pending = None;
+            self.scout_at = None;
+        }
+        if self.may_stand() {
+            if self.state == ElectorState::Leader {
+                self.check_leader_quorum(now);
+            }
+            let idle = self.state == ElectorState::Follower
+                && self.leader.is_none()
+                && self.tentative_leader.is_none()
+                && self.scout_at.is_none()
+                && self.scouting.is_none()
+                && self.pending.is_none();
+            if idle {
+                let wait = self.random_wait();
+                self.scout_at = Some(now + wait);
+            }
+        } else {
+            if self.state == ElectorState::Leader {
+                self.broadcast(Kind::Cession(LeadershipCession { term: self.term.0 }));
+                let wait = self.random_wait();
+                self.become_leaderless_follower(now, TransitionReason::MembershipChanged, wait);
+            }
+            self.scout_at = None;
+        }
+        self.publish_status();
+        true
+    }
+
+    /// Whether this node may scout and stand: a voter that is not retired.
+    fn may_stand(&self) -> bool {
+        !self.retired && self.voters.contains(&self.self_id)
+    }
+
+    /// Voters among `supporters`, plus self if it votes: the support a quorum is measured by.
+    fn voting_support(&self, supporters: &BTreeSet<NodeId>) -> usize {
+        supporters
+            .iter()
+            .filter(|p| self.voters.contains(p))
+            .count()
+            + usize::from(self.voters.contains(&self.self_id))
+    }
+
+    /// A candidate that has applied fewer membership changes than this node, or that is not a
+    /// voter of the same epoch, gets no support (see [`Membership`]).
+    fn refuses_membership(&mut self, from: NodeId, epoch: u64) -> bool {
+        let refused = self.membership_check_enabled
+            && (epoch < self.membership_epoch
+                || (epoch == self.membership_epoch && !self.voters.contains(&from)));
+        if refused {
+            self.counters.older_membership_refused += 1;
+            debug!(from = %from, epoch, own_epoch = self.membership_epoch, "elector candidate of an older membership refused");
+        }
+        refused
+    }
+
     // ------------------------------------------------------------------ message handlers
 
     /// The article's ElectionScouting answer: `No` when a leader is known (sticky leader), else
-    /// `Yes` iff the proposed term is above the own term. Never changes the own term.
-    fn on_scouting_request(&mut self, from: NodeId, proposed: Term) {
+    /// `Yes` iff the proposed term is above the own term and the sender's membership is not
+    /// older ([`Membership`]). Never changes the own term.
+    fn on_scouting_request(&mut self, from: NodeId, proposed: Term, membership_epoch: u64) {
         let has_leader = match self.state {
             ElectorState::Leader => true,
             ElectorState::Follower => self.leader.is_some(),
             ElectorState::Candidate | ElectorState::Dormant => false,
         };
-        let will_vote = !has_leader && proposed > self.term;
+        let will_vote =
+            !has_leader && proposed > self.term && !self.refuses_membership(from, membership_epoch);
         self.send(
             from,
             Kind::ScoutingResponse(ElectionScoutingResponse {
@@ -593,7 +766,7 @@ impl Elector {
     /// leaderless follower or a candidate supports a strictly higher term.
     /// With ElectionScouting switched off ([`Elector::set_election_scouting`]), the article's
     /// earlier rule applies instead: any higher proposal is supported, a leader steps down.
-    fn on_proposal(&mut self, now: Instant, from: NodeId, term: Term) {
+    fn on_proposal(&mut self, now: Instant, from: NodeId, term: Term, membership_epoch: u64) {
         let may_support = match self.state {
             ElectorState::Follower => self.leader.is_none() || !self.scouting_enabled,
             ElectorState::Candidate => true,
@@ -602,6 +775,10 @@ impl Elector {
         };
         if !may_support || term <= self.term {
             self.drop_message(from, "proposal not supported");
+            return;
+        }
+        if self.refuses_membership(from, membership_epoch) {
+            self.drop_message(from, "proposal from an older membership");
             return;
         }
         let reason = match self.state {
@@ -754,7 +931,7 @@ impl Elector {
     // ------------------------------------------------------------------ transitions
 
     fn start_scouting(&mut self, now: Instant) {
-        if self.retired {
+        if !self.may_stand() {
             return;
         }
         // A supported candidate that has not become leader by now (its election would have
@@ -777,6 +954,7 @@ impl Elector {
         });
         self.broadcast(Kind::ScoutingRequest(ElectionScoutingRequest {
             term: term.0,
+            membership_epoch: self.membership_epoch,
         }));
         self.check_scouting_quorum();
     }
@@ -786,7 +964,7 @@ impl Elector {
         let Some(s) = self.scouting.as_ref() else {
             return;
         };
-        if s.supporters.len() + 1 < self.quorum() {
+        if self.voting_support(&s.supporters) < self.quorum() {
             return;
         }
         let term = s.term;
@@ -803,12 +981,17 @@ impl Elector {
         self.reason = TransitionReason::None;
         self.election_deadline = Some(now + self.config.election_result_timeout);
         self.counters.elections_started += 1;
-        self.broadcast(Kind::Proposal(ElectionProposal { term: self.term.0 }));
+        self.broadcast(Kind::Proposal(ElectionProposal {
+            term: self.term.0,
+            membership_epoch: self.membership_epoch,
+        }));
         self.check_candidate_quorum(now);
     }
 
     fn check_candidate_quorum(&mut self, now: Instant) {
-        if self.state == ElectorState::Candidate && self.supporters.len() + 1 >= self.quorum() {
+        if self.state == ElectorState::Candidate
+            && self.voting_support(&self.supporters) >= self.quorum()
+        {
             self.become_leader(now);
         }
     }
@@ -827,7 +1010,9 @@ impl Elector {
     }
 
     fn check_leader_quorum(&mut self, now: Instant) {
-        if self.state == ElectorState::Leader && self.supporters.len() + 1 < self.quorum() {
+        if self.state == ElectorState::Leader
+            && self.voting_support(&self.supporters) < self.quorum()
+        {
             self.step_down(now, TransitionReason::QuorumNotAchieved, None);
         }
     }
@@ -972,14 +1157,14 @@ impl Elector {
     }
 
     /// The wait before scouting after losing `lost_leader`: drawn from this node's window in
-    /// [`successor_wait_bounds`], ranked by node id among itself and its available peers other
-    /// than the lost leader.
+    /// [`successor_wait_bounds`], ranked by node id among itself and its available voting peers
+    /// other than the lost leader.
     fn successor_wait(&mut self, lost_leader: NodeId) -> Duration {
         let others: Vec<NodeId> = self
             .peers
             .iter()
             .copied()
-            .filter(|p| *p != lost_leader && self.is_available(*p))
+            .filter(|p| *p != lost_leader && self.voters.contains(p) && self.is_available(*p))
             .collect();
         let rank = others.iter().filter(|p| **p < self.self_id).count();
         let (low, high) =

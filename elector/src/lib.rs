@@ -3,6 +3,8 @@
 //!
 //! - [`Elector`] (`core.rs`): the pure state machine, `handle_*(now, ..)` in, [`ElectorOutput`]
 //!   out, [`Elector::poll_timeout`] for the next deadline.
+//! - [`Membership`] (`membership.rs`): the committed voter set and its epoch, which the elector
+//!   counts votes against and carries in its requests (DESIGN.md §5a).
 //! - [`ElectorConfig`] (`config.rs`): timings and quorum, validated at start-up.
 //! - [`ElectorState`], [`TransitionReason`], [`ElectorStatus`] (`state.rs`): what is published.
 //! - [`TermStore`] (`term_store.rs`): the fsynced term file, on the storage floor's file
@@ -18,12 +20,14 @@
 
 pub mod config;
 pub mod core;
+pub mod membership;
 pub mod state;
 pub mod successor;
 pub mod term_store;
 
 pub use crate::config::{ConfigError, ElectorConfig};
 pub use crate::core::{Elector, ElectorCounters, ElectorOutput};
+pub use crate::membership::Membership;
 pub use crate::state::{ElectorState, ElectorStatus, TransitionReason};
 pub use crate::successor::successor_wait_bounds;
 pub use crate::term_store::{TermStore, TERM_FILE_NAME};

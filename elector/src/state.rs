@@ -50,6 +50,9 @@ pub enum TransitionReason {
     /// The leader gave up leadership on request (graceful stop, transfer), or the followed
     /// leader announced that it did (`LeadershipCession`).
     LeadershipCeded,
+    /// A committed membership change made this node a non-voter (a leader steps down, a
+    /// candidate gives up) or removed the followed leader (DESIGN.md §5a).
+    MembershipChanged,
 }
 
 impl TransitionReason {
@@ -64,6 +67,7 @@ impl TransitionReason {
             TransitionReason::ElectionPreempted => "election_preempted",
             TransitionReason::QuorumNotAchieved => "quorum_not_achieved",
             TransitionReason::LeadershipCeded => "leadership_ceded",
+            TransitionReason::MembershipChanged => "membership_changed",
         }
     }
 }

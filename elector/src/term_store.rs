@@ -446,7 +446,10 @@ mod tests {
             if failing {
                 fail_fsyncs(&disk, 1);
             }
-            let proposal = ElectionProposal { term: term.0 + 1 };
+            let proposal = ElectionProposal {
+                term: term.0 + 1,
+                membership_epoch: 0,
+            };
             core.handle_message(at(t, 10), n(2), m(Kind::Proposal(proposal)));
             let (executed, stopped) = execute(&mut core, &mut store, at(t, 10));
             assert_eq!(stopped, failing);

@@ -49,7 +49,10 @@ fn m(kind: Kind) -> ElectorMessage {
     ElectorMessage { kind: Some(kind) }
 }
 fn scouting_request(term: u64) -> ElectorMessage {
-    m(Kind::ScoutingRequest(ElectionScoutingRequest { term }))
+    m(Kind::ScoutingRequest(ElectionScoutingRequest {
+        term,
+        membership_epoch: 0,
+    }))
 }
 fn scouting_response(term: u64, will_vote: bool) -> ElectorMessage {
     m(Kind::ScoutingResponse(ElectionScoutingResponse {
@@ -58,7 +61,10 @@ fn scouting_response(term: u64, will_vote: bool) -> ElectorMessage {
     }))
 }
 fn proposal(term: u64) -> ElectorMessage {
-    m(Kind::Proposal(ElectionProposal { term }))
+    m(Kind::Proposal(ElectionProposal {
+        term,
+        membership_epoch: 0,
+    }))
 }
 fn election_response(term: u64) -> ElectorMessage {
     m(Kind::ElectionResponse(ElectionResponse { term }))
@@ -893,12 +899,18 @@ fn arbitrary_input_never_panics() {
             let from = n(rng.gen_range(0..5));
             let term = rng.gen_range(0..6);
             let kind = match rng.gen_range(0..10) {
-                0 => Kind::ScoutingRequest(ElectionScoutingRequest { term }),
+                0 => Kind::ScoutingRequest(ElectionScoutingRequest {
+                    term,
+                    membership_epoch: 0,
+                }),
                 1 => Kind::ScoutingResponse(ElectionScoutingResponse {
                     term,
                     will_vote: rng.gen(),
                 }),
-                2 => Kind::Proposal(ElectionProposal { term }),
+                2 => Kind::Proposal(ElectionProposal {
+                    term,
+                    membership_epoch: 0,
+                }),
                 3 => Kind::ElectionResponse(ElectionResponse { term }),
                 4 => Kind::Heartbeat(LeaderHeartbeat { term }),
                 5 => Kind::HeartbeatResponse(HeartbeatResponse { term }),

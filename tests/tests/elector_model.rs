@@ -1,7 +1,8 @@
 //! Exhaustive model checking of the REAL elector core (DESIGN.md §4) with `stateright`:
-//! three [`Elector`]s — the production `elector/src/core.rs`, not a re-implementation of its
-//! rules — explored in every interleaving of message deliveries, timer firings, term writes,
-//! crashes, restarts and cessions, up to bounds.
+//! three (or, in the longer runs, four and five) [`Elector`]s — the production
+//! `elector/src/core.rs`, not a re-implementation of its rules — explored in every interleaving
+//! of message deliveries, timer firings, term writes, crashes, restarts, cessions and
+//! membership changes, up to bounds.
 //!
 //! **The model.** A state holds the three cores (`None` while crashed), each node's durable term
 //! and its term writes in flight, the network and the history the properties need. Actions,
@@ -17,6 +18,14 @@
 //!   at once ([`Elector::handle_peer_available`]), and a restarted core learns which peers are
 //!   down;
 //! - `Cede`: a leader's graceful hand-off ([`Elector::cede_leadership`], bounded).
+//! - `Commit` and `Apply` (DESIGN.md §5a, where [`Bounds::changes`] is not empty): a leader
+//!   commits the next voter set of the script and applies it at once; any other node applies
+//!   committed sets later, one at a time, at any point ([`Elector::set_membership`]; a node's
+//!   applied epoch survives its crashes, as the ledger does). A commit needs what the metadata
+//!   leader's commit needs: a majority of the old voters and of the new ones following the
+//!   leader in its term; and the metadata leader's rule: a majority of the current voters
+//!   applied the current set. Every node stays a member, so a removed node that has not applied
+//!   its removal keeps scouting and voting with its old set.
 //!
 //! **Properties** (`always`), checked in every reachable state:
 //! - *election safety*: never two leaders in one term, over the whole history — every
@@ -62,14 +71,17 @@
 //!   clean first election so that the term budget is spent on a leader's loss.
 //!
 //! **Abstracted away**: real time and timing bounds (liveness is the simulator's job,
-//! `elector_sim.rs`); more than three nodes; connection drops without a crash (a cut link is
+//! `elector_sim.rs`); more than three nodes in CI; the metadata's own replication (the commit
+//! is one step; the metadata simulator checks the ledger); connection drops without a crash (a cut link is
 //! modelled by messages never delivered), and delays before a node learns of a crash or a
 //! restart; runtime quorum changes (`set_quorum`); a heartbeat check so late that two of a
 //! node's deadlines fire in one `handle_timeout` call (the core arms one deadline at a time).
 //!
 //! Negative tests show that the checker finds real counterexamples: a quorum of one on three
 //! nodes, and restarts that forget the durable term (BlazingMQ's behaviour, which DESIGN.md §4
-//! goes beyond), both elect two leaders in one term.
+//! goes beyond), both elect two leaders in one term; so do membership changes without the
+//! metadata leader's applied-by-a-majority rule, and voters without the epoch check
+//! ([`Elector::set_membership_check`]), on {1,2,3} -> {1,2} -> {1}.
 //!
 //! CI runs [`COLD_CI`] and [`STABLE_CI`] in debug mode; `scripts/soak-sim.sh elector` runs the
 //! `#[ignore]`d [`COLD_LARGER`] and [`STABLE_LARGER`] in release mode (`BMQ_MODEL_MAX_TERM`,
@@ -86,7 +98,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bmq_elector::{Elector, ElectorConfig, ElectorOutput, ElectorState};
+use bmq_elector::{Elector, ElectorConfig, ElectorOutput, ElectorState, Membership};
 use bmq_proto::peer::elector_message::Kind;
 use bmq_proto::peer::{
     ElectionProposal, ElectionResponse, ElectionScoutingRequest, ElectionScoutingResponse,
@@ -95,8 +107,8 @@ use bmq_proto::peer::{
 use bmq_proto::{NodeId, Term};
 use stateright::{Checker, Expectation, HasDiscoveries, Model, Path, Property};
 
-/// The cluster size of the model.
-const NODES: u32 = 3;
+/// The voters of the models without membership changes.
+const THREE_VOTERS: &[u32] = &[1, 2, 3];
 /// Every timing of the model's elector config. The core arms one deadline at a time, so their
 /// values only matter to the heartbeat check (how long since the last heartbeat).
 const TICK: Duration = Duration::from_millis(100);
@@ -111,6 +123,8 @@ const NO_CORE_PANIC: &str = "the core never panics: its assertions hold";
 const LEADER_ELECTED: &str = "a leader is elected";
 const LEADERS_IN_TWO_TERMS: &str = "leaders are elected in two different terms";
 const LEADER_AFTER_RESTART: &str = "after a crash and a restart, all nodes are up and one leads";
+const LEADER_OF_LAST_MEMBERSHIP: &str =
+    "every membership change committed, and a node that applied them all leads";
 
 /// Where the exploration starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +150,14 @@ struct Bounds {
     /// The config's `heartbeat_miss_count`: 1 drops the leader at the first check after a
     /// silent period; 2 also explores a check that keeps the leader.
     heartbeat_miss_count: u32,
+    /// Nodes in the model: `1..=nodes` (3 unless membership changes need more).
+    nodes: u32,
+    /// The voters at the start (membership epoch 0), node 1 and 2 among them; the other nodes
+    /// start as learners (members that do not vote).
+    initial: &'static [u32],
+    /// The voter sets that membership changes commit, in order (empty: no change). Each is
+    /// one server away from the one before (Raft dissertation §4.1).
+    changes: &'static [&'static [u32]],
 }
 
 /// CI, from a cold start: the first election under every interleaving, with crashes at any
@@ -146,6 +168,9 @@ const COLD_CI: Bounds = Bounds {
     crashes: 2,
     cessions: 1,
     heartbeat_miss_count: 2,
+    nodes: 3,
+    initial: THREE_VOTERS,
+    changes: &[],
 };
 
 /// CI, from a stable leader: its loss (silence, crash or cession) and the election of term 2.
@@ -155,6 +180,9 @@ const STABLE_CI: Bounds = Bounds {
     crashes: 1,
     cessions: 1,
     heartbeat_miss_count: 1,
+    nodes: 3,
+    initial: THREE_VOTERS,
+    changes: &[],
 };
 
 /// `#[ignore]`d, release build (`scripts/soak-sim.sh elector`): two terms from a cold start,
@@ -165,6 +193,9 @@ const COLD_LARGER: Bounds = Bounds {
     crashes: 1,
     cessions: 0,
     heartbeat_miss_count: 1,
+    nodes: 3,
+    initial: THREE_VOTERS,
+    changes: &[],
 };
 
 /// `#[ignore]`d, release build: two more terms after a stable leader, with a crash.
@@ -174,6 +205,66 @@ const STABLE_LARGER: Bounds = Bounds {
     crashes: 1,
     cessions: 0,
     heartbeat_miss_count: 1,
+    nodes: 3,
+    initial: THREE_VOTERS,
+    changes: &[],
+};
+
+/// CI, membership: from a stable leader of {1,2,3} (terms up to 2, one cession), two
+/// removals, {1,2,3} -> {1,2} -> {1}:
+/// the first and last sets are two changes apart and have disjoint majorities ({2,3} and
+/// {1}), the smallest cluster where one membership can elect a leader beside another. Changes
+/// commit and nodes apply them at any point, with the terms, crashes and cessions around
+/// them; a removed node keeps exchanging messages (it may not have applied its removal).
+const SHRINK_CI: Bounds = Bounds {
+    start: Start::StableLeader,
+    max_term: 2,
+    crashes: 0,
+    cessions: 1,
+    heartbeat_miss_count: 1,
+    nodes: 3,
+    initial: THREE_VOTERS,
+    changes: &[&[1, 2], &[1]],
+};
+
+/// CI, membership: from a stable leader of {1,2} with node 3 a learner (terms up to 2, one
+/// crash), node 3 added and the leader removed, {1,2} -> {1,2,3} -> {2,3}.
+const ADD_REMOVE_CI: Bounds = Bounds {
+    start: Start::StableLeader,
+    max_term: 2,
+    crashes: 1,
+    cessions: 0,
+    heartbeat_miss_count: 1,
+    nodes: 3,
+    initial: &[1, 2],
+    changes: &[&[1, 2, 3], &[2, 3]],
+};
+
+/// `#[ignore]`d, release build: from a stable leader of {1,2,3} with node 4 a learner, node 4
+/// is added and node 1 (the leader) removed, {1,2,3} -> {1,2,3,4} -> {2,3,4} ({1,2} and {3,4}
+/// are disjoint majorities of the first and last sets).
+const CHANGE_LARGER: Bounds = Bounds {
+    start: Start::StableLeader,
+    max_term: 2,
+    crashes: 0,
+    cessions: 0,
+    heartbeat_miss_count: 1,
+    nodes: 4,
+    initial: THREE_VOTERS,
+    changes: &[&[1, 2, 3, 4], &[2, 3, 4]],
+};
+
+/// `#[ignore]`d, release build: growth {1,2,3} -> {1,2,3,4} -> {1,2,3,4,5} with nodes 4 and 5
+/// learners at first ({1,2} and {3,4,5} are disjoint majorities of the first and last sets).
+const GROW_LARGER: Bounds = Bounds {
+    start: Start::StableLeader,
+    max_term: 2,
+    crashes: 0,
+    cessions: 0,
+    heartbeat_miss_count: 1,
+    nodes: 5,
+    initial: THREE_VOTERS,
+    changes: &[&[1, 2, 3, 4], &[1, 2, 3, 4, 5]],
 };
 
 /// What a restarted node starts from.
@@ -190,9 +281,9 @@ enum RestartFrom {
 /// can be ordered (for the set of in-flight messages) and read in a counterexample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Wire {
-    ScoutingRequest { term: u64 },
+    ScoutingRequest { term: u64, epoch: u64 },
     ScoutingResponse { term: u64, will_vote: bool },
-    Proposal { term: u64 },
+    Proposal { term: u64, epoch: u64 },
     ElectionResponse { term: u64 },
     Heartbeat { term: u64 },
     HeartbeatResponse { term: u64 },
@@ -203,9 +294,9 @@ enum Wire {
 impl Wire {
     fn term(self) -> u64 {
         match self {
-            Wire::ScoutingRequest { term }
+            Wire::ScoutingRequest { term, .. }
             | Wire::ScoutingResponse { term, .. }
-            | Wire::Proposal { term }
+            | Wire::Proposal { term, .. }
             | Wire::ElectionResponse { term }
             | Wire::Heartbeat { term }
             | Wire::HeartbeatResponse { term }
@@ -216,12 +307,18 @@ impl Wire {
 
     fn from_message(message: ElectorMessage) -> Wire {
         match message.kind.expect("the core never sends an empty message") {
-            Kind::ScoutingRequest(m) => Wire::ScoutingRequest { term: m.term },
+            Kind::ScoutingRequest(m) => Wire::ScoutingRequest {
+                term: m.term,
+                epoch: m.membership_epoch,
+            },
             Kind::ScoutingResponse(m) => Wire::ScoutingResponse {
                 term: m.term,
                 will_vote: m.will_vote,
             },
-            Kind::Proposal(m) => Wire::Proposal { term: m.term },
+            Kind::Proposal(m) => Wire::Proposal {
+                term: m.term,
+                epoch: m.membership_epoch,
+            },
             Kind::ElectionResponse(m) => Wire::ElectionResponse { term: m.term },
             Kind::Heartbeat(m) => Wire::Heartbeat { term: m.term },
             Kind::HeartbeatResponse(m) => Wire::HeartbeatResponse { term: m.term },
@@ -235,13 +332,19 @@ impl Wire {
 
     fn to_message(self) -> ElectorMessage {
         let kind = match self {
-            Wire::ScoutingRequest { term } => {
-                Kind::ScoutingRequest(ElectionScoutingRequest { term })
+            Wire::ScoutingRequest { term, epoch } => {
+                Kind::ScoutingRequest(ElectionScoutingRequest {
+                    term,
+                    membership_epoch: epoch,
+                })
             }
             Wire::ScoutingResponse { term, will_vote } => {
                 Kind::ScoutingResponse(ElectionScoutingResponse { term, will_vote })
             }
-            Wire::Proposal { term } => Kind::Proposal(ElectionProposal { term }),
+            Wire::Proposal { term, epoch } => Kind::Proposal(ElectionProposal {
+                term,
+                membership_epoch: epoch,
+            }),
             Wire::ElectionResponse { term } => Kind::ElectionResponse(ElectionResponse { term }),
             Wire::Heartbeat { term } => Kind::Heartbeat(LeaderHeartbeat { term }),
             Wire::HeartbeatResponse { term } => Kind::HeartbeatResponse(HeartbeatResponse { term }),
@@ -279,6 +382,9 @@ struct NodeModel {
     durable: Term,
     /// Term writes requested and not yet completed, oldest first (they complete in order).
     writes: Vec<Term>,
+    /// Membership changes this node has applied (its ledger's committed state: survives a
+    /// crash, and a restarted core starts from it).
+    applied: u8,
 }
 
 impl NodeModel {
@@ -328,6 +434,8 @@ struct ClusterState {
     core_panics: Vec<String>,
     crashes_left: u8,
     cessions_left: u8,
+    /// Membership changes of [`Bounds::changes`] committed so far (the committed epoch).
+    committed: u8,
 }
 
 impl ClusterState {
@@ -373,6 +481,7 @@ impl ClusterState {
             }
             node.durable.hash(state);
             node.writes.hash(state);
+            node.applied.hash(state);
         }
         self.network.hash(state);
         self.leaders.hash(state);
@@ -382,6 +491,7 @@ impl ClusterState {
         self.core_panics.hash(state);
         self.crashes_left.hash(state);
         self.cessions_left.hash(state);
+        self.committed.hash(state);
     }
 
     /// Records that `voter` supported `candidate` in `term` (an `ElectionResponse`, or its own
@@ -444,7 +554,7 @@ impl fmt::Debug for ClusterState {
                     writeln!(
                         f,
                         "  {}: {:?} term {} leader {:?} tentative {:?} reason {:?}; durable {}, \
-                         writes {:?}",
+                         writes {:?}, epoch {} voters {:?}",
                         node.id,
                         s.state,
                         s.term,
@@ -452,10 +562,16 @@ impl fmt::Debug for ClusterState {
                         s.tentative_leader.map(|l| l.0),
                         s.reason,
                         node.durable,
-                        node.writes.iter().map(|t| t.0).collect::<Vec<_>>()
+                        node.writes.iter().map(|t| t.0).collect::<Vec<_>>(),
+                        node.applied,
+                        core.voters().iter().map(|v| v.0).collect::<Vec<_>>()
                     )?;
                 }
-                None => writeln!(f, "  {}: crashed; durable {}", node.id, node.durable)?,
+                None => writeln!(
+                    f,
+                    "  {}: crashed; durable {}, epoch {}",
+                    node.id, node.durable, node.applied
+                )?,
             }
         }
         for e in &self.network {
@@ -471,8 +587,8 @@ impl fmt::Debug for ClusterState {
         }
         write!(
             f,
-            "  budgets: crashes {}, cessions {}",
-            self.crashes_left, self.cessions_left
+            "  committed epoch {}; budgets: crashes {}, cessions {}",
+            self.committed, self.crashes_left, self.cessions_left
         )
     }
 }
@@ -490,6 +606,14 @@ enum Action {
     Restart(NodeId),
     /// The leader cedes leadership.
     Cede(NodeId),
+    /// The node, a leader that has applied every committed change, commits the next change of
+    /// [`Bounds::changes`] and applies it: the metadata leader, abstracted to what its commit
+    /// needs, a majority of the old voters and of the new ones following it in its term
+    /// (followers only accept the records of the leader they follow, in its term).
+    Commit(NodeId),
+    /// The node applies the next committed membership change it has not applied
+    /// ([`Elector::set_membership`]).
+    Apply(NodeId),
 }
 
 /// Tells a running core that `peer`'s connection went up or down.
@@ -516,8 +640,8 @@ fn tell_availability(node: &mut NodeModel, peer: NodeId, available: bool) {
 fn is_dead(s: &ClusterState, e: &Envelope) -> bool {
     let durable = |id: NodeId| s.node(id).durable.0;
     match e.message {
-        Wire::ScoutingRequest { term } => term <= durable(e.from),
-        Wire::ScoutingResponse { term, .. } | Wire::Proposal { term } => term <= durable(e.to),
+        Wire::ScoutingRequest { term, .. } => term <= durable(e.from),
+        Wire::ScoutingResponse { term, .. } | Wire::Proposal { term, .. } => term <= durable(e.to),
         Wire::ElectionResponse { term }
         | Wire::Cession { term }
         | Wire::HeartbeatResponse { term } => term < durable(e.to),
@@ -533,6 +657,12 @@ struct ElectorModel {
     restart_from: RestartFrom,
     /// Every node's clock starts here.
     base: Instant,
+    /// The metadata leader's rule (DESIGN.md §5a): a change is committed only once a majority
+    /// of the current voters have applied the change before it. `false` for a negative test.
+    applied_by_majority_first: bool,
+    /// The cores' refusal of a candidate of an older membership epoch
+    /// ([`Elector::set_membership_check`]). `false` for a negative test.
+    epoch_check: bool,
 }
 
 impl ElectorModel {
@@ -542,11 +672,26 @@ impl ElectorModel {
             quorum: 0,
             restart_from: RestartFrom::PersistedTerm,
             base: Instant::now(),
+            applied_by_majority_first: true,
+            epoch_check: true,
         }
     }
 
-    fn ids() -> impl Iterator<Item = NodeId> {
-        (1..=NODES).map(NodeId)
+    fn ids(&self) -> impl Iterator<Item = NodeId> {
+        (1..=self.bounds.nodes).map(NodeId)
+    }
+
+    /// The membership after `epoch` changes: every node a member, the voters of that epoch.
+    fn membership(&self, epoch: u8) -> Membership {
+        let voters = match epoch {
+            0 => self.bounds.initial,
+            e => self.bounds.changes[usize::from(e) - 1],
+        };
+        Membership {
+            epoch: u64::from(epoch),
+            members: self.ids().collect(),
+            voters: voters.iter().copied().map(NodeId).collect(),
+        }
     }
 
     fn config(&self) -> ElectorConfig {
@@ -562,12 +707,15 @@ impl ElectorModel {
         }
     }
 
-    /// A started core for `id` with `term`, as a (re)started process has it.
-    fn boot(&self, id: NodeId, term: Term, now: Instant) -> Elector {
-        let peers: Vec<NodeId> = Self::ids().filter(|p| *p != id).collect();
+    /// A started core for `id` with `term` and the membership after `applied` changes, as a
+    /// (re)started process has it.
+    fn boot(&self, id: NodeId, term: Term, applied: u8, now: Instant) -> Elector {
+        let peers: Vec<NodeId> = self.ids().filter(|p| *p != id).collect();
         // The seed is irrelevant (no random wait is ever drawn) but fixed, so that a restarted
         // core is the same state as a fresh one.
         let mut core = Elector::new(id, &peers, self.config(), term, u64::from(id.0));
+        core.set_membership_check(self.epoch_check);
+        core.set_membership(now, self.membership(applied));
         core.start(now);
         core
     }
@@ -578,7 +726,7 @@ impl ElectorModel {
     /// Only cores that changed since `last` can have outputs: the others, still shared with
     /// `last`, were drained there.
     fn drain(&self, s: &mut ClusterState, last: Option<&ClusterState>) {
-        for id in Self::ids() {
+        for id in self.ids() {
             let shared = |last: &ClusterState| match (&last.node(id).core, &s.node(id).core) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                 _ => false,
@@ -608,7 +756,7 @@ impl ElectorModel {
                     }
                     ElectorOutput::Broadcast { message } => {
                         let message = Wire::from_message(message);
-                        for to in Self::ids().filter(|to| *to != id) {
+                        for to in self.ids().filter(|to| *to != id) {
                             self.send(
                                 s,
                                 Envelope {
@@ -687,7 +835,7 @@ impl ElectorModel {
             Search::DepthFirst => Outcome::of(builder.spawn_dfs().join(), properties),
         };
         println!(
-            "elector_model {label}: {NODES} nodes, {bounds:?}, quorum setting {quorum}, \
+            "elector_model {label}: {bounds:?}, quorum setting {quorum}, \
              restart from {restart_from:?}, {search:?}: {} unique states ({} generated), \
              max depth {}, {threads} threads, {:.1?} wall",
             outcome.unique_states,
@@ -765,7 +913,7 @@ impl ElectorModel {
     fn initial_states(&self) -> Vec<ClusterState> {
         let mut state = self.cold_state();
         if self.bounds.start == Start::StableLeader {
-            for action in stable_election() {
+            for action in stable_election(self.bounds.nodes) {
                 let what = format!("{action:?}");
                 state = self
                     .next_state(&state, action)
@@ -779,13 +927,15 @@ impl ElectorModel {
                     (s.state, s.term.0, s.leader.map(|l| l.0), n.durable.0)
                 })
                 .collect();
+            let expected: Vec<_> = self
+                .ids()
+                .map(|id| match id.0 {
+                    1 => (ElectorState::Leader, 1, Some(1), 1),
+                    _ => (ElectorState::Follower, 1, Some(1), 1),
+                })
+                .collect();
             assert_eq!(
-                status,
-                [
-                    (ElectorState::Leader, 1, Some(1), 1),
-                    (ElectorState::Follower, 1, Some(1), 1),
-                    (ElectorState::Follower, 1, Some(1), 1),
-                ],
+                status, expected,
                 "the scripted election must end with node 1 leading term 1"
             );
         }
@@ -794,14 +944,16 @@ impl ElectorModel {
 
     /// Every node started with term 0, nothing on disk, nothing in flight.
     fn cold_state(&self) -> ClusterState {
-        let nodes = Self::ids()
+        let nodes = self
+            .ids()
             .map(|id| NodeModel {
                 id,
-                core: Some(Arc::new(self.boot(id, Term(0), self.base))),
+                core: Some(Arc::new(self.boot(id, Term(0), 0, self.base))),
                 fingerprint: 0,
                 now: self.base,
                 durable: Term(0),
                 writes: Vec::new(),
+                applied: 0,
             })
             .collect();
         let mut state = ClusterState {
@@ -814,6 +966,7 @@ impl ElectorModel {
             core_panics: Vec::new(),
             crashes_left: self.bounds.crashes,
             cessions_left: self.bounds.cessions,
+            committed: 0,
         };
         self.drain(&mut state, None);
         state.refresh_fingerprints(None);
@@ -823,13 +976,21 @@ impl ElectorModel {
 
 /// The steps of a clean first election from [`Start::Cold`]: node 1 scouts, node 2 answers,
 /// node 1 persists term 1 and proposes, nodes 2 and 3 support it once term 1 is on disk, node 1
-/// leads and its heartbeat reaches both.
-fn stable_election() -> Vec<Action> {
+/// leads and its heartbeat reaches both; learners beyond node 3 follow it (and send it their
+/// support, which counts once they are voters).
+fn stable_election(nodes: u32) -> Vec<Action> {
     let (n1, n2, n3) = (NodeId(1), NodeId(2), NodeId(3));
     let msg = |from, to, message| Action::Deliver(Envelope { from, to, message });
-    vec![
+    let learners = (4..=nodes).map(NodeId).flat_map(|learner| {
+        [
+            msg(n1, learner, Wire::Heartbeat { term: 1 }),
+            Action::Persisted(learner),
+            msg(learner, n1, Wire::ElectionResponse { term: 1 }),
+        ]
+    });
+    let voters = vec![
         Action::Timeout(n1),
-        msg(n1, n2, Wire::ScoutingRequest { term: 1 }),
+        msg(n1, n2, Wire::ScoutingRequest { term: 1, epoch: 0 }),
         msg(
             n2,
             n1,
@@ -839,15 +1000,16 @@ fn stable_election() -> Vec<Action> {
             },
         ),
         Action::Persisted(n1),
-        msg(n1, n2, Wire::Proposal { term: 1 }),
-        msg(n1, n3, Wire::Proposal { term: 1 }),
+        msg(n1, n2, Wire::Proposal { term: 1, epoch: 0 }),
+        msg(n1, n3, Wire::Proposal { term: 1, epoch: 0 }),
         Action::Persisted(n2),
         Action::Persisted(n3),
         msg(n2, n1, Wire::ElectionResponse { term: 1 }),
         msg(n3, n1, Wire::ElectionResponse { term: 1 }),
         msg(n1, n2, Wire::Heartbeat { term: 1 }),
         msg(n1, n3, Wire::Heartbeat { term: 1 }),
-    ]
+    ];
+    voters.into_iter().chain(learners).collect()
 }
 
 impl ElectorModel {
@@ -879,7 +1041,54 @@ impl ElectorModel {
             if s.cessions_left > 0 && core.status().is_leader() {
                 actions.push(Action::Cede(id));
             }
+            if node.applied < s.committed {
+                actions.push(Action::Apply(id));
+            }
         }
+        if usize::from(s.committed) < self.bounds.changes.len() && self.may_commit(s) {
+            for node in &s.nodes {
+                let Some(status) = node.core.as_ref().map(|c| c.status()) else {
+                    continue;
+                };
+                if !status.is_leader() || node.applied != s.committed {
+                    continue;
+                }
+                let following = |m: &Membership| {
+                    m.voters
+                        .iter()
+                        .filter(|v| {
+                            s.node(**v).core.as_ref().is_some_and(|c| {
+                                let f = c.status();
+                                f.term == status.term && f.leader == Some(node.id)
+                            })
+                        })
+                        .count()
+                        >= m.majority()
+                };
+                let (old, new) = (
+                    self.membership(s.committed),
+                    self.membership(s.committed + 1),
+                );
+                if following(&old) && following(&new) {
+                    actions.push(Action::Commit(node.id));
+                }
+            }
+        }
+    }
+
+    /// Whether the next change may be committed: with [`Self::applied_by_majority_first`], only
+    /// once a majority of the current voters have applied the current membership.
+    fn may_commit(&self, s: &ClusterState) -> bool {
+        if !self.applied_by_majority_first {
+            return true;
+        }
+        let current = self.membership(s.committed);
+        let applied = current
+            .voters
+            .iter()
+            .filter(|v| s.node(**v).applied == s.committed)
+            .count();
+        applied >= current.majority()
     }
 
     /// `action` applied to `last`: `None` when it changes nothing or leads beyond the bounds.
@@ -934,7 +1143,7 @@ impl ElectorModel {
                 // flight (more than TCP allows, and fewer states than dropping them).
                 node.writes.clear();
                 // Its connections close: its peers learn it at once.
-                for other in Self::ids().filter(|o| *o != id) {
+                for other in self.ids().filter(|o| *o != id) {
                     tell_availability(s.node_mut(other), id, false);
                 }
             }
@@ -951,12 +1160,12 @@ impl ElectorModel {
                     ));
                 }
                 let now = s.node(id).now;
-                let core = self.boot(id, term, now);
+                let core = self.boot(id, term, s.node(id).applied, now);
                 let node = s.node_mut(id);
                 node.core = Some(Arc::new(core));
                 node.durable = term;
                 // The new core believes every peer up; it and its peers learn the truth at once.
-                for other in Self::ids().filter(|o| *o != id) {
+                for other in self.ids().filter(|o| *o != id) {
                     let other_up = s.is_up(other);
                     tell_availability(s.node_mut(other), id, true);
                     if !other_up {
@@ -969,6 +1178,16 @@ impl ElectorModel {
                 let node = s.node_mut(id);
                 let now = node.now;
                 node.core_mut()?.cede_leadership(now);
+            }
+            Action::Commit(id) | Action::Apply(id) => {
+                if matches!(action, Action::Commit(_)) {
+                    s.committed += 1;
+                }
+                let node = s.node_mut(id);
+                node.applied += 1;
+                let membership = self.membership(node.applied);
+                let now = node.now;
+                node.core_mut()?.set_membership(now, membership);
             }
         }
         // Within one incarnation, a node's term never decreases.
@@ -1064,6 +1283,19 @@ impl Model for ElectorModel {
                 },
             ));
         }
+        if !self.bounds.changes.is_empty() {
+            properties.push(Property::sometimes(
+                LEADER_OF_LAST_MEMBERSHIP,
+                |model: &ElectorModel, s: &ClusterState| {
+                    let last = model.bounds.changes.len() as u8;
+                    s.committed == last
+                        && s.nodes.iter().any(|n| {
+                            n.applied == last
+                                && n.core.as_ref().is_some_and(|c| c.status().is_leader())
+                        })
+                },
+            ));
+        }
         properties
     }
 }
@@ -1083,6 +1315,9 @@ fn bounds_from_env(bounds: Bounds) -> Bounds {
         crashes: var("BMQ_MODEL_CRASHES", bounds.crashes),
         cessions: var("BMQ_MODEL_CESSIONS", bounds.cessions),
         heartbeat_miss_count: var("BMQ_MODEL_MISS_COUNT", bounds.heartbeat_miss_count),
+        nodes: bounds.nodes,
+        initial: bounds.initial,
+        changes: bounds.changes,
     }
 }
 
@@ -1164,6 +1399,9 @@ fn quorum_of_one_elects_two_leaders_in_one_term() {
             crashes: 0,
             cessions: 0,
             heartbeat_miss_count: 1,
+            nodes: 3,
+            initial: THREE_VOTERS,
+            changes: &[],
         })
     };
     let (_, last) = two_leaders_in_one_term(model, "negative, quorum 1");
@@ -1206,11 +1444,108 @@ fn restart_without_persisted_term_elects_two_leaders_in_one_term() {
             crashes: 2,
             cessions: 0,
             heartbeat_miss_count: 1,
+            nodes: 3,
+            initial: THREE_VOTERS,
+            changes: &[],
         })
     };
     let (actions, _) = two_leaders_in_one_term(model, "negative, restart from term 0");
     assert!(
         actions.iter().any(|a| matches!(a, Action::Restart(_))),
         "the counterexample must go through a restart"
+    );
+}
+
+/// Two removals from a stable leader ({1,2,3} -> {1,2} -> {1}; terms up to 2, one crash, one
+/// cession): every property holds in every reachable state, whatever the order of commits,
+/// applies, elections and crashes.
+#[test]
+fn shrinking_is_safe_within_ci_bounds() {
+    ElectorModel::new(bounds_from_env(SHRINK_CI))
+        .check(
+            "shrink 3 -> 2 -> 1, CI",
+            Search::DepthFirst,
+            HasDiscoveries::AllFailures,
+        )
+        .assert_safe();
+}
+
+/// A learner added and the leader removed ({1,2} -> {1,2,3} -> {2,3}; terms up to 2, one
+/// crash, one cession): every property holds in every reachable state.
+#[test]
+fn adding_a_learner_and_removing_the_leader_is_safe_within_ci_bounds() {
+    ElectorModel::new(bounds_from_env(ADD_REMOVE_CI))
+        .check(
+            "add 3, remove leader 1, CI",
+            Search::DepthFirst,
+            HasDiscoveries::AllFailures,
+        )
+        .assert_safe();
+}
+
+/// {1,2,3} -> {1,2,3,4} -> {2,3,4} on four nodes: every property holds. Run by
+/// `scripts/soak-sim.sh elector`, in release mode.
+#[test]
+#[ignore = "long: cargo test --release -p bmq-tests --test elector_model -- --ignored --nocapture"]
+fn add_and_remove_on_four_nodes_is_safe_within_larger_bounds() {
+    ElectorModel::new(bounds_from_env(CHANGE_LARGER))
+        .check(
+            "add 4, remove leader 1, larger",
+            Search::DepthFirst,
+            HasDiscoveries::AllFailures,
+        )
+        .assert_safe();
+}
+
+/// Growth {1,2,3} -> {1,2,3,4} -> {1,2,3,4,5} with larger bounds: every property holds. Run by
+/// `scripts/soak-sim.sh elector`, in release mode.
+#[test]
+#[ignore = "long: cargo test --release -p bmq-tests --test elector_model -- --ignored --nocapture"]
+fn growth_to_five_is_safe_within_larger_bounds() {
+    ElectorModel::new(bounds_from_env(GROW_LARGER))
+        .check(
+            "growth to five, larger",
+            Search::DepthFirst,
+            HasDiscoveries::AllFailures,
+        )
+        .assert_safe();
+}
+
+/// The removals of [`SHRINK_CI`], for the negative tests.
+const SHRINK_NEGATIVE: Bounds = SHRINK_CI;
+
+/// Without the metadata leader's rule (a change committed only once a majority of the current
+/// voters applied the one before), {1} is committed while nodes 2 and 3 are still on {1,2,3}:
+/// {2,3} and {1} elect two leaders in one term.
+#[test]
+fn changes_without_a_majority_applied_first_elect_two_leaders_in_one_term() {
+    let model = ElectorModel {
+        applied_by_majority_first: false,
+        ..ElectorModel::new(SHRINK_NEGATIVE)
+    };
+    let (actions, _) = two_leaders_in_one_term(model, "negative, no applied-by-majority rule");
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::Commit(_)))
+            .count(),
+        2,
+        "the counterexample must commit both changes"
+    );
+}
+
+/// Without the voters' refusal of a candidate of an older membership epoch, node 2, which
+/// applied {1,2}, still votes for node 3 on {1,2,3}, while node 1 alone elects itself on {1}:
+/// two leaders in one term.
+#[test]
+fn voters_without_the_epoch_check_elect_two_leaders_in_one_term() {
+    let model = ElectorModel {
+        epoch_check: false,
+        ..ElectorModel::new(SHRINK_NEGATIVE)
+    };
+    let (actions, _) = two_leaders_in_one_term(model, "negative, no epoch check");
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Commit(_))),
+        "the counterexample must go through a membership change"
     );
 }

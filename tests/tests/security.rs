@@ -152,6 +152,7 @@ async fn rogue_elector_traffic(
         } else {
             elector_message::Kind::Proposal(ElectionProposal {
                 term: HUGE_TERM + i,
+                membership_epoch: 0,
             })
         };
         let msg = PeerMessage {
