@@ -267,6 +267,10 @@ impl ElectorActor {
         metrics::counter!("bmq_elector_heartbeats_missed_total")
             .absolute(counters.heartbeats_missed);
         metrics::counter!("bmq_elector_messages_dropped_total").absolute(counters.messages_dropped);
+        metrics::counter!("bmq_elector_older_membership_refused_total")
+            .absolute(counters.older_membership_refused);
+        metrics::gauge!("bmq_elector_membership_epoch").set(self.core.membership_epoch() as f64);
+        metrics::gauge!("bmq_elector_voters").set(self.core.voters().len() as f64);
     }
 }
 
