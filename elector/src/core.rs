@@ -692,9 +692,7 @@ impl Elector {
             }
         } else {
             if self.state == ElectorState::Leader {
-                self.broadcast(Kind::Cession(LeadershipCession { term: self.term.0 }));
-                let wait = self.random_wait();
-                self.become_leaderless_follower(now, TransitionReason::MembershipChanged, wait);
+                self.step_down(now, TransitionReason::MembershipChanged, None);
             }
             self.scout_at = None;
         }
@@ -704,7 +702,7 @@ impl Elector {
 
     /// Whether this node may scout and stand: a voter that is not retired.
     fn may_stand(&self) -> bool {
-        !self.retired && self.voters.contains(&self.self_id)
+        !self.retired && self.is_voter()
     }
 
     /// Voters among `supporters`, plus self if it votes: the support a quorum is measured by.
@@ -713,7 +711,7 @@ impl Elector {
             .iter()
             .filter(|p| self.voters.contains(p))
             .count()
-            + usize::from(self.voters.contains(&self.self_id))
+            + usize::from(self.is_voter())
     }
 
     /// A candidate that has applied fewer membership changes than this node, or that is not a

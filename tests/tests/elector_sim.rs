@@ -110,6 +110,11 @@ fn n(id: u32) -> NodeId {
     NodeId(id)
 }
 
+/// Whether the members of `set` for which `counted` holds are a majority of it.
+fn majority(set: &BTreeSet<NodeId>, counted: &dyn Fn(&NodeId) -> bool) -> bool {
+    set.iter().filter(|v| counted(v)).count() > set.len() / 2
+}
+
 // ---------------------------------------------------------------------- the simulator
 
 /// Message faults in force; changed by the fault schedule.
@@ -375,9 +380,6 @@ impl Sim {
             return;
         }
         let old = self.memberships[latest].clone();
-        let majority = |set: &BTreeSet<NodeId>, counted: &dyn Fn(&NodeId) -> bool| {
-            set.iter().filter(|v| counted(v)).count() > set.len() / 2
-        };
         if self.applied_by_majority_first && !majority(&old, &|v| self.nodes[v].applied == latest) {
             return;
         }
@@ -489,6 +491,7 @@ impl Sim {
                 return self.storage_failed(id, format!("{id} cannot open its term store: {e}"));
             }
         };
+        let membership = self.membership(self.nodes[&id].applied);
         let node = self.nodes.get_mut(&id).unwrap();
         if on_disk < node.durable {
             let what = format!(
@@ -509,11 +512,6 @@ impl Sim {
         let mut core = Elector::new(id, &peers, self.config.clone(), node.durable, rng_seed);
         core.set_election_scouting(self.scouting);
         let applied = node.applied;
-        let membership = Membership {
-            epoch: applied as u64,
-            members: self.ids.iter().copied().collect(),
-            voters: self.memberships[applied].clone(),
-        };
         core.set_membership(now, membership);
         core.start(now);
         node.core = Some(core);
@@ -551,10 +549,9 @@ impl Sim {
         // The node stays down for good once refused: the voters without it must still hold a
         // majority (membership changes keep that too).
         let voters = self.memberships.last().expect("epoch 0");
-        let others = voters.iter().filter(|v| **v != id).count();
         if !self.flip_planned
             || self.nodes.values().any(|n| n.flipped || n.refused)
-            || others <= voters.len() / 2
+            || !majority(voters, &|v| *v != id)
             || !self.flip_rng.gen_bool(0.3)
         {
             return;
