@@ -218,6 +218,39 @@ fn render_status(results: &[(String, anyhow::Result<NodeStatusDoc>)]) -> String 
         format!("node {}, not a leader", d.node_id)
     };
 
+    if let Some(m) = &d.membership {
+        let ids = |role: &str| {
+            let ids: Vec<String> = m
+                .members
+                .iter()
+                .filter(|x| x.role == role)
+                .map(|x| x.node_id.to_string())
+                .collect();
+            if ids.is_empty() {
+                "-".to_string()
+            } else {
+                ids.join(",")
+            }
+        };
+        let _ = writeln!(
+            out,
+            "\nmembership (epoch {}, as seen by {whose}): voters {}  learners {}  leaving {}",
+            m.epoch,
+            ids("voter"),
+            ids("learner"),
+            ids("leaving")
+        );
+        for d in &docs {
+            if let Some(why) = d
+                .membership
+                .as_ref()
+                .and_then(|m| m.file_disagrees.as_ref())
+            {
+                let _ = writeln!(out, "  node {}'s file differs: {why}", d.node_id);
+            }
+        }
+    }
+
     let _ = writeln!(out, "\npartitions (as seen by {whose}):");
     if d.partitions.is_empty() {
         out.push_str("  (none)\n");
@@ -468,6 +501,7 @@ mod tests {
             ],
             client_sessions: 5,
             ready: true,
+            membership: None,
         }
     }
 

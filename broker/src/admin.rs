@@ -33,9 +33,10 @@ use std::time::Duration;
 use actix::Addr;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use bmq_config::{BrokerConfig, Permission};
-use bmq_metadata::MetadataRole;
+use bmq_metadata::{ClusterMembership, MemberRole, MetadataRole};
 use bmq_proto::admin_doc::{
-    ElectorDoc, MetadataDoc, NodeStatusDoc, PartitionDoc, PeerDoc, QueueDoc,
+    ElectorDoc, MemberDoc, MembershipDoc, MetadataDoc, NodeStatusDoc, PartitionDoc, PeerDoc,
+    QueueDoc,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{info, warn};
@@ -472,7 +473,38 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
             .collect(),
         client_sessions: ctx.router.session_count() as u64,
         ready: leader_active && journals_closed == 0 && local.len() >= state.partitions.len(),
+        membership: state
+            .membership
+            .as_deref()
+            .map(|m| membership_doc(m, &ctx.config)),
     })
+}
+
+/// The `/status` form of a committed membership, with how this node's file differs from it.
+fn membership_doc(membership: &ClusterMembership, config: &BrokerConfig) -> MembershipDoc {
+    MembershipDoc {
+        epoch: membership.epoch,
+        members: membership
+            .members
+            .values()
+            .map(|m| MemberDoc {
+                node_id: m.id.0,
+                host: m.host.clone(),
+                peer_port: m.peer_port,
+                client_port: m.client_port,
+                admin_port: m.admin_port,
+                bmqp_port: m.bmqp_port,
+                role: match m.role {
+                    MemberRole::Voter => "voter",
+                    MemberRole::Learner => "learner",
+                    MemberRole::Leaving => "leaving",
+                }
+                .to_string(),
+            })
+            .collect(),
+        removed: membership.removed.iter().map(|n| n.0).collect(),
+        file_disagrees: crate::node::file_disagreement(config, membership),
+    }
 }
 
 async fn status(ctx: web::Data<AdminContext>) -> HttpResponse {
@@ -516,8 +548,12 @@ async fn set_quorum(
     let members = ctx.config.members.len();
     let quorum =
         bmq_config::effective_quorum(u32::try_from(requested).unwrap_or(u32::MAX), members);
-    let a = ctx.elector.send(SetQuorum { quorum }).await;
-    let b = ctx.metadata.send(SetMetadataQuorum { quorum }).await;
+    // 0 stays 0 for the elector and the metadata ledger: a majority of the committed voters.
+    let a = ctx.elector.send(SetQuorum { quorum: requested }).await;
+    let b = ctx
+        .metadata
+        .send(SetMetadataQuorum { quorum: requested })
+        .await;
     if a.is_err() || b.is_err() {
         return HttpResponse::ServiceUnavailable().body("actors unavailable\n");
     }

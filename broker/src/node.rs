@@ -51,7 +51,10 @@ use anyhow::Context as _;
 use bmq_config::{BrokerConfig, Consistency, DomainMode, FsyncSetting};
 use bmq_dataplane::{DeliveryMode, DomainPolicies, DomainPolicy, QueueLimits};
 use bmq_elector::{Elector, ElectorConfig, TermStore};
-use bmq_metadata::{ClusterState, FsyncPolicy, Ledger, MetadataCore, Recovered};
+use bmq_metadata::{
+    ClusterMembership, ClusterState, FsyncPolicy, Ledger, Member, MemberRole, MetadataCore,
+    Recovered,
+};
 use bmq_proto::peer::{
     metadata_message, peer_message::Kind, Channel, MetadataMessage, NodeStatusAdvisory,
     NodeStatusKind, PeerMessage,
@@ -67,10 +70,11 @@ use crate::admin::{install_metrics_recorder, start_admin_server, AdminContext};
 use crate::net::peers::{PeerHub, PeerHubConfig};
 use crate::net::tls::PeerTls;
 use crate::router::{Router, RouterParts};
-use crate::wiring::{CommitFanout, ControlSender, PeerDemux};
+use crate::wiring::{elector_membership, CommitFanout, ControlSender, PeerDemux};
 
-/// Translates the `[elector]` settings into the elector core's configuration, with the
-/// node's effective quorum ([`BrokerConfig::effective_quorum`]).
+/// Translates the `[elector]` settings into the elector core's configuration. The quorum is
+/// the configured one: 0 (the default) is a majority of the voters, as committed once the
+/// ledger holds a membership.
 pub fn elector_config(config: &BrokerConfig) -> ElectorConfig {
     let e = &config.elector;
     let single = config.members.len() == 1;
@@ -86,7 +90,73 @@ pub fn elector_config(config: &BrokerConfig) -> ElectorConfig {
         heartbeat_period: e.heartbeat_period(),
         heartbeat_check_period: e.heartbeat_check_period(),
         heartbeat_miss_count: e.heartbeat_miss_count,
-        quorum: config.effective_quorum(),
+        quorum: config.elector.quorum as usize,
+    }
+}
+
+/// How the file's `[[members]]` differ from the committed membership (ids and addresses; roles
+/// are the ledger's), or `None` if they agree. The ledger wins: the file only seeds the first
+/// start, and a node whose file disagrees says so in its log and in `/status`.
+pub fn file_disagreement(config: &BrokerConfig, membership: &ClusterMembership) -> Option<String> {
+    let Some(seed) = seed_membership(config) else {
+        return Some("the file's members cannot form a membership".into());
+    };
+    let mut differences = Vec::new();
+    for id in seed.ids().union(&membership.ids()) {
+        match (seed.members.get(id), membership.members.get(id)) {
+            (Some(_), None) if membership.removed.contains(id) => {
+                differences.push(format!("node {id} was removed"))
+            }
+            (Some(_), None) => differences.push(format!("node {id} is not a member")),
+            (None, Some(_)) => differences.push(format!("node {id} is not in the file")),
+            (Some(a), Some(b)) => {
+                let place = |m: &Member| {
+                    (
+                        m.host.clone(),
+                        m.peer_port,
+                        m.client_port,
+                        m.admin_port,
+                        m.bmqp_port,
+                    )
+                };
+                if place(a) != place(b) {
+                    differences.push(format!("node {id} has other addresses in the file"));
+                }
+            }
+            (None, None) => {}
+        }
+    }
+    if differences.is_empty() {
+        None
+    } else {
+        Some(format!(
+            "{} (epoch {}; the committed membership is used)",
+            differences.join(", "),
+            membership.epoch
+        ))
+    }
+}
+
+/// The cluster's first membership, from the file's `[[members]]` (every one a voter, epoch 1):
+/// what the first leader writes into the ledger. `None` (logged) if the members cannot form
+/// one (more voters than [`bmq_metadata::MAX_VOTERS`]): the cluster then keeps its static
+/// membership.
+pub fn seed_membership(config: &BrokerConfig) -> Option<ClusterMembership> {
+    let members = config.members.iter().map(|m| Member {
+        id: NodeId(m.id),
+        host: m.host.clone(),
+        peer_port: m.peer_port,
+        client_port: m.client_port,
+        admin_port: m.admin_port,
+        bmqp_port: m.bmqp_port,
+        role: MemberRole::Voter,
+    });
+    match ClusterMembership::seed(members) {
+        Ok(seed) => Some(seed),
+        Err(error) => {
+            warn!(%error, "the configured members cannot seed a membership; it stays static");
+            None
+        }
     }
 }
 
@@ -231,7 +301,16 @@ async fn start_actors(
 
     let members: Vec<NodeId> = config.members.iter().map(|m| NodeId(m.id)).collect();
     let initial_state = Arc::new(storage.recovered.committed_state.clone());
-    let metadata_core = MetadataCore::new(self_id, &members, quorum, storage.recovered);
+    // The configured quorum: 0 is a majority of the committed voters.
+    let mut metadata_core = MetadataCore::new(
+        self_id,
+        &members,
+        config.elector.quorum as usize,
+        storage.recovered,
+    );
+    if let Some(seed) = seed_membership(config) {
+        metadata_core.set_seed_membership(seed);
+    }
     let (ledger, transport) = (storage.ledger, control.clone().recipient());
     // On the main thread, beside the peer links: a proposal goes out to the followers, and a
     // follower's ack comes back, without a hand-off between threads; the ledger's
@@ -240,13 +319,20 @@ async fn start_actors(
 
     let peers: Vec<NodeId> = members.iter().copied().filter(|m| *m != self_id).collect();
     let seed = rand::random::<u64>();
-    let elector_core = Elector::new(
+    let mut elector_core = Elector::new(
         self_id,
         &peers,
         elector_config(config),
         storage.start_term,
         seed,
     );
+    if let Some(membership) = &initial_state.membership {
+        // The membership the ledger holds wins over the file's members.
+        if let Some(difference) = file_disagreement(config, membership) {
+            warn!(%difference, "the configured [[members]] differ from the committed membership");
+        }
+        elector_core.set_membership(Instant::now(), elector_membership(membership));
+    }
     let (term_store, transport) = (storage.term_store, control.recipient());
     let elector_thread = actix::Arbiter::new();
     // Its timers decide failover: never delayed behind a busy thread's slice (crate::scheduling).
@@ -255,7 +341,14 @@ async fn start_actors(
         ElectorActor::new(elector_core, term_store, transport)
     });
 
-    let health = HealthActor::new(self_id, metadata.clone(), hub.clone(), mailbox).start();
+    let health = HealthActor::new(
+        self_id,
+        metadata.clone(),
+        hub.clone(),
+        mailbox,
+        members.iter().copied().collect(),
+    )
+    .start();
     let (state_tx, cluster) = watch::channel(initial_state);
     let router = Router::new(RouterParts {
         config: config.clone(),
@@ -271,6 +364,8 @@ async fn start_actors(
         health: health.clone(),
         router: router.clone(),
         state_tx,
+        elector: elector.clone(),
+        peers: hub.clone(),
     }
     .start();
     metadata

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use actix::{Actor, Addr, Context, Handler};
-use bmq_metadata::ClusterState;
+use bmq_metadata::{ClusterMembership, ClusterState};
 use bmq_proto::peer::{
     metadata_message::Kind as MetadataKind, peer_message::Kind, Channel, NodeStatusKind,
     PeerMessage,
@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use crate::actors::elector::{
     ElectorActor, ElectorInbound, ElectorOutbound, LeadershipChanged, PeerAvailability,
+    SetMembership,
 };
 use crate::actors::health::{HealthActor, NodeStopping, PeersChanged};
 use crate::actors::metadata::{
@@ -30,6 +31,7 @@ use crate::actors::metadata::{
 };
 use crate::net::peers::{PeerHub, PeerInbound};
 use crate::router::Router;
+use bmq_elector::Membership;
 
 /// Sends the elector's and the metadata actor's outbound messages over the CONTROL channel.
 pub struct ControlSender {
@@ -84,6 +86,21 @@ pub struct CommitFanout {
     pub router: Arc<Router>,
     /// The committed state, for sessions and the admin server.
     pub state_tx: watch::Sender<Arc<ClusterState>>,
+    /// The elector (told each committed membership).
+    pub elector: Addr<ElectorActor>,
+    /// The peer links (members added and removed with the committed membership).
+    pub peers: Arc<PeerHub>,
+}
+
+/// The elector's view of a committed membership: every member, the voters (voter and leaving
+/// roles), and the epoch. The files' static membership, before the ledger holds one, is the
+/// elector's epoch 0; the ledger's seeded membership is epoch 1.
+pub fn elector_membership(membership: &ClusterMembership) -> Membership {
+    Membership {
+        epoch: membership.epoch,
+        members: membership.ids(),
+        voters: membership.voters(),
+    }
 }
 
 impl Actor for CommitFanout {
@@ -107,6 +124,22 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
 
     fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
         let before = self.state_tx.borrow().clone();
+        if let Some(membership) = &msg.state.membership {
+            let epoch = before.membership.as_ref().map_or(0, |m| m.epoch);
+            if membership.epoch > epoch {
+                for m in membership.members.values() {
+                    self.peers
+                        .add_peer(m.id, format!("{}:{}", m.host, m.peer_port));
+                }
+                for id in &membership.removed {
+                    self.peers.remove_peer(*id);
+                }
+                // Rare (one per membership change): do_send is fine.
+                self.elector.do_send(SetMembership {
+                    membership: elector_membership(membership),
+                });
+            }
+        }
         let partitions_changed = !before.same_partitions(&msg.state);
         if partitions_changed || self.router.partition_roles_stale() {
             self.router.sync_partitions(&msg.state);

@@ -9,8 +9,9 @@ use bmq_proto::NodeId;
 /// the metadata state applies a membership change (on commit, never on append).
 ///
 /// - `epoch`: the number of membership changes committed before this one took effect; the
-///   cluster's first membership (seeded from the files) is epoch 0. Changes are committed one at
-///   a time in one linear history, so an epoch names exactly one voter set.
+///   files' static membership, before the ledger holds one, is epoch 0; the ledger's first
+///   membership, seeded from the files with the same voters, is epoch 1. Changes are committed
+///   one at a time in one linear history, so an epoch names exactly one voter set.
 /// - `members`: every node the elector exchanges messages with (voters, learners and leaving
 ///   members); messages from other nodes are dropped.
 /// - `voters`: the members whose votes, election responses and heartbeat support count, a
@@ -29,7 +30,7 @@ use bmq_proto::NodeId;
 /// (single-server changes) gives the intersection of consecutive sets.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Membership {
-    /// Membership changes applied so far (0: the seeded membership).
+    /// Membership changes applied so far (0: the files' membership, 1: the ledger's seed).
     pub epoch: u64,
     /// Every member the elector talks to, self included or not (ignored if present).
     pub members: BTreeSet<NodeId>,

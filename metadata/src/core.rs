@@ -52,6 +52,7 @@
 //!    not survive were never committed.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bmq_proto::peer::{self, metadata_message::Kind as Msg};
@@ -62,6 +63,7 @@ use tracing::{debug, error, info};
 use crate::assignment::pick_partition_for_queue;
 use crate::ledger::{is_leader_advisory, LedgerRecord, Recovered};
 use crate::lsn::{lsn_of, Lsn};
+use crate::membership::{ClusterMembership, MemberRole};
 use crate::state::{ApplyError, ClusterState};
 
 /// Timers and limits of the core.
@@ -97,6 +99,11 @@ pub struct MetadataConfig {
     /// leader with no partition primary yet defers them. This is the one place an open's
     /// assignment is asked again (the sessions ask once).
     pub assignment_request_resend: Duration,
+    /// The active leader promotes a learner to voter as soon as it has applied the membership
+    /// that made it a learner (it then holds the ledger up to that commit), one at a time, while
+    /// the voters stay within [`crate::MAX_VOTERS`] (etcd's `member promote`, with no operator
+    /// step). `false` leaves learners as they are (tests).
+    pub promote_learners: bool,
 }
 
 impl Default for MetadataConfig {
@@ -112,6 +119,7 @@ impl Default for MetadataConfig {
             assignment_requests_max: 4096,
             assignment_request_ttl: Duration::from_secs(10),
             assignment_request_resend: Duration::from_millis(500),
+            promote_learners: true,
         }
     }
 }
@@ -212,6 +220,27 @@ pub enum ProposeError {
     /// The leader has not finished leader sync yet.
     #[error("leader is not active yet")]
     NotActive,
+    /// A membership change is proposed while another is uncommitted (single-server changes go
+    /// one at a time, Raft dissertation §4.1).
+    #[error(
+        "membership change to epoch {pending_epoch} is not committed yet; one change at a time"
+    )]
+    MembershipChangeInFlight {
+        /// The epoch of the uncommitted change.
+        pending_epoch: u64,
+    },
+    /// A membership change is proposed before a majority of the current voters has applied the
+    /// current membership (otherwise a voter still on an older set could help elect a second
+    /// leader: the rule the elector's model checker found necessary). Retry shortly.
+    #[error("membership epoch {epoch} is applied by {applied} of {voters} voters; a majority must apply it first")]
+    MembershipNotApplied {
+        /// The committed epoch.
+        epoch: u64,
+        /// Voters known to have applied it.
+        applied: usize,
+        /// Voters in all.
+        voters: usize,
+    },
     /// Too many uncommitted advisories; retry later.
     #[error("{uncommitted} advisories uncommitted; retry later")]
     Overloaded {
@@ -273,6 +302,8 @@ pub struct MetadataCounters {
     pub assignment_resends: u64,
     /// Batches received that contained a batch (dropped).
     pub nested_batches: u64,
+    /// Learners this node promoted to voter as active leader.
+    pub learners_promoted: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -339,6 +370,8 @@ pub struct MetadataCore {
     // Follower.
     /// The highest LSN acked to the leader: an ack covers every record of the term up to it.
     ack_sent: Lsn,
+    /// The membership epoch the last ack carried.
+    epoch_reported: u64,
     /// Leader sync queries (state, data) from a node this follower does not follow yet at
     /// their newer term, answered once the elector names that leader.
     deferred_queries: Vec<(NodeId, Term, DeferredQuery)>,
@@ -354,6 +387,11 @@ pub struct MetadataCore {
     /// broadcast, while it is the last record (see `MetadataConfig::commit_refresh`).
     commit_tail: Option<(Lsn, Lsn, Instant)>,
     matched: BTreeMap<NodeId, Lsn>,
+    /// The membership epoch each node last reported applied (in its acks; self included).
+    applied_epoch: BTreeMap<NodeId, u64>,
+    /// The membership the first leader writes into its snapshot when the ledger holds none:
+    /// the nodes' `[[members]]` (see [`MetadataCore::set_seed_membership`]).
+    seed_membership: Option<Arc<ClusterMembership>>,
     sync: Option<LeaderSync>,
     last_status: Option<MetadataStatus>,
     /// The latest `now` seen, for inputs that carry no time (`set_quorum`).
@@ -417,6 +455,7 @@ impl MetadataCore {
             // Recovered records are never acked again unprompted: a leader that still needs
             // them re-sends, and a duplicate is re-acked.
             ack_sent: recovered.last_lsn,
+            epoch_reported: 0,
             deferred_queries: Vec::new(),
             snapshot_seen: false,
             out_of_sync: false,
@@ -426,6 +465,8 @@ impl MetadataCore {
             resync: None,
             commit_tail: None,
             matched: BTreeMap::new(),
+            applied_epoch: BTreeMap::new(),
+            seed_membership: None,
             sync: None,
             last_status: None,
             last_now: None,
@@ -434,18 +475,113 @@ impl MetadataCore {
         }
     }
 
-    /// The other members of the cluster (every node but this one), in id order.
+    /// The other members of the cluster (every node but this one), in id order: the
+    /// configured members until a membership is committed, then the committed and the
+    /// proposed members (learners included).
     pub fn peers(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.members.iter().copied().filter(|m| *m != self.self_id)
+        let self_id = self.self_id;
+        self.targets().into_iter().filter(move |m| *m != self_id)
     }
 
-    /// The quorum in effect (`0` resolved to a majority).
+    /// Every node that receives the ledger, self included (see [`MetadataCore::peers`]).
+    fn targets(&self) -> BTreeSet<NodeId> {
+        let committed = self.committed_state.membership.as_deref();
+        let tip = self.tip_state.membership.as_deref();
+        match (committed, tip) {
+            (None, None) => self.members.clone(),
+            (a, b) => a
+                .into_iter()
+                .chain(b)
+                .flat_map(|m| m.members.keys().copied())
+                .collect(),
+        }
+    }
+
+    /// Whether `from` may send metadata messages: a member of the committed or the proposed
+    /// membership, or, before either exists, a configured member (a removed node that is still
+    /// in the files is not).
+    fn is_known(&self, from: NodeId) -> bool {
+        let memberships = [&self.committed_state, &self.tip_state].map(|s| s.membership.as_deref());
+        if memberships.iter().all(Option::is_none) {
+            return self.members.contains(&from);
+        }
+        memberships
+            .iter()
+            .flatten()
+            .any(|m| m.members.contains_key(&from))
+    }
+
+    /// The voter sets whose majorities a commit or a leader sync needs: the committed voters
+    /// (the configured members before any membership is committed), and the proposed voters
+    /// too while a change is uncommitted (any majority of both then holds the record: the new
+    /// set takes over only once the change commits). Empty with an explicit quorum setting.
+    fn voter_sets(&self) -> Vec<BTreeSet<NodeId>> {
+        if self.quorum_setting != 0 {
+            return Vec::new();
+        }
+        let committed = self
+            .committed_state
+            .voters()
+            .unwrap_or_else(|| self.members.clone());
+        let mut sets = vec![committed];
+        if let Some(tip) = self.tip_state.voters() {
+            if tip != sets[0] {
+                sets.push(tip);
+            }
+        }
+        sets
+    }
+
+    /// The quorum in effect: a majority of the committed voters (of the configured members
+    /// before a membership is committed), or the explicit setting.
     pub fn quorum(&self) -> usize {
         if self.quorum_setting == 0 {
-            self.members.len() / 2 + 1
+            self.committed_state
+                .voters()
+                .map_or(self.members.len(), |v| v.len())
+                / 2
+                + 1
         } else {
             self.quorum_setting
         }
+    }
+
+    /// Whether the nodes in `held` include a quorum: a majority of every voter set of
+    /// [`MetadataCore::voter_sets`], or `quorum_setting` of them.
+    fn is_quorum<'a>(&self, held: impl Iterator<Item = &'a NodeId> + Clone) -> bool {
+        if self.quorum_setting != 0 {
+            return held.count() >= self.quorum_setting;
+        }
+        self.voter_sets()
+            .iter()
+            .all(|voters| held.clone().filter(|n| voters.contains(n)).count() > voters.len() / 2)
+    }
+
+    /// The membership the first leader seeds the cluster state with when the ledger holds none
+    /// (the nodes' `[[members]]`, every one a voter at epoch 1). A ledger that holds a
+    /// membership ignores it: after the first start the ledger wins.
+    pub fn set_seed_membership(&mut self, membership: ClusterMembership) {
+        self.seed_membership = Some(Arc::new(membership));
+    }
+
+    /// The committed membership, if one is.
+    pub fn membership(&self) -> Option<&Arc<ClusterMembership>> {
+        self.committed_state.membership.as_ref()
+    }
+
+    /// The epochs of the committed and of the proposed (tip) membership, 0 where none is: when
+    /// they change, so may [`MetadataCore::peers`].
+    pub fn membership_epochs(&self) -> (u64, u64) {
+        let epoch = |s: &ClusterState| s.membership.as_ref().map_or(0, |m| m.epoch);
+        (epoch(&self.committed_state), epoch(&self.tip_state))
+    }
+
+    /// The epoch of the committed membership (0 before one is committed).
+    fn committed_epoch(&self) -> u64 {
+        self.committed_state
+            .membership
+            .as_ref()
+            .map_or(0, |m| m.epoch)
     }
 
     /// Changes the quorum at runtime (`0` = majority). A quorum above the member count forbids
@@ -553,6 +689,8 @@ impl MetadataCore {
         self.term = term;
         self.leader = leader;
         self.matched.clear();
+        // A new leader (or the same one again) learns the epoch from our next ack.
+        self.epoch_reported = 0;
         self.sync = None;
         self.commit_tail = None;
         if leader == Some(self.self_id) {
@@ -600,7 +738,7 @@ impl MetadataCore {
     /// messages in order (a batch inside a batch is dropped and counted).
     pub fn handle_message(&mut self, now: Instant, from: NodeId, message: peer::MetadataMessage) {
         self.last_now = Some(now);
-        if from == self.self_id || !self.members.contains(&from) {
+        if from == self.self_id || !self.is_known(from) {
             self.counters.unknown_sender += 1;
             debug!(from = %from, "metadata message from a non-member dropped");
             return;
@@ -751,9 +889,42 @@ impl MetadataCore {
                 uncommitted: self.pending.len(),
             });
         }
+        if matches!(advisory.kind, Some(peer::advisory::Kind::Membership(_))) {
+            self.check_membership_change()?;
+        }
         // All or nothing: on error the tip state is unchanged.
         self.tip_state.apply(&advisory)?;
         Ok(self.append_own(now, advisory))
+    }
+
+    /// The rules a membership change must pass before it is proposed: none uncommitted, and
+    /// the committed one applied by a majority of its voters. (The third rule, a committed
+    /// entry of the leader's own term first, holds because only an active leader proposes:
+    /// its term's `LeaderAdvisory` is committed.)
+    fn check_membership_change(&self) -> Result<(), ProposeError> {
+        let tip_epoch = self.tip_state.membership.as_ref().map_or(0, |m| m.epoch);
+        let epoch = self.committed_epoch();
+        if tip_epoch != epoch {
+            return Err(ProposeError::MembershipChangeInFlight {
+                pending_epoch: tip_epoch,
+            });
+        }
+        let Some(voters) = self.committed_state.voters() else {
+            // Nothing seeded yet: `ClusterState::apply` refuses the change (NotSeeded).
+            return Ok(());
+        };
+        let applied = voters
+            .iter()
+            .filter(|v| self.applied_epoch.get(v).is_some_and(|e| *e >= epoch))
+            .count();
+        if applied <= voters.len() / 2 {
+            return Err(ProposeError::MembershipNotApplied {
+                epoch,
+                applied,
+                voters: voters.len(),
+            });
+        }
+        Ok(())
     }
 
     /// Asks for `uri` to be assigned to a partition (a client opened a queue on this node).
@@ -888,20 +1059,27 @@ impl MetadataCore {
                     .pending
                     .partition_point(|p| p.lsn <= self.persisted_lsn);
                 let Some(highest) = durable.checked_sub(1).map(|i| self.pending[i].lsn) else {
+                    self.report_epoch();
                     return;
                 };
                 if highest.term == self.term && highest > self.ack_sent {
                     self.ack_sent = highest;
+                    let membership_epoch = self.committed_epoch();
+                    self.epoch_reported = membership_epoch;
                     self.send(
                         leader,
                         Msg::Ack(peer::AdvisoryAck {
                             lsn: Some(highest.into()),
+                            membership_epoch,
                         }),
                     );
                 }
+                self.report_epoch();
             }
             MetadataRole::PassiveLeader | MetadataRole::ActiveLeader => {
                 self.matched.insert(self.self_id, self.persisted_lsn);
+                self.applied_epoch
+                    .insert(self.self_id, self.committed_epoch());
                 self.try_commit(now);
             }
         }
@@ -957,10 +1135,12 @@ impl MetadataCore {
             // The ack may have been lost: re-ack what is durable.
             // Within the term our log is gap-free, so a durable LSN of it is held.
             if self.snapshot_seen && lsn <= self.persisted_lsn {
+                let membership_epoch = self.committed_epoch();
                 self.send(
                     from,
                     Msg::Ack(peer::AdvisoryAck {
                         lsn: Some(lsn.into()),
+                        membership_epoch,
                     }),
                 );
             }
@@ -998,7 +1178,20 @@ impl MetadataCore {
             return;
         }
         if lsn == self.last_lsn && self.snapshot_seen {
-            // The leader's periodic refresh of its latest commit: we are in step.
+            // The leader's periodic refresh of its latest commit: we are in step. Once a
+            // membership exists, say again which one this node applied: an ack with the epoch
+            // lost on the way would otherwise hold the next change back until the next record.
+            let epoch = self.committed_epoch();
+            if epoch > 0 && self.ack_sent.term == self.term && self.ack_sent > Lsn::ZERO {
+                let lsn = self.ack_sent;
+                self.send(
+                    from,
+                    Msg::Ack(peer::AdvisoryAck {
+                        lsn: Some(lsn.into()),
+                        membership_epoch: epoch,
+                    }),
+                );
+            }
             return;
         }
         if lsn <= self.last_lsn {
@@ -1251,7 +1444,56 @@ impl MetadataCore {
         if lsn > *entry {
             *entry = lsn;
         }
+        let epoch = self.applied_epoch.entry(from).or_insert(0);
+        *epoch = (*epoch).max(ack.membership_epoch);
         self.try_commit(now);
+        self.promote_caught_up_learner(now);
+    }
+
+    /// On the active leader, with no change in flight: proposes the promotion of the first
+    /// learner (by id) that has applied the committed membership, if the voters stay within
+    /// [`crate::MAX_VOTERS`] (see [`MetadataConfig::promote_learners`]).
+    fn promote_caught_up_learner(&mut self, now: Instant) {
+        if !self.config.promote_learners || self.role != MetadataRole::ActiveLeader {
+            return;
+        }
+        let Some(membership) = self.committed_state.membership.clone() else {
+            return;
+        };
+        if membership.voters().len() >= crate::membership::MAX_VOTERS
+            || self.check_membership_change().is_err()
+            || self.pending.len() >= self.config.uncommitted_max
+        {
+            return;
+        }
+        let Some(learner) = membership.members.values().find(|m| {
+            m.role == MemberRole::Learner
+                && self
+                    .applied_epoch
+                    .get(&m.id)
+                    .is_some_and(|e| *e >= membership.epoch)
+        }) else {
+            return;
+        };
+        let id = learner.id;
+        let mut next = (*membership).clone();
+        next.epoch += 1;
+        if let Some(m) = next.members.get_mut(&id) {
+            m.role = MemberRole::Voter;
+        }
+        let advisory = peer::Advisory {
+            kind: Some(peer::advisory::Kind::Membership(peer::MembershipAdvisory {
+                membership: Some(next.to_wire()),
+            })),
+        };
+        match self.tip_state.apply(&advisory) {
+            Ok(()) => {
+                self.counters.learners_promoted += 1;
+                info!(node = %id, epoch = next.epoch, "learner caught up: promoting it to voter");
+                self.append_own(now, advisory);
+            }
+            Err(error) => error!(node = %id, %error, "learner promotion does not apply"),
+        }
     }
 
     fn on_sync_state_response(
@@ -1333,12 +1575,14 @@ impl MetadataCore {
 
     /// Moves leader sync forward once enough is known.
     fn try_advance_sync(&mut self, now: Instant) {
-        let quorum = self.quorum();
         let self_id = self.self_id;
+        let enough = self.sync.as_ref().is_some_and(|s| {
+            s.phase == SyncPhase::Collecting && self.is_quorum(s.responses.keys())
+        });
         let Some(sync) = self.sync.as_mut() else {
             return;
         };
-        if sync.phase != SyncPhase::Collecting || sync.responses.len() < quorum {
+        if !enough {
             return;
         }
         // The highest last LSN; ties prefer self (no fetch), then the lowest id.
@@ -1396,7 +1640,7 @@ impl MetadataCore {
             SyncPhase::Proposed { .. } => return,
         }
         let missing: Vec<NodeId> = self
-            .members
+            .targets()
             .iter()
             .filter(|m| {
                 !self
@@ -1416,7 +1660,16 @@ impl MetadataCore {
         }
     }
 
-    fn propose_leader_advisory(&mut self, now: Instant, state: ClusterState) {
+    fn propose_leader_advisory(&mut self, now: Instant, mut state: ClusterState) {
+        if state.membership.is_none() {
+            if let Some(seed) = &self.seed_membership {
+                info!(
+                    members = seed.members.len(),
+                    "seeding the cluster's membership from the configured members"
+                );
+                state.membership = Some(seed.clone());
+            }
+        }
         // Older terms' uncommitted advisories are folded into the snapshot (or were never
         // committed): drop them.
         self.pending.retain(|p| p.lsn.term >= self.term);
@@ -1502,13 +1755,9 @@ impl MetadataCore {
         // The highest LSN that a quorum holds is the quorum-th highest acked LSN (acks are
         // high-water marks); the commit is the highest own-term advisory at or below it.
         // O(members log members + log pending), whatever the number of records in flight.
-        let quorum = self.quorum();
-        if quorum == 0 || self.matched.len() < quorum {
+        let Some(held) = self.quorum_held() else {
             return;
-        }
-        let mut acked: Vec<Lsn> = self.matched.values().copied().collect();
-        acked.sort_unstable_by(|a, b| b.cmp(a));
-        let held = acked[quorum - 1];
+        };
         let below = self.pending.partition_point(|p| p.lsn <= held);
         let Some(committed) = below
             .checked_sub(1)
@@ -1548,6 +1797,35 @@ impl MetadataCore {
         }
     }
 
+    /// The highest LSN a quorum holds ([`MetadataCore::is_quorum`]): for each voter set, the
+    /// majority-th highest ack among its voters; the lowest of those. O(members log members).
+    fn quorum_held(&self) -> Option<Lsn> {
+        if self.quorum_setting != 0 {
+            let quorum = self.quorum_setting;
+            if self.matched.len() < quorum {
+                return None;
+            }
+            let mut acked: Vec<Lsn> = self.matched.values().copied().collect();
+            acked.sort_unstable_by(|a, b| b.cmp(a));
+            return Some(acked[quorum - 1]);
+        }
+        let mut held: Option<Lsn> = None;
+        for voters in self.voter_sets() {
+            let mut acked: Vec<Lsn> = voters
+                .iter()
+                .filter_map(|v| self.matched.get(v).copied())
+                .collect();
+            let majority = voters.len() / 2 + 1;
+            if acked.len() < majority {
+                return None;
+            }
+            acked.sort_unstable_by(|a, b| b.cmp(a));
+            let lsn = acked[majority - 1];
+            held = Some(held.map_or(lsn, |h| h.min(lsn)));
+        }
+        held
+    }
+
     /// Applies every pending advisory up to `committed` to the committed state.
     ///
     /// When `committed` covers every pending advisory, the committed state becomes the tip
@@ -1557,6 +1835,44 @@ impl MetadataCore {
     /// drained — the node holds one copy of the state, not two (~300 bytes per queue each),
     /// and each advisory is applied once.
     fn apply_committed(&mut self, committed: Lsn) {
+        let epoch_before = self.committed_epoch();
+        self.apply_committed_records(committed);
+        let epoch = self.committed_epoch();
+        if epoch == epoch_before {
+            return;
+        }
+        info!(epoch, voters = ?self.committed_state.voters(), "membership committed");
+        match self.role {
+            MetadataRole::Follower => self.report_epoch(),
+            MetadataRole::PassiveLeader | MetadataRole::ActiveLeader => {
+                self.applied_epoch.insert(self.self_id, epoch);
+            }
+        }
+    }
+
+    /// Follower: tells the leader at once which membership this node applied, when no ack has
+    /// said it yet (an ack of what is durable, carrying the epoch): the next change waits for
+    /// a majority of voters to have applied the current one, and a learner is promoted once it
+    /// has (see `check_membership_change`, `promote_caught_up_learner`).
+    fn report_epoch(&mut self) {
+        let epoch = self.committed_epoch();
+        let Some(leader) = self.leader else { return };
+        let lsn = self.ack_sent;
+        let durable = lsn.term == self.term && lsn > Lsn::ZERO && self.persisted_lsn >= lsn;
+        if self.role != MetadataRole::Follower || epoch <= self.epoch_reported || !durable {
+            return;
+        }
+        self.epoch_reported = epoch;
+        self.send(
+            leader,
+            Msg::Ack(peer::AdvisoryAck {
+                lsn: Some(lsn.into()),
+                membership_epoch: epoch,
+            }),
+        );
+    }
+
+    fn apply_committed_records(&mut self, committed: Lsn) {
         assert!(
             committed >= self.committed_lsn,
             "committed LSN regressed: {committed} after {}",
@@ -1660,7 +1976,7 @@ impl MetadataCore {
     /// The lowest LSN a follower acked in this term (`0:0` if one has acked nothing): records
     /// above it still wait for someone. O(members).
     fn least_matched(&self) -> Lsn {
-        self.members
+        self.targets()
             .iter()
             .filter(|m| **m != self.self_id)
             .map(|m| self.matched.get(m).copied().unwrap_or(Lsn::ZERO))
@@ -1668,8 +1984,8 @@ impl MetadataCore {
             .unwrap_or(self.last_lsn)
     }
 
-    fn resend_targets(&self, lsn: Lsn) -> Vec<NodeId> {
-        self.members
+    fn resend_targets(&self, targets: &BTreeSet<NodeId>, lsn: Lsn) -> Vec<NodeId> {
+        targets
             .iter()
             .filter(|m| **m != self.self_id && self.matched.get(m).is_none_or(|l| *l < lsn))
             .copied()
@@ -1679,6 +1995,7 @@ impl MetadataCore {
     fn resend_records(&mut self, now: Instant) {
         let resend = self.config.record_resend;
         let lagging = self.least_matched();
+        let members = self.targets();
         let mut sends = Vec::new();
         for i in self.pending.partition_point(|p| p.lsn <= lagging)..self.pending.len() {
             let p = &self.pending[i];
@@ -1686,7 +2003,7 @@ impl MetadataCore {
             if !due {
                 continue;
             }
-            let targets = self.resend_targets(p.lsn);
+            let targets = self.resend_targets(&members, p.lsn);
             if targets.is_empty() {
                 continue;
             }

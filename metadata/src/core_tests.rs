@@ -7,6 +7,7 @@ use bmq_proto::peer::{self, metadata_message::Kind as Msg};
 use bmq_proto::{NodeId, PartitionId, Term};
 
 use super::*;
+use crate::membership::{ClusterMembership, Member, MemberRole, MembershipError};
 use crate::state::tests::{assign, primaries};
 
 fn n(id: u32) -> NodeId {
@@ -51,6 +52,7 @@ fn commit(l: Lsn, committed: Lsn) -> peer::MetadataMessage {
 fn ack(l: Lsn) -> peer::MetadataMessage {
     msg(Msg::Ack(peer::AdvisoryAck {
         lsn: Some(l.into()),
+        membership_epoch: 0,
     }))
 }
 
@@ -863,16 +865,17 @@ struct Harness {
 
 impl Harness {
     fn new() -> Self {
+        Self::with_nodes(members().into_iter().map(|id| {
+            (
+                id,
+                MetadataCore::new(id, &members(), 0, Recovered::fresh(4)),
+            )
+        }))
+    }
+
+    fn with_nodes(nodes: impl IntoIterator<Item = (NodeId, MetadataCore)>) -> Self {
         Harness {
-            nodes: members()
-                .into_iter()
-                .map(|id| {
-                    (
-                        id,
-                        MetadataCore::new(id, &members(), 0, Recovered::fresh(4)),
-                    )
-                })
-                .collect(),
+            nodes: nodes.into_iter().collect(),
             down: BTreeSet::new(),
             queue: VecDeque::new(),
             now: Instant::now(),
@@ -910,7 +913,8 @@ impl Harness {
                     }
                     MetadataOutput::Send { to, message } => self.queue.push_back((id, to, message)),
                     MetadataOutput::Broadcast { message } => {
-                        for m in members().into_iter().filter(|m| *m != id) {
+                        let peers: Vec<NodeId> = core.peers().collect();
+                        for m in peers {
                             self.queue.push_back((id, m, message.clone()));
                         }
                     }
@@ -1672,4 +1676,286 @@ fn a_queue_assignment_is_reported_proposed_right_after_its_record() {
             proposed("bmq://d/b", 0),
         ]
     );
+}
+
+// ---------------------------------------------------------------- membership
+
+fn member(id: u32, role: MemberRole) -> Member {
+    Member {
+        id: n(id),
+        host: "127.0.0.1".into(),
+        peer_port: 7000 + id as u16,
+        client_port: 6000 + id as u16,
+        admin_port: 8000 + id as u16,
+        bmqp_port: None,
+        role,
+    }
+}
+
+fn membership_advisory(m: &ClusterMembership) -> peer::Advisory {
+    peer::Advisory {
+        kind: Some(peer::advisory::Kind::Membership(peer::MembershipAdvisory {
+            membership: Some(m.to_wire()),
+        })),
+    }
+}
+
+/// The committed membership of the active leader with `f` applied at the next epoch.
+fn changed(core: &MetadataCore, f: impl FnOnce(&mut ClusterMembership)) -> peer::Advisory {
+    let mut next = (**core.membership().expect("seeded")).clone();
+    next.epoch += 1;
+    f(&mut next);
+    membership_advisory(&next)
+}
+
+/// Nodes 1-3 configured with {1,2,3} and seeded from it; node 4 a new node that knows them.
+/// Learners are promoted by hand (the tests propose every change) unless `promote`.
+fn membership_harness_with(promote: bool) -> Harness {
+    let seed = ClusterMembership::seed((1..=3).map(|i| member(i, MemberRole::Voter))).unwrap();
+    let config = MetadataConfig {
+        promote_learners: promote,
+        ..MetadataConfig::default()
+    };
+    let mut nodes: Vec<(NodeId, MetadataCore)> = (1..=3)
+        .map(|i| {
+            let mut core =
+                MetadataCore::with_config(n(i), &members(), 0, Recovered::fresh(4), config.clone());
+            core.set_seed_membership(seed.clone());
+            (n(i), core)
+        })
+        .collect();
+    let all = [n(1), n(2), n(3), n(4)];
+    nodes.push((n(4), MetadataCore::new(n(4), &all, 0, Recovered::fresh(4))));
+    Harness::with_nodes(nodes)
+}
+
+fn membership_harness() -> Harness {
+    membership_harness_with(false)
+}
+
+#[test]
+fn the_leader_promotes_a_learner_once_it_applied_its_addition() {
+    // Scenario: etcd's learner promotion without the operator step. The learner catches up
+    // (hello, CatchUp), reports the epoch that made it a learner, and the leader proposes its
+    // promotion at once: every node ends with voters {1,2,3,4}.
+    let mut h = membership_harness_with(true);
+    h.elect(1, 1);
+    let now = h.now;
+    let add = changed(h.node(1), |m| {
+        m.members.insert(n(4), member(4, MemberRole::Learner));
+    });
+    h.node(1).propose(now, add).unwrap();
+    h.run();
+    assert_eq!(
+        h.node(1).counters().learners_promoted,
+        0,
+        "not caught up yet"
+    );
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.node(1).counters().learners_promoted, 1);
+    for id in 1..=4 {
+        let state = h.state(id);
+        let m = state.membership.as_ref().unwrap();
+        assert_eq!(
+            (m.epoch, m.voters()),
+            (3, voters(&[1, 2, 3, 4])),
+            "node {id}"
+        );
+    }
+}
+
+fn voters(ids: &[u32]) -> BTreeSet<NodeId> {
+    ids.iter().copied().map(NodeId).collect()
+}
+
+#[test]
+fn the_first_leader_seeds_the_membership_and_changes_go_one_at_a_time() {
+    // Scenario: DESIGN.md §5a. The first LeaderAdvisory carries the configured members as
+    // epoch 1; a learner is added (committed by the old voters alone), a second change while
+    // the first is uncommitted is refused, the learner is promoted, and a node that has not
+    // been told the new set still follows and applies it.
+    let mut h = membership_harness();
+    h.elect(1, 1);
+    assert_eq!(h.state(4).membership, None, "not a member: no ledger yet");
+    for id in 1..=3 {
+        let state = h.state(id);
+        let m = state.membership.as_ref().expect("seeded on every node");
+        assert_eq!((m.epoch, m.voters()), (1, voters(&[1, 2, 3])), "node {id}");
+    }
+    assert_eq!(h.node(1).quorum(), 2);
+
+    let now = h.now;
+    let add = changed(h.node(1), |m| {
+        m.members.insert(n(4), member(4, MemberRole::Learner));
+    });
+    h.node(1).propose(now, add).unwrap();
+    // One change at a time: the promotion waits for the addition's commit.
+    let promote = changed(h.node(1), |m| {
+        m.epoch += 1;
+        m.members.insert(n(4), member(4, MemberRole::Voter));
+    });
+    assert_eq!(
+        h.node(1).propose(now, promote.clone()),
+        Err(ProposeError::MembershipChangeInFlight { pending_epoch: 2 })
+    );
+    h.run();
+    // The learner saw records of a term whose snapshot it lacks: it says hello and is caught up.
+    h.advance(Duration::from_secs(1));
+    for id in 1..=4 {
+        assert_eq!(
+            h.state(id).membership.as_ref().unwrap().epoch,
+            2,
+            "node {id}"
+        );
+    }
+    assert_eq!(h.node(1).quorum(), 2, "a learner counts in no quorum");
+    h.node(1).propose(now, promote).unwrap();
+    h.run();
+    for id in 1..=4 {
+        let state = h.state(id);
+        let m = state.membership.as_ref().unwrap();
+        assert_eq!(
+            (m.epoch, m.voters()),
+            (3, voters(&[1, 2, 3, 4])),
+            "node {id}"
+        );
+    }
+    assert_eq!(h.node(1).quorum(), 3);
+}
+
+#[test]
+fn a_change_commits_only_with_a_majority_of_the_old_and_the_new_voters() {
+    // Scenario: with 3 and 4 down, promoting learner 4 is held by {1,2}: a majority of the
+    // old voters {1,2,3} but not of the new {1,2,3,4}; it commits once 4 is back.
+    let mut h = membership_harness();
+    h.elect(1, 1);
+    let now = h.now;
+    let add = changed(h.node(1), |m| {
+        m.members.insert(n(4), member(4, MemberRole::Learner));
+    });
+    h.node(1).propose(now, add).unwrap();
+    h.run();
+    h.down.insert(n(3));
+    h.down.insert(n(4));
+    let promote = changed(h.node(1), |m| {
+        m.members.insert(n(4), member(4, MemberRole::Voter));
+    });
+    let lsn = h.node(1).propose(now, promote).unwrap();
+    h.run();
+    h.advance(Duration::from_secs(2));
+    assert!(
+        h.node(1).status().committed_lsn < lsn,
+        "committed without a majority of the new voters"
+    );
+    assert_eq!(h.state(1).membership.as_ref().unwrap().epoch, 2);
+    h.down.remove(&n(4));
+    h.advance(Duration::from_secs(1));
+    assert!(h.node(1).status().committed_lsn >= lsn);
+    assert_eq!(h.state(1).voters(), Some(voters(&[1, 2, 3, 4])));
+    // From now on {1,2} alone commits nothing: a majority of 4 voters is 3.
+    h.down.insert(n(4));
+    let now = h.now;
+    let lsn = h.node(1).propose(now, assign("bmq://d/q", 0, 0)).unwrap();
+    h.advance(Duration::from_secs(2));
+    assert!(h.node(1).status().committed_lsn < lsn);
+}
+
+#[test]
+fn the_next_change_waits_until_a_majority_of_voters_applied_the_current_one() {
+    // Scenario: the epoch reports of 2 and 3 are lost: the leader refuses the next change
+    // (MembershipNotApplied) until an idle commit refresh brings them, then accepts it.
+    let mut h = membership_harness();
+    h.elect(1, 1);
+    let now = h.now;
+    let add = changed(h.node(1), |m| {
+        m.members.insert(n(4), member(4, MemberRole::Learner));
+    });
+    h.node(1).propose(now, add).unwrap();
+    h.drop_if = Some(Box::new(|_, to, m| {
+        to == NodeId(1) && matches!(&m.kind, Some(Msg::Ack(a)) if a.membership_epoch >= 2)
+    }));
+    h.run();
+    assert_eq!(h.state(1).membership.as_ref().unwrap().epoch, 2);
+    let promote = changed(h.node(1), |m| {
+        m.members.insert(n(4), member(4, MemberRole::Voter));
+    });
+    assert_eq!(
+        h.node(1).propose(now, promote.clone()),
+        Err(ProposeError::MembershipNotApplied {
+            epoch: 2,
+            applied: 1,
+            voters: 3
+        })
+    );
+    h.drop_if = None;
+    h.advance(Duration::from_secs(1));
+    let now = h.now;
+    h.node(1).propose(now, promote).unwrap();
+}
+
+#[test]
+fn a_new_leader_syncs_with_a_majority_of_the_committed_voters() {
+    // Scenario: with voters {1,2,3,4}, node 2's leader sync needs 3 answers: itself and 3 are
+    // not enough; with 4 it becomes active and keeps the membership.
+    let mut h = membership_harness();
+    h.elect(1, 1);
+    for role in [MemberRole::Learner, MemberRole::Voter] {
+        let now = h.now;
+        let next = changed(h.node(1), |m| {
+            m.members.insert(n(4), member(4, role));
+        });
+        h.node(1).propose(now, next).unwrap();
+        h.run();
+    }
+    assert_eq!(h.state(2).voters(), Some(voters(&[1, 2, 3, 4])));
+    h.down.insert(n(1));
+    h.down.insert(n(4));
+    h.elect(2, 2);
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.node(2).status().role, MetadataRole::PassiveLeader);
+    h.down.remove(&n(4));
+    let now = h.now;
+    h.node(4).handle_leadership(now, Term(2), Some(n(2)));
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.node(2).status().role, MetadataRole::ActiveLeader);
+    assert_eq!(h.state(2).membership.as_ref().unwrap().epoch, 3);
+}
+
+#[test]
+fn invalid_membership_changes_are_refused_and_change_nothing() {
+    // Scenario: two voters at once, a skipped epoch and a change before the seed are refused
+    // with the rule they break; the state stays as it was.
+    let mut h = membership_harness();
+    h.elect(1, 1);
+    let now = h.now;
+    let two = changed(h.node(1), |m| {
+        m.members.insert(n(4), member(4, MemberRole::Voter));
+        m.members.insert(n(5), member(5, MemberRole::Voter));
+    });
+    assert!(matches!(
+        h.node(1).propose(now, two),
+        Err(ProposeError::Invalid(ApplyError::Membership(
+            MembershipError::MoreThanOneChange(_)
+        )))
+    ));
+    let skipped = changed(h.node(1), |m| m.epoch += 5);
+    assert!(matches!(
+        h.node(1).propose(now, skipped),
+        Err(ProposeError::Invalid(ApplyError::Membership(
+            MembershipError::EpochNotNext {
+                current: 1,
+                received: 7
+            }
+        )))
+    ));
+    assert_eq!(h.state(1).membership.as_ref().unwrap().epoch, 1);
+    // A cluster without a seed (no membership committed) refuses changes.
+    let mut unseeded = active_leader(Instant::now());
+    let seed = ClusterMembership::seed((1..=3).map(|i| member(i, MemberRole::Voter))).unwrap();
+    assert!(matches!(
+        unseeded.propose(Instant::now(), membership_advisory(&seed)),
+        Err(ProposeError::Invalid(ApplyError::Membership(
+            MembershipError::NotSeeded
+        )))
+    ));
 }

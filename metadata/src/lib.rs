@@ -19,6 +19,7 @@ pub mod assignment;
 pub mod core;
 pub mod ledger;
 pub mod lsn;
+pub mod membership;
 pub mod outbox;
 pub mod state;
 
@@ -41,6 +42,7 @@ pub use crate::ledger::{
     Recovered, SnapshotWritten, SyncDone,
 };
 pub use crate::lsn::Lsn;
+pub use crate::membership::{ClusterMembership, Member, MemberRole, MembershipError, MAX_VOTERS};
 pub use crate::outbox::PeerOutbox;
 pub use crate::state::{
     ApplyError, ClusterState, PartitionState, PrimaryStatus, QueueAssignment, SnapshotError,

@@ -36,6 +36,11 @@ impl PeerOutbox {
         }
     }
 
+    /// Replaces the peers a broadcast goes to (the membership changed); what is queued stays.
+    pub fn set_peers(&mut self, peers: impl IntoIterator<Item = NodeId>) {
+        self.peers = peers.into_iter().collect();
+    }
+
     /// Queues `message` for `to`, or for every peer when `to` is `None` (a broadcast).
     pub fn push(&mut self, to: Option<NodeId>, message: peer::MetadataMessage) {
         match to {
@@ -97,6 +102,7 @@ mod tests {
         peer::MetadataMessage {
             kind: Some(Msg::Ack(peer::AdvisoryAck {
                 lsn: Some(peer::Lsn { term: 1, sequence }),
+                membership_epoch: 0,
             })),
         }
     }

@@ -8,7 +8,7 @@
 //! share everything an advisory did not change, and `OrdMap::diff` between two published
 //! states visits only what changed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use imbl::OrdMap;
@@ -17,6 +17,8 @@ use bmq_proto::{peer, NodeId, PartitionId};
 use serde::ser::{SerializeStruct, Serializer};
 use serde::Serialize;
 use thiserror::Error;
+
+use crate::membership::{ClusterMembership, MembershipError};
 
 /// A partition primary's status (`PrimaryStatusAdvisory`): a new primary starts passive, heals its
 /// partition, then announces itself active.
@@ -77,7 +79,7 @@ pub struct QueueAssignment {
 /// Read the public fields freely; change the state only with [`ClusterState::apply`] (or build
 /// it with [`ClusterState::new`] / [`ClusterState::from_snapshot`]), which keep the private
 /// indexes (queue key -> URI, queues per partition) in step with `queues`. Clone is O(1) (see the
-/// module doc). Equality compares `partitions`, `queues` and `next_queue_key`.
+/// module doc). Equality compares `partitions`, `queues`, `next_queue_key` and `membership`.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterState {
     /// Every partition, `0..partition_count`.
@@ -86,6 +88,9 @@ pub struct ClusterState {
     pub queues: OrdMap<String, QueueAssignment>,
     /// The key the next assigned queue gets; above every assigned key.
     pub next_queue_key: u64,
+    /// The committed membership; `None` until the cluster's first leader seeds it from the
+    /// files (quorums then count the configured members). Behind an `Arc` so a clone stays O(1).
+    pub membership: Option<Arc<ClusterMembership>>,
     /// Index of `queues` by key, so a reused key is found in O(log n). (`Arc<str>`: copying a
     /// node of a shared map then costs no allocation.)
     queue_keys: OrdMap<u64, Arc<str>>,
@@ -97,6 +102,7 @@ impl PartialEq for ClusterState {
     fn eq(&self, other: &Self) -> bool {
         // The indexes are functions of `queues`.
         self.next_queue_key == other.next_queue_key
+            && self.membership == other.membership
             && self.partitions == other.partitions
             && self.queues == other.queues
     }
@@ -145,6 +151,9 @@ pub enum SnapshotError {
         /// The snapshot's `next_queue_key`.
         next_queue_key: u64,
     },
+    /// The membership is invalid.
+    #[error("membership: {0}")]
+    Membership(#[from] MembershipError),
 }
 
 /// Why an advisory cannot be applied to the state. The state is left unchanged.
@@ -227,6 +236,9 @@ pub enum ApplyError {
         /// The queue.
         uri: String,
     },
+    /// A membership change that is not a valid single change of the committed membership.
+    #[error("membership change refused: {0}")]
+    Membership(#[from] MembershipError),
 }
 
 impl ClusterState {
@@ -296,6 +308,7 @@ impl ClusterState {
                 })
                 .collect(),
             next_queue_key: self.next_queue_key,
+            membership: self.membership.as_deref().map(ClusterMembership::to_wire),
         }
     }
 
@@ -304,6 +317,7 @@ impl ClusterState {
     /// the same content in another order answers `false` (the caller then rebuilds from it).
     pub fn is_described_by(&self, snapshot: &peer::ClusterStateSnapshot) -> bool {
         self.next_queue_key == snapshot.next_queue_key
+            && self.membership.as_deref().map(ClusterMembership::to_wire) == snapshot.membership
             && self.partitions.len() == snapshot.partitions.len()
             && self.queues.len() == snapshot.queues.len()
             && self
@@ -330,6 +344,10 @@ impl ClusterState {
     pub fn from_snapshot(snapshot: &peer::ClusterStateSnapshot) -> Result<Self, SnapshotError> {
         let mut state = ClusterState {
             next_queue_key: snapshot.next_queue_key,
+            membership: match &snapshot.membership {
+                Some(wire) => Some(Arc::new(ClusterMembership::from_wire(wire)?)),
+                None => None,
+            },
             ..Default::default()
         };
         for p in &snapshot.partitions {
@@ -391,6 +409,8 @@ impl ClusterState {
     /// - `PrimaryStatusAdvisory` applies only if it names the current primary and lease.
     /// - `QueueAssignmentAdvisory` adds queues (the same assignment again is a no-op);
     ///   `QueueUnassignmentAdvisory` removes them; `QueueUpdateAdvisory` replaces one.
+    /// - `MembershipAdvisory` replaces the membership with a single change of it at the next
+    ///   epoch ([`ClusterMembership::check_change`]); refused before a membership is seeded.
     ///
     /// # Errors
     /// [`ApplyError`] naming the violated rule; the state is then unchanged.
@@ -510,7 +530,26 @@ impl ClusterState {
                 }
                 self.assign_queue(q, true)
             }
+            Kind::Membership(advisory) => {
+                let wire = advisory
+                    .membership
+                    .as_ref()
+                    .ok_or(ApplyError::Missing { what: "membership" })?;
+                let current = self
+                    .membership
+                    .as_deref()
+                    .ok_or(MembershipError::NotSeeded)?;
+                let next = ClusterMembership::from_wire(wire)?;
+                current.check_change(&next)?;
+                self.membership = Some(Arc::new(next));
+                Ok(())
+            }
         }
+    }
+
+    /// The voters of the committed membership, or `None` before it is seeded.
+    pub fn voters(&self) -> Option<BTreeSet<NodeId>> {
+        self.membership.as_deref().map(ClusterMembership::voters)
     }
 
     /// Adds (or, with `replace`, moves) one queue, keeping the indexes in step. O(log n).
@@ -583,7 +622,8 @@ pub fn partition_info(id: PartitionId, p: &PartitionState) -> peer::PartitionInf
 }
 
 /// JSON form for `/status`: `{partitions: [{partition_id, primary, primary_lease_id, status}],
-/// queues: [{uri, partition_id, queue_key}], next_queue_key}`.
+/// queues: [{uri, partition_id, queue_key}], next_queue_key, membership}` (membership: see
+/// [`ClusterMembership`]'s JSON form; `null` before it is seeded).
 impl Serialize for ClusterState {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         #[derive(Serialize)]
@@ -618,10 +658,11 @@ impl Serialize for ClusterState {
                 queue_key: q.queue_key,
             })
             .collect();
-        let mut s = serializer.serialize_struct("ClusterState", 3)?;
+        let mut s = serializer.serialize_struct("ClusterState", 4)?;
         s.serialize_field("partitions", &partitions)?;
         s.serialize_field("queues", &queues)?;
         s.serialize_field("next_queue_key", &self.next_queue_key)?;
+        s.serialize_field("membership", &self.membership.as_deref())?;
         s.end()
     }
 }

@@ -29,6 +29,45 @@ pub struct NodeStatusDoc {
     /// True when the node has a leader and an active metadata state, and every partition's journal
     /// on this node is open (what `/readyz` answers).
     pub ready: bool,
+    /// The committed membership (absent before the first leader seeded it from the files, and
+    /// from nodes of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership: Option<MembershipDoc>,
+}
+
+/// The committed membership (DESIGN.md §5a) as this node holds it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MembershipDoc {
+    /// Rises by one with every committed change (1: seeded from the files).
+    pub epoch: u64,
+    /// Every member, in id order.
+    pub members: Vec<MemberDoc>,
+    /// Ids removed from the cluster for ever.
+    pub removed: Vec<u32>,
+    /// Why this node's file `[[members]]` differs from the committed membership, if it does (the
+    /// ledger wins; the file only seeds the first start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_disagrees: Option<String>,
+}
+
+/// One member of [`MembershipDoc`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MemberDoc {
+    /// Node id.
+    pub node_id: u32,
+    /// Host name or address.
+    pub host: String,
+    /// Peer port.
+    pub peer_port: u16,
+    /// Client port.
+    pub client_port: u16,
+    /// Admin HTTP port.
+    pub admin_port: u16,
+    /// BlazingMQ (bmqp) port, if served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmqp_port: Option<u16>,
+    /// `voter`, `learner` or `leaving`.
+    pub role: String,
 }
 
 /// Elector state (DESIGN.md §4).

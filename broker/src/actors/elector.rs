@@ -43,7 +43,7 @@ use tracing::{error, info};
 use super::shell::Timer;
 
 use bmq_elector::{
-    Elector, ElectorCounters, ElectorOutput, ElectorState, ElectorStatus, TermStore,
+    Elector, ElectorCounters, ElectorOutput, ElectorState, ElectorStatus, Membership, TermStore,
 };
 
 /// Mailbox capacity of the elector actor. Elector traffic is a few messages per heartbeat
@@ -84,6 +84,16 @@ pub struct SubscribeLeadership {
 pub struct SetQuorum {
     /// The new quorum, self included.
     pub quorum: usize,
+}
+
+/// The metadata state committed a membership (or held one at start): the elector counts its
+/// voters from now on ([`Elector::set_membership`]). An older epoch than the one in use is
+/// ignored.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct SetMembership {
+    /// The committed membership.
+    pub membership: Membership,
 }
 
 /// Cede leadership now (graceful stop, leadership transfer). A no-op on a non-leader.
@@ -339,6 +349,19 @@ impl Handler<SetQuorum> for ElectorActor {
     fn handle(&mut self, msg: SetQuorum, ctx: &mut Self::Context) {
         info!(quorum = msg.quorum, "elector quorum set");
         self.core.set_quorum(Instant::now(), msg.quorum);
+        self.drive(ctx);
+    }
+}
+
+impl Handler<SetMembership> for ElectorActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetMembership, ctx: &mut Self::Context) {
+        let epoch = msg.membership.epoch;
+        let voters = msg.membership.voters.len();
+        if self.core.set_membership(Instant::now(), msg.membership) {
+            info!(epoch, voters, "elector membership applied");
+        }
         self.drive(ctx);
     }
 }

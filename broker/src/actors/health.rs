@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
-use bmq_metadata::{plan_primaries, ClusterState, MetadataRole};
+use bmq_metadata::{plan_primaries, ClusterState, MemberRole, MetadataRole};
 use bmq_proto::peer::{
     advisory::Kind as AdvisoryKind, Advisory, PartitionPrimaryAdvisory, PrimaryStatusAdvisory,
 };
@@ -107,17 +107,22 @@ pub struct HealthActor {
     /// Nodes that announced a graceful stop and are still connected, and whether each drained.
     stopping: std::collections::BTreeMap<NodeId, bool>,
     mailbox_capacity: usize,
+    /// The nodes that replicate partitions (the files' members).
+    partition_hosts: BTreeSet<NodeId>,
 }
 
 impl HealthActor {
-    /// A health actor for this node; `mailbox_capacity` is `limits.mailbox_capacity`.
+    /// A health actor for this node; `mailbox_capacity` is `limits.mailbox_capacity`;
+    /// `partition_hosts` the nodes that replicate partitions (the files' members).
     pub fn new(
         self_id: NodeId,
         metadata: actix::Addr<MetadataActor>,
         peers: Arc<PeerHub>,
         mailbox_capacity: usize,
+        partition_hosts: BTreeSet<NodeId>,
     ) -> Self {
         HealthActor {
+            partition_hosts,
             self_id,
             metadata,
             peers,
@@ -144,12 +149,19 @@ impl HealthActor {
         up
     }
 
-    /// The nodes that may be given a primary: up and not stopping.
+    /// The nodes that may be given a primary: up, not stopping, and voters of the committed
+    /// membership (a learner holds no primary; a leaving member gives its primaries up). Only
+    /// the members of the files hold partitions: a member added at run time takes part in the
+    /// elector and the metadata ledger, not (yet) in partition replication.
     fn available(&mut self) -> BTreeSet<NodeId> {
         let mut available = self.up();
         for n in self.stopping.keys() {
             available.remove(n);
         }
+        if let Some(membership) = &self.state.membership {
+            available.retain(|n| membership.role(*n) == Some(MemberRole::Voter));
+        }
+        available.retain(|n| self.partition_hosts.contains(n));
         available
     }
 

@@ -272,6 +272,8 @@ pub struct MetadataActor {
     metrics: MetadataMetrics,
     /// Peer messages of this turn, sent at the flush.
     outbox: PeerOutbox,
+    /// The membership epochs (committed, proposed) the outbox's peers were taken at.
+    outbox_epochs: (u64, u64),
     /// The last record written to the ledger's buffer since the last flush.
     written: Option<Lsn>,
     /// An advisory record is among them: the flush starts an fsync, whose completion
@@ -299,6 +301,7 @@ impl MetadataActor {
     /// built from), sending peer messages to `transport`.
     pub fn new(core: MetadataCore, ledger: Ledger, transport: Recipient<MetadataOutbound>) -> Self {
         let outbox = PeerOutbox::new(core.peers());
+        let outbox_epochs = core.membership_epochs();
         MetadataActor {
             core,
             ledger,
@@ -309,6 +312,7 @@ impl MetadataActor {
             proposed_at: HashMap::new(),
             rollovers_reported: 0,
             metrics: MetadataMetrics::register(),
+            outbox_epochs,
             outbox,
             written: None,
             advisory_unsynced: false,
@@ -380,6 +384,13 @@ impl MetadataActor {
     fn drain_outputs(&mut self, ctx: &mut Context<Self>) -> bool {
         // The ledger reads no clock: the records written now carry this time.
         self.ledger.set_wall_clock_ms(wall_clock_ms());
+        // Broadcasts go to the members of the committed and the proposed membership (a
+        // learner receives the ledger from the record that adds it on).
+        let epochs = self.core.membership_epochs();
+        if epochs != self.outbox_epochs {
+            self.outbox_epochs = epochs;
+            self.outbox.set_peers(self.core.peers());
+        }
         while let Some(output) = self.core.poll_output() {
             match output {
                 MetadataOutput::Persist { record } => {
@@ -1074,6 +1085,7 @@ mod tests {
         actor
             .send(inbound(Msg::Ack(peer::AdvisoryAck {
                 lsn: Some(Lsn::new(Term(1), 1).into()),
+                membership_epoch: 0,
             })))
             .await
             .unwrap();
@@ -1095,6 +1107,7 @@ mod tests {
         actor
             .send(inbound(Msg::Ack(peer::AdvisoryAck {
                 lsn: Some(last.into()),
+                membership_epoch: 0,
             })))
             .await
             .unwrap();

@@ -41,9 +41,9 @@
 //! message is read, logged (warn) with the remote address and counted in
 //! `bmq_peer_auth_failures_total`. Without `[tls]` the links are plain TCP, as before.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bmq_proto::peer::{peer_message::Kind, Channel, LinkHeartbeat, PeerHello, PeerMessage};
@@ -154,7 +154,13 @@ enum Outbound {
 /// The node's peer links: outbound queues, dialers, and the liveness monitor.
 pub struct PeerHub {
     config: PeerHubConfig,
-    outbound: HashMap<(NodeId, i32), mpsc::Sender<Outbound>>,
+    /// Every peer's queues, by `(peer, channel)`; peers join and leave with the committed
+    /// membership ([`PeerHub::add_peer`], [`PeerHub::remove_peer`]).
+    outbound: RwLock<HashMap<(NodeId, i32), mpsc::Sender<Outbound>>>,
+    /// Every current peer with its peer address (`config.peers` at start).
+    peers: RwLock<Vec<(NodeId, String)>>,
+    /// Ids removed from the cluster: their connections are refused with that reason.
+    removed: RwLock<BTreeSet<NodeId>>,
     links: Mutex<HashMap<NodeId, LinkState>>,
     stopping: AtomicBool,
     /// Wakes the liveness monitor when a control connection opens or closes, so a killed peer's
@@ -181,20 +187,17 @@ impl PeerHub {
         let mut links = HashMap::new();
         for (peer, addr) in &config.peers {
             links.insert(*peer, LinkState::default());
-            // Every peer's series exists from the start (0 = unavailable), so a peer that never
-            // came up shows as down rather than as missing.
-            metrics::gauge!("bmq_peer_available", "peer" => peer.to_string()).set(0.0);
-            metrics::counter!("bmq_peer_data_link_losses_total", "peer" => peer.to_string())
-                .increment(0);
-            for channel in [Channel::Control, Channel::Data] {
-                let (tx, rx) = mpsc::channel(config.outbound_queue_capacity);
+            for (channel, tx, rx) in peer_queues(*peer, config.outbound_queue_capacity) {
                 outbound.insert((*peer, channel as i32), tx);
                 receivers.push((*peer, addr.clone(), channel, rx));
             }
         }
+        let peers = RwLock::new(config.peers.clone());
         let hub = Arc::new(PeerHub {
             config,
-            outbound,
+            outbound: RwLock::new(outbound),
+            peers,
+            removed: RwLock::new(BTreeSet::new()),
             links: Mutex::new(links),
             stopping: AtomicBool::new(false),
             links_changed: tokio::sync::Notify::new(),
@@ -218,6 +221,65 @@ impl PeerHub {
         tokio::spawn(self.clone().serve(listener, inbound));
     }
 
+    /// Adds a peer that joined the committed membership and starts dialing it at `addr`
+    /// (`host:peer_port`); its connections are accepted from now on. Returns false, changing
+    /// nothing, for this node, a peer already known, or a removed id. Call it on the tokio
+    /// runtime the hub was started on.
+    pub fn add_peer(self: &Arc<Self>, peer: NodeId, addr: String) -> bool {
+        if peer == self.config.self_id || self.is_removed(peer) {
+            return false;
+        }
+        {
+            let mut peers = self.peers.write().expect("peers lock");
+            if peers.iter().any(|(id, _)| *id == peer) {
+                return false;
+            }
+            peers.push((peer, addr.clone()));
+        }
+        self.links
+            .lock()
+            .expect("link state lock")
+            .insert(peer, LinkState::default());
+        let queues = peer_queues(peer, self.config.outbound_queue_capacity);
+        let mut outbound = self.outbound.write().expect("outbound lock");
+        for (channel, tx, rx) in queues {
+            outbound.insert((peer, channel as i32), tx);
+            tokio::spawn(dial_loop(self.clone(), peer, addr.clone(), channel, rx));
+        }
+        info!(peer = %peer, %addr, "peer added: the committed membership has it");
+        true
+    }
+
+    /// Forgets a peer removed from the committed membership: its queues close (its dialers
+    /// stop), it shows as unavailable, and its connections are refused from now on, with the
+    /// reason. Returns false if it was removed already.
+    pub fn remove_peer(&self, peer: NodeId) -> bool {
+        if !self.removed.write().expect("removed lock").insert(peer) {
+            return false;
+        }
+        self.peers
+            .write()
+            .expect("peers lock")
+            .retain(|(id, _)| *id != peer);
+        self.outbound
+            .write()
+            .expect("outbound lock")
+            .retain(|(id, _), _| *id != peer);
+        self.with_link(peer, |l| {
+            l.outbound_control_up = false;
+            l.outbound_data_up = false;
+            l.interrupt_data();
+        });
+        self.links_changed.notify_one();
+        info!(peer = %peer, "peer removed: the committed membership removed it");
+        true
+    }
+
+    /// Whether `peer` was removed from the cluster ([`PeerHub::remove_peer`]).
+    pub fn is_removed(&self, peer: NodeId) -> bool {
+        self.removed.read().expect("removed lock").contains(&peer)
+    }
+
     /// Queues `message` for `to` on `channel`. Returns false (and counts the drop) when the
     /// peer is unknown, its link is down, or its queue is full.
     pub fn send(&self, to: NodeId, channel: Channel, message: PeerMessage) -> bool {
@@ -235,7 +297,15 @@ impl PeerHub {
     }
 
     fn enqueue(&self, to: NodeId, channel: Channel, item: Outbound, count: u64) -> bool {
-        let Some(tx) = self.outbound.get(&(to, channel as i32)) else {
+        // A clone, so that no lock is held below (the monitor takes this one before the
+        // link states; `interrupt_data` takes the link states).
+        let tx = self
+            .outbound
+            .read()
+            .expect("outbound lock")
+            .get(&(to, channel as i32))
+            .cloned();
+        let Some(tx) = tx else {
             debug!(peer = %to, "message for an unknown peer dropped");
             return false;
         };
@@ -257,8 +327,15 @@ impl PeerHub {
 
     /// Queues `message` for every peer on `channel`.
     pub fn broadcast(&self, channel: Channel, message: PeerMessage) {
-        for (peer, _) in &self.config.peers {
-            self.send(*peer, channel, message.clone());
+        let peers: Vec<NodeId> = self
+            .peers
+            .read()
+            .expect("peers lock")
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        for peer in peers {
+            self.send(peer, channel, message.clone());
         }
     }
 
@@ -399,7 +476,19 @@ impl PeerHub {
                 &format!("protocol version {}", hello.protocol_version),
             ));
         }
-        if !self.config.peers.iter().any(|(id, _)| *id == from) {
+        if self.is_removed(from) {
+            return Err(self.refuse(
+                &remote,
+                &format!("node {from} was removed from the cluster"),
+            ));
+        }
+        let known = self
+            .peers
+            .read()
+            .expect("peers lock")
+            .iter()
+            .any(|(id, _)| *id == from);
+        if !known {
             return Err(self.refuse(&remote, &format!("unknown member id {from}")));
         }
         if let Some(cert) = &peer_cert {
@@ -481,6 +570,10 @@ impl PeerHub {
             if is_control {
                 self.with_link(from, |l| l.last_inbound_control = Some(Instant::now()));
             }
+            if self.is_removed(from) {
+                info!(peer = %from, "connection of a removed node closed");
+                break Err(format!("node {from} was removed from the cluster"));
+            }
             if !batch.is_empty() {
                 // The next batch starts at this one's size: a `PeerMessage` is 152 bytes, and a
                 // batch grown from empty moved each of them through every doubling.
@@ -555,6 +648,23 @@ fn channel_label(channel: Channel) -> &'static str {
     }
 }
 
+/// A peer's two outbound queues (control, data), with its metric series created at 0 (so a
+/// peer that never came up shows as down rather than as missing).
+fn peer_queues(
+    peer: NodeId,
+    capacity: usize,
+) -> Vec<(Channel, mpsc::Sender<Outbound>, mpsc::Receiver<Outbound>)> {
+    metrics::gauge!("bmq_peer_available", "peer" => peer.to_string()).set(0.0);
+    metrics::counter!("bmq_peer_data_link_losses_total", "peer" => peer.to_string()).increment(0);
+    [Channel::Control, Channel::Data]
+        .into_iter()
+        .map(|channel| {
+            let (tx, rx) = mpsc::channel(capacity);
+            (channel, tx, rx)
+        })
+        .collect()
+}
+
 /// Dials `peer` on `channel` forever (until the hub stops), sending what its queue receives.
 async fn dial_loop(
     hub: Arc<PeerHub>,
@@ -567,7 +677,7 @@ async fn dial_loop(
     let mut backoff = cfg.reconnect_backoff_min;
     // Whether a connection of this loop was up before (and so may have lost what it held).
     let mut lost_one = false;
-    while !hub.stopping.load(Ordering::SeqCst) {
+    while !hub.stopping.load(Ordering::SeqCst) && !hub.is_removed(peer) {
         let connected =
             tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(&addr)).await;
         let stream = match connected {
@@ -736,6 +846,8 @@ async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
         let mut changes = Vec::new();
         let mut data_changes = Vec::new();
         {
+            // Lock order: the queues, then the link states.
+            let outbound_queues = hub.outbound.read().expect("outbound lock");
             let mut links = hub.links.lock().expect("link state lock");
             let outbound = links.values().filter(|l| l.outbound_control_up).count();
             let inbound: u32 = links.values().map(|l| l.inbound_control_open).sum();
@@ -756,8 +868,7 @@ async fn monitor_loop(hub: Arc<PeerHub>, inbound: Arc<dyn PeerInbound>) {
                     data_changes.push((*peer, false));
                 }
                 // After a drop, the link returns only once its queue has room again.
-                let room = hub
-                    .outbound
+                let room = outbound_queues
                     .get(&(*peer, Channel::Data as i32))
                     .is_some_and(|tx| tx.capacity() * 2 >= tx.max_capacity());
                 let ready = l.data_link_ready() && room;
