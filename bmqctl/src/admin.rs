@@ -9,6 +9,14 @@
 //!   redirects to the queue's primary. Each message removed is logged and counted
 //!   (`bmq_queue_removed_total{reason="purged"}`) and journaled.
 //!
+//! - `bmqctl admin add-member --id N --host H --client-port P --peer-port P --admin-port P
+//!   [--bmqp-port P] --admin HOST:PORT`: adds node N as a learner (`POST /admin/members`) and
+//!   waits until the leader promoted it to voter; the node must be running (started with its
+//!   own id and the members' addresses). Any node takes it and redirects to the leader.
+//! - `bmqctl admin remove-member --id N --admin HOST:PORT`: removes node N
+//!   (`DELETE /admin/members/N`): a voter leaves first (its primaries move), then is removed;
+//!   the removed node exits.
+//!
 //! When the node has an admin token configured, pass it with `--token` or the
 //! `BMQ_ADMIN_TOKEN` environment variable; without either, the local cluster's
 //! `CLUSTER_DIR/security/admin.token` is used when it exists ([`crate::credentials`]).
@@ -28,6 +36,50 @@ pub enum AdminCommand {
     CedeLeadership(AdminTarget),
     /// Remove every outstanding message of a queue (all its app ids), logged and counted.
     Purge(PurgeArgs),
+    /// Add a running node to the cluster: a learner, promoted to voter once caught up.
+    AddMember(AddMemberArgs),
+    /// Remove a member: it leaves (its primaries move), then is removed and exits.
+    RemoveMember(RemoveMemberArgs),
+}
+
+/// `bmqctl admin add-member`.
+#[derive(Debug, Args)]
+pub struct AddMemberArgs {
+    /// The new node's id (unused so far: a removed id never returns).
+    #[arg(long)]
+    pub id: u32,
+    /// Host name or address the members reach it at.
+    #[arg(long)]
+    pub host: String,
+    /// Its client port.
+    #[arg(long)]
+    pub client_port: u16,
+    /// Its peer port.
+    #[arg(long)]
+    pub peer_port: u16,
+    /// Its admin HTTP port.
+    #[arg(long)]
+    pub admin_port: u16,
+    /// Its BlazingMQ (bmqp) port, if it serves one.
+    #[arg(long)]
+    pub bmqp_port: Option<u16>,
+    /// Answer once it is a learner instead of waiting for its promotion.
+    #[arg(long)]
+    pub learner_only: bool,
+    /// Any current member; it redirects to the leader.
+    #[command(flatten)]
+    pub target: AdminTarget,
+}
+
+/// `bmqctl admin remove-member`.
+#[derive(Debug, Args)]
+pub struct RemoveMemberArgs {
+    /// The member's id.
+    #[arg(long)]
+    pub id: u32,
+    /// Any current member; it redirects to the leader.
+    #[command(flatten)]
+    pub target: AdminTarget,
 }
 
 /// `bmqctl admin purge`.
@@ -64,12 +116,23 @@ pub struct AdminTarget {
 
 /// Runs an admin action and prints the node's answer.
 pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
-    let (target, path) = match &command {
-        AdminCommand::Stop(t) => (t, "/admin/stop".to_string()),
-        AdminCommand::CedeLeadership(t) => (t, "/admin/cede-leadership".to_string()),
+    let (target, method, path) = match &command {
+        AdminCommand::Stop(t) => (t, "POST", "/admin/stop".to_string()),
+        AdminCommand::CedeLeadership(t) => (t, "POST", "/admin/cede-leadership".to_string()),
         AdminCommand::Purge(p) => (
             &p.target,
+            "POST",
             format!("/admin/purge?queue={}", percent_encode(&p.queue)),
+        ),
+        AdminCommand::AddMember(a) => (&a.target, "POST", add_member_path(a)),
+        AdminCommand::RemoveMember(r) => (
+            &r.target,
+            "DELETE",
+            format!(
+                "/admin/members/{}?timeout_ms={}",
+                r.id,
+                r.target.timeout_ms.saturating_sub(500)
+            ),
         ),
     };
     let timeout = Duration::from_millis(target.timeout_ms);
@@ -87,7 +150,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     };
     let body = tokio::time::timeout(
         timeout,
-        crate::http::post(&target.admin, &path, token.as_deref()),
+        crate::http::request(&target.admin, method, &path, token.as_deref()),
     )
     .await
     .map_err(|_| {
@@ -99,6 +162,27 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     })??;
     out!("{body}");
     Ok(())
+}
+
+/// The request of `bmqctl admin add-member`: the node's addresses as query parameters, and
+/// the server-side wait a little shorter than ours, so its answer arrives.
+fn add_member_path(a: &AddMemberArgs) -> String {
+    let mut path = format!(
+        "/admin/members?id={}&host={}&client_port={}&peer_port={}&admin_port={}&timeout_ms={}",
+        a.id,
+        percent_encode(&a.host),
+        a.client_port,
+        a.peer_port,
+        a.admin_port,
+        a.target.timeout_ms.saturating_sub(500)
+    );
+    if let Some(p) = a.bmqp_port {
+        path.push_str(&format!("&bmqp_port={p}"));
+    }
+    if a.learner_only {
+        path.push_str("&wait=learner");
+    }
+    path
 }
 
 /// `s` with every byte outside RFC 3986's unreserved set percent-encoded (for a query value).

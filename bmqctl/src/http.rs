@@ -26,6 +26,19 @@ pub async fn post(addr: &str, path: &str, token: Option<&str>) -> anyhow::Result
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
+/// One HTTP/1.1 request without a body (`method` is `POST`, `DELETE`, ...), as [`post`].
+///
+/// Errors: as [`post`].
+pub async fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<String> {
+    let body = exchange(addr, method, path, token).await?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
 /// A `307 Temporary Redirect` to `Location` (e.g. a purge sent to a node that is not the
 /// queue's primary): followed once by [`exchange`].
 #[derive(Debug)]

@@ -19,8 +19,10 @@
 //! - `POST /admin/stop`: graceful stop, as on SIGTERM.
 //! - `POST /admin/purge?queue=URI`: removes every outstanding message of the queue (BlazingMQ's
 //!   PURGE) on its primary; another node answers `307` to the primary's admin address.
+//! - `POST /admin/members?...` and `DELETE /admin/members/{id}`: add or remove a member
+//!   (learner, promotion, leaving, removal), on the leader ([`crate::admin_members`]).
 //!
-//! The three `POST` actions change the cluster: when `admin.token` is configured (or a client
+//! The `POST` and `DELETE` actions change the cluster: when `admin.token` is configured (or a client
 //! token has the `admin` permission) they require `Authorization: Bearer <token>` and answer
 //! 401 otherwise, logged with the remote address and counted in
 //! `bmq_admin_auth_failures_total` ([`crate::auth`]). The `GET` endpoints stay readable. The
@@ -350,7 +352,7 @@ pub struct AdminContext {
 /// Checks the bearer token of a state-changing admin request (see the module doc): `None` when
 /// no admin token is configured or the request carries a valid one; else the 401 answer, after
 /// logging the remote address and counting `bmq_admin_auth_failures_total`.
-fn refuse_unauthorized(ctx: &AdminContext, req: &HttpRequest) -> Option<HttpResponse> {
+pub(crate) fn refuse_unauthorized(ctx: &AdminContext, req: &HttpRequest) -> Option<HttpResponse> {
     // `admin.token`, and any client token with the `admin` permission, are accepted; when
     // neither exists the actions are open to whoever reaches the (loopback) port.
     let admin_token = ctx.config.admin.token.as_deref();
@@ -678,6 +680,14 @@ pub fn start_admin_server(
             .route("/admin/quorum/{n}", web::post().to(set_quorum))
             .route("/admin/cede-leadership", web::post().to(cede))
             .route("/admin/stop", web::post().to(stop))
+            .route(
+                "/admin/members",
+                web::post().to(crate::admin_members::add_member),
+            )
+            .route(
+                "/admin/members/{id}",
+                web::delete().to(crate::admin_members::remove_member),
+            )
             .route("/admin/purge", web::post().to(purge))
     })
     .workers(1)

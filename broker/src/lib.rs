@@ -22,6 +22,7 @@
 
 pub mod actors;
 pub mod admin;
+pub mod admin_members;
 pub mod auth;
 pub mod bmqp_session;
 pub mod net;

@@ -61,7 +61,7 @@ use bmq_proto::peer::{
 };
 use bmq_proto::{NodeId, Term};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::actors::elector::{ElectorActor, Retire, SubscribeLeadership};
 use crate::actors::health::{GetStoppingPeers, HealthActor, NodeStopping};
@@ -278,6 +278,7 @@ async fn start_actors(
     storage: Storage,
     peer_listener: std::net::TcpListener,
     tls: Option<PeerTls>,
+    removed: Arc<tokio::sync::Notify>,
 ) -> anyhow::Result<Actors> {
     let self_id = NodeId(config.node_id);
     let quorum = config.effective_quorum();
@@ -366,6 +367,8 @@ async fn start_actors(
         state_tx,
         elector: elector.clone(),
         peers: hub.clone(),
+        self_id,
+        removed,
     }
     .start();
     metadata
@@ -446,7 +449,18 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         None => None,
     };
     let client_tls = tls.as_ref().and_then(|t| t.client_acceptor.clone());
-    let actors = start_actors(&config, storage, listeners.peer, tls).await?;
+    if let Some(m) = &storage.recovered.committed_state.membership {
+        if m.removed.contains(&self_id) {
+            anyhow::bail!(
+                "node {self_id} was removed from the cluster (membership epoch {}): it never \
+                 votes or serves again; a node that joins again takes a new id and an empty \
+                 data directory",
+                m.epoch
+            );
+        }
+    }
+    let removed = Arc::new(tokio::sync::Notify::new());
+    let actors = start_actors(&config, storage, listeners.peer, tls, removed.clone()).await?;
 
     tokio::spawn(crate::session::serve_clients(
         tokio::net::TcpListener::from_std(listeners.client)?,
@@ -495,6 +509,15 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     tokio::select! {
         _ = wait_for_stop_signal() => {}
         _ = admin_stop.notified() => {}
+        _ = removed.notified() => {
+            // Nothing to hand over: its primaries moved while it was leaving, and no quorum
+            // counts it any more.
+            actors.hub.stop();
+            // Graceful: the request that removed this node (when it leads) gets its answer.
+            admin_handle.stop(true).await;
+            error!(node = %self_id, "this node was removed from the cluster; exiting (a node that joins again takes a new id and an empty data directory)");
+            anyhow::bail!("node {self_id} was removed from the cluster");
+        }
     }
     graceful_stop(&config, &actors).await;
     actors.hub.stop();

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use actix::{Actor, Addr, Context, Handler};
+use actix::{Actor, Addr, AsyncContext, Context, Handler};
 use bmq_metadata::{ClusterMembership, ClusterState};
 use bmq_proto::peer::{
     metadata_message::Kind as MetadataKind, peer_message::Kind, Channel, NodeStatusKind,
@@ -90,7 +90,14 @@ pub struct CommitFanout {
     pub elector: Addr<ElectorActor>,
     /// The peer links (members added and removed with the committed membership).
     pub peers: Arc<PeerHub>,
+    /// This node.
+    pub self_id: NodeId,
+    /// Notified when the committed membership removed this node: it exits.
+    pub removed: Arc<tokio::sync::Notify>,
 }
+
+/// How long the links to a node removed from the membership stay after the removal commits.
+const REMOVED_PEER_LINGER: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The elector's view of a committed membership: every member, the voters (voter and leaving
 /// roles), and the epoch. The files' static membership, before the ledger holds one, is the
@@ -122,7 +129,7 @@ impl Handler<LeadershipChanged> for CommitFanout {
 impl Handler<ClusterStateCommitted> for CommitFanout {
     type Result = ();
 
-    fn handle(&mut self, msg: ClusterStateCommitted, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: ClusterStateCommitted, ctx: &mut Self::Context) {
         let before = self.state_tx.borrow().clone();
         if let Some(membership) = &msg.state.membership {
             let epoch = before.membership.as_ref().map_or(0, |m| m.epoch);
@@ -131,8 +138,17 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
                     self.peers
                         .add_peer(m.id, format!("{}:{}", m.host, m.peer_port));
                 }
-                for id in &membership.removed {
-                    self.peers.remove_peer(*id);
+                // A little later: the commit of its removal, queued for it by the metadata
+                // actor just before this publication, goes out first (and it exits on it).
+                let peers = self.peers.clone();
+                let removed: Vec<NodeId> = membership.removed.iter().copied().collect();
+                ctx.run_later(REMOVED_PEER_LINGER, move |_, _| {
+                    for id in removed {
+                        peers.remove_peer(id);
+                    }
+                });
+                if membership.removed.contains(&self.self_id) {
+                    self.removed.notify_one();
                 }
                 // Rare (one per membership change): do_send is fine.
                 self.elector.do_send(SetMembership {

@@ -389,6 +389,9 @@ pub struct MetadataCore {
     matched: BTreeMap<NodeId, Lsn>,
     /// The membership epoch each node last reported applied (in its acks; self included).
     applied_epoch: BTreeMap<NodeId, u64>,
+    /// The members the latest committed change removed: they still get the ledger's messages
+    /// (the commit of their own removal, which makes them exit) until the next change.
+    just_removed: BTreeSet<NodeId>,
     /// The membership the first leader writes into its snapshot when the ledger holds none:
     /// the nodes' `[[members]]` (see [`MetadataCore::set_seed_membership`]).
     seed_membership: Option<Arc<ClusterMembership>>,
@@ -467,6 +470,7 @@ impl MetadataCore {
             matched: BTreeMap::new(),
             applied_epoch: BTreeMap::new(),
             seed_membership: None,
+            just_removed: BTreeSet::new(),
             sync: None,
             last_status: None,
             last_now: None,
@@ -493,6 +497,7 @@ impl MetadataCore {
                 .into_iter()
                 .chain(b)
                 .flat_map(|m| m.members.keys().copied())
+                .chain(self.just_removed.iter().copied())
                 .collect(),
         }
     }
@@ -1835,12 +1840,16 @@ impl MetadataCore {
     /// drained — the node holds one copy of the state, not two (~300 bytes per queue each),
     /// and each advisory is applied once.
     fn apply_committed(&mut self, committed: Lsn) {
-        let epoch_before = self.committed_epoch();
+        let before = self.committed_state.membership.clone();
         self.apply_committed_records(committed);
         let epoch = self.committed_epoch();
-        if epoch == epoch_before {
+        if epoch == before.as_ref().map_or(0, |m| m.epoch) {
             return;
         }
+        self.just_removed = match (&before, &self.committed_state.membership) {
+            (Some(a), Some(b)) => a.ids().difference(&b.ids()).copied().collect(),
+            _ => BTreeSet::new(),
+        };
         info!(epoch, voters = ?self.committed_state.voters(), "membership committed");
         match self.role {
             MetadataRole::Follower => self.report_epoch(),

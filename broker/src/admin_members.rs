@@ -1,0 +1,372 @@
+//! Membership changes through the admin HTTP server (DESIGN.md §5a), on the active leader:
+//!
+//! - `POST /admin/members?id=N&host=H&peer_port=P&client_port=P&admin_port=P[&bmqp_port=P]`
+//!   adds node N as a learner; the leader promotes it to voter once it has caught up
+//!   (`MetadataConfig::promote_learners`). The answer waits for the promotion, up to
+//!   `timeout_ms` (default 30000); `wait=learner` answers once the learner is committed.
+//! - `DELETE /admin/members/{id}` removes a member: a voter is first marked leaving (it gives
+//!   up its primaries, which move as after a failure), then removed; a learner is removed at
+//!   once. A removed leader steps down after the commit (the elector's rule).
+//!
+//! Both need the admin token, change one member at a time, and answer 409 while another change
+//! is in flight, 400 for a bad request (an id or address in use, an unknown id, no voter left,
+//! more voters than supported), 503 while no membership is committed or no leader is active,
+//! and redirect (307) to the leader's admin port from any other node. Every answer is one
+//! line of text naming what happened.
+
+use std::time::{Duration, Instant};
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use bmq_metadata::{
+    ClusterMembership, ClusterState, Member, MemberRole, MetadataRole, ProposeError, MAX_VOTERS,
+};
+use bmq_proto::{peer, NodeId};
+use tracing::info;
+
+use crate::actors::metadata::{GetMetadataStatus, Propose};
+use crate::admin::{refuse_unauthorized, AdminContext};
+
+/// How long a change waits for the previous one to be applied by a majority of voters
+/// (`ProposeError::MembershipNotApplied`) before it gives up.
+const APPLIED_WAIT: Duration = Duration::from_secs(5);
+
+/// Polling period while waiting for a commit or a promotion.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The query of `POST /admin/members`.
+#[derive(Debug, serde::Deserialize)]
+pub struct AddMemberQuery {
+    id: u32,
+    host: String,
+    peer_port: u16,
+    client_port: u16,
+    admin_port: u16,
+    #[serde(default)]
+    bmqp_port: Option<u16>,
+    /// `voter` (default): answer once promoted; `learner`: once added.
+    #[serde(default)]
+    wait: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+/// The query of `DELETE /admin/members/{id}`.
+#[derive(Debug, serde::Deserialize)]
+pub struct RemoveMemberQuery {
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+/// Why a change did not happen, as an HTTP answer.
+enum Refusal {
+    Bad(String),
+    Conflict(String),
+    Unavailable(String),
+    Redirect(String, String),
+}
+
+impl Refusal {
+    fn answer(self) -> HttpResponse {
+        match self {
+            Refusal::Bad(m) => HttpResponse::BadRequest().body(format!("{m}\n")),
+            Refusal::Conflict(m) => HttpResponse::Conflict().body(format!("{m}\n")),
+            Refusal::Unavailable(m) => HttpResponse::ServiceUnavailable().body(format!("{m}\n")),
+            Refusal::Redirect(location, m) => HttpResponse::TemporaryRedirect()
+                .insert_header(("Location", location))
+                .body(format!("{m}\n")),
+        }
+    }
+}
+
+/// The committed state if this node is the active metadata leader; else where to go.
+async fn leader_state(ctx: &AdminContext, req: &HttpRequest) -> Result<ClusterState, Refusal> {
+    let snapshot = ctx
+        .metadata
+        .send(GetMetadataStatus)
+        .await
+        .map_err(|_| Refusal::Unavailable("metadata actor unavailable".into()))?;
+    if snapshot.status.role == MetadataRole::ActiveLeader {
+        return Ok(snapshot.state);
+    }
+    let Some(leader) = snapshot.status.leader.filter(|l| l.0 != ctx.config.node_id) else {
+        return Err(Refusal::Unavailable(
+            "no active leader yet; retry shortly".into(),
+        ));
+    };
+    let admin = snapshot
+        .state
+        .membership
+        .as_ref()
+        .and_then(|m| m.members.get(&leader))
+        .map(|m| format!("{}:{}", m.host, m.admin_port))
+        .or_else(|| {
+            ctx.config
+                .members
+                .iter()
+                .find(|m| m.id == leader.0)
+                .map(|m| m.admin_addr())
+        });
+    match admin {
+        Some(admin) => Err(Refusal::Redirect(
+            format!(
+                "http://{admin}{}",
+                req.uri().path_and_query().map_or("/", |p| p.as_str())
+            ),
+            format!("node {leader} is the leader"),
+        )),
+        None => Err(Refusal::Unavailable(format!(
+            "node {leader} is the leader; its admin address is unknown here"
+        ))),
+    }
+}
+
+fn committed_membership(state: &ClusterState) -> Result<ClusterMembership, Refusal> {
+    state
+        .membership
+        .as_deref()
+        .cloned()
+        .ok_or_else(|| Refusal::Unavailable("no membership is committed yet; retry".into()))
+}
+
+/// Proposes `next` (a single change of the committed membership), retrying while a majority
+/// of voters has not applied the current one yet; then waits for its commit.
+async fn change(
+    ctx: &AdminContext,
+    next: &ClusterMembership,
+    deadline: Instant,
+) -> Result<(), Refusal> {
+    let advisory = peer::Advisory {
+        kind: Some(peer::advisory::Kind::Membership(peer::MembershipAdvisory {
+            membership: Some(next.to_wire()),
+        })),
+    };
+    let applied_deadline = (Instant::now() + APPLIED_WAIT).min(deadline);
+    loop {
+        let answer = ctx
+            .metadata
+            .send(Propose {
+                advisory: advisory.clone(),
+            })
+            .await
+            .map_err(|_| Refusal::Unavailable("metadata actor unavailable".into()))?;
+        match answer {
+            Ok(_) => break,
+            Err(ProposeError::MembershipNotApplied { .. }) if Instant::now() < applied_deadline => {
+                tokio::time::sleep(POLL).await;
+            }
+            Err(e @ ProposeError::MembershipChangeInFlight { .. }) => {
+                return Err(Refusal::Conflict(e.to_string()))
+            }
+            Err(e @ ProposeError::Invalid(_)) => return Err(Refusal::Bad(e.to_string())),
+            Err(e) => return Err(Refusal::Unavailable(e.to_string())),
+        }
+    }
+    wait_for(ctx, deadline, |m| m.epoch >= next.epoch)
+        .await
+        .map(|_| ())
+        .map_err(|_| {
+            Refusal::Unavailable(format!(
+                "membership epoch {} proposed but not committed in time (leader failover?); \
+                 check bmqctl status",
+                next.epoch
+            ))
+        })
+}
+
+/// Waits until the committed membership satisfies `done`; returns it.
+async fn wait_for(
+    ctx: &AdminContext,
+    deadline: Instant,
+    done: impl Fn(&ClusterMembership) -> bool,
+) -> Result<ClusterMembership, ()> {
+    loop {
+        if let Ok(snapshot) = ctx.metadata.send(GetMetadataStatus).await {
+            if let Some(m) = snapshot.state.membership.as_deref() {
+                if done(m) {
+                    return Ok(m.clone());
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+fn deadline_of(timeout_ms: Option<u64>) -> Instant {
+    Instant::now() + Duration::from_millis(timeout_ms.unwrap_or(30_000).min(600_000))
+}
+
+/// `POST /admin/members`: see the module doc.
+pub async fn add_member(
+    ctx: web::Data<AdminContext>,
+    req: HttpRequest,
+    query: web::Query<AddMemberQuery>,
+) -> HttpResponse {
+    if let Some(refused) = refuse_unauthorized(&ctx, &req) {
+        return refused;
+    }
+    match add(&ctx, &req, query.into_inner()).await {
+        Ok(answer) => HttpResponse::Ok().body(answer),
+        Err(refusal) => refusal.answer(),
+    }
+}
+
+async fn add(ctx: &AdminContext, req: &HttpRequest, q: AddMemberQuery) -> Result<String, Refusal> {
+    let deadline = deadline_of(q.timeout_ms);
+    let wait_voter = match q.wait.as_deref() {
+        None | Some("voter") => true,
+        Some("learner") => false,
+        Some(other) => {
+            return Err(Refusal::Bad(format!(
+                "wait={other:?}: expected voter or learner"
+            )))
+        }
+    };
+    let state = leader_state(ctx, req).await?;
+    let current = committed_membership(&state)?;
+    let id = NodeId(q.id);
+    if q.id == 0 {
+        return Err(Refusal::Bad(
+            "0 is not a valid node id (ids start at 1)".into(),
+        ));
+    }
+    if current.members.contains_key(&id) {
+        return Err(Refusal::Bad(format!("node {id} is already a member")));
+    }
+    if current.voters().len() >= MAX_VOTERS {
+        return Err(Refusal::Bad(format!(
+            "the cluster has {MAX_VOTERS} voters, the most supported: node {id} could never vote"
+        )));
+    }
+    let mut next = current.clone();
+    next.epoch += 1;
+    next.members.insert(
+        id,
+        Member {
+            id,
+            host: q.host.clone(),
+            peer_port: q.peer_port,
+            client_port: q.client_port,
+            admin_port: q.admin_port,
+            bmqp_port: q.bmqp_port,
+            role: MemberRole::Learner,
+        },
+    );
+    // The state machine checks the rest (a removed id, an address in use, a zero port).
+    change(ctx, &next, deadline).await?;
+    info!(node = %id, host = %q.host, peer_port = q.peer_port, epoch = next.epoch, "member added as a learner");
+    if !wait_voter {
+        return Ok(format!(
+            "node {id} added as a learner (membership epoch {})\n",
+            next.epoch
+        ));
+    }
+    match wait_for(ctx, deadline, |m| m.role(id) == Some(MemberRole::Voter)).await {
+        Ok(m) => Ok(format!(
+            "node {id} added and promoted to voter (membership epoch {}, voters {})\n",
+            m.epoch,
+            join_ids(&m)
+        )),
+        Err(()) => Err(Refusal::Unavailable(format!(
+            "node {id} was added as a learner (epoch {}) but has not caught up in time: is it \
+             running and can it reach the members? It is promoted once it has",
+            next.epoch
+        ))),
+    }
+}
+
+/// `DELETE /admin/members/{id}`: see the module doc.
+pub async fn remove_member(
+    ctx: web::Data<AdminContext>,
+    req: HttpRequest,
+    path: web::Path<u32>,
+    query: web::Query<RemoveMemberQuery>,
+) -> HttpResponse {
+    if let Some(refused) = refuse_unauthorized(&ctx, &req) {
+        return refused;
+    }
+    match remove(&ctx, &req, NodeId(path.into_inner()), query.into_inner()).await {
+        Ok(answer) => HttpResponse::Ok().body(answer),
+        Err(refusal) => refusal.answer(),
+    }
+}
+
+async fn remove(
+    ctx: &AdminContext,
+    req: &HttpRequest,
+    id: NodeId,
+    q: RemoveMemberQuery,
+) -> Result<String, Refusal> {
+    let deadline = deadline_of(q.timeout_ms);
+    let state = leader_state(ctx, req).await?;
+    let current = committed_membership(&state)?;
+    let Some(role) = current.role(id) else {
+        return Err(Refusal::Bad(if current.removed.contains(&id) {
+            format!("node {id} was removed already")
+        } else {
+            format!("node {id} is not a member")
+        }));
+    };
+    if role.votes() && current.voters().len() == 1 {
+        return Err(Refusal::Bad(format!(
+            "node {id} is the only voter: a cluster keeps at least one"
+        )));
+    }
+    let mut current = current;
+    if role == MemberRole::Voter {
+        let mut leaving = current.clone();
+        leaving.epoch += 1;
+        if let Some(m) = leaving.members.get_mut(&id) {
+            m.role = MemberRole::Leaving;
+        }
+        change(ctx, &leaving, deadline).await?;
+        info!(node = %id, epoch = leaving.epoch, "member leaving: its primaries move");
+        // Its primaries move (the health actor gives none to a leaving member).
+        loop {
+            let snapshot = ctx
+                .metadata
+                .send(GetMetadataStatus)
+                .await
+                .map_err(|_| Refusal::Unavailable("metadata actor unavailable".into()))?;
+            let holds = snapshot
+                .state
+                .partitions
+                .values()
+                .filter(|p| p.primary == Some(id))
+                .count();
+            if holds == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(Refusal::Unavailable(format!(
+                    "node {id} is leaving (epoch {}) but is still primary of {holds} \
+                     partitions; retry the removal",
+                    leaving.epoch
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        current = leaving;
+    }
+    let mut next = current.clone();
+    next.epoch += 1;
+    next.members.remove(&id);
+    next.removed.insert(id);
+    change(ctx, &next, deadline).await?;
+    info!(node = %id, epoch = next.epoch, "member removed");
+    Ok(format!(
+        "node {id} removed (membership epoch {}, voters {})\n",
+        next.epoch,
+        join_ids(&next)
+    ))
+}
+
+fn join_ids(m: &ClusterMembership) -> String {
+    m.voters()
+        .iter()
+        .map(|n| n.0.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}

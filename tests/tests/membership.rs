@@ -1,0 +1,358 @@
+//! Live membership with real processes (DESIGN.md §5a): a running node joins a running
+//! cluster as a learner, is promoted to voter by the leader, and counts in the elector's and
+//! the metadata ledger's quorums; members leave and are removed (the leader too), and a
+//! removed node exits and never comes back. Every ACKed message is delivered throughout.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use bmq_client::{Client, ClientConfig, OpenOptions};
+use bmq_proto::admin_doc::NodeStatusDoc;
+use bmq_proto::client::{AckStatus, ConsumerOptions};
+use bmq_tests::Cluster;
+use bmqctl::payload;
+
+const QUEUE: &str = "bmq://bmq.test/members";
+
+/// `total` nodes configured; the files of the first `initial` list only those (the cluster as
+/// first started), the later nodes' files list every node (a new node knows the members it
+/// contacts). Nodes 1..=initial are started.
+fn growing_cluster(initial: u32, total: u32) -> anyhow::Result<Cluster> {
+    let mut cluster = Cluster::configure(total as usize, |_| {})?;
+    for node in cluster.nodes.iter_mut().take(initial as usize) {
+        node.config.members.retain(|m| m.id <= initial);
+        std::fs::write(&node.config_path, node.config.to_toml_string())?;
+    }
+    for id in 1..=initial {
+        cluster.start_node(id)?;
+    }
+    Ok(cluster)
+}
+
+/// `POST /admin/members` for node `id` (its own configured addresses), sent to `via`.
+async fn add_member(cluster: &Cluster, via: u32, id: u32) -> anyhow::Result<String> {
+    let m = cluster.node(id).config.self_member().clone();
+    let mut path = format!(
+        "/admin/members?id={id}&host={}&client_port={}&peer_port={}&admin_port={}&timeout_ms=30000",
+        m.host, m.client_port, m.peer_port, m.admin_port
+    );
+    if let Some(p) = m.bmqp_port {
+        path.push_str(&format!("&bmqp_port={p}"));
+    }
+    bmqctl::http::request(&cluster.node(via).admin_addr(), "POST", &path, None).await
+}
+
+/// `DELETE /admin/members/{id}`, sent to `via`.
+async fn remove_member(cluster: &Cluster, via: u32, id: u32) -> anyhow::Result<String> {
+    bmqctl::http::request(
+        &cluster.node(via).admin_addr(),
+        "DELETE",
+        &format!("/admin/members/{id}?timeout_ms=30000"),
+        None,
+    )
+    .await
+}
+
+fn voters(s: &NodeStatusDoc) -> BTreeSet<u32> {
+    s.membership
+        .iter()
+        .flat_map(|m| &m.members)
+        .filter(|m| m.role == "voter" || m.role == "leaving")
+        .map(|m| m.node_id)
+        .collect()
+}
+
+fn ids(v: &[u32]) -> BTreeSet<u32> {
+    v.iter().copied().collect()
+}
+
+fn client_config(brokers: Vec<String>, id: &str) -> ClientConfig {
+    let mut config = ClientConfig::new(brokers);
+    config.client_id = id.to_string();
+    config.request_timeout = Duration::from_secs(20);
+    config
+}
+
+/// `count` self-checking messages from a producer on `producer_broker` to a consumer on
+/// `consumer_broker`, each confirmed: every PUT ACKed, every sequence delivered.
+async fn round_trip(
+    producer_broker: String,
+    consumer_broker: String,
+    producer_id: u64,
+    count: u64,
+) -> anyhow::Result<()> {
+    let consumer =
+        Client::connect(client_config(vec![consumer_broker], "members-consumer")).await?;
+    consumer
+        .open_queue(
+            QUEUE,
+            OpenOptions {
+                read: true,
+                write: false,
+                consumer: ConsumerOptions {
+                    max_unconfirmed_messages: 1000,
+                    ..Default::default()
+                },
+            },
+        )
+        .await
+        .context("consumer open")?;
+    let producer =
+        Client::connect(client_config(vec![producer_broker], "members-producer")).await?;
+    producer
+        .open_queue(
+            QUEUE,
+            OpenOptions {
+                read: false,
+                write: true,
+                consumer: ConsumerOptions::default(),
+            },
+        )
+        .await
+        .context("producer open")?;
+    let produce = async {
+        let mut pending = Vec::with_capacity(count as usize);
+        for seq in 0..count {
+            pending.push(
+                producer
+                    .put(QUEUE, payload::encode(producer_id, seq, 256), vec![])
+                    .await?,
+            );
+        }
+        for ack in pending {
+            let ack = ack.await?;
+            ensure!(ack.status == AckStatus::Success as i32, "nack: {ack:?}");
+        }
+        anyhow::Ok(())
+    };
+    let consume = async {
+        let mut seen = BTreeSet::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while (seen.len() as u64) < count {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let msg = tokio::time::timeout(remaining, consumer.next_message())
+                .await
+                .context("consumer timed out")?
+                .context("consumer stream ended")?;
+            let (pid, seq) = payload::verify(&msg.payload)
+                .map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
+            consumer.confirm(&msg.uri, msg.guid.clone()).await?;
+            if pid == producer_id {
+                seen.insert(seq);
+            }
+        }
+        anyhow::Ok(seen)
+    };
+    let ((), seen) = tokio::try_join!(produce, consume)?;
+    ensure!(
+        seen == (0..count).collect::<BTreeSet<_>>(),
+        "missing sequences"
+    );
+    producer.disconnect().await.ok();
+    consumer.disconnect().await.ok();
+    Ok(())
+}
+
+/// A running node 4 joins a running 3-node cluster: added as a learner, promoted by the leader
+/// once caught up, then counted by every node (elector quorum 3 of 4). The members' files
+/// still list three nodes: each says so in `/status`. Messages flow through the new node, and
+/// after a SIGKILL of the leader the three survivors (a majority of four) elect a new one.
+/// Bad requests change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
+    let mut cluster = growing_cluster(3, 4).expect("start cluster");
+    let result = async {
+        let (leader, _) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let seeded = cluster
+            .wait_for_all(Duration::from_secs(10), "the seeded membership", |s| {
+                s.membership.as_ref().is_some_and(|m| m.epoch == 1)
+                    && voters(s) == ids(&[1, 2, 3])
+                    && s.membership.as_ref().unwrap().file_disagrees.is_none()
+            })
+            .await?;
+        ensure!(seeded.len() == 3);
+
+        // Bad input: an existing id, an address in use, an unknown id to remove.
+        let existing = add_member(&cluster, leader, 2).await;
+        ensure!(
+            format!("{existing:?}").contains("already a member"),
+            "adding a member twice: {existing:?}"
+        );
+        let unknown = remove_member(&cluster, leader, 9).await;
+        ensure!(
+            format!("{unknown:?}").contains("not a member"),
+            "removing an unknown id: {unknown:?}"
+        );
+
+        cluster.start_node(4)?;
+        // Through a follower: it redirects to the leader.
+        let via = if leader == 1 { 2 } else { 1 };
+        let answer = add_member(&cluster, via, 4).await?;
+        ensure!(
+            answer.contains("promoted to voter"),
+            "add answered {answer:?}"
+        );
+        let statuses = cluster
+            .wait_for_all(Duration::from_secs(20), "four voters everywhere", |s| {
+                voters(s) == ids(&[1, 2, 3, 4]) && s.elector.quorum == 3
+            })
+            .await?;
+        for s in &statuses {
+            let m = s.membership.as_ref().unwrap();
+            ensure!(
+                m.epoch == 3,
+                "node {}: epoch {} (seed, learner, voter)",
+                s.node_id,
+                m.epoch
+            );
+            let disagrees = m.file_disagrees.is_some();
+            ensure!(
+                disagrees == (s.node_id != 4),
+                "node {}: file disagreement {:?}",
+                s.node_id,
+                m.file_disagrees
+            );
+        }
+        round_trip(
+            cluster.node(4).client_addr(),
+            cluster.node(via).client_addr(),
+            1,
+            500,
+        )
+        .await
+        .context("round trip through the new member")?;
+
+        let (leader, term) = cluster.wait_for_leader(Duration::from_secs(10)).await?;
+        cluster.kill_node(leader)?;
+        let (new_leader, new_term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        ensure!(new_leader != leader && new_term > term);
+        let survivor = (1..=4).find(|n| *n != leader && *n != new_leader).unwrap();
+        round_trip(
+            cluster.node(new_leader).client_addr(),
+            cluster.node(survivor).client_addr(),
+            2,
+            500,
+        )
+        .await
+        .context("round trip after the leader's SIGKILL")?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
+    }
+}
+
+/// Shrinking: the leader of a 4-node cluster is removed (it leaves, its primaries move, the
+/// removal commits, it steps down and exits saying why); the three others elect a leader and
+/// serve; a removed node restarted with its data exits at once; removing node 4 brings the
+/// cluster to two voters and messages still flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_and_then_a_follower_are_removed_and_exit() {
+    let mut cluster = growing_cluster(3, 4).expect("start cluster");
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        cluster.start_node(4)?;
+        let answer = add_member(&cluster, 1, 4).await?;
+        ensure!(
+            answer.contains("promoted to voter"),
+            "add answered {answer:?}"
+        );
+        let (leader, term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        round_trip(
+            cluster.node(4).client_addr(),
+            cluster.node(1).client_addr(),
+            1,
+            300,
+        )
+        .await
+        .context("round trip on four voters")?;
+
+        let answer = remove_member(&cluster, leader, leader).await?;
+        ensure!(answer.contains("removed"), "remove answered {answer:?}");
+        let exit = cluster
+            .wait_for_exit(leader, Duration::from_secs(10))?
+            .context("the removed leader did not exit")?;
+        ensure!(
+            !exit.success(),
+            "a removed node exits with an error: {exit}"
+        );
+        let (new_leader, new_term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        ensure!(new_leader != leader && new_term > term);
+        let rest: Vec<u32> = (1..=4).filter(|n| *n != leader).collect();
+        let statuses = cluster
+            .wait_for_all(
+                Duration::from_secs(20),
+                "three voters, the leader removed",
+                |s| {
+                    voters(s) == ids(&rest)
+                        && s.elector.quorum == 2
+                        && s.membership
+                            .as_ref()
+                            .is_some_and(|m| m.removed == vec![leader])
+                        && s.partitions.iter().all(|p| p.primary != Some(leader))
+                },
+            )
+            .await?;
+        ensure!(statuses.len() == 3);
+        round_trip(
+            cluster.node(rest[0]).client_addr(),
+            cluster.node(rest[2]).client_addr(),
+            2,
+            300,
+        )
+        .await
+        .context("round trip after the leader's removal")?;
+
+        // Restarted with its data, the removed node refuses to serve and exits.
+        cluster.start_node(leader)?;
+        let exit = cluster
+            .wait_for_exit(leader, Duration::from_secs(10))?
+            .context("the restarted removed node kept running")?;
+        ensure!(!exit.success());
+        let log = std::fs::read_to_string(cluster.node(leader).config.data_dir.join("stderr.log"))
+            .unwrap_or_default()
+            + &std::fs::read_to_string(cluster.node(leader).log_path()).unwrap_or_default();
+        ensure!(
+            log.contains("was removed from the cluster"),
+            "no reason in the log"
+        );
+
+        // Again a removal, down to two voters: node 4, the one that joined, if it is still a
+        // member (partitions are replicated by the files' members only, so removing a second
+        // of those would leave the partitions without a quorum), else a follower.
+        let (leader, _) = cluster.wait_for_leader(Duration::from_secs(10)).await?;
+        let target = if rest.contains(&4) {
+            4
+        } else {
+            *rest.iter().find(|n| **n != leader).unwrap()
+        };
+        remove_member(&cluster, leader, target).await?;
+        cluster
+            .wait_for_exit(target, Duration::from_secs(10))?
+            .context("the removed node did not exit")?;
+        let left: Vec<u32> = rest.iter().copied().filter(|n| *n != target).collect();
+        cluster
+            .wait_for_all(Duration::from_secs(20), "two voters", |s| {
+                voters(s) == ids(&left) && s.elector.quorum == 2
+            })
+            .await?;
+        round_trip(
+            cluster.node(left[0]).client_addr(),
+            cluster.node(left[1]).client_addr(),
+            3,
+            300,
+        )
+        .await
+        .context("round trip on two voters")?;
+        if cluster.nodes.iter().all(|n| !n.is_running()) {
+            bail!("no node left running");
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
+    }
+}
