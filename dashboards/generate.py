@@ -228,6 +228,15 @@ def cluster():
             [(f"1 + sum by (node) (bmq_peer_available{{{SEL}}})", "{{node}}"),
              (f"max(bmq_elector_quorum{{{SEL}}})", "quorum"),
              (f"max(bmq_cluster_members{{{SEL}}})", "configured members")], decimals=0)
+    d.panel("Members by role",
+            "bmq_cluster_membership_members: the committed membership as the leader holds it "
+            "(voters count in every quorum; learners catch up and are promoted; leaving members "
+            "give up their primaries, then are removed); bmq_cluster_membership_change_in_flight:"
+            " 1 while a change is proposed and not committed; the epoch rises by one per change.",
+            [(f"max by (role) (bmq_cluster_membership_members{{{SEL}}} {LEADER_VIEW})",
+              "{{role}}"),
+             (f"max(bmq_cluster_membership_change_in_flight{{{SEL}}})", "change in flight"),
+             (f"max(bmq_cluster_membership_epoch{{{SEL}}})", "epoch")], decimals=0)
     d.row("Partitions (the leader's committed view)")
     d.panel("Primary per partition",
             "bmq_cluster_partition_primary_node_id as the leader sees it (0 = none).",

@@ -201,6 +201,22 @@ fn describe_scrape_gauges() {
         "Configured cluster members, this node included"
     );
     metrics::describe_gauge!(
+        "bmq_cluster_membership_members",
+        "Members of the committed membership by role (voter, learner, leaving)"
+    );
+    metrics::describe_gauge!(
+        "bmq_cluster_membership_epoch",
+        "Epoch of the committed membership (1: seeded from the files; +1 per change)"
+    );
+    metrics::describe_gauge!(
+        "bmq_cluster_membership_change_in_flight",
+        "1 while this node (as leader) holds a proposed membership change not yet committed"
+    );
+    metrics::describe_counter!(
+        "bmq_cluster_membership_changes_total",
+        "Membership changes this node applied, by kind (added, promoted, leaving, removed, moved)"
+    );
+    metrics::describe_gauge!(
         "bmq_elector_quorum",
         "Effective elector quorum, this node included"
     );
@@ -263,6 +279,21 @@ pub async fn refresh_scrape_gauges(ctx: &AdminContext) {
         Ok(Ok(snapshot)) => {
             metrics::gauge!("bmq_actor_mailbox_delay_seconds", "actor" => "metadata")
                 .set(started.elapsed().as_secs_f64());
+            let (committed, proposed) = snapshot.membership_epochs;
+            metrics::gauge!("bmq_cluster_membership_change_in_flight")
+                .set(if proposed != committed { 1.0 } else { 0.0 });
+            if let Some(m) = &snapshot.state.membership {
+                metrics::gauge!("bmq_cluster_membership_epoch").set(m.epoch as f64);
+                for (role, name) in [
+                    (MemberRole::Voter, "voter"),
+                    (MemberRole::Learner, "learner"),
+                    (MemberRole::Leaving, "leaving"),
+                ] {
+                    let count = m.members.values().filter(|x| x.role == role).count();
+                    metrics::gauge!("bmq_cluster_membership_members", "role" => name)
+                        .set(count as f64);
+                }
+            }
             Some(snapshot.state)
         }
         _ => {

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use actix::{Actor, Addr, AsyncContext, Context, Handler};
-use bmq_metadata::{ClusterMembership, ClusterState};
+use bmq_metadata::{ClusterMembership, ClusterState, MemberRole};
 use bmq_proto::peer::{
     metadata_message::Kind as MetadataKind, peer_message::Kind, Channel, NodeStatusKind,
     PeerMessage,
@@ -96,6 +96,24 @@ pub struct CommitFanout {
     pub removed: Arc<tokio::sync::Notify>,
 }
 
+/// Counts the change from `old` to `new` in `bmq_cluster_membership_changes_total{kind}`.
+fn count_membership_change(old: &ClusterMembership, new: &ClusterMembership) {
+    for id in old.ids().union(&new.ids()) {
+        let kind = match (old.members.get(id), new.members.get(id)) {
+            (None, Some(_)) => "added",
+            (Some(_), None) => "removed",
+            (Some(a), Some(b)) if a.role != b.role => match b.role {
+                MemberRole::Voter => "promoted",
+                MemberRole::Leaving => "leaving",
+                MemberRole::Learner => "demoted",
+            },
+            (Some(a), Some(b)) if a != b => "moved",
+            _ => continue,
+        };
+        metrics::counter!("bmq_cluster_membership_changes_total", "kind" => kind).increment(1);
+    }
+}
+
 /// How long the links to a node removed from the membership stay after the removal commits.
 const REMOVED_PEER_LINGER: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -134,6 +152,9 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
         if let Some(membership) = &msg.state.membership {
             let epoch = before.membership.as_ref().map_or(0, |m| m.epoch);
             if membership.epoch > epoch {
+                if let Some(old) = &before.membership {
+                    count_membership_change(old, membership);
+                }
                 for m in membership.members.values() {
                     self.peers
                         .add_peer(m.id, format!("{}:{}", m.host, m.peer_port));

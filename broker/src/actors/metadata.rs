@@ -164,6 +164,9 @@ pub struct MetadataSnapshot {
     pub status: MetadataStatus,
     /// The committed state.
     pub state: ClusterState,
+    /// The epochs of the committed and of the proposed membership (they differ while a change
+    /// is uncommitted; see [`MetadataCore::membership_epochs`]).
+    pub membership_epochs: (u64, u64),
 }
 
 /// A metadata message for the transport: `to: None` means every peer.
@@ -774,6 +777,7 @@ impl Handler<GetMetadataStatus> for MetadataActor {
         MetadataSnapshot {
             status: self.core.status(),
             state: self.core.state().clone(),
+            membership_epochs: self.core.membership_epochs(),
         }
     }
 }
