@@ -39,8 +39,11 @@ pub async fn request(
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
+/// Redirects [`exchange`] follows.
+const REDIRECTS_MAX: usize = 4;
+
 /// A `307 Temporary Redirect` to `Location` (e.g. a purge sent to a node that is not the
-/// queue's primary): followed once by [`exchange`].
+/// queue's primary): followed by [`exchange`], up to [`REDIRECTS_MAX`] times.
 #[derive(Debug)]
 struct Redirect(String);
 
@@ -58,22 +61,28 @@ async fn exchange(
     path: &str,
     token: Option<&str>,
 ) -> anyhow::Result<Vec<u8>> {
-    match exchange_once(addr, method, path, token).await {
-        Err(e) => match e.downcast_ref::<Redirect>() {
-            Some(Redirect(location)) => {
-                let rest = location
-                    .strip_prefix("http://")
-                    .ok_or_else(|| anyhow!("unsupported redirect to {location:?}"))?;
-                let (to, path) = match rest.find('/') {
-                    Some(i) => (&rest[..i], &rest[i..]),
-                    None => (rest, "/"),
-                };
-                exchange_once(to, method, path, token).await
-            }
-            None => Err(e),
-        },
-        ok => ok,
+    // A few redirects: a follower sends a membership change to the leader, and a leader asked
+    // to remove itself cedes and sends it on to the next one.
+    let (mut addr, mut path) = (addr.to_string(), path.to_string());
+    for _ in 0..REDIRECTS_MAX {
+        match exchange_once(&addr, method, &path, token).await {
+            Err(e) => match e.downcast_ref::<Redirect>() {
+                Some(Redirect(location)) => {
+                    let rest = location
+                        .strip_prefix("http://")
+                        .ok_or_else(|| anyhow!("unsupported redirect to {location:?}"))?;
+                    let (to, next) = match rest.find('/') {
+                        Some(i) => (&rest[..i], &rest[i..]),
+                        None => (rest, "/"),
+                    };
+                    (addr, path) = (to.to_string(), next.to_string());
+                }
+                None => return Err(e),
+            },
+            ok => return ok,
+        }
     }
+    bail!("more than {REDIRECTS_MAX} redirects, the last to {addr}{path}")
 }
 
 async fn exchange_once(

@@ -6,7 +6,8 @@
 //!   `timeout_ms` (default 30000); `wait=learner` answers once the learner is committed.
 //! - `DELETE /admin/members/{id}` removes a member: a voter is first marked leaving (it gives
 //!   up its primaries, which move as after a failure), then removed; a learner is removed at
-//!   once. A removed leader steps down after the commit (the elector's rule).
+//!   once. A leader asked to remove itself cedes first and redirects to the next leader, which
+//!   removes it as a follower.
 //!
 //! Both need the admin token, change one member at a time, and answer 409 while another change
 //! is in flight, 400 for a bad request (an id or address in use, an unknown id, no voter left,
@@ -23,6 +24,7 @@ use bmq_metadata::{
 use bmq_proto::{peer, NodeId};
 use tracing::info;
 
+use crate::actors::elector::CedeLeadership;
 use crate::actors::metadata::{GetMetadataStatus, Propose};
 use crate::admin::{refuse_unauthorized, AdminContext};
 
@@ -314,6 +316,9 @@ async fn remove(
             "node {id} is the only voter: a cluster keeps at least one"
         )));
     }
+    if id.0 == ctx.config.node_id {
+        return Err(cede_then_redirect(ctx, req, deadline).await);
+    }
     let mut current = current;
     if role == MemberRole::Voter {
         let mut leaving = current.clone();
@@ -361,6 +366,28 @@ async fn remove(
         next.epoch,
         join_ids(&next)
     ))
+}
+
+/// The leader asked to remove itself cedes leadership and sends the request on to the next
+/// leader, which removes it as a follower: so a removed leader never leaves before the others
+/// learned that its removal committed (the elector counts a voter set from its commit on, and
+/// without that commit they would still count the leader that left).
+async fn cede_then_redirect(ctx: &AdminContext, req: &HttpRequest, deadline: Instant) -> Refusal {
+    if ctx.elector.send(CedeLeadership).await.is_err() {
+        return Refusal::Unavailable("elector unavailable".into());
+    }
+    info!("asked to remove itself: leadership ceded, the next leader removes this node");
+    loop {
+        match leader_state(ctx, req).await {
+            Err(redirect @ Refusal::Redirect(..)) => return redirect,
+            _ if Instant::now() >= deadline => {
+                return Refusal::Unavailable(
+                    "leadership ceded but no other leader yet; retry the removal".into(),
+                )
+            }
+            _ => tokio::time::sleep(POLL).await,
+        }
+    }
 }
 
 fn join_ids(m: &ClusterMembership) -> String {

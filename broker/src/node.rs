@@ -350,7 +350,7 @@ async fn start_actors(
         members.iter().copied().collect(),
     )
     .start();
-    let (state_tx, cluster) = watch::channel(initial_state);
+    let (state_tx, cluster) = watch::channel(initial_state.clone());
     let router = Router::new(RouterParts {
         config: config.clone(),
         peers: hub.clone(),
@@ -368,7 +368,7 @@ async fn start_actors(
         elector: elector.clone(),
         peers: hub.clone(),
         self_id,
-        removed,
+        removed: removed.clone(),
     }
     .start();
     metadata
@@ -391,7 +391,12 @@ async fn start_actors(
         metadata: metadata.clone(),
         health: health.clone(),
         router: router.clone(),
+        self_id,
+        removed: removed.clone(),
     });
+    if let Some(membership) = &initial_state.membership {
+        hub.set_membership(membership);
+    }
     hub.start(
         pending_links,
         tokio::net::TcpListener::from_std(peer_listener)?,

@@ -27,11 +27,13 @@ use crate::actors::elector::{
 };
 use crate::actors::health::{HealthActor, NodeStopping, PeersChanged};
 use crate::actors::metadata::{
-    ClusterStateCommitted, LeaderChanged, MetadataActor, MetadataInbound, MetadataOutbound,
+    ClusterStateCommitted, LeaderChanged, LearnMembers, MetadataActor, MetadataInbound,
+    MetadataOutbound,
 };
 use crate::net::peers::{PeerHub, PeerInbound};
 use crate::router::Router;
 use bmq_elector::Membership;
+use tracing::info;
 
 /// Sends the elector's and the metadata actor's outbound messages over the CONTROL channel.
 pub struct ControlSender {
@@ -152,6 +154,7 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
         if let Some(membership) = &msg.state.membership {
             let epoch = before.membership.as_ref().map_or(0, |m| m.epoch);
             if membership.epoch > epoch {
+                self.peers.set_membership(membership);
                 if let Some(old) = &before.membership {
                     count_membership_change(old, membership);
                 }
@@ -211,6 +214,10 @@ pub struct PeerDemux {
     pub health: Addr<HealthActor>,
     /// The router (DATA channel traffic).
     pub router: Arc<Router>,
+    /// This node.
+    pub self_id: NodeId,
+    /// Notified when a peer's membership says this node was removed: it exits.
+    pub removed: Arc<tokio::sync::Notify>,
 }
 
 fn mailbox_full(actor: &'static str) {
@@ -260,6 +267,22 @@ fn is_data(kind: &Option<Kind>) -> bool {
 }
 
 impl PeerInbound for PeerDemux {
+    fn on_membership(&self, from: NodeId, membership: &ClusterMembership) {
+        info!(peer = %from, epoch = membership.epoch, "a peer holds a newer committed membership: following it");
+        if membership.removed.contains(&self.self_id) {
+            self.removed.notify_one();
+            return;
+        }
+        // The elector ignores an epoch older than its own; the ledger learns the membership
+        // from the leader, whose messages are accepted from now on.
+        self.elector.do_send(SetMembership {
+            membership: elector_membership(membership),
+        });
+        self.metadata.do_send(LearnMembers {
+            members: membership.ids().into_iter().collect(),
+        });
+    }
+
     fn on_messages(&self, from: NodeId, _channel: Channel, messages: Vec<PeerMessage>) {
         // Data-plane traffic goes to the router as one batch, in order. A batch of nothing else
         // (every batch of a DATA connection) goes as it came, not moved into another vector.

@@ -389,6 +389,10 @@ pub struct MetadataCore {
     matched: BTreeMap<NodeId, Lsn>,
     /// The membership epoch each node last reported applied (in its acks; self included).
     applied_epoch: BTreeMap<NodeId, u64>,
+    /// Members learned from a peer's newer committed membership (its `PeerHello`) before this
+    /// node's ledger holds it: their messages are accepted, so a leader this node never heard
+    /// of can catch it up ([`MetadataCore::learn_members`]).
+    learned: BTreeSet<NodeId>,
     /// The members the latest committed change removed: they still get the ledger's messages
     /// (the commit of their own removal, which makes them exit) until the next change.
     just_removed: BTreeSet<NodeId>,
@@ -471,6 +475,7 @@ impl MetadataCore {
             applied_epoch: BTreeMap::new(),
             seed_membership: None,
             just_removed: BTreeSet::new(),
+            learned: BTreeSet::new(),
             sync: None,
             last_status: None,
             last_now: None,
@@ -507,6 +512,14 @@ impl MetadataCore {
     /// in the files is not).
     fn is_known(&self, from: NodeId) -> bool {
         let memberships = [&self.committed_state, &self.tip_state].map(|s| s.membership.as_deref());
+        if self.learned.contains(&from)
+            && !memberships
+                .iter()
+                .flatten()
+                .any(|m| m.removed.contains(&from))
+        {
+            return true;
+        }
         if memberships.iter().all(Option::is_none) {
             return self.members.contains(&from);
         }
@@ -516,10 +529,21 @@ impl MetadataCore {
             .any(|m| m.members.contains_key(&from))
     }
 
+    /// Accepts messages from `members` from now on: they are members of a newer committed
+    /// membership than this node's, as a peer told (the node's ledger learns it from the
+    /// leader, which may be one of them).
+    pub fn learn_members(&mut self, members: impl IntoIterator<Item = NodeId>) {
+        self.learned.extend(members);
+        self.learned.remove(&self.self_id);
+    }
+
     /// The voter sets whose majorities a commit or a leader sync needs: the committed voters
     /// (the configured members before any membership is committed), and the proposed voters
-    /// too while a change is uncommitted (any majority of both then holds the record: the new
-    /// set takes over only once the change commits). Empty with an explicit quorum setting.
+    /// too while a change is uncommitted. Not Raft's rule (the newest set alone, from its
+    /// append): the elector counts a set from its commit on, and with the newest set alone the
+    /// elector's model finds two leaders in one term ({1,2,3} -> {1,2} -> {1}: the second
+    /// change committed by node 1 alone while node 2, not yet on {1,2}, was elected by 2 and 3
+    /// under {1,2,3}). Empty with an explicit quorum setting.
     fn voter_sets(&self) -> Vec<BTreeSet<NodeId>> {
         if self.quorum_setting != 0 {
             return Vec::new();

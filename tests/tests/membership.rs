@@ -157,8 +157,8 @@ async fn round_trip(
 /// A running node 4 joins a running 3-node cluster: added as a learner, promoted by the leader
 /// once caught up, then counted by every node (elector quorum 3 of 4). The members' files
 /// still list three nodes: each says so in `/status`. Messages flow through the new node, and
-/// after a SIGKILL of the leader the three survivors (a majority of four) elect a new one.
-/// Bad requests change nothing.
+/// after a SIGKILL of the leader the three survivors (a majority of four) elect a new one; the
+/// killed node is removed while down, and exits when restarted. Bad requests change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
     let mut cluster = growing_cluster(3, 4).expect("start cluster");
@@ -236,6 +236,24 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
         )
         .await
         .context("round trip after the leader's SIGKILL")?;
+
+        // The killed node is removed while it is down; restarted with its data (which does
+        // not know), it learns from its peers' hellos that it was removed, and exits.
+        let answer = remove_member(&cluster, new_leader, leader).await?;
+        ensure!(answer.contains("removed"), "remove answered {answer:?}");
+        cluster
+            .wait_for_all(Duration::from_secs(20), "three voters", |s| {
+                voters(s).len() == 3 && !voters(s).contains(&leader)
+            })
+            .await?;
+        cluster.start_node(leader)?;
+        let exit = cluster
+            .wait_for_exit(leader, Duration::from_secs(20))?
+            .context("the node removed while it was down kept running")?;
+        ensure!(
+            !exit.success(),
+            "a removed node exits with an error: {exit}"
+        );
         Ok(())
     }
     .await;

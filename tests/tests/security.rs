@@ -139,6 +139,7 @@ async fn rogue_elector_traffic(
             node_id: claimed,
             channel: channel as i32,
             protocol_version: PROTOCOL_VERSION,
+            membership: None,
         })),
     };
     if framed.send(hello).await.is_err() {

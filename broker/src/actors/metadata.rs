@@ -149,6 +149,15 @@ pub struct SubscribeProposals {
 #[rtype(result = "MetadataSnapshot")]
 pub struct GetMetadataStatus;
 
+/// A peer told of a newer committed membership: accept messages from its members
+/// ([`MetadataCore::learn_members`]).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct LearnMembers {
+    /// The members of that membership.
+    pub members: Vec<NodeId>,
+}
+
 /// Change the metadata quorum at runtime (`0` = majority).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -779,6 +788,14 @@ impl Handler<GetMetadataStatus> for MetadataActor {
             state: self.core.state().clone(),
             membership_epochs: self.core.membership_epochs(),
         }
+    }
+}
+
+impl Handler<LearnMembers> for MetadataActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: LearnMembers, _ctx: &mut Self::Context) {
+        self.core.learn_members(msg.members);
     }
 }
 

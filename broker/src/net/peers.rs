@@ -46,7 +46,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use bmq_proto::peer::{peer_message::Kind, Channel, LinkHeartbeat, PeerHello, PeerMessage};
+use bmq_metadata::ClusterMembership;
+use bmq_proto::peer::{self, peer_message::Kind, Channel, LinkHeartbeat, PeerHello, PeerMessage};
 use bmq_proto::{FrameCodec, FrameWriter, NodeId, PROTOCOL_VERSION};
 use futures::{FutureExt, StreamExt};
 use rand::Rng;
@@ -113,6 +114,9 @@ pub trait PeerInbound: Send + Sync + 'static {
     /// A loss is reported even when the link is back by the time the monitor looks (then a
     /// loss and a return, in that order).
     fn on_data_link(&self, peer: NodeId, up: bool);
+    /// `from`'s `PeerHello` carried a valid committed membership newer than this node's (see
+    /// [`PeerHub::set_membership`]); its members were added to the links already.
+    fn on_membership(&self, _from: NodeId, _membership: &ClusterMembership) {}
 }
 
 #[derive(Debug, Default)]
@@ -161,6 +165,9 @@ pub struct PeerHub {
     peers: RwLock<Vec<(NodeId, String)>>,
     /// Ids removed from the cluster: their connections are refused with that reason.
     removed: RwLock<BTreeSet<NodeId>>,
+    /// This node's committed membership: sent in every `PeerHello`, and the epoch a peer's
+    /// must exceed to be followed.
+    membership: RwLock<Option<(u64, peer::Membership)>>,
     links: Mutex<HashMap<NodeId, LinkState>>,
     stopping: AtomicBool,
     /// Wakes the liveness monitor when a control connection opens or closes, so a killed peer's
@@ -198,6 +205,7 @@ impl PeerHub {
             outbound: RwLock::new(outbound),
             peers,
             removed: RwLock::new(BTreeSet::new()),
+            membership: RwLock::new(None),
             links: Mutex::new(links),
             stopping: AtomicBool::new(false),
             links_changed: tokio::sync::Notify::new(),
@@ -273,6 +281,55 @@ impl PeerHub {
         self.links_changed.notify_one();
         info!(peer = %peer, "peer removed: the committed membership removed it");
         true
+    }
+
+    /// This node's committed membership, sent in the `PeerHello` of every connection it dials
+    /// from now on: a peer that missed changes learns the members from it.
+    pub fn set_membership(&self, membership: &ClusterMembership) {
+        let mut own = self.membership.write().expect("membership lock");
+        if own
+            .as_ref()
+            .is_none_or(|(epoch, _)| *epoch < membership.epoch)
+        {
+            *own = Some((membership.epoch, membership.to_wire()));
+        }
+    }
+
+    /// A peer's hello carried `wire`: if it is a valid membership newer than this node's,
+    /// dial its members and report it (the node's elector and ledger follow it).
+    fn learn_membership(
+        self: &Arc<Self>,
+        from: NodeId,
+        wire: &peer::Membership,
+        inbound: &Arc<dyn PeerInbound>,
+    ) {
+        let own = self
+            .membership
+            .read()
+            .expect("membership lock")
+            .as_ref()
+            .map_or(0, |(epoch, _)| *epoch);
+        if wire.epoch <= own {
+            return;
+        }
+        let membership = match ClusterMembership::from_wire(wire) {
+            Ok(m) => m,
+            Err(error) => {
+                metrics::counter!("bmq_peer_frame_errors_total").increment(1);
+                warn!(peer = %from, %error, "invalid membership in a peer's hello ignored");
+                return;
+            }
+        };
+        for m in membership.members.values() {
+            self.add_peer(m.id, format!("{}:{}", m.host, m.peer_port));
+        }
+        for id in &membership.removed {
+            if *id != self.config.self_id {
+                self.remove_peer(*id);
+            }
+        }
+        self.set_membership(&membership);
+        inbound.on_membership(from, &membership);
     }
 
     /// Whether `peer` was removed from the cluster ([`PeerHub::remove_peer`]).
@@ -475,6 +532,9 @@ impl PeerHub {
                 &remote,
                 &format!("protocol version {}", hello.protocol_version),
             ));
+        }
+        if let Some(wire) = &hello.membership {
+            self.learn_membership(from, wire, &inbound);
         }
         if self.is_removed(from) {
             return Err(self.refuse(
@@ -748,6 +808,12 @@ async fn dial_loop(
                 node_id: cfg.self_id.0,
                 channel: channel as i32,
                 protocol_version: PROTOCOL_VERSION,
+                membership: hub
+                    .membership
+                    .read()
+                    .expect("membership lock")
+                    .as_ref()
+                    .map(|(_, wire)| wire.clone()),
             })),
         };
         if out.send(&mut writer, &hello).await.is_err() {

@@ -214,6 +214,7 @@ async fn an_accepted_connection_silent_for_the_heartbeat_timeout_is_closed() {
             node_id: 1,
             channel: Channel::Data as i32,
             protocol_version: bmq_proto::PROTOCOL_VERSION,
+            membership: None,
         })),
     };
     let connect = || async {
