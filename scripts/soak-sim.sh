@@ -82,7 +82,7 @@ elector() {
 }
 
 metadata() {
-  echo "metadata simulator: seeds $start..$((start + seeds)) (3 nodes), $start..$((start + seeds / 2)) (5 nodes)"
+  echo "metadata simulator: seeds $start..$((start + seeds)) (3 nodes), $start..$((start + seeds / 2)) (5 nodes, and 3 nodes + 2 spares with membership changes)"
   t0=$(date +%s)
   METADATA_SIM_SEEDS="$seeds" METADATA_SIM_START_SEED="$start" \
     cargo test --release -p bmq-tests --test metadata_sim -- seeds_ --nocapture

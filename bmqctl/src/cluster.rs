@@ -155,7 +155,7 @@ pub fn write_cluster(args: &ClusterUpArgs) -> anyhow::Result<WrittenCluster> {
 }
 
 /// Writes a node's configuration to `<data_dir>/broker.toml` and returns that path.
-fn write_node_config(config: &BrokerConfig) -> anyhow::Result<PathBuf> {
+pub(crate) fn write_node_config(config: &BrokerConfig) -> anyhow::Result<PathBuf> {
     let node_dir = &config.data_dir;
     std::fs::create_dir_all(node_dir)
         .with_context(|| format!("cannot create {}", node_dir.display()))?;
@@ -834,7 +834,7 @@ fn log_tail(path: &Path) -> String {
     }
 }
 
-fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     if path.is_absolute() {
         Ok(path.to_path_buf())
     } else {

@@ -25,64 +25,97 @@ pub struct DevCaFiles {
 /// error.
 pub fn generate_dev_ca(dir: &Path, members: &[(u32, String)]) -> anyhow::Result<DevCaFiles> {
     use anyhow::Context as _;
-    use rcgen::{
-        BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-        IsCa, KeyPair, KeyUsagePurpose,
-    };
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let ca_path = dir.join("ca.pem");
     let ca_key_path = dir.join("ca-key.pem");
+    let ca_key = rcgen::KeyPair::generate()?;
+    let ca_cert = ca_params()?.self_signed(&ca_key)?;
+    write_file(&ca_path, ca_cert.pem().as_bytes(), false)?;
+    write_file(&ca_key_path, ca_key.serialize_pem().as_bytes(), true)?;
+    let mut nodes = Vec::new();
+    for (id, host) in members {
+        nodes.push((*id, node_cert(dir, &ca_cert, &ca_key, *id, host)?));
+    }
+    Ok(DevCaFiles {
+        ca_cert: ca_path,
+        nodes,
+    })
+}
+
+/// Issues a certificate and key for node `id` (at `host`) under the development CA already in
+/// `dir` (`ca-key.pem`), for a node added to a running local cluster; writes
+/// `node-<id>.pem` and `node-<id>-key.pem` there as [`generate_dev_ca`] does.
+///
+/// Errors: no CA key in `dir` (the cluster runs without security), an I/O or rcgen error.
+pub fn issue_node_cert(dir: &Path, id: u32, host: &str) -> anyhow::Result<TlsSettings> {
+    use anyhow::Context as _;
+    let key_path = dir.join("ca-key.pem");
+    let pem = std::fs::read_to_string(&key_path)
+        .with_context(|| format!("cannot read the development CA key {}", key_path.display()))?;
+    let ca_key = rcgen::KeyPair::from_pem(&pem)?;
+    // The same subject and key as the CA certificate on disk: what it issues chains to it.
+    let ca_cert = ca_params()?.self_signed(&ca_key)?;
+    node_cert(dir, &ca_cert, &ca_key, id, host)
+}
+
+/// The development CA's certificate parameters.
+fn ca_params() -> anyhow::Result<rcgen::CertificateParams> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyUsagePurpose,
+    };
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "bmq development CA");
     ca_params.distinguished_name = dn;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_key = KeyPair::generate()?;
-    let ca_cert = ca_params.self_signed(&ca_key)?;
-    write_file(&ca_path, ca_cert.pem().as_bytes(), false)?;
-    write_file(&ca_key_path, ca_key.serialize_pem().as_bytes(), true)?;
-    let mut nodes = Vec::new();
-    for (id, host) in members {
-        let mut names = vec![
-            member_name(NodeId(*id)),
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-        ];
-        if !names.contains(host) {
-            names.push(host.clone());
-        }
-        let mut params = CertificateParams::new(names)?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, member_name(NodeId(*id)));
-        params.distinguished_name = dn;
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &ca_cert, &ca_key)?;
-        let cert_file = dir.join(format!("{}.pem", member_name(NodeId(*id))));
-        let key_file = dir.join(format!("{}-key.pem", member_name(NodeId(*id))));
-        write_file(&cert_file, cert.pem().as_bytes(), false)?;
-        write_file(&key_file, key.serialize_pem().as_bytes(), true)?;
-        nodes.push((
-            *id,
-            TlsSettings {
-                ca_file: ca_path.clone(),
-                cert_file,
-                key_file,
-                client_listener: true,
-            },
-        ));
+    Ok(ca_params)
+}
+
+/// One node's certificate (naming `node-<id>`, `host`, `localhost`, `127.0.0.1`) and key,
+/// written into `dir`.
+fn node_cert(
+    dir: &Path,
+    ca_cert: &rcgen::Certificate,
+    ca_key: &rcgen::KeyPair,
+    id: u32,
+    host: &str,
+) -> anyhow::Result<TlsSettings> {
+    use rcgen::{
+        CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, KeyPair,
+        KeyUsagePurpose,
+    };
+    let mut names = vec![
+        member_name(NodeId(id)),
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+    ];
+    if !names.iter().any(|n| n == host) {
+        names.push(host.to_string());
     }
-    Ok(DevCaFiles {
-        ca_cert: ca_path,
-        nodes,
+    let mut params = CertificateParams::new(names)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, member_name(NodeId(id)));
+    params.distinguished_name = dn;
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, ca_cert, ca_key)?;
+    let cert_file = dir.join(format!("{}.pem", member_name(NodeId(id))));
+    let key_file = dir.join(format!("{}-key.pem", member_name(NodeId(id))));
+    write_file(&cert_file, cert.pem().as_bytes(), false)?;
+    write_file(&key_file, key.serialize_pem().as_bytes(), true)?;
+    Ok(TlsSettings {
+        ca_file: dir.join("ca.pem"),
+        cert_file,
+        key_file,
+        client_listener: true,
     })
 }
 

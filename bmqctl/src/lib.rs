@@ -35,6 +35,7 @@ pub mod admin;
 pub mod bench;
 pub mod client_thread;
 pub mod cluster;
+pub mod cluster_nodes;
 pub mod connect;
 pub mod consume;
 pub mod credentials;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use bmqctl::{admin, bench, cluster, consume, produce, ready, status};
+use bmqctl::{admin, bench, cluster, cluster_nodes, consume, produce, ready, status};
 
 /// Command-line tool of the BlazingMQ-style broker cluster.
 #[derive(Debug, Parser)]
@@ -63,6 +63,11 @@ enum Command {
 enum ClusterCommand {
     /// Start N broker nodes on this machine and run them until Ctrl-C.
     Up(cluster::ClusterUpArgs),
+    /// Add a node to the running local cluster: writes its configuration, starts it detached,
+    /// adds it and waits until it is a voter.
+    AddNode(cluster_nodes::AddNodeArgs),
+    /// Remove a node from the running local cluster (it leaves, then exits).
+    RemoveNode(cluster_nodes::RemoveNodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -101,6 +106,10 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Cluster(ClusterCommand::Up(args)) => cluster::run(args).await,
+        Command::Cluster(ClusterCommand::AddNode(args)) => cluster_nodes::add_node(args).await,
+        Command::Cluster(ClusterCommand::RemoveNode(args)) => {
+            cluster_nodes::remove_node(args).await
+        }
         Command::Status(args) => status::run(args).await,
         // Both print their own report (summary line or JSON).
         Command::Produce(args) => produce::run(args).await.map(drop),

@@ -31,7 +31,7 @@ pub mod security;
 
 pub use domains::{validate_domains, Consistency, DomainConfig, DomainMode};
 pub use error::ConfigError;
-pub use local::{local_cluster, LOCAL_CLUSTER_BASE_PORT, LOCAL_CLUSTER_TOML};
+pub use local::{local_cluster, BMQP_PORT_OFFSET, LOCAL_CLUSTER_BASE_PORT, LOCAL_CLUSTER_TOML};
 pub use sections::{
     is_valid_host, BmqpSettings, CpuScheduling, ElectorSettings, FsyncSetting, LimitsSettings,
     LinkSettings, LogSettings, MemberConfig, MetadataSettings, ProcessSettings,

@@ -374,3 +374,114 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
         panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
     }
 }
+
+/// Kills a process by pid when dropped (a detached node the test started through bmqctl).
+struct KillOnDrop(Option<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            // SAFETY: kill(2) with a pid this test learned from the command that started it.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// `bmqctl cluster add-node` and `remove-node` on a local cluster run by `bmqctl cluster up`
+/// (with its development CA and tokens): node 4 is written, certified, started detached, added
+/// and promoted; messages flow through it; it is removed and exits; Ctrl-C stops the rest.
+#[test]
+fn bmqctl_grows_and_shrinks_the_local_cluster() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let bmqctl = bmq_tests::broker_binary().with_file_name("bmqctl");
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Node i uses base+i, base+13+i (bmqp), base+100+i and base+200+i: a base below the
+    // ephemeral range where all of nodes 1-4's ports are free (as graceful.rs does).
+    let base = (0..200)
+        .map(|_| 20_000 + (rand::random::<u16>() % 10_000))
+        .find(|b| {
+            (1..=4).all(|i| {
+                [0, 13, 100, 200]
+                    .iter()
+                    .all(|o| std::net::TcpListener::bind(("127.0.0.1", b + o + i)).is_ok())
+            })
+        })
+        .expect("a free base port");
+    let mut command = Command::new(&bmqctl);
+    let mut up = command
+        .args(["cluster", "up", "--no-prometheus", "--clean"])
+        .args(["--nodes", "3", "--base-port", &base.to_string()])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start bmqctl cluster up");
+    let mut out = BufReader::new(up.stdout.take().expect("stdout"));
+    let mut node_4 = KillOnDrop(None);
+    let result = (|| -> anyhow::Result<()> {
+        loop {
+            let mut line = String::new();
+            ensure!(
+                out.read_line(&mut line)? > 0,
+                "cluster up ended before it was up"
+            );
+            if line.contains("Ctrl-C stops") {
+                break;
+            }
+        }
+        let run = |args: &[&str]| -> anyhow::Result<String> {
+            let output = Command::new(&bmqctl)
+                .args(args)
+                .arg("--dir")
+                .arg(dir.path())
+                .env("BMQ_CLUSTER_DIR", dir.path())
+                .output()?;
+            let text = String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr);
+            ensure!(output.status.success(), "bmqctl {args:?}: {text}");
+            Ok(text)
+        };
+        let added = run(&["cluster", "add-node", "--timeout-ms", "60000"])?;
+        node_4.0 = added
+            .split("(pid ")
+            .nth(1)
+            .and_then(|r| r.split(')').next())
+            .and_then(|p| p.parse().ok());
+        ensure!(
+            added.contains("node 4 added and promoted to voter"),
+            "{added}"
+        );
+        let client = format!("127.0.0.1:{}", base + 4);
+        let produced = Command::new(&bmqctl)
+            .args([
+                "produce",
+                "--queue",
+                "bmq://bmq.test/grown",
+                "--count",
+                "100",
+            ])
+            .args(["--size", "100", "--broker", &client])
+            .env("BMQ_CLUSTER_DIR", dir.path())
+            .output()?;
+        let text = String::from_utf8_lossy(&produced.stdout);
+        ensure!(
+            text.contains("acked 100, nacked 0"),
+            "produce through node 4: {text}"
+        );
+        let removed = run(&["cluster", "remove-node", "--id", "4"])?;
+        ensure!(
+            removed.contains("node 4 removed") && removed.contains("node 4: exited"),
+            "{removed}"
+        );
+        node_4.0 = None;
+        Ok(())
+    })();
+    // SAFETY: kill(2) on the child we spawned and have not reaped.
+    unsafe { libc::kill(up.id() as i32, libc::SIGINT) };
+    let _ = up.wait();
+    if let Err(e) = result {
+        panic!("{e:#}");
+    }
+}

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Membership benchmark: time from `POST /admin/members` (a running node added as a learner)
+to its promotion to voter, and of its removal, with PREFILL queues in the cluster state.
+
+Run through scripts/bench-membership.sh, which builds the release binaries first.
+
+Method
+- A 3-node cluster with the embedded default configuration (`bmqctl cluster up --configs-only
+  --no-security` writes the files; this script runs the `broker` processes itself).
+- PREFILL (default 0) queues are assigned first (`bmqctl bench metadata`), so the learner's
+  catch-up carries a ledger of that size (the leader's snapshot of the committed state).
+- Each run starts a new node (ids 4, 5, ...: a removed id never returns) with its own ports
+  and an empty data directory, its file listing the three members and itself; then times
+  `POST /admin/members?...` on the leader, which answers once the leader promoted the learner
+  (it promotes a learner as soon as the learner reports it applied the membership that added
+  it: it then holds the ledger up to that commit). Then `DELETE /admin/members/<id>` is timed
+  (the voter leaves, gives up its primaries — none: a member added at run time holds no
+  partition — and is removed), and the removed node must exit by itself.
+- The figures are wall-clock times of the HTTP requests on the same machine; the load average
+  is printed with them.
+"""
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("BIN", os.path.join(ROOT, "target", "release"))
+RUNS = int(os.environ.get("RUNS", "10"))
+BASE_PORT = int(os.environ.get("BASE_PORT", "31500"))
+DIR = os.environ.get("CLUSTER_DIR_BENCH", "/tmp/bmq-bench-membership")
+PREFILL = int(os.environ.get("PREFILL", "0"))
+NODES = [1, 2, 3]
+
+
+def admin(i):
+    return f"127.0.0.1:{BASE_PORT + 200 + i}"
+
+
+def client(i):
+    return f"127.0.0.1:{BASE_PORT + i}"
+
+
+def status(i, timeout=0.5):
+    try:
+        with urllib.request.urlopen(f"http://{admin(i)}/status", timeout=timeout) as r:
+            return json.load(r)
+    except Exception:
+        return None
+
+
+procs = {}
+
+
+def start(i):
+    log = open(os.path.join(DIR, f"node-{i}", "bench.log"), "ab")
+    procs[i] = subprocess.Popen(
+        [os.path.join(BIN, "broker"), "--config", os.path.join(DIR, f"node-{i}", "broker.toml")],
+        stdout=log, stderr=log)
+
+
+def leader():
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        docs = [status(i) for i in NODES]
+        if all(d and d["ready"] for d in docs):
+            leaders = {d["elector"]["leader"] for d in docs}
+            if len(leaders) == 1 and None not in leaders:
+                return leaders.pop()
+        time.sleep(0.05)
+    raise SystemExit("cluster did not settle")
+
+
+def write_configs():
+    subprocess.run(["bash", "-c", '. "$0" && write_configs "$@"',
+                    os.path.join(ROOT, "scripts", "lib", "configs.sh"), BIN, DIR, str(BASE_PORT)],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def new_node_config(k):
+    """Node k's file: node 1's with node k's id, data directory and a [[members]] entry of its
+    own (ports BASE+k, BASE+100+k, BASE+200+k)."""
+    with open(os.path.join(DIR, "node-1", "broker.toml")) as f:
+        text = f.read()
+    text = re.sub(r"(?m)^node_id = \d+", f"node_id = {k}", text)
+    text = text.replace(os.path.join(DIR, "node-1"), os.path.join(DIR, f"node-{k}"))
+    member = (f'\n[[members]]\nid = {k}\nhost = "127.0.0.1"\nclient_port = {BASE_PORT + k}\n'
+              f"peer_port = {BASE_PORT + 100 + k}\nadmin_port = {BASE_PORT + 200 + k}\n")
+    # Members first in the file: insert before the first section that is not [[members]].
+    idx = [m.start() for m in re.finditer(r"(?m)^\[(?!\[members\]\])", text)]
+    last_member = [m.end() for m in re.finditer(r"(?ms)^\[\[members\]\].*?(?=^\[|\Z)", text)]
+    at = last_member[-1] if last_member else (idx[0] if idx else len(text))
+    text = text[:at] + member + text[at:]
+    os.makedirs(os.path.join(DIR, f"node-{k}"), exist_ok=True)
+    with open(os.path.join(DIR, f"node-{k}", "broker.toml"), "w") as f:
+        f.write(text)
+
+
+def request(method, addr, path, timeout=120):
+    req = urllib.request.Request(f"http://{addr}{path}", method=method)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def pct(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
+
+
+def summary(name, values):
+    ms = [v * 1000 for v in values]
+    print(f"{name}: runs {len(ms)}, p50 {statistics.median(ms):.0f} ms, "
+          f"p90 {pct(ms, 0.9):.0f} ms, max {max(ms):.0f} ms", flush=True)
+
+
+def main():
+    write_configs()
+    for i in NODES:
+        start(i)
+    added, removed = [], []
+    try:
+        lead = leader()
+        if PREFILL:
+            t0 = time.monotonic()
+            subprocess.run(
+                [os.path.join(BIN, "bmqctl"), "bench", "metadata", "--queues", str(PREFILL),
+                 "--parallel", "64", "--broker", client(lead), "--no-tls", "--token", "",
+                 "--quiet"], check=True, stdout=subprocess.DEVNULL)
+            print(f"prefill: {PREFILL} queues in {time.monotonic() - t0:.1f} s", flush=True)
+        for run in range(RUNS):
+            k = 4 + run
+            new_node_config(k)
+            start(k)
+            lead = leader()
+            path = (f"/admin/members?id={k}&host=127.0.0.1&client_port={BASE_PORT + k}"
+                    f"&peer_port={BASE_PORT + 100 + k}&admin_port={BASE_PORT + 200 + k}"
+                    "&timeout_ms=110000")
+            t0 = time.monotonic()
+            answer = request("POST", admin(lead), path)
+            added.append(time.monotonic() - t0)
+            if "promoted to voter" not in answer:
+                raise SystemExit(f"run {run}: add answered {answer!r}")
+            t0 = time.monotonic()
+            answer = request("DELETE", admin(lead), f"/admin/members/{k}?timeout_ms=60000")
+            removed.append(time.monotonic() - t0)
+            if "removed" not in answer:
+                raise SystemExit(f"run {run}: remove answered {answer!r}")
+            procs[k].wait(timeout=20)
+            print(f"run {run}: node {k} voter after {added[-1] * 1000:.0f} ms, removed after "
+                  f"{removed[-1] * 1000:.0f} ms", flush=True)
+        print(f"load average: {os.getloadavg()}")
+        summary(f"add-member -> voter ({PREFILL} queues)", added)
+        summary(f"remove-member -> removed ({PREFILL} queues)", removed)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+if __name__ == "__main__":
+    main()
