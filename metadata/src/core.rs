@@ -747,7 +747,7 @@ impl MetadataCore {
             self.try_advance_sync(now);
         } else {
             self.role = MetadataRole::Follower;
-            self.hello_deadline = leader.map(|_| now + self.config.hello_retry);
+            self.hello_deadline = leader.map(|_| self.first_hello_at(now));
             if refollowing && self.snapshot_seen {
                 // We had lost the leader of this term (a cut-off link or a partition) and found
                 // it again: records committed meanwhile may be missing, and no later record
@@ -1300,7 +1300,20 @@ impl MetadataCore {
             self.gated.insert(sequence, gated);
         }
         if self.hello_deadline.is_none() {
-            self.hello_deadline = Some(now + self.config.hello_retry);
+            self.hello_deadline = Some(self.first_hello_at(now));
+        }
+    }
+
+    /// When a follower without the term's snapshot first says hello: after
+    /// [`MetadataConfig::hello_retry`] (the snapshot may still be on its way), or at once for a
+    /// node joining the cluster — no ledger yet and the members learned from a peer — whose
+    /// term began before it was a member: the snapshot never comes to it.
+    fn first_hello_at(&self, now: Instant) -> Instant {
+        let joining = self.committed_state.membership.is_none() && !self.learned.is_empty();
+        if joining {
+            now
+        } else {
+            now + self.config.hello_retry
         }
     }
 

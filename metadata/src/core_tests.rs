@@ -1959,3 +1959,27 @@ fn invalid_membership_changes_are_refused_and_change_nothing() {
         )))
     ));
 }
+
+#[test]
+fn a_joining_node_says_hello_at_once() {
+    // Scenario: a node with no ledger that learned the members from a peer's hello joins a
+    // term that began before it was a member: the term's snapshot never comes to it, so it
+    // asks for a catch-up at once instead of after `hello_retry`; a member of the initial
+    // cluster (nothing learned) still waits for the snapshot.
+    let now = Instant::now();
+    let all = [n(1), n(2), n(3), n(4)];
+    let mut joining = MetadataCore::new(n(4), &all, 0, Recovered::fresh(2));
+    joining.learn_members([n(1), n(2), n(3), n(4)]);
+    joining.handle_leadership(now, Term(3), Some(n(1)));
+    assert_eq!(joining.poll_timeout(), Some(now));
+    joining.handle_timeout(now);
+    let hellos = messages_to(drain(&mut joining), n(1))
+        .into_iter()
+        .filter(|m| matches!(m.kind, Some(Msg::FollowerHello(_))))
+        .count();
+    assert_eq!(hellos, 1);
+
+    let mut member = core(2);
+    member.handle_leadership(now, Term(3), Some(n(1)));
+    assert!(member.poll_timeout().is_some_and(|t| t > now));
+}
