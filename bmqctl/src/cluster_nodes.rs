@@ -83,6 +83,18 @@ fn node_configs(dir: &Path) -> anyhow::Result<Vec<BrokerConfig>> {
     Ok(configs)
 }
 
+/// Every member any of the files lists (the added nodes' files list the newer ones), by id.
+fn all_members(configs: &[BrokerConfig]) -> Vec<MemberConfig> {
+    let mut members: Vec<MemberConfig> = Vec::new();
+    for m in configs.iter().flat_map(|c| &c.members) {
+        if !members.iter().any(|x| x.id == m.id) {
+            members.push(m.clone());
+        }
+    }
+    members.sort_by_key(|m| m.id);
+    members
+}
+
 fn admin_token(dir: &Path) -> Option<String> {
     std::fs::read_to_string(dir.join(SECURITY_DIR).join(ADMIN_TOKEN_FILE))
         .ok()
@@ -120,15 +132,7 @@ pub async fn add_node(args: AddNodeArgs) -> anyhow::Result<()> {
     let dir = absolute(&args.dir)?;
     let configs = node_configs(&dir)?;
     let template = configs[0].clone();
-    let mut members: Vec<MemberConfig> = Vec::new();
-    for c in &configs {
-        for m in &c.members {
-            if !members.iter().any(|x| x.id == m.id) {
-                members.push(m.clone());
-            }
-        }
-    }
-    members.sort_by_key(|m| m.id);
+    let members = all_members(&configs);
     let id = members
         .iter()
         .map(|m| m.id)
@@ -271,15 +275,7 @@ pub async fn add_node(args: AddNodeArgs) -> anyhow::Result<()> {
 pub async fn remove_node(args: RemoveNodeArgs) -> anyhow::Result<()> {
     let dir = absolute(&args.dir)?;
     let configs = node_configs(&dir)?;
-    let mut members: Vec<MemberConfig> = Vec::new();
-    for c in &configs {
-        for m in &c.members {
-            if !members.iter().any(|x| x.id == m.id) {
-                members.push(m.clone());
-            }
-        }
-    }
-    members.sort_by_key(|m| m.id);
+    let members = all_members(&configs);
     let token = admin_token(&dir);
     let path = format!(
         "/admin/members/{}?timeout_ms={}",

@@ -80,13 +80,22 @@ impl Refusal {
     }
 }
 
-/// The committed state if this node is the active metadata leader; else where to go.
+/// The committed state if this node is the active metadata leader; else where to go. A
+/// leader still syncing (just elected, perhaps because the previous one ceded to be removed)
+/// is waited for, up to [`APPLIED_WAIT`].
 async fn leader_state(ctx: &AdminContext, req: &HttpRequest) -> Result<ClusterState, Refusal> {
-    let snapshot = ctx
-        .metadata
-        .send(GetMetadataStatus)
-        .await
-        .map_err(|_| Refusal::Unavailable("metadata actor unavailable".into()))?;
+    let syncing_until = Instant::now() + APPLIED_WAIT;
+    let snapshot = loop {
+        let snapshot = ctx
+            .metadata
+            .send(GetMetadataStatus)
+            .await
+            .map_err(|_| Refusal::Unavailable("metadata actor unavailable".into()))?;
+        if snapshot.status.role != MetadataRole::PassiveLeader || Instant::now() >= syncing_until {
+            break snapshot;
+        }
+        tokio::time::sleep(POLL).await;
+    };
     if snapshot.status.role == MetadataRole::ActiveLeader {
         return Ok(snapshot.state);
     }

@@ -7,7 +7,8 @@ use bmq_proto::peer::{self, metadata_message::Kind as Msg};
 use bmq_proto::{NodeId, PartitionId, Term};
 
 use super::*;
-use crate::membership::{ClusterMembership, Member, MemberRole, MembershipError};
+use crate::membership::tests::member;
+use crate::membership::{ClusterMembership, MemberRole, MembershipError};
 use crate::state::tests::{assign, primaries};
 
 fn n(id: u32) -> NodeId {
@@ -1679,18 +1680,6 @@ fn a_queue_assignment_is_reported_proposed_right_after_its_record() {
 }
 
 // ---------------------------------------------------------------- membership
-
-fn member(id: u32, role: MemberRole) -> Member {
-    Member {
-        id: n(id),
-        host: "127.0.0.1".into(),
-        peer_port: 7000 + id as u16,
-        client_port: 6000 + id as u16,
-        admin_port: 8000 + id as u16,
-        bmqp_port: None,
-        role,
-    }
-}
 
 fn membership_advisory(m: &ClusterMembership) -> peer::Advisory {
     peer::Advisory {

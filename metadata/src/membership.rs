@@ -356,9 +356,10 @@ impl ClusterMembership {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// Member `id` on 127.0.0.1 with ports 7000+id (peer), 6000+id (client), 8000+id (admin).
     pub(crate) fn member(id: u32, role: MemberRole) -> Member {
         Member {
             id: NodeId(id),

@@ -1,103 +1,11 @@
 //! Multi-process tests: real `broker` processes on loopback, real clients over TCP.
 
-use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{ensure, Context};
-use bmq_client::{Client, ClientConfig, OpenOptions};
-use bmq_proto::client::{AckStatus, ConsumerOptions};
-use bmq_tests::{primary_of_queue, Cluster};
-use bmqctl::payload;
+use bmq_tests::{primary_of_queue, round_trip, Cluster};
 
 const QUEUE: &str = "bmq://bmq.test/orders";
-
-fn client_config(brokers: Vec<String>, id: &str) -> ClientConfig {
-    let mut config = ClientConfig::new(brokers);
-    config.client_id = id.to_string();
-    config.request_timeout = Duration::from_secs(20);
-    config
-}
-
-/// Produces `count` self-checking messages through `producer` and consumes them through
-/// `consumer`, confirming each; checks every payload and that every sequence arrived.
-async fn round_trip(
-    producer_brokers: Vec<String>,
-    consumer_brokers: Vec<String>,
-    producer_id: u64,
-    count: u64,
-) -> anyhow::Result<()> {
-    let consumer = Client::connect(client_config(consumer_brokers, "test-consumer")).await?;
-    consumer
-        .open_queue(
-            QUEUE,
-            OpenOptions {
-                read: true,
-                write: false,
-                consumer: ConsumerOptions {
-                    max_unconfirmed_messages: 1000,
-                    ..Default::default()
-                },
-            },
-        )
-        .await
-        .context("consumer open")?;
-    let producer = Client::connect(client_config(producer_brokers, "test-producer")).await?;
-    producer
-        .open_queue(
-            QUEUE,
-            OpenOptions {
-                read: false,
-                write: true,
-                consumer: ConsumerOptions::default(),
-            },
-        )
-        .await
-        .context("producer open")?;
-
-    let produce = async {
-        let mut pending = Vec::with_capacity(count as usize);
-        for seq in 0..count {
-            let ack = producer
-                .put(QUEUE, payload::encode(producer_id, seq, 1024), vec![])
-                .await?;
-            pending.push(ack);
-        }
-        let mut acked = 0u64;
-        for ack in pending {
-            let ack = ack.await?;
-            ensure!(ack.status == AckStatus::Success as i32, "nack: {ack:?}");
-            acked += 1;
-        }
-        anyhow::Ok(acked)
-    };
-    let consume = async {
-        let mut seen = BTreeSet::new();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while (seen.len() as u64) < count {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let msg = tokio::time::timeout(remaining, consumer.next_message())
-                .await
-                .context("consumer timed out")?
-                .context("consumer stream ended")?;
-            let (pid, seq) = payload::verify(&msg.payload)
-                .map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
-            consumer.confirm(&msg.uri, msg.guid.clone()).await?;
-            if pid == producer_id {
-                seen.insert(seq);
-            }
-        }
-        anyhow::Ok(seen)
-    };
-    let (acked, seen) = tokio::try_join!(produce, consume)?;
-    ensure!(acked == count, "acked {acked} of {count}");
-    ensure!(
-        seen == (0..count).collect::<BTreeSet<_>>(),
-        "missing sequences"
-    );
-    producer.disconnect().await.ok();
-    consumer.disconnect().await.ok();
-    Ok(())
-}
 
 /// Three nodes elect a leader, carry 10,000 messages from a producer on one node to a consumer
 /// on another, survive a SIGKILL of the leader (a new leader with a higher term; traffic keeps
@@ -112,6 +20,7 @@ async fn three_nodes_round_trip_failover_and_restart() {
         let producer_brokers = vec![addrs[0].clone(), addrs[1].clone(), addrs[2].clone()];
         let consumer_brokers = vec![addrs[1].clone(), addrs[2].clone(), addrs[0].clone()];
         round_trip(
+            QUEUE,
             producer_brokers.clone(),
             consumer_brokers.clone(),
             1,
@@ -186,6 +95,7 @@ async fn three_nodes_round_trip_failover_and_restart() {
             )
             .await?;
         round_trip(
+            QUEUE,
             producer_brokers.clone(),
             consumer_brokers.clone(),
             2,
@@ -221,7 +131,7 @@ async fn three_nodes_round_trip_failover_and_restart() {
                 s.metadata.committed_lsn.clone()
             })
             .await?;
-        round_trip(producer_brokers, consumer_brokers, 3, 1_000)
+        round_trip(QUEUE, producer_brokers, consumer_brokers, 3, 1_000)
             .await
             .context("round trip after restart")?;
         anyhow::Ok(())

@@ -4,14 +4,11 @@
 //! removed node exits and never comes back. Every ACKed message is delivered throughout.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_proto::admin_doc::NodeStatusDoc;
-use bmq_proto::client::{AckStatus, ConsumerOptions};
-use bmq_tests::Cluster;
-use bmqctl::payload;
+use bmq_tests::{round_trip, Cluster};
 
 const QUEUE: &str = "bmq://bmq.test/members";
 
@@ -65,93 +62,6 @@ fn voters(s: &NodeStatusDoc) -> BTreeSet<u32> {
 
 fn ids(v: &[u32]) -> BTreeSet<u32> {
     v.iter().copied().collect()
-}
-
-fn client_config(brokers: Vec<String>, id: &str) -> ClientConfig {
-    let mut config = ClientConfig::new(brokers);
-    config.client_id = id.to_string();
-    config.request_timeout = Duration::from_secs(20);
-    config
-}
-
-/// `count` self-checking messages from a producer on `producer_broker` to a consumer on
-/// `consumer_broker`, each confirmed: every PUT ACKed, every sequence delivered.
-async fn round_trip(
-    producer_broker: String,
-    consumer_broker: String,
-    producer_id: u64,
-    count: u64,
-) -> anyhow::Result<()> {
-    let consumer =
-        Client::connect(client_config(vec![consumer_broker], "members-consumer")).await?;
-    consumer
-        .open_queue(
-            QUEUE,
-            OpenOptions {
-                read: true,
-                write: false,
-                consumer: ConsumerOptions {
-                    max_unconfirmed_messages: 1000,
-                    ..Default::default()
-                },
-            },
-        )
-        .await
-        .context("consumer open")?;
-    let producer =
-        Client::connect(client_config(vec![producer_broker], "members-producer")).await?;
-    producer
-        .open_queue(
-            QUEUE,
-            OpenOptions {
-                read: false,
-                write: true,
-                consumer: ConsumerOptions::default(),
-            },
-        )
-        .await
-        .context("producer open")?;
-    let produce = async {
-        let mut pending = Vec::with_capacity(count as usize);
-        for seq in 0..count {
-            pending.push(
-                producer
-                    .put(QUEUE, payload::encode(producer_id, seq, 256), vec![])
-                    .await?,
-            );
-        }
-        for ack in pending {
-            let ack = ack.await?;
-            ensure!(ack.status == AckStatus::Success as i32, "nack: {ack:?}");
-        }
-        anyhow::Ok(())
-    };
-    let consume = async {
-        let mut seen = BTreeSet::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while (seen.len() as u64) < count {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let msg = tokio::time::timeout(remaining, consumer.next_message())
-                .await
-                .context("consumer timed out")?
-                .context("consumer stream ended")?;
-            let (pid, seq) = payload::verify(&msg.payload)
-                .map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
-            consumer.confirm(&msg.uri, msg.guid.clone()).await?;
-            if pid == producer_id {
-                seen.insert(seq);
-            }
-        }
-        anyhow::Ok(seen)
-    };
-    let ((), seen) = tokio::try_join!(produce, consume)?;
-    ensure!(
-        seen == (0..count).collect::<BTreeSet<_>>(),
-        "missing sequences"
-    );
-    producer.disconnect().await.ok();
-    consumer.disconnect().await.ok();
-    Ok(())
 }
 
 /// A running node 4 joins a running 3-node cluster: added as a learner, promoted by the leader
@@ -215,8 +125,9 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
             );
         }
         round_trip(
-            cluster.node(4).client_addr(),
-            cluster.node(via).client_addr(),
+            QUEUE,
+            vec![cluster.node(4).client_addr()],
+            vec![cluster.node(via).client_addr()],
             1,
             500,
         )
@@ -229,8 +140,9 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
         ensure!(new_leader != leader && new_term > term);
         let survivor = (1..=4).find(|n| *n != leader && *n != new_leader).unwrap();
         round_trip(
-            cluster.node(new_leader).client_addr(),
-            cluster.node(survivor).client_addr(),
+            QUEUE,
+            vec![cluster.node(new_leader).client_addr()],
+            vec![cluster.node(survivor).client_addr()],
             2,
             500,
         )
@@ -279,8 +191,9 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
         );
         let (leader, term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
         round_trip(
-            cluster.node(4).client_addr(),
-            cluster.node(1).client_addr(),
+            QUEUE,
+            vec![cluster.node(4).client_addr()],
+            vec![cluster.node(1).client_addr()],
             1,
             300,
         )
@@ -315,8 +228,9 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
             .await?;
         ensure!(statuses.len() == 3);
         round_trip(
-            cluster.node(rest[0]).client_addr(),
-            cluster.node(rest[2]).client_addr(),
+            QUEUE,
+            vec![cluster.node(rest[0]).client_addr()],
+            vec![cluster.node(rest[2]).client_addr()],
             2,
             300,
         )
@@ -357,8 +271,9 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
             })
             .await?;
         round_trip(
-            cluster.node(left[0]).client_addr(),
-            cluster.node(left[1]).client_addr(),
+            QUEUE,
+            vec![cluster.node(left[0]).client_addr()],
+            vec![cluster.node(left[1]).client_addr()],
             3,
             300,
         )
