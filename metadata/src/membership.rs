@@ -116,6 +116,9 @@ pub struct ClusterMembership {
     pub members: BTreeMap<NodeId, Member>,
     /// Ids removed from the cluster; none of them is a member again.
     pub removed: BTreeSet<NodeId>,
+    /// The members that replicate partitions: the seeded members. Only they are given
+    /// primaries (a member added at run time holds no journal yet); no change alters it.
+    pub partition_hosts: BTreeSet<NodeId>,
 }
 
 /// Why a membership (from the wire, or as a change) is refused. Nothing changes.
@@ -156,22 +159,27 @@ pub enum MembershipError {
     /// A change before any membership was seeded.
     #[error("no membership is committed yet (the first leader seeds it)")]
     NotSeeded,
+    /// A change alters the partition hosts (partitions do not follow the membership yet).
+    #[error("a membership change cannot change which members replicate partitions")]
+    PartitionHostsChanged,
     /// A member's id in the `removed` list of a change disappeared (removals are for ever).
     #[error("node {0} was removed and the change forgets it")]
     RemovalForgotten(NodeId),
 }
 
 /// JSON form for `/status`: `{epoch, members: [{id, host, peer_port, client_port, admin_port,
-/// bmqp_port, role}], removed: [id]}`.
+/// bmqp_port, role}], removed: [id], partition_hosts: [id]}`.
 impl Serialize for ClusterMembership {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let members: Vec<&Member> = self.members.values().collect();
         let removed: Vec<u32> = self.removed.iter().map(|n| n.0).collect();
-        let mut s = serializer.serialize_struct("ClusterMembership", 3)?;
+        let hosts: Vec<u32> = self.partition_hosts.iter().map(|n| n.0).collect();
+        let mut s = serializer.serialize_struct("ClusterMembership", 4)?;
         s.serialize_field("epoch", &self.epoch)?;
         s.serialize_field("members", &members)?;
         s.serialize_field("removed", &removed)?;
+        s.serialize_field("partition_hosts", &hosts)?;
         s.end()
     }
 }
@@ -189,6 +197,7 @@ impl ClusterMembership {
         }
         let seeded = ClusterMembership {
             epoch: 1,
+            partition_hosts: map.keys().copied().collect(),
             members: map,
             removed: BTreeSet::new(),
         };
@@ -226,6 +235,7 @@ impl ClusterMembership {
             epoch: self.epoch,
             members: self.members.values().map(Member::to_wire).collect(),
             removed: self.removed.iter().map(|n| n.0).collect(),
+            partition_hosts: self.partition_hosts.iter().map(|n| n.0).collect(),
         }
     }
 
@@ -266,6 +276,7 @@ impl ClusterMembership {
             epoch: wire.epoch,
             members,
             removed: wire.removed.iter().copied().map(NodeId).collect(),
+            partition_hosts: wire.partition_hosts.iter().copied().map(NodeId).collect(),
         };
         membership.validate()?;
         Ok(membership)
@@ -325,6 +336,9 @@ impl ClusterMembership {
         next.validate()?;
         if let Some(forgotten) = self.removed.difference(&next.removed).next() {
             return Err(MembershipError::RemovalForgotten(*forgotten));
+        }
+        if next.partition_hosts != self.partition_hosts {
+            return Err(MembershipError::PartitionHostsChanged);
         }
         let mut changed = Vec::new();
         for id in self.ids().union(&next.ids()) {
@@ -457,6 +471,13 @@ pub(crate) mod tests {
             removed.check_change(&back),
             Err(MembershipError::RemovedId(NodeId(1)))
         );
+        let hosts = with(&base, |m| {
+            m.partition_hosts.insert(NodeId(4));
+        });
+        assert_eq!(
+            base.check_change(&hosts),
+            Err(MembershipError::PartitionHostsChanged)
+        );
         let forgotten = with(&removed, |m| {
             m.removed.clear();
         });
@@ -473,6 +494,7 @@ pub(crate) mod tests {
             epoch: 1,
             members: [(NodeId(1), member(1, MemberRole::Learner))].into(),
             removed: BTreeSet::new(),
+            partition_hosts: BTreeSet::new(),
         };
         assert_eq!(
             ClusterMembership::from_wire(&only_learner.to_wire()),

@@ -148,6 +148,16 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
         )
         .await
         .context("round trip after the leader's SIGKILL")?;
+        // Whoever leads now (node 4 too), the member added at run time holds no primary: it
+        // replicates no partition.
+        for (id, s) in cluster.statuses().await {
+            let s = s?;
+            ensure!(
+                s.partitions.iter().all(|p| p.primary != Some(4)),
+                "node {id} sees node 4 as a primary: {:?}",
+                s.partitions
+            );
+        }
 
         // The killed node is removed while it is down; restarted with its data (which does
         // not know), it learns from its peers' hellos that it was removed, and exits.

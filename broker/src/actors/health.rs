@@ -107,7 +107,8 @@ pub struct HealthActor {
     /// Nodes that announced a graceful stop and are still connected, and whether each drained.
     stopping: std::collections::BTreeMap<NodeId, bool>,
     mailbox_capacity: usize,
-    /// The nodes that replicate partitions (the files' members).
+    /// The nodes that replicate partitions before a membership is committed (the files'
+    /// members).
     partition_hosts: BTreeSet<NodeId>,
 }
 
@@ -150,18 +151,24 @@ impl HealthActor {
     }
 
     /// The nodes that may be given a primary: up, not stopping, and voters of the committed
-    /// membership (a learner holds no primary; a leaving member gives its primaries up). Only
-    /// the members of the files hold partitions: a member added at run time takes part in the
-    /// elector and the metadata ledger, not (yet) in partition replication.
+    /// membership (a learner holds no primary; a leaving member gives its primaries up) among
+    /// its partition hosts (the seeded members, the same on every node): a member added at run
+    /// time takes part in the elector and the metadata ledger, not (yet) in partition
+    /// replication. Before a membership is committed: the files' members.
     fn available(&mut self) -> BTreeSet<NodeId> {
         let mut available = self.up();
         for n in self.stopping.keys() {
             available.remove(n);
         }
-        if let Some(membership) = &self.state.membership {
-            available.retain(|n| membership.role(*n) == Some(MemberRole::Voter));
+        match &self.state.membership {
+            Some(membership) => {
+                available.retain(|n| {
+                    membership.role(*n) == Some(MemberRole::Voter)
+                        && membership.partition_hosts.contains(n)
+                });
+            }
+            None => available.retain(|n| self.partition_hosts.contains(n)),
         }
-        available.retain(|n| self.partition_hosts.contains(n));
         available
     }
 
