@@ -11,7 +11,8 @@
 //!
 //! Both need the admin token, change one member at a time, and answer 409 while another change
 //! is in flight, 400 for a bad request (an id or address in use, an unknown id, no voter left,
-//! more voters than supported), 503 while no membership is committed or no leader is active,
+//! more voters than supported, a joiner that does not answer `/status` as a node of this
+//! cluster with that id), 503 while no membership is committed or no leader is active,
 //! and redirect (307) to the leader's admin port from any other node. Every answer is one
 //! line of text naming what happened.
 
@@ -251,6 +252,9 @@ async fn add(ctx: &AdminContext, req: &HttpRequest, q: AddMemberQuery) -> Result
             "the cluster has {MAX_VOTERS} voters, the most supported: node {id} could never vote"
         )));
     }
+    if !current.removed.contains(&id) {
+        check_joiner(ctx, &q).await?;
+    }
     let mut next = current.clone();
     next.epoch += 1;
     next.members.insert(
@@ -286,6 +290,71 @@ async fn add(ctx: &AdminContext, req: &HttpRequest, q: AddMemberQuery) -> Result
             next.epoch
         ))),
     }
+}
+
+/// How long the joining node's `/status` may take to answer.
+const JOINER_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Asks the joining node who it is before anything is proposed: its admin port must answer
+/// `/status` with this cluster's name and the id it is added with. So a node that is not
+/// running, runs with another id, or belongs to another cluster is refused with the reason and
+/// never becomes a learner that could not catch up.
+async fn check_joiner(ctx: &AdminContext, q: &AddMemberQuery) -> Result<(), Refusal> {
+    let addr = format!("{}:{}", q.host, q.admin_port);
+    let doc = tokio::time::timeout(JOINER_STATUS_TIMEOUT, fetch_status(&addr))
+        .await
+        .map_err(|_| "no answer in time".to_string())
+        .and_then(|r| r)
+        .map_err(|e| {
+            Refusal::Bad(format!(
+                "node {} does not answer /status at {addr} ({e}): start it first, with its own \
+                 id and addresses and the members in its [[members]]",
+                q.id
+            ))
+        })?;
+    if doc.cluster_name != ctx.config.cluster_name {
+        return Err(Refusal::Bad(format!(
+            "the node at {addr} belongs to cluster {:?}, not {:?}",
+            doc.cluster_name, ctx.config.cluster_name
+        )));
+    }
+    if doc.node_id != q.id {
+        return Err(Refusal::Bad(format!(
+            "the node at {addr} is node {}, not node {}",
+            doc.node_id, q.id
+        )));
+    }
+    Ok(())
+}
+
+/// `GET /status` of a node's admin port (HTTP/1.0, the body read to the end).
+async fn fetch_status(addr: &str) -> Result<bmq_proto::admin_doc::NodeStatusDoc, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(format!("GET /status HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = Vec::new();
+    (&mut stream)
+        .take(16 * 1024 * 1024)
+        .read_to_end(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("no HTTP response")?;
+    let head = String::from_utf8_lossy(&response[..split]);
+    if head.split_whitespace().nth(1) != Some("200") {
+        return Err(format!(
+            "answered {}",
+            head.lines().next().unwrap_or_default()
+        ));
+    }
+    serde_json::from_slice(&response[split + 4..]).map_err(|e| format!("not a node's /status: {e}"))
 }
 
 /// `DELETE /admin/members/{id}`: see the module doc.

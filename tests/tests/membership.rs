@@ -40,6 +40,20 @@ async fn add_member(cluster: &Cluster, via: u32, id: u32) -> anyhow::Result<Stri
     bmqctl::http::request(&cluster.node(via).admin_addr(), "POST", &path, None).await
 }
 
+/// Waits until node `id`'s admin port answers (a joiner must, before it is added).
+async fn wait_until_up(cluster: &Cluster, id: u32) -> anyhow::Result<()> {
+    let admin = cluster.node(id).admin_addr();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while bmqctl::http::get(&admin, "/healthz").await.is_err() {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "node {id} did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 /// `DELETE /admin/members/{id}`, sent to `via`.
 async fn remove_member(cluster: &Cluster, via: u32, id: u32) -> anyhow::Result<String> {
     bmqctl::http::request(
@@ -95,7 +109,66 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
             "removing an unknown id: {unknown:?}"
         );
 
+        // A joiner that is not running, runs under another cluster name, or is another node
+        // than the id it is added with: refused with the reason before anything is proposed.
+        let absent = add_member(&cluster, leader, 4).await;
+        ensure!(
+            format!("{absent:?}").contains("does not answer"),
+            "adding a node that is not running: {absent:?}"
+        );
+        let good = cluster.nodes[3].config.clone();
+        cluster.nodes[3].config.cluster_name = "another-cluster".into();
+        std::fs::write(
+            &cluster.nodes[3].config_path,
+            cluster.nodes[3].config.to_toml_string(),
+        )?;
         cluster.start_node(4)?;
+        let foreign = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let answer = add_member(&cluster, leader, 4).await;
+                if !format!("{answer:?}").contains("does not answer") {
+                    return answer;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await?;
+        ensure!(
+            format!("{foreign:?}").contains("belongs to cluster"),
+            "adding a node of another cluster: {foreign:?}"
+        );
+        cluster.kill_node(4)?;
+        cluster.nodes[3].config = good;
+        std::fs::write(
+            &cluster.nodes[3].config_path,
+            cluster.nodes[3].config.to_toml_string(),
+        )?;
+        cluster.start_node(4)?;
+        let m4 = cluster.node(4).config.self_member().clone();
+        let leader_admin = cluster.node(leader).admin_addr();
+        let wrong_path = format!(
+            "/admin/members?id=5&host={}&client_port={}&peer_port={}&admin_port={}",
+            m4.host, m4.client_port, m4.peer_port, m4.admin_port
+        );
+        let wrong_id = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let answer = bmqctl::http::request(&leader_admin, "POST", &wrong_path, None).await;
+                if !format!("{answer:?}").contains("does not answer") {
+                    return answer;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await?;
+        ensure!(
+            format!("{wrong_id:?}").contains("is node 4, not node 5"),
+            "adding node 4 as node 5: {wrong_id:?}"
+        );
+        cluster
+            .wait_for_all(Duration::from_secs(5), "nothing changed", |s| {
+                s.node_id == 4 || s.membership.as_ref().is_some_and(|m| m.epoch == 1)
+            })
+            .await?;
         // Through a follower: it redirects to the leader.
         let via = if leader == 1 { 2 } else { 1 };
         let answer = add_member(&cluster, via, 4).await?;
@@ -194,6 +267,7 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
     let result = async {
         cluster.wait_for_leader(Duration::from_secs(20)).await?;
         cluster.start_node(4)?;
+        wait_until_up(&cluster, 4).await?;
         let answer = add_member(&cluster, 1, 4).await?;
         ensure!(
             answer.contains("promoted to voter"),
