@@ -136,6 +136,12 @@ def main():
             new_node_config(k)
             start(k)
             lead = leader()
+            # The leader asks the joiner's /status first: wait until it answers.
+            deadline = time.time() + 30
+            while status(k) is None:
+                if time.time() > deadline:
+                    raise SystemExit(f"node {k} did not start")
+                time.sleep(0.02)
             path = (f"/admin/members?id={k}&host=127.0.0.1&client_port={BASE_PORT + k}"
                     f"&peer_port={BASE_PORT + 100 + k}&admin_port={BASE_PORT + 200 + k}"
                     "&timeout_ms=110000")
