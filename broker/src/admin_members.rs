@@ -22,7 +22,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use bmq_metadata::{
     ClusterMembership, ClusterState, Member, MemberRole, MetadataRole, ProposeError, MAX_VOTERS,
 };
-use bmq_proto::{peer, NodeId};
+use bmq_proto::NodeId;
 use tracing::info;
 
 use crate::actors::elector::CedeLeadership;
@@ -110,7 +110,7 @@ async fn leader_state(ctx: &AdminContext, req: &HttpRequest) -> Result<ClusterSt
         .membership
         .as_ref()
         .and_then(|m| m.members.get(&leader))
-        .map(|m| format!("{}:{}", m.host, m.admin_port))
+        .map(|m| m.admin_addr())
         .or_else(|| {
             ctx.config
                 .members
@@ -147,11 +147,7 @@ async fn change(
     next: &ClusterMembership,
     deadline: Instant,
 ) -> Result<(), Refusal> {
-    let advisory = peer::Advisory {
-        kind: Some(peer::advisory::Kind::Membership(peer::MembershipAdvisory {
-            membership: Some(next.to_wire()),
-        })),
-    };
+    let advisory = next.to_advisory();
     let applied_deadline = (Instant::now() + APPLIED_WAIT).min(deadline);
     loop {
         let answer = ctx

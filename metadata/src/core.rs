@@ -494,17 +494,23 @@ impl MetadataCore {
 
     /// Every node that receives the ledger, self included (see [`MetadataCore::peers`]).
     fn targets(&self) -> BTreeSet<NodeId> {
-        let committed = self.committed_state.membership.as_deref();
-        let tip = self.tip_state.membership.as_deref();
-        match (committed, tip) {
-            (None, None) => self.members.clone(),
-            (a, b) => a
-                .into_iter()
-                .chain(b)
-                .flat_map(|m| m.members.keys().copied())
-                .chain(self.just_removed.iter().copied())
-                .collect(),
-        }
+        self.target_ids().collect()
+    }
+
+    /// The nodes of [`MetadataCore::targets`], a node possibly more than once; no allocation
+    /// (the leader's `poll_timeout` walks them on every turn).
+    fn target_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        let memberships = [&self.committed_state, &self.tip_state]
+            .map(|s| s.membership.as_deref())
+            .into_iter()
+            .flatten();
+        // Before any membership: the configured members.
+        let none = self.committed_state.membership.is_none() && self.tip_state.membership.is_none();
+        let configured = self.members.iter().copied().filter(move |_| none);
+        memberships
+            .flat_map(|m| m.members.keys().copied())
+            .chain(self.just_removed.iter().copied())
+            .chain(configured)
     }
 
     /// Whether `from` may send metadata messages: a member of the committed or the proposed
@@ -601,16 +607,15 @@ impl MetadataCore {
     /// The epochs of the committed and of the proposed (tip) membership, 0 where none is: when
     /// they change, so may [`MetadataCore::peers`].
     pub fn membership_epochs(&self) -> (u64, u64) {
-        let epoch = |s: &ClusterState| s.membership.as_ref().map_or(0, |m| m.epoch);
-        (epoch(&self.committed_state), epoch(&self.tip_state))
+        (
+            self.committed_state.membership_epoch(),
+            self.tip_state.membership_epoch(),
+        )
     }
 
     /// The epoch of the committed membership (0 before one is committed).
     fn committed_epoch(&self) -> u64 {
-        self.committed_state
-            .membership
-            .as_ref()
-            .map_or(0, |m| m.epoch)
+        self.committed_state.membership_epoch()
     }
 
     /// Changes the quorum at runtime (`0` = majority). A quorum above the member count forbids
@@ -931,7 +936,7 @@ impl MetadataCore {
     /// entry of the leader's own term first, holds because only an active leader proposes:
     /// its term's `LeaderAdvisory` is committed.)
     fn check_membership_change(&self) -> Result<(), ProposeError> {
-        let tip_epoch = self.tip_state.membership.as_ref().map_or(0, |m| m.epoch);
+        let tip_epoch = self.tip_state.membership_epoch();
         let epoch = self.committed_epoch();
         if tip_epoch != epoch {
             return Err(ProposeError::MembershipChangeInFlight {
@@ -1093,15 +1098,7 @@ impl MetadataCore {
                 };
                 if highest.term == self.term && highest > self.ack_sent {
                     self.ack_sent = highest;
-                    let membership_epoch = self.committed_epoch();
-                    self.epoch_reported = membership_epoch;
-                    self.send(
-                        leader,
-                        Msg::Ack(peer::AdvisoryAck {
-                            lsn: Some(highest.into()),
-                            membership_epoch,
-                        }),
-                    );
+                    self.send_ack(leader, highest);
                 }
                 self.report_epoch();
             }
@@ -1164,14 +1161,7 @@ impl MetadataCore {
             // The ack may have been lost: re-ack what is durable.
             // Within the term our log is gap-free, so a durable LSN of it is held.
             if self.snapshot_seen && lsn <= self.persisted_lsn {
-                let membership_epoch = self.committed_epoch();
-                self.send(
-                    from,
-                    Msg::Ack(peer::AdvisoryAck {
-                        lsn: Some(lsn.into()),
-                        membership_epoch,
-                    }),
-                );
+                self.send_ack(from, lsn);
             }
             return;
         }
@@ -1210,16 +1200,11 @@ impl MetadataCore {
             // The leader's periodic refresh of its latest commit: we are in step. Once a
             // membership exists, say again which one this node applied: an ack with the epoch
             // lost on the way would otherwise hold the next change back until the next record.
-            let epoch = self.committed_epoch();
-            if epoch > 0 && self.ack_sent.term == self.term && self.ack_sent > Lsn::ZERO {
-                let lsn = self.ack_sent;
-                self.send(
-                    from,
-                    Msg::Ack(peer::AdvisoryAck {
-                        lsn: Some(lsn.into()),
-                        membership_epoch: epoch,
-                    }),
-                );
+            if self.committed_epoch() > 0
+                && self.ack_sent.term == self.term
+                && self.ack_sent > Lsn::ZERO
+            {
+                self.send_ack(from, self.ack_sent);
             }
             return;
         }
@@ -1523,11 +1508,7 @@ impl MetadataCore {
         if let Some(m) = next.members.get_mut(&id) {
             m.role = MemberRole::Voter;
         }
-        let advisory = peer::Advisory {
-            kind: Some(peer::advisory::Kind::Membership(peer::MembershipAdvisory {
-                membership: Some(next.to_wire()),
-            })),
-        };
+        let advisory = next.to_advisory();
         match self.tip_state.apply(&advisory) {
             Ok(()) => {
                 self.counters.learners_promoted += 1;
@@ -1908,12 +1889,19 @@ impl MetadataCore {
         if self.role != MetadataRole::Follower || epoch <= self.epoch_reported || !durable {
             return;
         }
-        self.epoch_reported = epoch;
+        self.send_ack(leader, lsn);
+    }
+
+    /// Acks `lsn` to `to` with the epoch of the committed membership (what the leader's
+    /// membership rules count), and remembers that epoch as reported.
+    fn send_ack(&mut self, to: NodeId, lsn: Lsn) {
+        let membership_epoch = self.committed_epoch();
+        self.epoch_reported = membership_epoch;
         self.send(
-            leader,
+            to,
             Msg::Ack(peer::AdvisoryAck {
                 lsn: Some(lsn.into()),
-                membership_epoch: epoch,
+                membership_epoch,
             }),
         );
     }
@@ -2022,10 +2010,9 @@ impl MetadataCore {
     /// The lowest LSN a follower acked in this term (`0:0` if one has acked nothing): records
     /// above it still wait for someone. O(members).
     fn least_matched(&self) -> Lsn {
-        self.targets()
-            .iter()
-            .filter(|m| **m != self.self_id)
-            .map(|m| self.matched.get(m).copied().unwrap_or(Lsn::ZERO))
+        self.target_ids()
+            .filter(|m| *m != self.self_id)
+            .map(|m| self.matched.get(&m).copied().unwrap_or(Lsn::ZERO))
             .min()
             .unwrap_or(self.last_lsn)
     }

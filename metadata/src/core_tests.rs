@@ -1681,20 +1681,12 @@ fn a_queue_assignment_is_reported_proposed_right_after_its_record() {
 
 // ---------------------------------------------------------------- membership
 
-fn membership_advisory(m: &ClusterMembership) -> peer::Advisory {
-    peer::Advisory {
-        kind: Some(peer::advisory::Kind::Membership(peer::MembershipAdvisory {
-            membership: Some(m.to_wire()),
-        })),
-    }
-}
-
 /// The committed membership of the active leader with `f` applied at the next epoch.
 fn changed(core: &MetadataCore, f: impl FnOnce(&mut ClusterMembership)) -> peer::Advisory {
     let mut next = (**core.membership().expect("seeded")).clone();
     next.epoch += 1;
     f(&mut next);
-    membership_advisory(&next)
+    next.to_advisory()
 }
 
 /// Nodes 1-3 configured with {1,2,3} and seeded from it; node 4 a new node that knows them.
@@ -1942,7 +1934,7 @@ fn invalid_membership_changes_are_refused_and_change_nothing() {
     let mut unseeded = active_leader(Instant::now());
     let seed = ClusterMembership::seed((1..=3).map(|i| member(i, MemberRole::Voter))).unwrap();
     assert!(matches!(
-        unseeded.propose(Instant::now(), membership_advisory(&seed)),
+        unseeded.propose(Instant::now(), seed.to_advisory()),
         Err(ProposeError::Invalid(ApplyError::Membership(
             MembershipError::NotSeeded
         )))

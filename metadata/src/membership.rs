@@ -93,8 +93,18 @@ impl Member {
         }
     }
 
+    /// `host:peer_port`, where the other nodes dial it.
+    pub fn peer_addr(&self) -> String {
+        format!("{}:{}", self.host, self.peer_port)
+    }
+
+    /// `host:admin_port`, its admin HTTP server.
+    pub fn admin_addr(&self) -> String {
+        format!("{}:{}", self.host, self.admin_port)
+    }
+
     /// The same member at the same addresses (roles aside).
-    fn same_place(&self, other: &Member) -> bool {
+    pub fn same_place(&self, other: &Member) -> bool {
         self.host == other.host
             && self.peer_port == other.peer_port
             && self.client_port == other.client_port
@@ -236,6 +246,15 @@ impl ClusterMembership {
             members: self.members.values().map(Member::to_wire).collect(),
             removed: self.removed.iter().map(|n| n.0).collect(),
             partition_hosts: self.partition_hosts.iter().map(|n| n.0).collect(),
+        }
+    }
+
+    /// The `MembershipAdvisory` that proposes this membership (a change of the committed one).
+    pub fn to_advisory(&self) -> peer::Advisory {
+        peer::Advisory {
+            kind: Some(peer::advisory::Kind::Membership(peer::MembershipAdvisory {
+                membership: Some(self.to_wire()),
+            })),
         }
     }
 

@@ -547,6 +547,11 @@ impl ClusterState {
         }
     }
 
+    /// The epoch of the membership, 0 before it is seeded.
+    pub fn membership_epoch(&self) -> u64 {
+        self.membership.as_ref().map_or(0, |m| m.epoch)
+    }
+
     /// The voters of the committed membership, or `None` before it is seeded.
     pub fn voters(&self) -> Option<BTreeSet<NodeId>> {
         self.membership.as_deref().map(ClusterMembership::voters)

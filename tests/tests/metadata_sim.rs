@@ -669,8 +669,7 @@ impl Sim {
         self.nodes[i]
             .core
             .as_ref()
-            .and_then(|c| c.membership())
-            .map_or(0, |m| m.epoch)
+            .map_or(0, |c| c.state().membership_epoch())
     }
 
     /// A node that applied its own removal stops for good, as the broker exits.
@@ -738,11 +737,7 @@ impl Sim {
             next.removed.insert(id);
         }
         let now = self.now;
-        let advisory = peer::Advisory {
-            kind: Some(Kind::Membership(peer::MembershipAdvisory {
-                membership: Some(next.to_wire()),
-            })),
-        };
+        let advisory = next.to_advisory();
         let core = self.nodes[leader].core.as_mut().expect("live");
         if core.propose(now, advisory).is_ok() {
             self.drive(leader);
@@ -1353,12 +1348,11 @@ impl Sim {
     }
 
     fn check_keeps(&self, what: &str, committed: &ClusterState, state: &ClusterState) {
-        let epoch = |s: &ClusterState| s.membership.as_ref().map_or(0, |m| m.epoch);
-        if epoch(state) < epoch(committed) {
+        if state.membership_epoch() < committed.membership_epoch() {
             self.fail(format!(
                 "{what} went back from membership epoch {} to {}",
-                epoch(committed),
-                epoch(state)
+                committed.membership_epoch(),
+                state.membership_epoch()
             ));
         }
         for (uri, assignment) in &committed.queues {
