@@ -52,8 +52,8 @@ use bmq_config::{BrokerConfig, Consistency, DomainMode, FsyncSetting};
 use bmq_dataplane::{DeliveryMode, DomainPolicies, DomainPolicy, QueueLimits};
 use bmq_elector::{Elector, ElectorConfig, TermStore};
 use bmq_metadata::{
-    ClusterMembership, ClusterState, FsyncPolicy, Ledger, Member, MemberRole, MetadataCore,
-    Recovered,
+    ClusterMembership, ClusterState, FsyncPolicy, Ledger, Member, MemberRole, MembershipError,
+    MetadataCore, Recovered,
 };
 use bmq_proto::peer::{
     metadata_message, peer_message::Kind, Channel, MetadataMessage, NodeStatusAdvisory,
@@ -98,8 +98,13 @@ pub fn elector_config(config: &BrokerConfig) -> ElectorConfig {
 /// are the ledger's), or `None` if they agree. The ledger wins: the file only seeds the first
 /// start, and a node whose file disagrees says so in its log and in `/status`.
 pub fn file_disagreement(config: &BrokerConfig, membership: &ClusterMembership) -> Option<String> {
-    let Some(seed) = seed_membership(config) else {
-        return Some("the file's members cannot form a membership".into());
+    let seed = match file_membership(config) {
+        Ok(seed) => seed,
+        Err(error) => {
+            return Some(format!(
+                "the file's members cannot form a membership: {error}"
+            ))
+        }
     };
     let mut differences = Vec::new();
     for id in seed.ids().union(&membership.ids()) {
@@ -109,20 +114,10 @@ pub fn file_disagreement(config: &BrokerConfig, membership: &ClusterMembership) 
             }
             (Some(_), None) => differences.push(format!("node {id} is not a member")),
             (None, Some(_)) => differences.push(format!("node {id} is not in the file")),
-            (Some(a), Some(b)) => {
-                let place = |m: &Member| {
-                    (
-                        m.host.clone(),
-                        m.peer_port,
-                        m.client_port,
-                        m.admin_port,
-                        m.bmqp_port,
-                    )
-                };
-                if place(a) != place(b) {
-                    differences.push(format!("node {id} has other addresses in the file"));
-                }
+            (Some(a), Some(b)) if !a.same_place(b) => {
+                differences.push(format!("node {id} has other addresses in the file"))
             }
+            (Some(_), Some(_)) => {}
             (None, None) => {}
         }
     }
@@ -142,6 +137,17 @@ pub fn file_disagreement(config: &BrokerConfig, membership: &ClusterMembership) 
 /// one (more voters than [`bmq_metadata::MAX_VOTERS`]): the cluster then keeps its static
 /// membership.
 pub fn seed_membership(config: &BrokerConfig) -> Option<ClusterMembership> {
+    match file_membership(config) {
+        Ok(seed) => Some(seed),
+        Err(error) => {
+            warn!(%error, "the configured members cannot seed a membership; it stays static");
+            None
+        }
+    }
+}
+
+/// The file's `[[members]]` as a membership (every one a voter, epoch 1).
+fn file_membership(config: &BrokerConfig) -> Result<ClusterMembership, MembershipError> {
     let members = config.members.iter().map(|m| Member {
         id: NodeId(m.id),
         host: m.host.clone(),
@@ -151,13 +157,7 @@ pub fn seed_membership(config: &BrokerConfig) -> Option<ClusterMembership> {
         bmqp_port: m.bmqp_port,
         role: MemberRole::Voter,
     });
-    match ClusterMembership::seed(members) {
-        Ok(seed) => Some(seed),
-        Err(error) => {
-            warn!(%error, "the configured members cannot seed a membership; it stays static");
-            None
-        }
-    }
+    ClusterMembership::seed(members)
 }
 
 /// The domains of the configuration as the data-plane cores use them.
@@ -395,7 +395,12 @@ async fn start_actors(
         removed: removed.clone(),
     });
     if let Some(membership) = &initial_state.membership {
-        hub.set_membership(membership);
+        // The ledger's members, not only the file's: a member added at run time is dialed
+        // after a restart too, and a removed one is not.
+        hub.follow_membership(membership);
+        for id in &membership.removed {
+            hub.remove_peer(*id);
+        }
     }
     hub.start(
         pending_links,

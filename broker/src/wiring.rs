@@ -154,13 +154,9 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
         if let Some(membership) = &msg.state.membership {
             let epoch = before.membership.as_ref().map_or(0, |m| m.epoch);
             if membership.epoch > epoch {
-                self.peers.set_membership(membership);
+                self.peers.follow_membership(membership);
                 if let Some(old) = &before.membership {
                     count_membership_change(old, membership);
-                }
-                for m in membership.members.values() {
-                    self.peers
-                        .add_peer(m.id, format!("{}:{}", m.host, m.peer_port));
                 }
                 // A little later: the commit of its removal, queued for it by the metadata
                 // actor just before this publication, goes out first (and it exits on it).

@@ -115,7 +115,7 @@ pub trait PeerInbound: Send + Sync + 'static {
     /// loss and a return, in that order).
     fn on_data_link(&self, peer: NodeId, up: bool);
     /// `from`'s `PeerHello` carried a valid committed membership newer than this node's (see
-    /// [`PeerHub::set_membership`]); its members were added to the links already.
+    /// [`PeerHub::follow_membership`]); its members were added to the links already.
     fn on_membership(&self, _from: NodeId, _membership: &ClusterMembership) {}
 }
 
@@ -283,15 +283,22 @@ impl PeerHub {
         true
     }
 
-    /// This node's committed membership, sent in the `PeerHello` of every connection it dials
-    /// from now on: a peer that missed changes learns the members from it.
-    pub fn set_membership(&self, membership: &ClusterMembership) {
-        let mut own = self.membership.write().expect("membership lock");
-        if own
-            .as_ref()
-            .is_none_or(|(epoch, _)| *epoch < membership.epoch)
+    /// Follows a committed membership: sends it in the `PeerHello` of every connection this
+    /// node dials from now on (a peer that missed changes learns the members from it) and
+    /// dials its members. Its removed ids are the caller's to drop ([`PeerHub::remove_peer`]):
+    /// at once, or once the commit of their removal went out.
+    pub fn follow_membership(self: &Arc<Self>, membership: &ClusterMembership) {
         {
-            *own = Some((membership.epoch, membership.to_wire()));
+            let mut own = self.membership.write().expect("membership lock");
+            if own
+                .as_ref()
+                .is_none_or(|(epoch, _)| *epoch < membership.epoch)
+            {
+                *own = Some((membership.epoch, membership.to_wire()));
+            }
+        }
+        for m in membership.members.values() {
+            self.add_peer(m.id, m.peer_addr());
         }
     }
 
@@ -320,15 +327,12 @@ impl PeerHub {
                 return;
             }
         };
-        for m in membership.members.values() {
-            self.add_peer(m.id, format!("{}:{}", m.host, m.peer_port));
-        }
+        self.follow_membership(&membership);
         for id in &membership.removed {
             if *id != self.config.self_id {
                 self.remove_peer(*id);
             }
         }
-        self.set_membership(&membership);
         inbound.on_membership(from, &membership);
     }
 
@@ -533,6 +537,19 @@ impl PeerHub {
                 &format!("protocol version {}", hello.protocol_version),
             ));
         }
+        if let Some(cert) = &peer_cert {
+            if !certificate_names(cert, &member_name(from)) {
+                return Err(self.auth_failure(
+                    &remote,
+                    &format!(
+                        "the certificate does not name {} (the member the hello claims)",
+                        member_name(from)
+                    ),
+                ));
+            }
+        }
+        // Only from an authenticated peer: the membership its hello carries decides whom this
+        // node dials and follows.
         if let Some(wire) = &hello.membership {
             self.learn_membership(from, wire, &inbound);
         }
@@ -550,17 +567,6 @@ impl PeerHub {
             .any(|(id, _)| *id == from);
         if !known {
             return Err(self.refuse(&remote, &format!("unknown member id {from}")));
-        }
-        if let Some(cert) = &peer_cert {
-            if !certificate_names(cert, &member_name(from)) {
-                return Err(self.auth_failure(
-                    &remote,
-                    &format!(
-                        "the certificate does not name {} (the member the hello claims)",
-                        member_name(from)
-                    ),
-                ));
-            }
         }
         drop(unauthenticated);
         let channel = Channel::try_from(hello.channel).unwrap_or(Channel::Control);
