@@ -472,6 +472,7 @@ mod tests {
                 primary: Some(node_id),
                 primary_lease_id: 2,
                 status: "active".into(),
+                replicas: vec![1, 2, 3],
                 messages: 10,
                 journal_last_sequence: 120,
                 committed_sequence: 117,

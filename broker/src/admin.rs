@@ -13,7 +13,8 @@
 //!   each journal before it serves it); else 503 with the reason.
 //! - `POST /admin/quorum/{n}`: sets the quorum of the elector (votes), the metadata (advisory
 //!   commits) and every local partition (journal receipts before an ACK) at once; `0` means a
-//!   majority, resolved by the node's one quorum rule ([`bmq_config::effective_quorum`]). It
+//!   majority: of the committed voters for the elector and the ledger, of each lease's
+//!   replicas for a partition (the files' members before a membership is committed). It
 //!   changes this node only: set it on every node for a cluster-wide change.
 //! - `POST /admin/cede-leadership`: the leader cedes at once (graceful transfer).
 //! - `POST /admin/stop`: graceful stop, as on SIGTERM.
@@ -475,6 +476,10 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
                     primary: p.primary.map(|n| n.0),
                     primary_lease_id: p.primary_lease_id,
                     status: primary_status_name(p.status).to_string(),
+                    replicas: state
+                        .lease_replicas(*id)
+                        .map(|r| r.into_iter().map(|n| n.0).collect())
+                        .unwrap_or_default(),
                     messages: stats.map(|s| s.messages).unwrap_or(0),
                     journal_last_sequence: gauges.map(|g| g.last_sequence).unwrap_or(0),
                     // The primary's figures, 0 on a replica (the core's gauges).
@@ -578,10 +583,8 @@ async fn set_quorum(
         return refused;
     }
     let requested = path.into_inner();
-    let members = ctx.config.members.len();
-    let quorum =
-        bmq_config::effective_quorum(u32::try_from(requested).unwrap_or(u32::MAX), members);
-    // 0 stays 0 for the elector and the metadata ledger: a majority of the committed voters.
+    // 0 stays 0 everywhere: a majority of the committed voters (elector, ledger) or of each
+    // lease's replicas (partitions).
     let a = ctx.elector.send(SetQuorum { quorum: requested }).await;
     let b = ctx
         .metadata
@@ -590,14 +593,18 @@ async fn set_quorum(
     if a.is_err() || b.is_err() {
         return HttpResponse::ServiceUnavailable().body("actors unavailable\n");
     }
-    ctx.router.set_partition_quorum(quorum);
+    ctx.router.set_partition_quorum(requested);
     info!(
         requested,
-        quorum, "quorum set for the elector, the metadata and every partition"
+        "quorum set for the elector, the metadata and every partition"
     );
+    let quorum = if requested == 0 {
+        "a majority of the voters".to_owned()
+    } else {
+        requested.to_string()
+    };
     HttpResponse::Ok().body(format!(
-        "quorum set to {quorum} of {members} for the elector, the metadata and every partition \
-         of this node (requested {requested}; 0 = N/2+1)\n"
+        "quorum set to {quorum} for the elector, the metadata and every partition of this node\n"
     ))
 }
 

@@ -30,7 +30,8 @@ use crate::actors::metadata::{GetMetadataStatus, Propose};
 use crate::admin::{refuse_unauthorized, AdminContext};
 
 /// How long a change waits for the previous one to be applied by a majority of voters
-/// (`ProposeError::MembershipNotApplied`) before it gives up.
+/// (`ProposeError::MembershipNotApplied`) and followed by every partition
+/// (`ProposeError::PartitionsNotFollowing`: healed under the current voters) before it gives up.
 const APPLIED_WAIT: Duration = Duration::from_secs(5);
 
 /// Polling period while waiting for a commit or a promotion.
@@ -159,7 +160,10 @@ async fn change(
             .map_err(|_| Refusal::Unavailable("metadata actor unavailable".into()))?;
         match answer {
             Ok(_) => break,
-            Err(ProposeError::MembershipNotApplied { .. }) if Instant::now() < applied_deadline => {
+            Err(
+                ProposeError::MembershipNotApplied { .. }
+                | ProposeError::PartitionsNotFollowing { .. },
+            ) if Instant::now() < applied_deadline => {
                 tokio::time::sleep(POLL).await;
             }
             Err(e @ ProposeError::MembershipChangeInFlight { .. }) => {

@@ -281,7 +281,6 @@ async fn start_actors(
     removed: Arc<tokio::sync::Notify>,
 ) -> anyhow::Result<Actors> {
     let self_id = NodeId(config.node_id);
-    let quorum = config.effective_quorum();
     let mailbox = config.limits.mailbox_capacity();
     let (hub, pending_links) = PeerHub::new(PeerHubConfig {
         self_id,
@@ -358,7 +357,8 @@ async fn start_actors(
         policies: Arc::new(domain_policies(config)),
         primary_active: health.clone().recipient(),
         assignments: metadata.clone().recipient(),
-        quorum,
+        // The configured quorum: 0 is a majority of each lease's replicas.
+        quorum: config.elector.quorum as usize,
     });
     let fanout = CommitFanout {
         metadata: metadata.clone(),

@@ -740,7 +740,8 @@ impl Partition {
         self.absorb_replication(now);
     }
 
-    /// Changes the quorum at run time (the effective number, this node included).
+    /// Changes the quorum at run time (this node included; 0 = a majority of the lease's
+    /// replicas).
     pub fn set_quorum(&mut self, now: Instant, quorum: usize) {
         info!(partition = %self.id, quorum, "partition quorum changed");
         self.replication.set_quorum(now, quorum);
@@ -748,16 +749,19 @@ impl Partition {
     }
 
     /// The committed cluster state names `primary` at `lease` for this partition, `active`
-    /// when its status is ACTIVE. A node no longer primary steps down to replica.
+    /// when its status is ACTIVE, replicated by `replicas` (empty: the configured members, or
+    /// those of the lease before; see [`ReplicationCore::handle_role`]). A node no longer
+    /// primary steps down to replica.
     pub fn handle_role(
         &mut self,
         now: Instant,
         primary: Option<NodeId>,
         lease: LeaseId,
         active: bool,
+        replicas: &[NodeId],
     ) {
         let was_primary = self.replication.phase().is_some();
-        self.replication.handle_role(now, primary, lease);
+        self.replication.handle_role(now, primary, lease, replicas);
         let is_primary = self.replication.phase().is_some();
         if active
             && primary == Some(self.self_id)

@@ -161,7 +161,7 @@ fn active_single_node_with(now: Instant, store: StoreConfig) -> Node {
         wall_clock_anchor: (now, 1_000),
     };
     let mut p = new_node_with(cfg, store);
-    p.handle_role(now, Some(NodeId(1)), LeaseId(1), false);
+    p.handle_role(now, Some(NodeId(1)), LeaseId(1), false, &[]);
     // The primary-lease mark is made durable before the partition heals, then its lease's
     // first record.
     assert!(p.needs_sync());
@@ -316,7 +316,7 @@ fn active_three_nodes(now: Instant, strong: bool) -> Node {
         wall_clock_anchor: (now, 0),
     };
     let mut p = new_node(cfg);
-    p.handle_role(now, Some(NodeId(1)), LeaseId(1), false);
+    p.handle_role(now, Some(NodeId(1)), LeaseId(1), false, &[]);
     // The primary-lease mark is made durable before the partition heals.
     p.sync_now(now).unwrap();
     drain(&mut p);
@@ -796,7 +796,7 @@ fn a_queue_rebuilt_by_a_new_primary_still_waits_for_a_quorum() {
     let store = store_with(dir.path(), &[old], &policies);
     let mut p = Partition::new(cfg, store);
     // Primary at lease 2: node 2 answers an empty journal, is synchronised and receipts.
-    p.handle_role(now, Some(NodeId(1)), LeaseId(2), false);
+    p.handle_role(now, Some(NodeId(1)), LeaseId(2), false, &[]);
     p.sync_now(now).unwrap();
     drain(&mut p);
     let peer = |kind| PartitionMessage { kind: Some(kind) };
@@ -1072,7 +1072,7 @@ fn a_primary_that_steps_down_reports_no_commit_or_lag() {
     sync(&mut p, now);
     drain(&mut p);
     assert!(p.gauges().committed > 0, "{:?}", p.gauges());
-    p.handle_role(now, Some(NodeId(2)), LeaseId(2), false);
+    p.handle_role(now, Some(NodeId(2)), LeaseId(2), false, &[]);
     let g = p.gauges();
     assert_eq!(g.role, PartitionRole::Replica);
     assert_eq!((g.committed, g.replication_lag), (0, 0), "{g:?}");

@@ -114,9 +114,11 @@ pub struct ReplicationConfig {
     pub self_id: NodeId,
     /// The partition.
     pub partition: PartitionId,
-    /// Every member of the cluster, this node included.
+    /// The replicas this node counts as primary until a lease names its own
+    /// ([`ReplicationCore::handle_role`]): the configured members, this node included.
     pub members: Vec<NodeId>,
-    /// Members that must hold a record before it is committed (this node included).
+    /// Members that must hold a record before it is committed (this node included); 0 means a
+    /// majority of the lease's replicas.
     pub quorum: usize,
     /// Most records in one `ReplicateRecords`/`SyncRecords` message.
     pub batch_records_max: usize,
@@ -723,13 +725,25 @@ impl ReplicationCore {
             .collect()
     }
 
-    /// Members that must hold a record before it is committed, this node included.
+    /// Members that must hold a record before it is committed, this node included: the
+    /// configured number, or a majority of the lease's replicas (never 0).
     pub fn quorum(&self) -> usize {
-        self.cfg.quorum
+        if self.cfg.quorum == 0 {
+            self.cfg.members.len() / 2 + 1
+        } else {
+            self.cfg.quorum
+        }
     }
 
-    /// Changes the quorum at run time (`POST /admin/quorum/{n}`). A primary re-evaluates what
-    /// is committed (and may release ACKs or finish healing) with the new number.
+    /// The replicas of the current lease (those this node counts as primary), this node
+    /// included when it replicates.
+    pub fn replicas(&self) -> &[NodeId] {
+        &self.cfg.members
+    }
+
+    /// Changes the quorum at run time (`POST /admin/quorum/{n}`; 0 = a majority of the
+    /// lease's replicas). A primary re-evaluates what is committed (and may release ACKs or
+    /// finish healing) with the new number.
     pub fn set_quorum(&mut self, now: Instant, quorum: usize) {
         self.cfg.quorum = quorum;
         match self.phase {
@@ -744,10 +758,22 @@ impl ReplicationCore {
         }
     }
 
-    /// The committed cluster state names `primary` for this partition at `lease`.
-    pub fn handle_role(&mut self, now: Instant, primary: Option<NodeId>, lease: LeaseId) {
+    /// The committed cluster state names `primary` for this partition at `lease`, replicated
+    /// by `replicas` (`PartitionInfo.replicas`; empty: the configured members, or those of the
+    /// lease before). A lease's replicas are fixed: they are taken only with a higher lease, and
+    /// a primary heals from and counts a majority of them alone.
+    pub fn handle_role(
+        &mut self,
+        now: Instant,
+        primary: Option<NodeId>,
+        lease: LeaseId,
+        replicas: &[NodeId],
+    ) {
         if lease < self.lease {
             return;
+        }
+        if (lease > self.lease || self.phase.is_none()) && !replicas.is_empty() {
+            self.cfg.members = replicas.to_vec();
         }
         let me = self.cfg.self_id;
         if primary == Some(me) {
@@ -1410,7 +1436,7 @@ impl ReplicationCore {
         let mut positions: Vec<u64> = vec![self.persisted];
         positions.extend(self.replicas.values().map(|p| p.receipt));
         positions.sort_unstable_by(|a, b| b.cmp(a));
-        let q = self.cfg.quorum.max(1);
+        let q = self.quorum();
         positions.get(q - 1).copied().unwrap_or(0)
     }
 
@@ -1492,7 +1518,7 @@ impl ReplicationCore {
                         .keys()
                         .filter(|n| !self.uncounted.contains(n))
                         .count();
-                    if counted < self.cfg.quorum {
+                    if counted < self.quorum() {
                         return;
                     }
                     let mine = shape_position(&self.shape());

@@ -203,7 +203,7 @@ fn settle(now: Instant, cores: &mut [Node], down: &[u32]) -> Vec<Output> {
 fn active_cluster(now: Instant) -> Vec<Node> {
     let mut cores: Vec<_> = (1..=3).map(|n| node(n, vec![])).collect();
     for c in cores.iter_mut() {
-        c.handle_role(now, Some(NodeId(1)), LeaseId(1));
+        c.handle_role(now, Some(NodeId(1)), LeaseId(1), &[]);
     }
     let outs = settle(now, &mut cores, &[]);
     assert_eq!(outs, vec![Output::Active { lease: LeaseId(1) }]);
@@ -233,7 +233,7 @@ fn new_primary_queries_every_member() {
     // A node named primary of lease 1 starts passive and asks the others for their journals.
     let now = Instant::now();
     let mut core = node(1, vec![]);
-    core.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(1), &[]);
     let query = |to| Output::Send {
         to: NodeId(to),
         message: msg(MsgKind::StateQuery(ReplicaStateQuery {
@@ -330,7 +330,7 @@ fn replica_receipts_only_after_its_fsync_ticket_completes() {
         .map(|n| node_on_disk(n, vec![], 1 << 20, n == 2))
         .collect();
     for c in cores.iter_mut() {
-        c.handle_role(now, Some(NodeId(1)), LeaseId(1));
+        c.handle_role(now, Some(NodeId(1)), LeaseId(1), &[]);
     }
     assert_eq!(
         settle(now, &mut cores, &[]),
@@ -431,7 +431,7 @@ fn passive_primary_refuses_puts() {
     // Until healed, PUTs are answered NOT_READY so the proxy keeps them for retransmission.
     let now = Instant::now();
     let mut core = node(1, vec![]);
-    core.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(1), &[]);
     let r = core.handle_put(
         now,
         producer(),
@@ -452,8 +452,8 @@ fn healing_pulls_from_the_most_advanced_member() {
     let now = Instant::now();
     let mut primary = node(2, journal(&[(1, 2)]));
     let mut replica = node(3, journal(&[(1, 4)]));
-    primary.handle_role(now, Some(NodeId(2)), LeaseId(2));
-    replica.handle_role(now, Some(NodeId(2)), LeaseId(2));
+    primary.handle_role(now, Some(NodeId(2)), LeaseId(2), &[]);
+    replica.handle_role(now, Some(NodeId(2)), LeaseId(2), &[]);
     // The primary-lease mark is made durable before the primary changes a replica.
     primary.sync(now).unwrap();
     drain(&mut primary);
@@ -569,7 +569,7 @@ fn healing_truncates_unacknowledged_records_of_an_older_lease() {
     let now = Instant::now();
     let mut primary = node(2, journal(&[(1, 3)]));
     let mut replica = node(3, journal(&[(1, 5)]));
-    primary.handle_role(now, Some(NodeId(2)), LeaseId(2));
+    primary.handle_role(now, Some(NodeId(2)), LeaseId(2), &[]);
     primary.sync(now).unwrap();
     drain(&mut primary);
     primary.handle_message(
@@ -682,7 +682,7 @@ fn primary_steps_down_when_a_higher_lease_is_named() {
     // A primary told that another node holds a higher lease becomes a replica at once.
     let now = Instant::now();
     let mut core = active_cluster(now).remove(0);
-    core.handle_role(now, Some(NodeId(2)), LeaseId(2));
+    core.handle_role(now, Some(NodeId(2)), LeaseId(2), &[]);
     assert_eq!(core.phase(), None);
     assert_eq!(core.lease(), LeaseId(2));
 }
@@ -712,7 +712,7 @@ fn every_acked_message_survives_the_primary_failing() {
     }
     assert!(acked.len() >= 10, "acked {}", acked.len());
     for c in cores.iter_mut().skip(1) {
-        c.handle_role(now, Some(NodeId(2)), LeaseId(2));
+        c.handle_role(now, Some(NodeId(2)), LeaseId(2), &[]);
     }
     let outs = settle(now, &mut cores, &[1]);
     assert!(
@@ -778,7 +778,7 @@ fn outstanding(core: &ReplicationCore) -> Vec<u128> {
 fn small_segment_cluster(now: Instant, segment: u64) -> Vec<Node> {
     let mut cores: Vec<_> = (1..=3).map(|n| node_with(n, vec![], segment)).collect();
     for c in cores.iter_mut() {
-        c.handle_role(now, Some(NodeId(1)), LeaseId(1));
+        c.handle_role(now, Some(NodeId(1)), LeaseId(1), &[]);
     }
     settle(now, &mut cores, &[]);
     assert!(cores[0].is_active_primary());
@@ -888,7 +888,7 @@ fn a_new_primary_behind_the_floor_pulls_the_live_state() {
     assert!(cores[1].store().floor() > cores[2].last_sequence());
     let want = outstanding(&cores[1]);
     for c in cores.iter_mut().skip(1) {
-        c.handle_role(t1, Some(NodeId(3)), LeaseId(2));
+        c.handle_role(t1, Some(NodeId(3)), LeaseId(2), &[]);
     }
     let outs = settle(t1, &mut cores, &[1]);
     assert!(
@@ -934,7 +934,7 @@ fn the_duplicate_window_holds_finished_messages_only() {
 /// lease 1) and then streamed records 4-5 of lease 1, all durable and receipted through 5.
 fn replica_receipted_through_5(now: Instant, lease: u64, first: &SyncRecords) -> Node {
     let mut replica = node(2, vec![]);
-    replica.handle_role(now, Some(NodeId(1)), LeaseId(lease));
+    replica.handle_role(now, Some(NodeId(1)), LeaseId(lease), &[]);
     drain(&mut replica);
     replica.handle_message(now, NodeId(1), msg(MsgKind::Sync(first.clone())));
     replica.sync(now).unwrap();
@@ -989,7 +989,7 @@ fn a_late_copy_of_a_sync_cuts_nothing_the_replica_holds() {
     assert!(!replica.needs_sync(), "nothing was rewritten");
     assert_eq!(records(&replica), journal(&[(1, 5)]));
     // A sync that conflicts (another lease at position 4) still cuts from the conflict.
-    replica.handle_role(now, Some(NodeId(3)), LeaseId(2));
+    replica.handle_role(now, Some(NodeId(3)), LeaseId(2), &[]);
     drain(&mut replica);
     let conflicting = SyncRecords {
         partition_id: 0,
@@ -1073,7 +1073,7 @@ fn a_replica_drops_frames_that_do_not_check() {
     // resends), and the intact resend is appended as received.
     let now = Instant::now();
     let mut replica = node(2, vec![]);
-    replica.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    replica.handle_role(now, Some(NodeId(1)), LeaseId(1), &[]);
     drain(&mut replica);
     let sync = SyncRecords {
         partition_id: 0,
@@ -1125,7 +1125,7 @@ fn a_primary_named_again_at_a_lease_it_served_before_a_restart_asks_for_a_new_on
     // lease 3 it heals as usual.
     let now = Instant::now();
     let mut core = node(1, journal(&[(1, 2), (2, 3)]));
-    core.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(2), &[]);
     assert!(
         core.phase().is_none(),
         "no healing at a lease served before the restart"
@@ -1147,7 +1147,7 @@ fn a_primary_named_again_at_a_lease_it_served_before_a_restart_asks_for_a_new_on
     );
     assert_eq!(r, PutResult::NotReady);
 
-    core.handle_role(now, Some(NodeId(1)), LeaseId(3));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(3), &[]);
     assert!(core.phase().is_some(), "heals at the new lease");
     let outputs = drain(&mut core);
     assert!(
@@ -1165,14 +1165,14 @@ fn a_primary_heals_at_a_lease_its_journal_does_not_hold_and_again_after_stepping
     // lost: the same process wrote those records).
     let now = Instant::now();
     let mut core = node(1, journal(&[(1, 2)]));
-    core.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(2), &[]);
     assert!(core.phase().is_some());
     assert!(!drain(&mut core)
         .iter()
         .any(|o| matches!(o, Output::LeaseReused { .. })));
-    core.handle_role(now, None, LeaseId(2));
+    core.handle_role(now, None, LeaseId(2), &[]);
     assert!(core.phase().is_none());
-    core.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(2), &[]);
     assert!(core.phase().is_some(), "same run: heals again at lease 2");
 }
 
@@ -1221,7 +1221,7 @@ fn lease_two_healing_with_compacted_journals(now: Instant) -> (Vec<Node>, Partit
     }
     assert!(cores[1].store().floor() > 0);
     for c in cores.iter_mut().skip(1) {
-        c.handle_role(now, Some(NodeId(2)), LeaseId(2));
+        c.handle_role(now, Some(NodeId(2)), LeaseId(2), &[]);
     }
     for o in drain(&mut cores[1]) {
         if let Output::Send {
@@ -1379,7 +1379,7 @@ fn no_record_of_a_lease_leaves_the_primary_before_its_first_is_durable_there() {
     // The lease's first record is the one a healed primary appends (`StoredLeaseStart`).
     let now = Instant::now();
     let mut core = node(1, vec![]);
-    core.handle_role(now, Some(NodeId(1)), LeaseId(1));
+    core.handle_role(now, Some(NodeId(1)), LeaseId(1), &[]);
     drain(&mut core);
     core.sync(now).unwrap();
     core.handle_message(
@@ -1467,7 +1467,7 @@ fn a_replica_that_lost_its_journal_counts_in_no_healing_quorum_until_reinstalled
     let third = cores.pop().unwrap();
     cores.push(lose_journal(third));
     for c in cores.iter_mut().skip(1) {
-        c.handle_role(now, Some(NodeId(2)), LeaseId(2));
+        c.handle_role(now, Some(NodeId(2)), LeaseId(2), &[]);
     }
     let outs = settle(now, &mut cores, &[1]);
     assert!(
@@ -1499,7 +1499,7 @@ fn a_primary_that_lost_its_journal_asks_for_a_lease_above_its_mark_and_does_not_
     let now = Instant::now();
     let mut cores: Vec<_> = (1..=3).map(|n| node(n, vec![])).collect();
     for c in cores.iter_mut() {
-        c.handle_role(now, Some(NodeId(1)), LeaseId(2));
+        c.handle_role(now, Some(NodeId(1)), LeaseId(2), &[]);
     }
     settle(now, &mut cores, &[]);
     put(&mut cores[0], now, 1, true);
@@ -1507,14 +1507,14 @@ fn a_primary_that_lost_its_journal_asks_for_a_lease_above_its_mark_and_does_not_
     let first = cores.remove(0);
     cores.insert(0, lose_journal(first));
     assert_eq!(cores[0].store().primary_lease_mark(), 2);
-    cores[0].handle_role(now, Some(NodeId(1)), LeaseId(2));
+    cores[0].handle_role(now, Some(NodeId(1)), LeaseId(2), &[]);
     assert!(cores[0].phase().is_none());
     assert!(matches!(
         drain(&mut cores[0]).as_slice(),
         [Output::LeaseReused { lease }] if *lease == LeaseId(2)
     ));
     for c in cores.iter_mut() {
-        c.handle_role(now, Some(NodeId(1)), LeaseId(3));
+        c.handle_role(now, Some(NodeId(1)), LeaseId(3), &[]);
     }
     // With node 3 down, node 2's answer and its own (uncounted) are not a quorum.
     let outs = settle(now, &mut cores, &[3]);
@@ -1547,7 +1547,7 @@ fn a_primary_changes_no_replica_before_its_lease_is_durably_marked_and_a_restart
     let now = Instant::now();
     let node1 = node_on_disk(1, journal(&[(1, 3)]), 1 << 20, true);
     let mut primary = node1;
-    primary.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    primary.handle_role(now, Some(NodeId(1)), LeaseId(2), &[]);
     drain(&mut primary);
     primary.handle_message(
         now,
@@ -1578,7 +1578,7 @@ fn a_primary_changes_no_replica_before_its_lease_is_durably_marked_and_a_restart
     let store = Store::open(_dir.path(), cfg_store, apps()).unwrap();
     assert_eq!(store.last_lease(), 1, "no record of lease 2 in the journal");
     let mut restarted = ReplicationCore::new(cfg(1), store);
-    restarted.handle_role(now, Some(NodeId(1)), LeaseId(2));
+    restarted.handle_role(now, Some(NodeId(1)), LeaseId(2), &[]);
     assert!(restarted.phase().is_none());
     assert!(matches!(
         drain(&mut restarted).as_slice(),
@@ -1602,7 +1602,7 @@ fn a_healed_primary_commits_older_records_only_with_a_record_of_its_own_lease() 
         node(3, journal(&[(1, 3), (2, 2)])),
     ];
     for c in cores.iter_mut().take(2) {
-        c.handle_role(now, Some(NodeId(1)), LeaseId(3));
+        c.handle_role(now, Some(NodeId(1)), LeaseId(3), &[]);
     }
     let outs = settle(now, &mut cores, &[3]);
     assert!(
@@ -1619,7 +1619,7 @@ fn a_healed_primary_commits_older_records_only_with_a_record_of_its_own_lease() 
         "4-5 of lease 1 settled on node 2"
     );
     for c in cores.iter_mut().skip(1) {
-        c.handle_role(now, Some(NodeId(3)), LeaseId(4));
+        c.handle_role(now, Some(NodeId(3)), LeaseId(4), &[]);
     }
     let outs = settle(now, &mut cores, &[1]);
     assert!(
@@ -1634,4 +1634,55 @@ fn a_healed_primary_commits_older_records_only_with_a_record_of_its_own_lease() 
     };
     assert_eq!(leases(&cores[2]), leases(&cores[1]), "one journal");
     assert_eq!(&leases(&cores[2])[3..5], &[(4, 1), (5, 1)]);
+}
+
+#[test]
+fn a_lease_counts_the_replicas_it_names() {
+    // Scenario: records committed at lease 1 by {1,2,3}; lease 2 names replicas {1,2,3,4}
+    // with a majority quorum (3 of 4). With 3 down, the primary heals from {1,2,4} and brings
+    // the new replica 4 up to date; with 2 and 3 down it stays passive ({1,4} is no majority
+    // of four), however many of the old replicas' receipts it once had.
+    let now = Instant::now();
+    let mut cores = active_cluster(now);
+    cores.push(node(4, vec![]));
+    for n in 1..=3u8 {
+        assert!(matches!(
+            put(&mut cores[0], now, n, true),
+            PutResult::Appended { .. }
+        ));
+    }
+    let acks = settle(now, &mut cores, &[4]);
+    assert_eq!(
+        acks.iter()
+            .filter(|o| matches!(o, Output::Ack { .. }))
+            .count(),
+        3
+    );
+    let four: Vec<NodeId> = (1..=4).map(NodeId).collect();
+    for c in cores.iter_mut() {
+        c.set_quorum(now, 0);
+        c.handle_role(now, Some(NodeId(1)), LeaseId(2), &four);
+    }
+    assert_eq!(cores[0].replicas(), &four[..]);
+    assert_eq!(cores[0].quorum(), 3);
+    let outs = settle(now, &mut cores, &[3]);
+    assert!(
+        outs.contains(&Output::Active { lease: LeaseId(2) }),
+        "{outs:?}"
+    );
+    assert_eq!(records(&cores[3]).len(), records(&cores[0]).len());
+    assert_eq!(
+        records(&cores[3]).len(),
+        2 + 3,
+        "each lease's own record and the three PUTs"
+    );
+
+    for c in cores.iter_mut() {
+        c.handle_role(now, Some(NodeId(1)), LeaseId(3), &four);
+    }
+    let outs = settle(now, &mut cores, &[2, 3]);
+    assert!(
+        !outs.iter().any(|o| matches!(o, Output::Active { .. })),
+        "{{1,4}} is no majority of four replicas: {outs:?}"
+    );
 }

@@ -1618,7 +1618,7 @@ impl Sim {
                 }
                 let primary = NodeId(primary as u32 + 1);
                 self.input(node, |p, now| {
-                    p.handle_role(now, Some(primary), LeaseId(lease), active)
+                    p.handle_role(now, Some(primary), LeaseId(lease), active, &[])
                 });
             }
             Event::Crash => {

@@ -49,11 +49,13 @@ pub fn plan_primary_assignment(
             _ => orphans.push(*id),
         }
     }
+    let replicas = lease_replicas_now(state);
     let info = |id: PartitionId, node: NodeId| peer::PartitionInfo {
         partition_id: id.0,
         primary_node_id: Some(node.0),
         primary_lease_id: state.partitions[&id].primary_lease_id + 1,
         status: PrimaryStatus::Active.to_wire(),
+        replicas: replicas.clone(),
     };
     if !orphans.is_empty() {
         let mut plan = Vec::with_capacity(orphans.len());
@@ -125,7 +127,49 @@ pub fn plan_rebalance(
         primary_node_id: Some(to.0),
         primary_lease_id: p.primary_lease_id + 1,
         status: bmq_proto::peer::PrimaryStatus::Passive as i32,
+        replicas: lease_replicas_now(state),
     })
+}
+
+/// The replica list a lease assigned now carries (`PartitionInfo.replicas`): the committed
+/// membership's [`ClusterMembership::partition_voters`](crate::ClusterMembership::partition_voters),
+/// in id order; empty before a membership is committed (the configured members replicate).
+pub fn lease_replicas_now(state: &ClusterState) -> Vec<u32> {
+    state
+        .membership
+        .as_deref()
+        .map(|m| m.partition_voters().into_iter().map(|n| n.0).collect())
+        .unwrap_or_default()
+}
+
+/// The partitions whose live primary should start a new lease with the current voters as its
+/// replicas (a membership change promoted or retired a voter): the same primary at lease + 1,
+/// PASSIVE until it heals from a majority of the new replicas. A partition whose primary is
+/// not in `available` is left to the failure path (or, draining, to its drain).
+pub fn plan_replica_change(
+    state: &ClusterState,
+    available: &BTreeSet<NodeId>,
+) -> Vec<peer::PartitionInfo> {
+    let Some(membership) = state.membership.as_deref() else {
+        return Vec::new();
+    };
+    let voters = membership.partition_voters();
+    let replicas = lease_replicas_now(state);
+    state
+        .partitions
+        .iter()
+        .filter(|(id, p)| {
+            p.primary.is_some_and(|n| available.contains(&n))
+                && state.lease_replicas(**id).as_ref() != Some(&voters)
+        })
+        .map(|(id, p)| peer::PartitionInfo {
+            partition_id: id.0,
+            primary_node_id: p.primary.map(|n| n.0),
+            primary_lease_id: p.primary_lease_id + 1,
+            status: peer::PrimaryStatus::Passive as i32,
+            replicas: replicas.clone(),
+        })
+        .collect()
 }
 
 /// The `PartitionPrimaryAdvisory` entries the active leader proposes now, or `None` when
@@ -139,8 +183,9 @@ pub fn plan_rebalance(
 /// First the failure path: [`plan_primary_assignment`]'s entries for the partitions whose
 /// primary is neither available nor draining (a live primary is never moved to fill a gap),
 /// each PASSIVE, since a new primary serves only once it has healed from a quorum and says so.
-/// When none needs a new primary, one step of [`plan_rebalance`]. `None` when neither has
-/// anything to do, and when no node is available.
+/// When none needs a new primary, the new leases of [`plan_replica_change`] (the voters
+/// changed); then one step of [`plan_rebalance`]. `None` when none has anything to do, and
+/// when no node is available.
 pub fn plan_primaries(
     state: &ClusterState,
     available: &BTreeSet<NodeId>,
@@ -165,6 +210,10 @@ pub fn plan_primaries(
     if !plan.is_empty() {
         return Some(plan);
     }
+    let plan = plan_replica_change(state, available);
+    if !plan.is_empty() {
+        return Some(plan);
+    }
     plan_rebalance(state, available).map(|step| vec![step])
 }
 
@@ -185,6 +234,7 @@ mod tests {
                 primary_node_id: Some(*n),
                 primary_lease_id: *lease,
                 status: peer::PrimaryStatus::Active as i32,
+                replicas: vec![],
             })
             .collect()
     }
@@ -300,6 +350,7 @@ mod rebalance_tests {
                 primary_node_id: Some(1),
                 primary_lease_id: 4,
                 status: bmq_proto::peer::PrimaryStatus::Passive as i32,
+                replicas: vec![],
             }
         );
     }
@@ -339,6 +390,7 @@ mod plan_primaries_tests {
             primary_node_id: Some(node),
             primary_lease_id: lease,
             status: peer::PrimaryStatus::Passive as i32,
+            replicas: vec![],
         }
     }
 

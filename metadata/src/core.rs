@@ -241,6 +241,19 @@ pub enum ProposeError {
         /// Voters in all.
         voters: usize,
     },
+    /// A membership change is proposed before every partition follows the committed one
+    /// ([`ClusterState::partition_lagging_membership`]: its primary ACTIVE at a lease whose
+    /// replicas are the current voters). The health actor re-leases the partitions after each
+    /// change; retry shortly.
+    #[error("partition {partition} does not follow membership epoch {epoch} yet: {reason}")]
+    PartitionsNotFollowing {
+        /// The committed epoch.
+        epoch: u64,
+        /// The first partition that lags.
+        partition: PartitionId,
+        /// Why it lags.
+        reason: &'static str,
+    },
     /// Too many uncommitted advisories; retry later.
     #[error("{uncommitted} advisories uncommitted; retry later")]
     Overloaded {
@@ -956,6 +969,13 @@ impl MetadataCore {
                 epoch,
                 applied,
                 voters: voters.len(),
+            });
+        }
+        if let Some((partition, reason)) = self.committed_state.partition_lagging_membership() {
+            return Err(ProposeError::PartitionsNotFollowing {
+                epoch,
+                partition,
+                reason,
             });
         }
         Ok(())

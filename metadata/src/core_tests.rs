@@ -1964,3 +1964,93 @@ fn a_joining_node_says_hello_at_once() {
     member.handle_leadership(now, Term(3), Some(n(1)));
     assert!(member.poll_timeout().is_some_and(|t| t > now));
 }
+
+#[test]
+fn the_next_change_waits_until_every_partition_healed_under_the_current_voters() {
+    // Scenario: partition 0's lease was assigned under voters {1,2,3}; once learner 4 is
+    // promoted, a further change is refused (PartitionsNotFollowing) while the lease's
+    // replicas are the old voters and while its new lease is PASSIVE, and accepted once the
+    // primary healed under {1,2,3,4} (ACTIVE). Without the wait, {1,2,3} -> {1,2,3,4} ->
+    // {1,2,3,4,5} could heal from {3,4,5}, none of which holds a record {1,2} committed.
+    let mut h = membership_harness();
+    h.elect(1, 1);
+    let now = h.now;
+    h.node(1)
+        .propose(now, primaries(&[(0, Some(1), 1)]))
+        .unwrap();
+    h.run();
+    for role in [MemberRole::Learner, MemberRole::Voter] {
+        let now = h.now;
+        let next = changed(h.node(1), |m| {
+            m.members.insert(n(4), member(4, role));
+        });
+        h.node(1).propose(now, next).unwrap();
+        h.run();
+        h.advance(Duration::from_secs(1));
+    }
+    assert_eq!(
+        h.state(1).lease_replicas(PartitionId(0)),
+        Some(voters(&[1, 2, 3])),
+        "a lease keeps the replicas it was assigned with"
+    );
+    let retire = changed(h.node(1), |m| {
+        m.members.get_mut(&n(3)).unwrap().role = MemberRole::Leaving;
+    });
+    let now = h.now;
+    assert!(matches!(
+        h.node(1).propose(now, retire.clone()),
+        Err(ProposeError::PartitionsNotFollowing {
+            epoch: 3,
+            partition: PartitionId(0),
+            ..
+        })
+    ));
+    let state = h.state(1);
+    let mut relet = crate::plan_replica_change(&state, &voters(&[1, 2, 3, 4]));
+    assert_eq!(relet.len(), 1);
+    assert_eq!(
+        (
+            relet[0].primary_node_id,
+            relet[0].primary_lease_id,
+            relet[0].replicas.clone()
+        ),
+        (Some(1), 2, vec![1, 2, 3, 4]),
+        "the same primary, the next lease, the current voters"
+    );
+    let passive = peer::Advisory {
+        kind: Some(peer::advisory::Kind::PartitionPrimary(
+            peer::PartitionPrimaryAdvisory {
+                partitions: relet.clone(),
+            },
+        )),
+    };
+    h.node(1).propose(now, passive).unwrap();
+    h.run();
+    let now = h.now;
+    assert!(
+        matches!(
+            h.node(1).propose(now, retire.clone()),
+            Err(ProposeError::PartitionsNotFollowing {
+                partition: PartitionId(0),
+                ..
+            })
+        ),
+        "a PASSIVE lease has not healed yet"
+    );
+    relet[0].status = peer::PrimaryStatus::Active as i32;
+    let active = peer::Advisory {
+        kind: Some(peer::advisory::Kind::PartitionPrimary(
+            peer::PartitionPrimaryAdvisory { partitions: relet },
+        )),
+    };
+    h.node(1).propose(now, active).unwrap();
+    h.run();
+    h.advance(Duration::from_secs(1));
+    let now = h.now;
+    h.node(1).propose(now, retire).unwrap();
+    h.run();
+    assert_eq!(
+        h.state(2).membership.as_ref().unwrap().partition_voters(),
+        voters(&[1, 2, 4])
+    );
+}

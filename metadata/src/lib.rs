@@ -31,7 +31,8 @@ pub use bmq_storage::disk;
 pub use bmq_storage::frame;
 
 pub use crate::assignment::{
-    pick_partition_for_queue, plan_primaries, plan_primary_assignment, plan_rebalance,
+    lease_replicas_now, pick_partition_for_queue, plan_primaries, plan_primary_assignment,
+    plan_rebalance, plan_replica_change,
 };
 pub use crate::core::{
     MetadataConfig, MetadataCore, MetadataCounters, MetadataOutput, MetadataRole, MetadataStatus,

@@ -126,8 +126,9 @@ pub struct ClusterMembership {
     pub members: BTreeMap<NodeId, Member>,
     /// Ids removed from the cluster; none of them is a member again.
     pub removed: BTreeSet<NodeId>,
-    /// The members that replicate partitions: the seeded members. Only they are given
-    /// primaries (a member added at run time holds no journal yet); no change alters it.
+    /// The seeded voters: the replicas of a partition lease assigned with no replica list
+    /// (before partitions followed the membership). No change alters it; later leases name
+    /// their replicas ([`ClusterMembership::partition_voters`] when they were assigned).
     pub partition_hosts: BTreeSet<NodeId>,
 }
 
@@ -220,6 +221,18 @@ impl ClusterMembership {
         self.members
             .values()
             .filter(|m| m.role.votes())
+            .map(|m| m.id)
+            .collect()
+    }
+
+    /// The members that replicate partitions: those with the voter role. A learner holds
+    /// journals only once promoted; a leaving member has lost its place already, so that its
+    /// removal changes no partition's replicas (one change of a partition's replicas per
+    /// membership change, as for the voters: the Raft dissertation's §4.1 single-server rule).
+    pub fn partition_voters(&self) -> BTreeSet<NodeId> {
+        self.members
+            .values()
+            .filter(|m| m.role == MemberRole::Voter)
             .map(|m| m.id)
             .collect()
     }

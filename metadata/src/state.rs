@@ -54,7 +54,7 @@ impl PrimaryStatus {
 }
 
 /// One partition's primary assignment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PartitionState {
     /// The node that is primary for the partition, if any.
     pub primary: Option<NodeId>,
@@ -63,6 +63,10 @@ pub struct PartitionState {
     pub primary_lease_id: u64,
     /// The primary's announced status.
     pub status: PrimaryStatus,
+    /// The voters that replicate this lease, in id order (`PartitionInfo.replicas`); empty for
+    /// a lease assigned before partitions followed the membership (see
+    /// [`ClusterState::lease_replicas`]). Changes only with a higher lease.
+    pub replicas: Vec<NodeId>,
 }
 
 /// Where a queue lives.
@@ -188,6 +192,15 @@ pub enum ApplyError {
         /// The lease in the advisory.
         received_lease: u64,
     },
+    /// A partition's replicas changed without a higher lease (a lease's replicas are fixed:
+    /// its primary heals from and counts a majority of them).
+    #[error("partition {partition}: replicas changed at lease {lease} without a new lease")]
+    ReplicasChangedInLease {
+        /// The partition.
+        partition: PartitionId,
+        /// The lease.
+        lease: u64,
+    },
     /// A `PrimaryStatusAdvisory` that does not name the current primary and lease.
     #[error("partition {partition}: status from {node}@{lease} but the primary is {current_primary:?}@{current_lease}")]
     NotCurrentPrimary {
@@ -285,6 +298,48 @@ impl ClusterState {
         self.partitions.ptr_eq(&other.partitions) || self.partitions == other.partitions
     }
 
+    /// The voters that replicate `partition` at its current lease: the lease's replica list,
+    /// or for a lease assigned without one the membership's `partition_hosts`; `None` before a
+    /// membership is committed (the configured members replicate) or for an unknown partition.
+    pub fn lease_replicas(&self, partition: PartitionId) -> Option<BTreeSet<NodeId>> {
+        let p = self.partitions.get(&partition)?;
+        let membership = self.membership.as_deref()?;
+        if p.replicas.is_empty() {
+            Some(membership.partition_hosts.clone())
+        } else {
+            Some(p.replicas.iter().copied().collect())
+        }
+    }
+
+    /// The first partition that keeps the next membership change waiting, with the reason, or
+    /// `None` when every partition follows the committed membership: each one ever assigned is
+    /// ACTIVE at a lease whose replicas are the membership's
+    /// [`ClusterMembership::partition_voters`]. An ACTIVE primary healed from a majority of
+    /// its replicas and a majority holds its whole journal, so every record committed under
+    /// the replicas before holds on a majority of the current ones; the next change moves the
+    /// replicas by one more voter, whose majorities intersect the current ones (the Raft
+    /// dissertation's §4.1 argument, applied to each partition). Allowing a second change
+    /// before that could let a lease heal from a majority that holds none of a committed
+    /// record's copies. A partition never assigned (lease 0) holds nothing and never waits.
+    pub fn partition_lagging_membership(&self) -> Option<(PartitionId, &'static str)> {
+        let voters = self.membership.as_deref()?.partition_voters();
+        for (id, p) in &self.partitions {
+            if p.primary_lease_id == 0 {
+                continue;
+            }
+            if self.lease_replicas(*id).as_ref() != Some(&voters) {
+                return Some((*id, "its lease's replicas are not the current voters yet"));
+            }
+            if p.primary.is_none() || p.status != PrimaryStatus::Active {
+                return Some((
+                    *id,
+                    "its primary has not healed under the current voters yet",
+                ));
+            }
+        }
+        None
+    }
+
     /// The number of queues assigned to `partition`. O(log partitions).
     pub fn queue_count(&self, partition: PartitionId) -> usize {
         self.queue_counts.get(&partition).copied().unwrap_or(0)
@@ -361,6 +416,7 @@ impl ClusterState {
                 primary: p.primary_node_id.map(NodeId),
                 primary_lease_id: p.primary_lease_id,
                 status,
+                replicas: replica_list(&p.replicas),
             };
             if state.partitions.insert(partition, value).is_some() {
                 return Err(SnapshotError::DuplicatePartition { partition });
@@ -460,10 +516,20 @@ impl ClusterState {
                             received_lease: info.primary_lease_id,
                         });
                     }
+                    let replicas = replica_list(&info.replicas);
+                    if info.primary_lease_id == current.primary_lease_id
+                        && replicas != current.replicas
+                    {
+                        return Err(ApplyError::ReplicasChangedInLease {
+                            partition,
+                            lease: info.primary_lease_id,
+                        });
+                    }
                     *current = PartitionState {
                         primary: received_primary,
                         primary_lease_id: info.primary_lease_id,
                         status,
+                        replicas,
                     };
                 }
                 self.partitions = next;
@@ -623,7 +689,14 @@ pub fn partition_info(id: PartitionId, p: &PartitionState) -> peer::PartitionInf
         primary_node_id: p.primary.map(|n| n.0),
         primary_lease_id: p.primary_lease_id,
         status: p.status.to_wire(),
+        replicas: p.replicas.iter().map(|n| n.0).collect(),
     }
+}
+
+/// A wire replica list in id order, without repeats.
+fn replica_list(wire: &[u32]) -> Vec<NodeId> {
+    let set: BTreeSet<NodeId> = wire.iter().copied().map(NodeId).collect();
+    set.into_iter().collect()
 }
 
 /// JSON form for `/status`: `{partitions: [{partition_id, primary, primary_lease_id, status}],
@@ -637,6 +710,7 @@ impl Serialize for ClusterState {
             primary: Option<u32>,
             primary_lease_id: u64,
             status: PrimaryStatus,
+            replicas: Vec<u32>,
         }
         #[derive(Serialize)]
         struct QueueJson<'a> {
@@ -652,6 +726,7 @@ impl Serialize for ClusterState {
                 primary: p.primary.map(|n| n.0),
                 primary_lease_id: p.primary_lease_id,
                 status: p.status,
+                replicas: p.replicas.iter().map(|n| n.0).collect(),
             })
             .collect();
         let queues: Vec<QueueJson<'_>> = self
@@ -687,6 +762,7 @@ pub(crate) mod tests {
                         primary_node_id: *n,
                         primary_lease_id: *lease,
                         status: peer::PrimaryStatus::Active as i32,
+                        replicas: vec![],
                     })
                     .collect(),
             })),
@@ -843,6 +919,52 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_lease_keeps_its_replicas_and_an_unlisted_one_is_the_seeded_voters() {
+        // Scenario: a lease assigned without replicas is replicated by the seeded voters; one
+        // naming {1,2,3,4} keeps them (through a snapshot too); changing them at the same
+        // lease is refused and changes nothing.
+        use crate::membership::tests::member;
+        use crate::membership::{ClusterMembership, MemberRole};
+        let mut s = ClusterState::new(1);
+        assert_eq!(s.lease_replicas(PartitionId(0)), None, "no membership yet");
+        let seed = ClusterMembership::seed((1..=3).map(|i| member(i, MemberRole::Voter))).unwrap();
+        s.membership = Some(Arc::new(seed));
+        s.apply(&primaries(&[(0, Some(1), 1)])).unwrap();
+        let ids = |v: &[u32]| v.iter().copied().map(NodeId).collect::<BTreeSet<_>>();
+        assert_eq!(s.lease_replicas(PartitionId(0)), Some(ids(&[1, 2, 3])));
+        let with = |lease: u64, replicas: Vec<u32>| peer::Advisory {
+            kind: Some(Kind::PartitionPrimary(peer::PartitionPrimaryAdvisory {
+                partitions: vec![peer::PartitionInfo {
+                    partition_id: 0,
+                    primary_node_id: Some(1),
+                    primary_lease_id: lease,
+                    status: peer::PrimaryStatus::Passive as i32,
+                    replicas,
+                }],
+            })),
+        };
+        s.apply(&with(2, vec![4, 1, 2, 3, 4])).unwrap();
+        assert_eq!(
+            s.partitions[&PartitionId(0)].replicas,
+            ids(&[1, 2, 3, 4]).into_iter().collect::<Vec<_>>()
+        );
+        let before = s.clone();
+        assert_eq!(
+            s.apply(&with(2, vec![1, 2, 3])),
+            Err(ApplyError::ReplicasChangedInLease {
+                partition: PartitionId(0),
+                lease: 2
+            })
+        );
+        assert_eq!(s, before);
+        let again = ClusterState::from_snapshot(&s.to_snapshot()).unwrap();
+        assert_eq!(
+            again.lease_replicas(PartitionId(0)),
+            Some(ids(&[1, 2, 3, 4]))
+        );
+    }
+
+    #[test]
     fn a_leader_snapshot_of_this_very_state_keeps_its_maps() {
         // Scenario: a new leader's snapshot equals what a node holds: applied, it leaves the
         // maps as they are (shared with other copies); a snapshot that differs in one queue,
@@ -971,7 +1093,7 @@ pub(crate) mod tests {
     fn invalid_snapshots_are_errors() {
         // Scenario: from_snapshot refuses inconsistent snapshots instead of panicking.
         let mut snap = ClusterState::new(2).to_snapshot();
-        snap.partitions.push(snap.partitions[0]);
+        snap.partitions.push(snap.partitions[0].clone());
         assert_eq!(
             ClusterState::from_snapshot(&snap),
             Err(SnapshotError::DuplicatePartition {

@@ -111,6 +111,11 @@ pub struct PartitionDoc {
     pub primary_lease_id: u64,
     /// `none`, `passive` or `active`.
     pub status: String,
+    /// The voters that replicate the partition at this lease (its primary heals from and
+    /// counts a majority of them); empty before a membership is committed (the configured
+    /// members replicate).
+    #[serde(default)]
+    pub replicas: Vec<u32>,
     /// Messages held by this node for this partition (only meaningful on its primary).
     pub messages: u64,
     /// This node's last journal sequence for the partition (0 while its journal opens).

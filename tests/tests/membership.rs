@@ -207,6 +207,17 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
         .await
         .context("round trip through the new member")?;
 
+        cluster
+            .wait_for_all(
+                Duration::from_secs(20),
+                "partitions re-leased to four",
+                |s| {
+                    s.partitions
+                        .iter()
+                        .all(|p| p.replicas == [1, 2, 3, 4] && p.status == "active")
+                },
+            )
+            .await?;
         let (leader, term) = cluster.wait_for_leader(Duration::from_secs(10)).await?;
         cluster.kill_node(leader)?;
         let (new_leader, new_term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
@@ -221,16 +232,19 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
         )
         .await
         .context("round trip after the leader's SIGKILL")?;
-        // Whoever leads now (node 4 too), the member added at run time holds no primary: it
-        // replicates no partition.
-        for (id, s) in cluster.statuses().await {
-            let s = s?;
-            ensure!(
-                s.partitions.iter().all(|p| p.primary != Some(4)),
-                "node {id} sees node 4 as a primary: {:?}",
-                s.partitions
-            );
-        }
+        // Every partition's lease is replicated by the four voters, the member added at run
+        // time included (a partition whose primary died was given to a survivor under them).
+        cluster
+            .wait_for_all(
+                Duration::from_secs(20),
+                "partitions replicated by four",
+                |s| {
+                    s.partitions
+                        .iter()
+                        .all(|p| p.replicas == [1, 2, 3, 4] && p.status == "active")
+                },
+            )
+            .await?;
 
         // The killed node is removed while it is down; restarted with its data (which does
         // not know), it learns from its peers' hellos that it was removed, and exits.
@@ -249,6 +263,65 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
             !exit.success(),
             "a removed node exits with an error: {exit}"
         );
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
+    }
+}
+
+/// Partitions follow the voters: a 3-node cluster grown to 5 re-leases every partition to the
+/// five voters, so strong messages ACKed then are held by a majority of five. SIGKILL of nodes
+/// 1 and 2 (two of the three seeded nodes) leaves 3, 4 and 5, two of which joined at run time:
+/// they elect a leader, heal every partition from themselves, and deliver every message. (With
+/// partitions replicated by the seeded nodes alone, node 3 would be the only one left holding
+/// them, and no partition could reach a quorum.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_follow_the_voters_and_survive_the_loss_of_two_seeded_nodes() {
+    let mut cluster = growing_cluster(3, 5).expect("start cluster");
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        cluster
+            .wait_for_all(Duration::from_secs(10), "the seeded membership", |s| {
+                s.membership.as_ref().is_some_and(|m| m.epoch == 1)
+            })
+            .await?;
+        for id in [4, 5] {
+            cluster.start_node(id)?;
+            wait_until_up(&cluster, id).await?;
+            let answer = add_member(&cluster, 1, id).await?;
+            ensure!(answer.contains("promoted to voter"), "add {id}: {answer:?}");
+        }
+        let five = [1, 2, 3, 4, 5];
+        cluster
+            .wait_for_all(
+                Duration::from_secs(30),
+                "partitions replicated by five",
+                |s| {
+                    voters(s) == ids(&five)
+                        && s.partitions
+                            .iter()
+                            .all(|p| p.replicas == five && p.status == "active")
+                },
+            )
+            .await?;
+        bmq_tests::produce(QUEUE, vec![cluster.node(4).client_addr()], 7, 300)
+            .await
+            .context("produce to five voters")?;
+        cluster.kill_node(1)?;
+        cluster.kill_node(2)?;
+        cluster
+            .wait_for_all(Duration::from_secs(30), "primaries among 3, 4 and 5", |s| {
+                s.node_id < 3
+                    || s.partitions
+                        .iter()
+                        .all(|p| p.status == "active" && p.primary.is_some_and(|n| n >= 3))
+            })
+            .await?;
+        bmq_tests::consume(QUEUE, vec![cluster.node(5).client_addr()], 7, 300)
+            .await
+            .context("every message ACKed by five voters, after the loss of two")?;
         Ok(())
     }
     .await;

@@ -739,8 +739,18 @@ impl Sim {
         let now = self.now;
         let advisory = next.to_advisory();
         let core = self.nodes[leader].core.as_mut().expect("live");
-        if core.propose(now, advisory).is_ok() {
-            self.drive(leader);
+        match core.propose(now, advisory) {
+            Ok(_) => self.drive(leader),
+            Err(bmq_metadata::ProposeError::PartitionsNotFollowing { .. }) => {
+                // As the health actor does after a change: every partition a new lease with
+                // the current voters; the change is tried again at a later turn.
+                let n = self.nodes.len() as u32;
+                for p in 0..PARTITIONS {
+                    self.propose_primary(leader, p, 1 + p % n);
+                }
+                self.drive(leader);
+            }
+            Err(_) => {}
         }
     }
 
@@ -928,19 +938,23 @@ impl Sim {
         self.rearm(i);
     }
 
-    /// Has leader `i` propose `primary` for partition `p` with the next lease (as the health
-    /// actor does); refused proposals (not active, overloaded) are ignored, as there.
+    /// Has leader `i` propose `primary` for partition `p` with the next lease, replicated by
+    /// the current voters (as the health actor does; the primary's healing is not simulated,
+    /// so the lease is ACTIVE at once); refused proposals (not active, overloaded) are
+    /// ignored, as there.
     fn propose_primary(&mut self, i: usize, p: u32, primary: u32) {
         let now = self.now;
         let core = self.nodes[i].core.as_mut().expect("live");
-        let lease = core.tip_state().partitions[&PartitionId(p)].primary_lease_id + 1;
+        let tip = core.tip_state();
+        let lease = tip.partitions[&PartitionId(p)].primary_lease_id + 1;
         let advisory = peer::Advisory {
             kind: Some(Kind::PartitionPrimary(peer::PartitionPrimaryAdvisory {
                 partitions: vec![peer::PartitionInfo {
                     partition_id: p,
                     primary_node_id: Some(primary),
                     primary_lease_id: lease,
-                    status: 0,
+                    status: peer::PrimaryStatus::Active as i32,
+                    replicas: bmq_metadata::lease_replicas_now(tip),
                 }],
             })),
         };

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
-use bmq_metadata::{plan_primaries, ClusterState, MemberRole, MetadataRole};
+use bmq_metadata::{lease_replicas_now, plan_primaries, ClusterState, MemberRole, MetadataRole};
 use bmq_proto::peer::{
     advisory::Kind as AdvisoryKind, Advisory, PartitionPrimaryAdvisory, PrimaryStatusAdvisory,
 };
@@ -151,10 +151,9 @@ impl HealthActor {
     }
 
     /// The nodes that may be given a primary: up, not stopping, and voters of the committed
-    /// membership (a learner holds no primary; a leaving member gives its primaries up) among
-    /// its partition hosts (the seeded members, the same on every node): a member added at run
-    /// time takes part in the elector and the metadata ledger, not (yet) in partition
-    /// replication. Before a membership is committed: the files' members.
+    /// membership (a learner holds no primary; a leaving member gives its primaries up): the
+    /// replicas of every lease assigned now. Before a membership is committed: the files'
+    /// members.
     fn available(&mut self) -> BTreeSet<NodeId> {
         let mut available = self.up();
         for n in self.stopping.keys() {
@@ -162,10 +161,7 @@ impl HealthActor {
         }
         match &self.state.membership {
             Some(membership) => {
-                available.retain(|n| {
-                    membership.role(*n) == Some(MemberRole::Voter)
-                        && membership.partition_hosts.contains(n)
-                });
+                available.retain(|n| membership.role(*n) == Some(MemberRole::Voter));
             }
             None => available.retain(|n| self.partition_hosts.contains(n)),
         }
@@ -251,6 +247,7 @@ impl HealthActor {
                     primary_node_id: Some(msg.node.0),
                     primary_lease_id: lease,
                     status: bmq_proto::peer::PrimaryStatus::Passive as i32,
+                    replicas: lease_replicas_now(&self.state),
                 }],
             })),
         };

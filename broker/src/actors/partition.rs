@@ -129,13 +129,15 @@ pub struct PartitionRoleChanged {
     pub lease: LeaseId,
     /// Whether the committed status is ACTIVE.
     pub active: bool,
+    /// The voters that replicate this lease (empty: the configured members).
+    pub replicas: Vec<NodeId>,
 }
 
-/// The effective quorum changed (members that must hold a record before it is committed).
+/// The quorum changed (members that must hold a record before it is committed).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SetPartitionQuorum {
-    /// The new quorum, this node included (the effective number, never 0).
+    /// The new quorum, this node included; 0 is a majority of each lease's replicas.
     pub quorum: usize,
 }
 
@@ -604,7 +606,13 @@ impl Handler<PartitionRoleChanged> for PartitionActor {
     fn handle(&mut self, msg: PartitionRoleChanged, ctx: &mut Self::Context) {
         let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
-            core.handle_role(Instant::now(), msg.primary, msg.lease, msg.active);
+            core.handle_role(
+                Instant::now(),
+                msg.primary,
+                msg.lease,
+                msg.active,
+                &msg.replicas,
+            );
         }
         self.publish_gauges();
         self.drive(ctx);

@@ -109,7 +109,8 @@ pub struct RouterParts {
     pub primary_active: Recipient<PrimaryActive>,
     /// Where queue assignment requests go (the metadata actor, which forwards to the leader).
     pub assignments: Recipient<RequestQueueAssignment>,
-    /// The effective quorum every partition starts with.
+    /// The quorum every partition starts with: `elector.quorum`, 0 for a majority of each
+    /// lease's replicas.
     pub quorum: usize,
 }
 

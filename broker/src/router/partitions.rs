@@ -81,11 +81,16 @@ impl Router {
             if told.get(id) == Some(&role) {
                 continue;
             }
-            // Bounded by the commit rate; a full mailbox is caught up at the next commit.
+            // Bounded by the commit rate; a full mailbox is caught up at the next commit. A
+            // lease's replicas change only with the lease, so `role` tells when they are due.
             let message = PartitionRoleChanged {
                 primary: role.0,
                 lease: role.1,
                 active: role.2,
+                replicas: state
+                    .lease_replicas(*id)
+                    .map(|r| r.into_iter().collect())
+                    .unwrap_or_default(),
             };
             if addr.try_send(message).is_err() {
                 metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
@@ -160,7 +165,8 @@ impl Router {
             .join(id.0.to_string())
     }
 
-    /// Sets the effective quorum of every partition (and of partitions started later).
+    /// Sets the quorum of every partition (and of partitions started later); 0 is a majority
+    /// of each lease's replicas.
     pub fn set_partition_quorum(&self, quorum: usize) {
         self.quorum.store(quorum, Ordering::SeqCst);
         self.each_partition(|addr| {
