@@ -20,6 +20,13 @@
 //! - **Leadership** is an input (the elector and metadata simulators check it): a schedule of
 //!   primaries with strictly increasing leases, announced to each node 0-30 ms apart; the
 //!   leader moves a primary away from a crashed or stopping node.
+//! - **Membership** (`five_nodes_with_replica_changes`): the partition's replicas change
+//!   while it runs, as the voters of a live membership do — 3 of 5 nodes at first, one added
+//!   or retired every 100-400 ms, each change a new lease naming the new replicas
+//!   (`PartitionInfo.replicas`), made only once the lease before is ACTIVE (the metadata
+//!   core's `PartitionsNotFollowing` rule); a retired node keeps its stale journal, and may
+//!   come back. `replica_changes_that_do_not_wait_are_found` drops the wait and requires a
+//!   violation within 200 seeds.
 //! - **Faults**: single-node crashes with torn writes, power loss of every node at once,
 //!   primary moves, graceful stops (no new deliveries, a drain, the primary moves, a clean
 //!   restart). In half the runs (its own RNG, so the other choices stay those of the seed)
@@ -47,10 +54,10 @@
 //!   messages with another payload, as a client that reuses GUIDs would.
 //!
 //! Invariants, checked at every event:
-//! 1. a strong PUT is ACKed only when a quorum of nodes holds its record durably (eventual:
-//!    the primary does);
-//! 2. a message is pushed (strong) only when a quorum holds it durably — no dirty read
-//!    (eventual: the primary holds it durably);
+//! 1. a strong PUT is ACKed only when a quorum of the lease's replicas holds its record
+//!    durably (eventual: the primary does);
+//! 2. a message is pushed (strong) only when a quorum of the lease's replicas holds it
+//!    durably — no dirty read (eventual: the primary holds it durably);
 //! 3. an ACKed message whose confirm is committed is never pushed again — nothing confirmed
 //!    comes back, through crashes, power losses, rollovers, deletions and compactions (an
 //!    unACKed message may be resent by its producer and stored again: at-least-once);
@@ -82,7 +89,7 @@
 //! `scripts/soak-sim.sh replication` runs many more. With the `defect-injection` feature, the
 //! test `defects_are_found` puts each old defect back and requires the simulator to find it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,6 +139,8 @@ const IMPOSTOR_SEED: u64 = 0x1e57_a11e;
 const DISK_FAULT_SEED: u64 = 0xd15c_fa17;
 /// Mixed into the seed for the flipped bits' random stream.
 const BIT_FLIP_SEED: u64 = 0xb17f_11b5;
+/// Seeds the replica-change stream (`Mode::replica_changes`).
+const MEMBERSHIP_SEED: u64 = 0x3e3b_e125;
 /// Journals found corrupt at open and set aside, over every run of this process (for the
 /// summary).
 static QUARANTINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -143,6 +152,8 @@ static FSYNC_STOPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 static FULL_DISKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 /// PUTs NACKed `STORAGE_FAILURE`, over every run of this process (for the summary).
 static STORAGE_NACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Replica changes made (`Mode::replica_changes`), for the summary line.
+static REPLICA_CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[derive(Debug, Clone)]
 enum Event {
@@ -174,7 +185,11 @@ enum Event {
         primary: usize,
         lease: u64,
         active: bool,
+        /// `PartitionInfo.replicas` (empty: the configured members).
+        replicas: Vec<NodeId>,
     },
+    /// The leader adds or retires a replica (`Mode::replica_changes`).
+    ChangeReplicas,
     Crash,
     Restart {
         node: usize,
@@ -325,7 +340,15 @@ struct Sim {
     events: BTreeMap<(Duration, u64), Box<Event>>,
     next_event_id: u64,
     nodes: Vec<SimNode>,
-    quorum: usize,
+    /// The replica-change stream (`Mode::replica_changes`).
+    member_rng: ChaCha8Rng,
+    /// Replica changes wait for an ACTIVE lease (`Mode::replica_wait`).
+    replica_wait: bool,
+    /// The replicas the leader names with the next lease (every node without
+    /// `Mode::replica_changes`).
+    replicas: BTreeSet<usize>,
+    /// The replicas of each lease named so far (a lease's replicas never change).
+    lease_replicas: HashMap<u64, BTreeSet<usize>>,
     policies: Arc<DomainPolicies>,
     /// The primary schedule: (primary, lease, committed ACTIVE).
     primary: Option<usize>,
@@ -409,6 +432,8 @@ impl Sim {
             background_compaction,
             full_disks,
             bit_flips,
+            replica_changes,
+            replica_wait,
         } = mode;
         let now = Instant::now();
         let policies = Arc::new(DomainPolicies::new([
@@ -421,13 +446,20 @@ impl Sim {
             impostor_rng: ChaCha8Rng::seed_from_u64(seed ^ IMPOSTOR_SEED),
             disk_rng: ChaCha8Rng::seed_from_u64(seed ^ DISK_FAULT_SEED),
             flip_rng: ChaCha8Rng::seed_from_u64(seed ^ BIT_FLIP_SEED),
+            member_rng: ChaCha8Rng::seed_from_u64(seed ^ MEMBERSHIP_SEED),
+            replica_wait,
+            replicas: if replica_changes {
+                (0..size.min(3)).collect()
+            } else {
+                (0..size).collect()
+            },
+            lease_replicas: HashMap::new(),
             background_compaction,
             t0: now,
             now,
             events: BTreeMap::new(),
             next_event_id: 0,
             nodes: Vec::new(),
-            quorum: size / 2 + 1,
             policies,
             primary: None,
             lease: 0,
@@ -470,6 +502,10 @@ impl Sim {
         }
         sim.schedule(Duration::ZERO, Event::Move);
         sim.schedule(Duration::from_millis(25), Event::Tick);
+        if replica_changes {
+            let d = Duration::from_millis(sim.member_rng.gen_range(100..400));
+            sim.schedule(d, Event::ChangeReplicas);
+        }
         for p in 0..PRODUCERS {
             sim.schedule(
                 Duration::from_millis(50 + p),
@@ -523,7 +559,8 @@ impl Sim {
                 self_id: NodeId(n as u32 + 1),
                 partition: PartitionId(0),
                 members: self.members(),
-                quorum: self.quorum,
+                // A majority of each lease's replicas (every node without replica changes).
+                quorum: 0,
                 batch_records_max: 16,
                 in_flight_records_max: 64,
                 resend_after: Duration::from_millis(200),
@@ -628,10 +665,23 @@ impl Sim {
 
     // ---- durability views ----
 
-    /// Nodes that hold `guid`'s message record durably (a down node: as of its crash).
-    fn durable_holders(&self, guid: u128) -> usize {
+    /// The replicas of `lease` (every node for a lease named before any change).
+    fn replicas_of(&self, lease: u64) -> BTreeSet<usize> {
+        self.lease_replicas
+            .get(&lease)
+            .cloned()
+            .unwrap_or_else(|| (0..self.nodes.len()).collect())
+    }
+
+    /// Replicas of `lease` that hold `guid`'s message record durably (a down node: as of its
+    /// crash).
+    fn durable_holders(&self, guid: u128, lease: u64) -> usize {
+        let replicas = self.replicas_of(lease);
         self.nodes
             .iter()
+            .enumerate()
+            .filter(|(i, _)| replicas.contains(i))
+            .map(|(_, node)| node)
             .filter(|node| match &node.p {
                 Some(p) => {
                     let store = p.replication().store();
@@ -650,8 +700,23 @@ impl Sim {
     fn check_durable(&self, guid: u128, node: usize, what: &str) {
         let strong = self.model.strong_of[&guid];
         if strong {
-            let holders = self.durable_holders(guid);
-            if holders < self.quorum {
+            // A quorum of the replicas of the lease the primary ACKs or pushes at: its
+            // current one, or the record's own (the primary of that lease ACKs it, and may
+            // have seen the next lease in the same input before the ACK is checked here).
+            let lease = self.lease_of(node);
+            let record_lease = self.nodes[node]
+                .p
+                .as_ref()
+                .and_then(|p| {
+                    let store = p.replication().store();
+                    let at = store.outstanding_sequence(guid)?;
+                    store.read(at).ok().flatten().map(|r| r.lease)
+                })
+                .unwrap_or(lease);
+            let held = |l: u64| self.durable_holders(guid, l) > self.replicas_of(l).len() / 2;
+            if !held(lease) && !held(record_lease) {
+                let quorum = self.replicas_of(lease).len() / 2 + 1;
+                let holders = self.durable_holders(guid, lease);
                 let at = self.nodes[node]
                     .p
                     .as_ref()
@@ -678,8 +743,7 @@ impl Sim {
                     })
                     .collect();
                 self.fail(format!(
-                    "{what} of {guid:#x} (strong) while only {holders} nodes hold it durably (quorum {}): {}",
-                    self.quorum,
+                    "{what} of {guid:#x} (strong) while only {holders} replicas of lease {lease} hold it durably (quorum {quorum}): {}",
                     views.join(" ")
                 ));
             }
@@ -767,10 +831,13 @@ impl Sim {
                 }
             }
             PartitionOutput::RequestNewLease { lease } => {
-                if Some(n) == self.primary && lease.0 == self.lease {
+                if Some(n) == self.primary && lease.0 == self.lease && !self.replicas.contains(&n) {
+                    // No longer a replica: another primary.
+                    self.move_primary();
+                } else if Some(n) == self.primary && lease.0 == self.lease {
                     // The leader names the same node at the next lease (a
                     // PartitionPrimaryAdvisory), PASSIVE until it heals again.
-                    self.lease += 1;
+                    self.next_lease();
                     self.active = false;
                     note!(
                         self,
@@ -961,6 +1028,7 @@ impl Sim {
 
     fn announce_role(&mut self) {
         let Some(primary) = self.primary else { return };
+        let replicas = self.lease_replicas_named();
         for n in 0..self.nodes.len() {
             if self.live(n) {
                 let d = self.ms(0, 30);
@@ -970,25 +1038,93 @@ impl Sim {
                     primary,
                     lease: self.lease,
                     active: self.active,
+                    replicas: replicas.clone(),
                 };
                 self.schedule(d, ev);
             }
         }
     }
 
-    /// The leader names a new primary (never a stopping or down node) with the next lease.
+    /// The replicas of the current lease as its role names them (`PartitionInfo.replicas`):
+    /// empty without `Mode::replica_changes` (the configured members, every node).
+    fn lease_replicas_named(&self) -> Vec<NodeId> {
+        match self.lease_replicas.get(&self.lease) {
+            Some(r) => r.iter().map(|n| NodeId(*n as u32 + 1)).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Starts the next lease: its replicas are the current `replicas`.
+    fn next_lease(&mut self) {
+        self.lease += 1;
+        if self.replicas.len() < self.nodes.len() || !self.lease_replicas.is_empty() {
+            self.lease_replicas
+                .insert(self.lease, self.replicas.clone());
+        }
+    }
+
+    /// The leader adds or retires one replica (3 to 5 of them) and names a primary at the
+    /// next lease with the new replicas: the same one if it still replicates, is up and is
+    /// not stopping, else another (`Mode::replica_changes`). With `replica_wait`, only once
+    /// the current lease is ACTIVE (else at a later turn).
+    fn change_replicas(&mut self) {
+        if !self.faults {
+            return;
+        }
+        let d = Duration::from_millis(self.member_rng.gen_range(100..400));
+        self.schedule(d, Event::ChangeReplicas);
+        if self.replica_wait && !self.active {
+            return;
+        }
+        let outside: Vec<usize> = (0..self.nodes.len())
+            .filter(|n| !self.replicas.contains(n))
+            .collect();
+        let add =
+            !outside.is_empty() && (self.replicas.len() <= 3 || self.member_rng.gen_bool(0.5));
+        if add {
+            let n = outside[self.member_rng.gen_range(0..outside.len())];
+            self.replicas.insert(n);
+            note!(self, "replica node {} added", n + 1);
+        } else if self.replicas.len() > 3 {
+            let inside: Vec<usize> = self.replicas.iter().copied().collect();
+            let n = inside[self.member_rng.gen_range(0..inside.len())];
+            self.replicas.remove(&n);
+            note!(self, "replica node {} retired", n + 1);
+        } else {
+            return;
+        }
+        REPLICA_CHANGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match self.primary {
+            Some(p) if self.replicas.contains(&p) && self.live(p) && !self.nodes[p].stopping => {
+                self.next_lease();
+                self.active = false;
+                note!(
+                    self,
+                    "primary -> node {} lease {} (replicas {:?})",
+                    p + 1,
+                    self.lease,
+                    self.replicas
+                );
+                self.announce_role();
+            }
+            _ => self.move_primary(),
+        }
+    }
+
+    /// The leader names a new primary (never a stopping or down node) among the replicas,
+    /// with the next lease.
     fn move_primary(&mut self) {
         let candidates: Vec<usize> = (0..self.nodes.len())
-            .filter(|n| self.live(*n) && !self.nodes[*n].stopping)
+            .filter(|n| self.live(*n) && !self.nodes[*n].stopping && self.replicas.contains(n))
             .collect();
-        if candidates.len() < self.quorum {
+        if candidates.len() < self.replicas.len() / 2 + 1 {
             // No quorum of live nodes: try again later.
             let d = self.ms(50, 150);
             self.schedule(d, Event::Move);
             return;
         }
         let next = candidates[self.rng.gen_range(0..candidates.len())];
-        self.lease += 1;
+        self.next_lease();
         self.primary = Some(next);
         self.active = false;
         note!(self, "primary -> node {} lease {}", next + 1, self.lease);
@@ -1166,12 +1302,14 @@ impl Sim {
         note!(self, "node {} restarted", n + 1);
         if let Some(primary) = self.primary {
             let (lease, active, inc) = (self.lease, self.active, self.nodes[n].inc);
+            let replicas = self.lease_replicas_named();
             self.handle(Event::Role {
                 node: n,
                 inc,
                 primary,
                 lease,
                 active,
+                replicas,
             });
         }
     }
@@ -1612,15 +1750,17 @@ impl Sim {
                 primary,
                 lease,
                 active,
+                replicas,
             } => {
                 if self.nodes[node].inc != inc {
                     return;
                 }
                 let primary = NodeId(primary as u32 + 1);
                 self.input(node, |p, now| {
-                    p.handle_role(now, Some(primary), LeaseId(lease), active, &[])
+                    p.handle_role(now, Some(primary), LeaseId(lease), active, &replicas)
                 });
             }
+            Event::ChangeReplicas => self.change_replicas(),
             Event::Crash => {
                 let n = self.rng.gen_range(0..self.nodes.len());
                 self.crash(n, true);
@@ -1941,7 +2081,7 @@ impl Sim {
                     n.p.as_ref().map_or("down".into(), |p| {
                         let st = p.replication().store();
                         format!(
-                            "{} (needs install {} persisted {} installing {} last {} base {} floor {} durable {} runs {:?} role {:?} lease {} committed {} receipts {:?})",
+                            "{} (needs install {} persisted {} installing {} last {} base {} floor {} durable {} runs {:?} role {:?} phase {:?} lease {} replicas {:?} committed {} receipts {:?})",
                             st.outstanding().len(),
                             st.needs_install(),
                             p.replication().persisted(),
@@ -1952,7 +2092,9 @@ impl Sim {
                             st.durable(),
                             st.runs().iter().map(|r| (r.lease, r.first_sequence)).collect::<Vec<_>>(),
                             p.role(),
+                            p.replication().phase(),
                             p.replication().lease().0,
+                            p.replication().replicas(),
                             p.replication().committed(),
                             p.replication().replica_receipts()
                         )
@@ -2002,11 +2144,13 @@ impl Sim {
     fn converged(&self) -> bool {
         // The cheap conditions first: `lost` walks every ACKed message.
         self.producers.iter().all(|p| p.unacked.is_empty())
-            && self.nodes.iter().all(|n| {
+            && self.nodes.iter().enumerate().all(|(i, n)| {
                 n.p.as_ref().is_some_and(|p| {
                     let store = p.replication().store();
-                    // A journal set aside is re-installed by then.
-                    store.outstanding().is_empty() && !store.needs_install()
+                    // A journal set aside is re-installed by then. A node that no longer
+                    // replicates keeps what it held when it was retired.
+                    !self.replicas.contains(&i)
+                        || (store.outstanding().is_empty() && !store.needs_install())
                 })
             })
             && self.lost().is_empty()
@@ -2031,6 +2175,7 @@ fn watch_env() -> Option<(u128, u64)> {
 /// Runs one seed; panics with the seed, the trace and the replay command on a violation.
 /// The first run keeps no trace; a failing seed runs again with one (the same run: one seed
 /// drives every choice), whose panic is the one reported.
+#[cfg(feature = "defect-injection")]
 fn run_seed(seed: u64, size: usize) -> usize {
     run_seed_with(seed, size, Mode::NODE)
 }
@@ -2050,6 +2195,13 @@ struct Mode {
     /// Flipped bits in one node's closed journal segments (in half the runs, their own
     /// stream).
     bit_flips: bool,
+    /// The partition's replicas change while it runs (live membership, a stream of its own):
+    /// 3 of 5 nodes at first; every 100-400 ms the leader adds or retires one replica and
+    /// names a primary at the next lease with the new replicas.
+    replica_changes: bool,
+    /// With `replica_changes`: a change only once the current lease is ACTIVE (the metadata
+    /// core's `PartitionsNotFollowing` rule). Off, the simulator must find lost messages.
+    replica_wait: bool,
 }
 
 impl Mode {
@@ -2059,6 +2211,18 @@ impl Mode {
         background_compaction: true,
         full_disks: true,
         bit_flips: true,
+        replica_changes: false,
+        replica_wait: true,
+    };
+    /// As a node runs, its replicas changing with the membership, one at a time.
+    const MEMBERSHIP: Mode = Mode {
+        replica_changes: true,
+        ..Mode::NODE
+    };
+    /// Replica changes without waiting for the lease to be ACTIVE (a defect).
+    const MEMBERSHIP_UNCHECKED: Mode = Mode {
+        replica_wait: false,
+        ..Mode::MEMBERSHIP
     };
     /// As the simulator ran before flipped bits.
     const BEFORE_BIT_FLIPS: Mode = Mode {
@@ -2076,10 +2240,14 @@ impl Mode {
         background_compaction: false,
         full_disks: false,
         bit_flips: false,
+        replica_changes: false,
+        replica_wait: true,
     };
 }
 
-/// [`run_seed`] in `mode`.
+/// Runs one seed in `mode`; panics with the seed, the trace and the replay command on a
+/// violation. The first run keeps no trace; a failing seed runs again with one (the same
+/// run: one seed drives every choice), whose panic is the one reported.
 fn run_seed_with(seed: u64, size: usize, mode: Mode) -> usize {
     let quiet = std::panic::catch_unwind(|| {
         let mut sim = Sim::new(seed, size, false, mode);
@@ -2126,6 +2294,12 @@ fn first_seed() -> u64 {
 /// every failing seed (each failure also prints its trace and replay command).
 #[cfg(not(feature = "defect-injection"))]
 fn run_seeds(size: usize, offset: u64) {
+    run_seeds_in(size, offset, Mode::NODE)
+}
+
+/// [`run_seeds`] in `mode`.
+#[cfg(not(feature = "defect-injection"))]
+fn run_seeds_in(size: usize, offset: u64, mode: Mode) {
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     let first = first_seed().wrapping_add(offset);
     let count = seeds();
@@ -2145,7 +2319,7 @@ fn run_seeds(size: usize, offset: u64) {
                     break;
                 }
                 let seed = first.wrapping_add(i);
-                match std::panic::catch_unwind(|| run_seed(seed, size)) {
+                match std::panic::catch_unwind(|| run_seed_with(seed, size, mode)) {
                     Ok(n) => {
                         acked.fetch_add(n, Ordering::Relaxed);
                     }
@@ -2167,12 +2341,13 @@ fn run_seeds(size: usize, offset: u64) {
         "{count} seeds ({size} nodes): {acked} messages ACKed, every invariant held (so far, \
          both cluster sizes: {} nodes stopped by a failed fsync, {} full-disk episodes, {} PUTs \
          NACKed STORAGE_FAILURE, {} nodes stopped by a damaged record read, {} corrupt \
-         journals set aside and re-installed)",
+         journals set aside and re-installed, {} replica changes)",
         FSYNC_STOPS.load(Ordering::Relaxed),
         FULL_DISKS.load(Ordering::Relaxed),
         STORAGE_NACKS.load(Ordering::Relaxed),
         CORRUPT_READS.load(Ordering::Relaxed),
-        QUARANTINES.load(Ordering::Relaxed)
+        QUARANTINES.load(Ordering::Relaxed),
+        REPLICA_CHANGES.load(Ordering::Relaxed)
     );
 }
 
@@ -2186,6 +2361,50 @@ fn three_nodes() {
 #[test]
 fn five_nodes() {
     run_seeds(5, 1 << 32);
+}
+
+/// Five nodes whose partition replicas change one at a time while it runs (live
+/// membership): 3 replicas at first, one added or retired every 100-400 ms at the next
+/// lease, each change once the lease before is ACTIVE.
+#[cfg(not(feature = "defect-injection"))]
+#[test]
+fn five_nodes_with_replica_changes() {
+    run_seeds_in(5, 2 << 32, Mode::MEMBERSHIP);
+}
+
+/// Defect injection in the simulated leader: replica changes that do not wait for the lease
+/// before to be ACTIVE (the `PartitionsNotFollowing` rule dropped) let a lease heal from a
+/// majority that holds none of a committed record's copies; the simulator must find a
+/// violation within its bound of seeds.
+#[cfg(not(feature = "defect-injection"))]
+#[test]
+fn replica_changes_that_do_not_wait_are_found() {
+    let first = first_seed().wrapping_add(2 << 32);
+    let bound = 200;
+    let started = std::time::Instant::now();
+    let found = (first..first + bound).find(|seed| {
+        std::panic::catch_unwind(|| {
+            let mut sim = Sim::new(*seed, 5, false, Mode::MEMBERSHIP_UNCHECKED);
+            sim.run();
+        })
+        .is_err()
+    });
+    let seed = found.unwrap_or_else(|| {
+        panic!("replica changes without the wait: no violation in {bound} seeds")
+    });
+    let why = std::panic::catch_unwind(|| {
+        let mut sim = Sim::new(seed, 5, false, Mode::MEMBERSHIP_UNCHECKED);
+        sim.run();
+    })
+    .err()
+    .and_then(|e| e.downcast_ref::<String>().cloned())
+    .unwrap_or_default();
+    let why: String = why.chars().take(160).collect();
+    println!(
+        "replica changes without the wait: found by seed {seed} ({} seeds, {:.2} s): {why}",
+        seed - first + 1,
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Seeds that once found a defect, `(cluster size, seed)`: run on every test run, whatever
@@ -2204,6 +2423,8 @@ const SEEDS_THAT_FOUND_DISK_DEFECTS: &[(usize, u64, Mode)] = &[
             background_compaction: false,
             full_disks: false,
             bit_flips: false,
+            replica_changes: false,
+            replica_wait: true,
         },
     ),
     // A primary whose fsync failed lost every record of its lease, restarted before the
@@ -2272,7 +2493,12 @@ fn replay() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let acked = run_seed(seed, size);
+    let mode = match std::env::var("REPLICATION_SIM_MODE").as_deref() {
+        Ok("membership") => Mode::MEMBERSHIP,
+        Ok("membership-unchecked") => Mode::MEMBERSHIP_UNCHECKED,
+        _ => Mode::NODE,
+    };
+    let acked = run_seed_with(seed, size, mode);
     println!("seed {seed}: {acked} messages ACKed, every invariant held");
 }
 

@@ -330,6 +330,152 @@ async fn partitions_follow_the_voters_and_survive_the_loss_of_two_seeded_nodes()
     }
 }
 
+/// 3 -> 5 -> 3 while a producer paced at 200 PUTs/s and a consumer run on a strong queue
+/// (through node 3, which stays): nodes 4 and 5 join and are promoted, every partition is
+/// re-leased to each new set of voters, then 5 and 4 are removed and exit. Every PUT is
+/// ACKed, every ACKed message is delivered, and each producer's messages arrive in order
+/// (redeliveries flagged `out_of_order` aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer() {
+    use bmq_client::{Client, OpenOptions};
+    use bmq_proto::client::{AckStatus, ConsumerOptions};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const PACED: &str = "bmq://bmq.test/members-paced";
+    let mut cluster = growing_cluster(3, 5).expect("start cluster");
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        cluster
+            .wait_for_all(Duration::from_secs(10), "the seeded membership", |s| {
+                s.membership.as_ref().is_some_and(|m| m.epoch == 1)
+            })
+            .await?;
+        let via = cluster.node(3).client_addr();
+        let consumer = Client::connect(bmq_tests::client_config(
+            vec![via.clone()],
+            "paced-consumer",
+        ))
+        .await?;
+        consumer
+            .open_queue(
+                PACED,
+                OpenOptions {
+                    read: true,
+                    write: false,
+                    consumer: ConsumerOptions {
+                        max_unconfirmed_messages: 1000,
+                        ..Default::default()
+                    },
+                },
+            )
+            .await?;
+        let producer = Client::connect(bmq_tests::client_config(
+            vec![via.clone()],
+            "paced-producer",
+        ))
+        .await?;
+        producer
+            .open_queue(
+                PACED,
+                OpenOptions {
+                    read: false,
+                    write: true,
+                    consumer: ConsumerOptions::default(),
+                },
+            )
+            .await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let produce = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut acks = Vec::new();
+                let mut tick = tokio::time::interval(Duration::from_millis(5));
+                let mut seq = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    let payload = bmqctl::payload::encode(9, seq, 1024);
+                    acks.push(producer.put(PACED, payload, vec![]).await?);
+                    seq += 1;
+                }
+                for ack in acks {
+                    let ack = ack.await?;
+                    ensure!(ack.status == AckStatus::Success as i32, "nack: {ack:?}");
+                }
+                producer.disconnect().await.ok();
+                anyhow::Ok(seq)
+            }
+        });
+        let members = |want: &'static [u32]| {
+            move |s: &NodeStatusDoc| {
+                voters(s) == ids(want)
+                    && s.partitions
+                        .iter()
+                        .all(|p| p.replicas == want && p.status == "active")
+            }
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for (id, want) in [(4, &[1, 2, 3, 4][..]), (5, &[1, 2, 3, 4, 5][..])] {
+            cluster.start_node(id)?;
+            wait_until_up(&cluster, id).await?;
+            let answer = add_member(&cluster, 3, id).await?;
+            ensure!(answer.contains("promoted to voter"), "add {id}: {answer:?}");
+            cluster
+                .wait_for_all(
+                    Duration::from_secs(30),
+                    "partitions re-leased",
+                    members(want),
+                )
+                .await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        for (id, want) in [(5, &[1, 2, 3, 4][..]), (4, &[1, 2, 3][..])] {
+            let answer = remove_member(&cluster, 3, id).await?;
+            ensure!(answer.contains("removed"), "remove {id}: {answer:?}");
+            cluster
+                .wait_for_exit(id, Duration::from_secs(20))?
+                .with_context(|| format!("node {id} kept running after its removal"))?;
+            cluster
+                .wait_for_all(
+                    Duration::from_secs(30),
+                    "partitions re-leased",
+                    members(want),
+                )
+                .await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let sent = produce.await??;
+        ensure!(sent > 100, "the producer sent only {sent} PUTs");
+        let mut seen = BTreeSet::new();
+        let mut last_in_order = None;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while (seen.len() as u64) < sent {
+            let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+            let msg = tokio::time::timeout(remaining, consumer.next_message())
+                .await
+                .with_context(|| format!("delivered {} of {sent} ACKed", seen.len()))?
+                .context("consumer stream ended")?;
+            let (_, seq) = bmqctl::payload::verify(&msg.payload)
+                .map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
+            consumer.confirm(&msg.uri, msg.guid.clone()).await?;
+            if !msg.out_of_order && !seen.contains(&seq) {
+                ensure!(
+                    last_in_order.is_none_or(|l| seq > l),
+                    "sequence {seq} delivered after {last_in_order:?}"
+                );
+                last_in_order = Some(seq);
+            }
+            seen.insert(seq);
+        }
+        consumer.disconnect().await.ok();
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
+    }
+}
+
 /// Shrinking: the leader of a 4-node cluster is removed (it leaves, its primaries move, the
 /// removal commits, it steps down and exits saying why); the three others elect a leader and
 /// serve; a removed node restarted with its data exits at once; removing node 4 brings the
