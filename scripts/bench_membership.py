@@ -14,8 +14,15 @@ Method
   `POST /admin/members?...` on the leader, which answers once the leader promoted the learner
   (it promotes a learner as soon as the learner reports it applied the membership that added
   it: it then holds the ledger up to that commit). Then `DELETE /admin/members/<id>` is timed
-  (the voter leaves, gives up its primaries — none: a member added at run time holds no
-  partition — and is removed), and the removed node must exit by itself.
+  (the voter leaves: its primaries move, every partition is re-leased to the remaining
+  voters, and once they healed it is removed), and the removed node must exit by itself.
+- With PACED (default 10000; 0 = off), each add and each remove runs inside a paced strong
+  producer of its own (`bmqctl bench messages --rate PACED --duration-secs 4`, one producer
+  and one consumer on one queue, through nodes 1-3, which stay): the change starts 1.5 s into
+  it, and the figure is the longest gap between two consecutive ACKs of the producer
+  (`ack_gap_max_ms`), beside the same run with no change (baseline). A voter change re-leases
+  every partition (its primary heals again under the new voters), and an add may move one
+  primary to the new node (rebalancing).
 - The figures are wall-clock times of the HTTP requests on the same machine; the load average
   is printed with them.
 """
@@ -34,6 +41,7 @@ RUNS = int(os.environ.get("RUNS", "10"))
 BASE_PORT = int(os.environ.get("BASE_PORT", "31500"))
 DIR = os.environ.get("CLUSTER_DIR_BENCH", "/tmp/bmq-bench-membership")
 PREFILL = int(os.environ.get("PREFILL", "0"))
+PACED = int(os.environ.get("PACED", "10000"))
 NODES = [1, 2, 3]
 
 
@@ -117,11 +125,36 @@ def summary(name, values):
           f"p90 {pct(ms, 0.9):.0f} ms, max {max(ms):.0f} ms", flush=True)
 
 
+def paced_start(tag):
+    """Starts a paced strong producer and a consumer (bmqctl bench messages) through nodes
+    1-3 for 4 s; returns the process (its stdout is the JSON report)."""
+    if not PACED:
+        return None
+    return subprocess.Popen(
+        [os.path.join(BIN, "bmqctl"), "bench", "messages", "--rate", str(PACED),
+         "--duration-secs", "4", "--queues", "1", "--producers", "1", "--consumers", "1",
+         "--queue-prefix", f"paced-{tag}", "--broker", ",".join(client(i) for i in NODES),
+         "--no-tls", "--token", "", "--json", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+def paced_gap(proc):
+    """The paced run's longest gap between two ACKs, ms (None without PACED)."""
+    if proc is None:
+        return None
+    out, _ = proc.communicate(timeout=120)
+    report = json.loads(out)
+    if report["missing"] or report["nacks"] or report["errors"]:
+        raise SystemExit(f"paced run lost or refused messages: {report}")
+    return report["ack_gap_max_ms"]
+
+
 def main():
     write_configs()
     for i in NODES:
         start(i)
     added, removed = [], []
+    gaps = {"none": [], "add": [], "remove": []}
     try:
         lead = leader()
         if PREFILL:
@@ -145,22 +178,40 @@ def main():
             path = (f"/admin/members?id={k}&host=127.0.0.1&client_port={BASE_PORT + k}"
                     f"&peer_port={BASE_PORT + 100 + k}&admin_port={BASE_PORT + 200 + k}"
                     "&timeout_ms=110000")
+            if PACED:
+                gaps["none"].append(paced_gap(paced_start(f"none-{run}")))
+            paced = paced_start(f"add-{run}")
+            time.sleep(1.5 if paced else 0)
             t0 = time.monotonic()
             answer = request("POST", admin(lead), path)
             added.append(time.monotonic() - t0)
             if "promoted to voter" not in answer:
                 raise SystemExit(f"run {run}: add answered {answer!r}")
+            gap_add = paced_gap(paced)
+            lead = leader()
+            paced = paced_start(f"remove-{run}")
+            time.sleep(1.5 if paced else 0)
             t0 = time.monotonic()
             answer = request("DELETE", admin(lead), f"/admin/members/{k}?timeout_ms=60000")
             removed.append(time.monotonic() - t0)
             if "removed" not in answer:
                 raise SystemExit(f"run {run}: remove answered {answer!r}")
+            gap_remove = paced_gap(paced)
             procs[k].wait(timeout=20)
-            print(f"run {run}: node {k} voter after {added[-1] * 1000:.0f} ms, removed after "
-                  f"{removed[-1] * 1000:.0f} ms", flush=True)
+            line = (f"run {run}: node {k} voter after {added[-1] * 1000:.0f} ms, removed after "
+                    f"{removed[-1] * 1000:.0f} ms")
+            if PACED:
+                gaps["add"].append(gap_add)
+                gaps["remove"].append(gap_remove)
+                line += (f"; longest ACK gap at {PACED} msg/s: none {gaps['none'][-1]:.1f} ms, "
+                         f"add {gap_add:.1f} ms, remove {gap_remove:.1f} ms")
+            print(line, flush=True)
         print(f"load average: {os.getloadavg()}")
         summary(f"add-member -> voter ({PREFILL} queues)", added)
         summary(f"remove-member -> removed ({PREFILL} queues)", removed)
+        for name, values in gaps.items():
+            if values:
+                summary(f"longest ACK gap at {PACED} msg/s, {name}", [v / 1000 for v in values])
     finally:
         for p in procs.values():
             if p.poll() is None:

@@ -476,6 +476,121 @@ async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer()
     }
 }
 
+/// The primary of a queue holding 200 unconfirmed strong messages is removed: it leaves, its
+/// primaries move (the new primaries heal from the other voters), it is removed and exits,
+/// and every message is delivered through a survivor. Then the leader is SIGKILLed in the
+/// middle of the next change (node 5 being added): the survivors elect a leader within two
+/// terms, the change is either applied everywhere or nowhere, and finished through the new
+/// leader; node 5 becomes a voter and messages flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_with_unconfirmed_messages_is_removed_and_a_leader_dies_mid_change() {
+    const HELD: &str = "bmq://bmq.test/members-held";
+    let mut cluster = growing_cluster(3, 5).expect("start cluster");
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        cluster
+            .wait_for_all(Duration::from_secs(10), "the seeded membership", |s| {
+                s.membership.as_ref().is_some_and(|m| m.epoch == 1)
+            })
+            .await?;
+        cluster.start_node(4)?;
+        wait_until_up(&cluster, 4).await?;
+        let answer = add_member(&cluster, 1, 4).await?;
+        ensure!(answer.contains("promoted to voter"), "add 4: {answer:?}");
+        let all = cluster.client_addrs();
+        bmq_tests::produce(HELD, all.clone(), 3, 200)
+            .await
+            .context("produce before the removal")?;
+        let (partition, primary) =
+            bmq_tests::primary_of_queue(&cluster, HELD, Duration::from_secs(10)).await?;
+        let via = (1..=4).find(|n| *n != primary).unwrap();
+        let answer = remove_member(&cluster, via, primary).await?;
+        ensure!(answer.contains("removed"), "remove {primary}: {answer:?}");
+        cluster
+            .wait_for_exit(primary, Duration::from_secs(20))?
+            .with_context(|| format!("node {primary} kept running after its removal"))?;
+        let survivors: Vec<u32> = (1..=4).filter(|n| *n != primary).collect();
+        cluster
+            .wait_for_all(Duration::from_secs(30), "partitions healed without it", |s| {
+                voters(s) == survivors.iter().copied().collect()
+                    && s.partitions.iter().all(|p| {
+                        p.status == "active"
+                            && p.primary.is_some_and(|n| n != primary)
+                            && p.replicas == survivors
+                    })
+            })
+            .await
+            .with_context(|| format!("partition {partition} of node {primary}"))?;
+        let consumer_at = vec![cluster.node(survivors[0]).client_addr()];
+        bmq_tests::consume(HELD, consumer_at, 3, 200)
+            .await
+            .context("the removed primary's unconfirmed messages")?;
+
+        // The leader dies while node 5 is being added.
+        let (leader, term) = cluster.wait_for_leader(Duration::from_secs(10)).await?;
+        cluster.start_node(5)?;
+        wait_until_up(&cluster, 5).await?;
+        let m5 = cluster.node(5).config.self_member().clone();
+        let path = format!(
+            "/admin/members?id=5&host={}&client_port={}&peer_port={}&admin_port={}&timeout_ms=30000",
+            m5.host, m5.client_port, m5.peer_port, m5.admin_port
+        );
+        let leader_admin = cluster.node(leader).admin_addr();
+        let adding = tokio::spawn(async move {
+            bmqctl::http::request(&leader_admin, "POST", &path, None).await
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        cluster.kill_node(leader)?;
+        let _ = adding.await;
+        let (new_leader, new_term) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        ensure!(
+            new_leader != leader && new_term > term && new_term <= term + 2,
+            "after the leader's SIGKILL: node {new_leader} leads term {new_term} (was node \
+             {leader}, term {term})"
+        );
+        let epochs = cluster
+            .wait_for_agreement(Duration::from_secs(20), "the committed membership", |s| {
+                s.membership.as_ref().map(|m| m.epoch)
+            })
+            .await?;
+        let answer = add_member(&cluster, new_leader, 5).await;
+        ensure!(
+            format!("{answer:?}").contains("promoted to voter")
+                || format!("{answer:?}").contains("already a member"),
+            "finishing the change (epoch {epochs:?} agreed): {answer:?}"
+        );
+        let want: BTreeSet<u32> = survivors
+            .iter()
+            .copied()
+            .chain([5])
+            .collect();
+        cluster
+            .wait_for_all(Duration::from_secs(30), "node 5 a voter", |s| {
+                voters(s) == want
+            })
+            .await?;
+        let alive: Vec<String> = survivors
+            .iter()
+            .filter(|n| **n != leader)
+            .map(|n| cluster.node(*n).client_addr())
+            .collect();
+        round_trip(
+            QUEUE,
+            vec![cluster.node(5).client_addr()],
+            alive,
+            4,
+            200,
+        )
+        .await
+        .context("round trip after the change")?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
+    }
+}
+
 /// Shrinking: the leader of a 4-node cluster is removed (it leaves, its primaries move, the
 /// removal commits, it steps down and exits saying why); the three others elect a leader and
 /// serve; a removed node restarted with its data exits at once; removing node 4 brings the
