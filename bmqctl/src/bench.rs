@@ -366,6 +366,10 @@ pub struct MessagesReport {
     pub consumed: Throughput,
     /// PUT -> ACK, microseconds.
     pub ack_latency: Percentiles,
+    /// The longest time between two consecutive ACKs of one producer, milliseconds (ACKs
+    /// arrive in PUT order): what a paced producer notices of a failover or a membership
+    /// change. 0 with fewer than two ACKs.
+    pub ack_gap_max_ms: f64,
     /// PUT -> PUSH at a consumer, microseconds.
     pub e2e_latency: Percentiles,
     /// NACKs by status name.
@@ -582,7 +586,7 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
                 let _ = ready.send(());
                 let Some(start) = wait_for_start(go).await else {
                     let _ = client.disconnect().await;
-                    return Ok((histogram(), BTreeMap::new()));
+                    return Ok((histogram(), BTreeMap::new(), Duration::ZERO));
                 };
                 let run =
                     ProducerRun::new(i, producer_count, target, duration, rate, window, start);
@@ -621,8 +625,10 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
 
     let mut ack_hist = histogram();
     let mut nacks: BTreeMap<String, u64> = BTreeMap::new();
+    let mut ack_gap_max = Duration::ZERO;
     for p in producers {
-        let (h, n) = finished(p).await?;
+        let (h, n, gap) = finished(p).await?;
+        ack_gap_max = ack_gap_max.max(gap);
         ack_hist.add(&h).expect("same histogram bounds");
         for (k, v) in n {
             *nacks.entry(k).or_default() += v;
@@ -671,6 +677,7 @@ pub async fn run_messages(args: MessagesArgs) -> anyhow::Result<MessagesReport> 
             ns(&counters.last_push_ns),
         ),
         ack_latency: Percentiles::of(&ack_hist),
+        ack_gap_max_ms: ack_gap_max.as_secs_f64() * 1e3,
         e2e_latency: Percentiles::of(&e2e),
         nacks,
         errors: counters.errors.load(Ordering::Relaxed),
@@ -725,14 +732,15 @@ impl ProducerRun {
 }
 
 /// One producer: sends what `run` says; a collector task awaits the ACKs in order and records
-/// their latency. Returns the ACK latency histogram and the NACKs by status.
+/// their latency. Returns the ACK latency histogram, the NACKs by status and the longest time
+/// between two consecutive ACKs.
 async fn produce(
     client: Client,
     uri: String,
     filler: Vec<u8>,
     run: ProducerRun,
     counters: Arc<Counters>,
-) -> anyhow::Result<(Histogram<u64>, BTreeMap<String, u64>)> {
+) -> anyhow::Result<(Histogram<u64>, BTreeMap<String, u64>, Duration)> {
     let ProducerRun {
         share,
         deadline,
@@ -747,9 +755,15 @@ async fn produce(
         tokio::spawn(async move {
             let mut h = histogram();
             let mut nacks: BTreeMap<String, u64> = BTreeMap::new();
+            let (mut last_ack, mut gap_max) = (None::<Instant>, Duration::ZERO);
             while let Some((sent_at, pending)) = rx.recv().await {
                 match pending.await {
                     Ok(ack) if ack.status() == AckStatus::Success => {
+                        let now = Instant::now();
+                        if let Some(last) = last_ack {
+                            gap_max = gap_max.max(now - last);
+                        }
+                        last_ack = Some(now);
                         record(&mut h, sent_at.elapsed());
                         counters.acked.fetch_add(1, Ordering::Relaxed);
                         counters.acked_bytes.fetch_add(size, Ordering::Relaxed);
@@ -767,7 +781,7 @@ async fn produce(
                     }
                 }
             }
-            (h, nacks)
+            (h, nacks, gap_max)
         })
     };
     let mut n: u64 = 0;
@@ -997,6 +1011,7 @@ fn print_messages(r: &MessagesReport) {
     outln!("{}", latency_header());
     outln!("{}", latency_row("ack", &r.ack_latency));
     outln!("{}", latency_row("end-to-end", &r.e2e_latency));
+    outln!("longest gap between two ACKs: {:.1} ms", r.ack_gap_max_ms);
     let nacks: u64 = r.nacks.values().sum();
     outln!(
         "sent {}, nacks {} {:?}, errors {}, redeliveries {}, missing {}",

@@ -60,12 +60,19 @@ async fn message_bench_reports_every_message_produced_and_consumed() {
     assert!(report.e2e_latency.count >= 2_000);
     assert!(report.ack_latency.p50_us <= report.ack_latency.p99_us);
     assert!(report.ack_latency.p99_us <= report.ack_latency.max_us);
+    // Some gap between the 2,000 ACKs, and none longer than the run.
+    assert!(report.ack_gap_max_ms > 0.0, "{report:?}");
+    assert!(
+        report.ack_gap_max_ms <= report.produced.elapsed_secs * 1e3,
+        "{report:?}"
+    );
 
     let json = serde_json::to_value(&report).expect("serializes");
     for key in [
         "produced",
         "consumed",
         "ack_latency",
+        "ack_gap_max_ms",
         "e2e_latency",
         "nacks",
         "errors",
