@@ -174,6 +174,14 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
                 self.elector.do_send(SetMembership {
                     membership: elector_membership(membership),
                 });
+                self.router.set_partition_learners(
+                    membership
+                        .members
+                        .values()
+                        .filter(|m| m.role == MemberRole::Learner)
+                        .map(|m| m.id)
+                        .collect(),
+                );
             }
         }
         let partitions_changed = !before.same_partitions(&msg.state);

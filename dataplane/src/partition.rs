@@ -748,6 +748,13 @@ impl Partition {
         self.absorb_replication(now);
     }
 
+    /// The membership's learners: as primary, this node streams the journal to them without
+    /// counting them in any quorum ([`ReplicationCore::set_learners`]).
+    pub fn set_learners(&mut self, now: Instant, learners: &[NodeId]) {
+        self.replication.set_learners(now, learners);
+        self.absorb_replication(now);
+    }
+
     /// The committed cluster state names `primary` at `lease` for this partition, `active`
     /// when its status is ACTIVE, replicated by `replicas` (empty: the configured members, or
     /// those of the lease before; see [`ReplicationCore::handle_role`]). A node no longer

@@ -322,7 +322,12 @@ pub struct ReplicationCore {
     /// position durably it holds every record it can have acknowledged before it lost its
     /// journal, and counts again.
     reinstall_target: Option<(LeaseId, u64)>,
+    /// The replicas of the lease (`cfg.members` but this node) and, as primary, its learners,
+    /// with their progress.
     replicas: BTreeMap<NodeId, ReplicaProgress>,
+    /// Nodes that receive the journal from this node as primary but count in no quorum (the
+    /// membership's learners, [`ReplicationCore::set_learners`]); never a lease's replica.
+    learners: BTreeSet<NodeId>,
     /// Highest position held by a quorum at this lease.
     committed: u64,
     /// Producers waiting for the ACK of a strong PUT, by sequence (released at `committed`).
@@ -369,6 +374,7 @@ impl ReplicationCore {
             uncounted: BTreeSet::new(),
             reinstall_target: None,
             replicas: BTreeMap::new(),
+            learners: BTreeSet::new(),
             committed: 0,
             strong_waiters: AckWaiters::default(),
             eventual_waiters: AckWaiters::default(),
@@ -842,23 +848,67 @@ impl ReplicationCore {
             self.uncounted.insert(self.cfg.self_id);
         }
         self.shapes.insert(self.cfg.self_id, self.shape());
-        for n in self.others() {
-            self.replicas.insert(
-                n,
-                ReplicaProgress {
-                    next: None,
-                    receipt: 0,
-                    last_activity: Some(now),
-                    last_progress: None,
-                    install: false,
-                    install_epoch: 0,
-                    sent_settled: 0,
-                },
-            );
-            self.query_shape(n);
+        let members: BTreeSet<NodeId> = self.cfg.members.iter().copied().collect();
+        self.learners.retain(|n| !members.contains(n));
+        let learners: Vec<NodeId> = self.learners.iter().copied().collect();
+        for n in self.others().into_iter().chain(learners) {
+            self.track_replica(now, n);
         }
         self.next_tick = Some(now + TICK);
         self.advance_healing(now);
+    }
+
+    /// Starts streaming to `n` as primary: its progress from nothing, and its shape asked for.
+    fn track_replica(&mut self, now: Instant, n: NodeId) {
+        self.replicas.insert(
+            n,
+            ReplicaProgress {
+                next: None,
+                receipt: 0,
+                last_activity: Some(now),
+                last_progress: None,
+                install: false,
+                install_epoch: 0,
+                sent_settled: 0,
+            },
+        );
+        self.query_shape(n);
+    }
+
+    /// The nodes that receive this partition's journal without counting in any quorum (the
+    /// membership's learners, etcd's non-voting members): as primary, this node streams to
+    /// them as to its replicas — syncs, installs and new records — but their receipts count
+    /// towards no commit and their shapes towards no healing, so they may change at any time.
+    /// A lease's replica is never a learner (ignored here). Takes effect at once.
+    pub fn set_learners(&mut self, now: Instant, learners: &[NodeId]) {
+        let members: BTreeSet<NodeId> = self.cfg.members.iter().copied().collect();
+        let next: BTreeSet<NodeId> = learners
+            .iter()
+            .copied()
+            .filter(|n| !members.contains(n) && *n != self.cfg.self_id)
+            .collect();
+        if next == self.learners {
+            return;
+        }
+        let gone: Vec<NodeId> = self.learners.difference(&next).copied().collect();
+        let new: Vec<NodeId> = next.difference(&self.learners).copied().collect();
+        self.learners = next;
+        if self.phase.is_none() || self.failed {
+            return;
+        }
+        for n in gone {
+            self.replicas.remove(&n);
+            self.shapes.remove(&n);
+        }
+        for n in new {
+            self.track_replica(now, n);
+        }
+        self.pump(now);
+    }
+
+    /// The learners this node streams to as primary ([`ReplicationCore::set_learners`]).
+    pub fn learners(&self) -> &BTreeSet<NodeId> {
+        &self.learners
     }
 
     /// Asks member `to` for its journal shape at this node's lease (`ReplicaStateQuery`); the
@@ -1434,7 +1484,12 @@ impl ReplicationCore {
 
     fn quorum_position(&self) -> u64 {
         let mut positions: Vec<u64> = vec![self.persisted];
-        positions.extend(self.replicas.values().map(|p| p.receipt));
+        positions.extend(
+            self.replicas
+                .iter()
+                .filter(|(n, _)| !self.learners.contains(n))
+                .map(|(_, p)| p.receipt),
+        );
         positions.sort_unstable_by(|a, b| b.cmp(a));
         let q = self.quorum();
         positions.get(q - 1).copied().unwrap_or(0)
@@ -1516,7 +1571,7 @@ impl ReplicationCore {
                     let counted = self
                         .shapes
                         .keys()
-                        .filter(|n| !self.uncounted.contains(n))
+                        .filter(|n| !self.uncounted.contains(n) && !self.learners.contains(n))
                         .count();
                     if counted < self.quorum() {
                         return;
@@ -1529,7 +1584,9 @@ impl ReplicationCore {
                     let best = self
                         .shapes
                         .iter()
-                        .filter(|(n, _)| **n == me || !self.uncounted.contains(n))
+                        .filter(|(n, _)| {
+                            **n == me || (!self.uncounted.contains(n) && !self.learners.contains(n))
+                        })
                         .max_by_key(|(n, s)| (shape_position(s), **n == self.cfg.self_id))
                         .map(|(n, s)| (*n, shape_position(s)))
                         .expect("at least our own shape");

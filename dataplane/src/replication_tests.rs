@@ -1686,3 +1686,55 @@ fn a_lease_counts_the_replicas_it_names() {
         "{{1,4}} is no majority of four replicas: {outs:?}"
     );
 }
+
+#[test]
+fn a_learner_receives_the_journal_and_counts_in_no_quorum() {
+    // Scenario: replicas {1,2,3}, learner 4. With 2 and 3 down, a strong PUT held by 1 and 4
+    // is not ACKed (4 counts in no quorum); once 2 is back it is, and 4 holds every record.
+    // A learner's shape counts in no healing quorum either: lease 2 with 2 and 3 down stays
+    // passive beside learner 4.
+    let now = Instant::now();
+    let mut cores = active_cluster(now);
+    cores.push(node(4, vec![]));
+    cores[0].set_learners(now, &[NodeId(4), NodeId(2)]);
+    assert_eq!(
+        cores[0].learners().iter().copied().collect::<Vec<_>>(),
+        vec![NodeId(4)],
+        "a replica of the lease is never a learner"
+    );
+    assert!(matches!(
+        put(&mut cores[0], now, 1, true),
+        PutResult::Appended { .. }
+    ));
+    let acks = settle(now, &mut cores, &[2, 3]);
+    assert!(
+        !acks.iter().any(|o| matches!(o, Output::Ack { .. })),
+        "ACKed with a learner's receipt: {acks:?}"
+    );
+    assert_eq!(
+        records(&cores[3]).len(),
+        records(&cores[0]).len(),
+        "the learner has it"
+    );
+    // Node 2 is back: the primary resends what it did not receipt.
+    let now = now + Duration::from_secs(1);
+    cores[0].handle_timeout(now);
+    let acks = settle(now, &mut cores, &[3]);
+    assert_eq!(
+        acks.iter()
+            .filter(|o| matches!(o, Output::Ack { .. }))
+            .count(),
+        1
+    );
+
+    for c in cores.iter_mut().take(3) {
+        c.handle_role(now, Some(NodeId(1)), LeaseId(2), &[]);
+    }
+    let outs = settle(now, &mut cores, &[2, 3]);
+    assert!(
+        !outs.iter().any(|o| matches!(o, Output::Active { .. })),
+        "healed from a learner's shape: {outs:?}"
+    );
+    cores[0].set_learners(now, &[]);
+    assert!(cores[0].learners().is_empty());
+}

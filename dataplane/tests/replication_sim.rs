@@ -24,8 +24,9 @@
 //!   while it runs, as the voters of a live membership do — 3 of 5 nodes at first, one added
 //!   or retired every 100-400 ms, each change a new lease naming the new replicas
 //!   (`PartitionInfo.replicas`), made only once the lease before is ACTIVE (the metadata
-//!   core's `PartitionsNotFollowing` rule); a retired node keeps its stale journal, and may
-//!   come back. `replica_changes_that_do_not_wait_are_found` drops the wait and requires a
+//!   core's `PartitionsNotFollowing` rule); every other node is a learner, streamed to by
+//!   the primary without counting in any quorum (a retired replica, or one about to be
+//!   added). `replica_changes_that_do_not_wait_are_found` drops the wait and requires a
 //!   violation within 200 seeds.
 //! - **Faults**: single-node crashes with torn writes, power loss of every node at once,
 //!   primary moves, graceful stops (no new deliveries, a drain, the primary moves, a clean
@@ -187,6 +188,8 @@ enum Event {
         active: bool,
         /// `PartitionInfo.replicas` (empty: the configured members).
         replicas: Vec<NodeId>,
+        /// The membership's learners: every node that does not replicate the lease.
+        learners: Vec<NodeId>,
     },
     /// The leader adds or retires a replica (`Mode::replica_changes`).
     ChangeReplicas,
@@ -1029,6 +1032,7 @@ impl Sim {
     fn announce_role(&mut self) {
         let Some(primary) = self.primary else { return };
         let replicas = self.lease_replicas_named();
+        let learners = self.learners_named();
         for n in 0..self.nodes.len() {
             if self.live(n) {
                 let d = self.ms(0, 30);
@@ -1039,6 +1043,7 @@ impl Sim {
                     lease: self.lease,
                     active: self.active,
                     replicas: replicas.clone(),
+                    learners: learners.clone(),
                 };
                 self.schedule(d, ev);
             }
@@ -1050,6 +1055,19 @@ impl Sim {
     fn lease_replicas_named(&self) -> Vec<NodeId> {
         match self.lease_replicas.get(&self.lease) {
             Some(r) => r.iter().map(|n| NodeId(*n as u32 + 1)).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The learners named with the current lease: every node that does not replicate it
+    /// (none without `Mode::replica_changes`). A retired replica keeps receiving the journal,
+    /// a node about to be added receives it before.
+    fn learners_named(&self) -> Vec<NodeId> {
+        match self.lease_replicas.get(&self.lease) {
+            Some(r) => (0..self.nodes.len())
+                .filter(|n| !r.contains(n))
+                .map(|n| NodeId(n as u32 + 1))
+                .collect(),
             None => Vec::new(),
         }
     }
@@ -1303,6 +1321,7 @@ impl Sim {
         if let Some(primary) = self.primary {
             let (lease, active, inc) = (self.lease, self.active, self.nodes[n].inc);
             let replicas = self.lease_replicas_named();
+            let learners = self.learners_named();
             self.handle(Event::Role {
                 node: n,
                 inc,
@@ -1310,6 +1329,7 @@ impl Sim {
                 lease,
                 active,
                 replicas,
+                learners,
             });
         }
     }
@@ -1751,13 +1771,15 @@ impl Sim {
                 lease,
                 active,
                 replicas,
+                learners,
             } => {
                 if self.nodes[node].inc != inc {
                     return;
                 }
                 let primary = NodeId(primary as u32 + 1);
                 self.input(node, |p, now| {
-                    p.handle_role(now, Some(primary), LeaseId(lease), active, &replicas)
+                    p.handle_role(now, Some(primary), LeaseId(lease), active, &replicas);
+                    p.set_learners(now, &learners);
                 });
             }
             Event::ChangeReplicas => self.change_replicas(),

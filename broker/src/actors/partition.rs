@@ -133,6 +133,15 @@ pub struct PartitionRoleChanged {
     pub replicas: Vec<NodeId>,
 }
 
+/// The membership's learners changed: as primary, the partition streams its journal to them
+/// without counting them in any quorum.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetPartitionLearners {
+    /// The learners (members with the learner role).
+    pub learners: Vec<NodeId>,
+}
+
 /// The quorum changed (members that must hold a record before it is committed).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -615,6 +624,18 @@ impl Handler<PartitionRoleChanged> for PartitionActor {
             );
         }
         self.publish_gauges();
+        self.drive(ctx);
+    }
+}
+
+impl Handler<SetPartitionLearners> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetPartitionLearners, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
+        if let Some(core) = self.core.as_mut() {
+            core.set_learners(Instant::now(), &msg.learners);
+        }
         self.drive(ctx);
     }
 }

@@ -133,6 +133,9 @@ pub struct Router {
     partitions: Mutex<HashMap<PartitionId, Addr<PartitionActor>>>,
     /// The role last told to each partition actor ([`Router::sync_partitions`]).
     roles_told: Mutex<HashMap<PartitionId, RoleTold>>,
+    /// The membership's learners, told to every partition actor
+    /// ([`Router::set_partition_learners`]).
+    learners: Mutex<Vec<NodeId>>,
     /// Some partition actor may not know its committed role (at start, or after its mailbox
     /// was full): [`Router::sync_partitions`] is due even if the partitions did not change.
     roles_stale: AtomicBool,
@@ -184,6 +187,7 @@ impl Router {
             assignment_waiters: Mutex::new(HashMap::new()),
             proposal_waiters: Mutex::new(HashMap::new()),
             roles_told: Mutex::new(HashMap::new()),
+            learners: Mutex::new(Vec::new()),
             roles_stale: AtomicBool::new(true),
         })
     }

@@ -18,7 +18,7 @@ use bmq_proto::{LeaseId, NodeId, PartitionId};
 use super::Router;
 use crate::actors::partition::{
     wall_clock_ms, GetPartitionStats, PartitionActor, PartitionOutbox, PartitionRoleChanged,
-    SetPartitionQuorum, StopDelivering,
+    SetPartitionLearners, SetPartitionQuorum, StopDelivering,
 };
 
 /// What a graceful stop waits for before the primaries move ([`Router::drain_status`]).
@@ -70,6 +70,14 @@ impl Router {
                 // never delay the peer links, the sessions or another partition.
                 let arbiter = actix::Arbiter::new();
                 let addr = PartitionActor::start_in_arbiter(&arbiter.handle(), move |_| actor);
+                let learners = self.learners.lock().expect("learners lock").clone();
+                if !learners.is_empty() {
+                    // Rare (a partition's first start); a full mailbox is reported.
+                    if addr.try_send(SetPartitionLearners { learners }).is_err() {
+                        metrics::counter!("bmq_mailbox_full_total", "actor" => "partition")
+                            .increment(1);
+                    }
+                }
                 partitions.insert(*id, addr);
             }
             let addr = partitions.get(id).expect("inserted above");
@@ -163,6 +171,30 @@ impl Router {
             .data_dir
             .join("partitions")
             .join(id.0.to_string())
+    }
+
+    /// Tells every partition (and those started later) the membership's learners: as primary
+    /// it streams its journal to them, counting them in no quorum. Called with each committed
+    /// membership.
+    pub fn set_partition_learners(&self, learners: Vec<NodeId>) {
+        {
+            let mut told = self.learners.lock().expect("learners lock");
+            if *told == learners {
+                return;
+            }
+            told.clone_from(&learners);
+        }
+        self.each_partition(|addr| {
+            // Rare (one per membership change); a full mailbox is counted.
+            if addr
+                .try_send(SetPartitionLearners {
+                    learners: learners.clone(),
+                })
+                .is_err()
+            {
+                metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
+            }
+        });
     }
 
     /// Sets the quorum of every partition (and of partitions started later); 0 is a majority
