@@ -670,8 +670,7 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
         );
 
         // Again a removal, down to two voters: node 4, the one that joined, if it is still a
-        // member (partitions are replicated by the files' members only, so removing a second
-        // of those would leave the partitions without a quorum), else a follower.
+        // member, else a follower (partitions follow the voters: either leaves them a quorum).
         let (leader, _) = cluster.wait_for_leader(Duration::from_secs(10)).await?;
         let target = if rest.contains(&4) {
             4

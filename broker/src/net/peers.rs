@@ -176,6 +176,12 @@ pub struct PeerHub {
     links_changed: tokio::sync::Notify,
     /// Permits for connections not yet authenticated ([`PEER_UNAUTHENTICATED_MAX`]).
     unauthenticated: Arc<tokio::sync::Semaphore>,
+    /// Wakes the dialers waiting out a backoff when this node follows a newer membership: a
+    /// joining node refused as unknown until its addition commits dials again at once then.
+    redial: tokio::sync::Notify,
+    /// Where what arrives goes (set by [`PeerHub::start`]): the dialers report a membership a
+    /// refusing peer sent back (this node was removed) through it.
+    inbound: std::sync::OnceLock<Arc<dyn PeerInbound>>,
 }
 
 /// The receiving ends of the outbound queues, handed to [`PeerHub::start`]. Messages queued
@@ -210,6 +216,8 @@ impl PeerHub {
             stopping: AtomicBool::new(false),
             links_changed: tokio::sync::Notify::new(),
             unauthenticated: Arc::new(tokio::sync::Semaphore::new(PEER_UNAUTHENTICATED_MAX)),
+            redial: tokio::sync::Notify::new(),
+            inbound: std::sync::OnceLock::new(),
         });
         (hub, PendingLinks { receivers })
     }
@@ -222,6 +230,7 @@ impl PeerHub {
         listener: TcpListener,
         inbound: Arc<dyn PeerInbound>,
     ) {
+        let _ = self.inbound.set(inbound.clone());
         for (peer, addr, channel, rx) in pending.receivers {
             tokio::spawn(dial_loop(self.clone(), peer, addr, channel, rx));
         }
@@ -295,6 +304,7 @@ impl PeerHub {
                 .is_none_or(|(epoch, _)| *epoch < membership.epoch)
             {
                 *own = Some((membership.epoch, membership.to_wire()));
+                self.redial.notify_waiters();
             }
         }
         for m in membership.members.values() {
@@ -554,6 +564,28 @@ impl PeerHub {
             self.learn_membership(from, wire, &inbound);
         }
         if self.is_removed(from) {
+            // Tell it why before closing: a hello with the membership that removed it (the
+            // dialer reads it, follows it and exits), since a removed node is dialed by no one
+            // and may have missed the commit of its removal.
+            let membership = self
+                .membership
+                .read()
+                .expect("membership lock")
+                .as_ref()
+                .map(|(_, wire)| wire.clone());
+            let reply = PeerMessage {
+                kind: Some(Kind::Hello(PeerHello {
+                    cluster_name: self.config.cluster_name.clone(),
+                    node_id: self.config.self_id.0,
+                    channel: hello.channel,
+                    protocol_version: PROTOCOL_VERSION,
+                    membership,
+                })),
+            };
+            let mut stream = framed.into_inner().inner;
+            let mut out = FrameWriter::new(self.config.frame_size_max, WRITE_BATCH_BYTES);
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), out.send(&mut stream, &reply)).await;
             return Err(self.refuse(
                 &remote,
                 &format!("node {from} was removed from the cluster"),
@@ -799,7 +831,6 @@ async fn dial_loop(
                 }
             }
         };
-        backoff = cfg.reconnect_backoff_min;
         // Frames go out through a `FrameWriter` (vectored writes: replicated journal frames
         // and forwarded payloads are written from the buffers they arrived in, not copied),
         // once per batch of queued messages, or sooner past `WRITE_BATCH_BYTES`. The peer
@@ -823,6 +854,8 @@ async fn dial_loop(
             })),
         };
         if out.send(&mut writer, &hello).await.is_err() {
+            pause(&hub, backoff).await;
+            backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
             continue;
         }
         // The local address tells this connection from the other one to the same peer (the
@@ -864,8 +897,16 @@ async fn dial_loop(
                     if let Err(e) = out.send(&mut writer, &hb).await { break Err(e.to_string()); }
                 }
                 // A read completing means the peer closed (or sent garbage); either way the
-                // link is gone.
-                _ = closed.next() => break Err("closed by peer".into()),
+                // link is gone. A peer that refuses this node as removed sends a hello with
+                // the membership that removed it first: followed, this node exits.
+                frame = closed.next() => {
+                    if let Some(Ok(PeerMessage { kind: Some(Kind::Hello(h)) })) = &frame {
+                        if let (Some(wire), Some(inbound)) = (&h.membership, hub.inbound.get()) {
+                            hub.learn_membership(peer, wire, inbound);
+                        }
+                    }
+                    break Err("closed by peer".into());
+                }
             }
             if hub.stopping.load(Ordering::SeqCst) {
                 break Ok(());
@@ -882,6 +923,29 @@ async fn dial_loop(
         if let Err(reason) = outcome {
             info!(peer = %peer, channel = channel_label(channel), %reason, "peer link down");
         }
+        if started.elapsed() < STABLE_LINK {
+            // Refused or dropped at once (a joining node the members do not know yet, a node
+            // that was removed, a peer that closes each connection): dial again only after the
+            // backoff, not in a loop of connections.
+            pause(&hub, backoff).await;
+            backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
+        } else {
+            backoff = cfg.reconnect_backoff_min;
+        }
+    }
+}
+
+/// A link that lasted less than this was refused or dropped at once: the next dial waits for
+/// the backoff.
+const STABLE_LINK: Duration = Duration::from_secs(1);
+
+/// Waits `backoff` plus up to half of it at random, or until this node follows a newer
+/// membership (see [`PeerHub::redial`]).
+async fn pause(hub: &PeerHub, backoff: Duration) {
+    let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
+    tokio::select! {
+        _ = tokio::time::sleep(backoff + Duration::from_millis(jitter)) => {}
+        _ = hub.redial.notified() => {}
     }
 }
 

@@ -1,6 +1,6 @@
 //! Two [`PeerHub`]s over real loopback TCP: what each reports as availability and as the data
-//! link when one DATA connection is lost alone; and a hub closing an accepted connection that
-//! goes silent.
+//! link when one DATA connection is lost alone; a hub closing an accepted connection that
+//! goes silent; a removed node told so by the refusal of its connection.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -16,6 +16,8 @@ use super::{PeerHub, PeerHubConfig, PeerInbound};
 enum Report {
     Available(NodeId, bool),
     DataLink(NodeId, bool),
+    /// A newer membership learned from a peer: its epoch, and whether it removed this node.
+    Membership(u64, bool),
 }
 
 #[derive(Default)]
@@ -37,6 +39,12 @@ impl PeerInbound for Reports {
     }
     fn on_data_link(&self, peer: NodeId, up: bool) {
         self.0.lock().unwrap().push(Report::DataLink(peer, up));
+    }
+    fn on_membership(&self, _from: NodeId, membership: &bmq_metadata::ClusterMembership) {
+        self.0.lock().unwrap().push(Report::Membership(
+            membership.epoch,
+            membership.removed.contains(&NodeId(2)),
+        ));
     }
 }
 
@@ -251,4 +259,31 @@ async fn an_accepted_connection_silent_for_the_heartbeat_timeout_is_closed() {
         "the beating connection ended: {still_open:?}"
     );
     hub.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_that_missed_its_removal_learns_it_from_the_refusal() {
+    // Scenario: node 1 follows a membership that removed node 2, which never got that commit.
+    // Node 2's next connection to node 1 is refused, and the refusal carries the membership:
+    // node 2 reports it (its node exits on it), instead of dialing a cluster that no longer
+    // knows it for ever.
+    use bmq_metadata::{ClusterMembership, Member, MemberRole};
+    let (hub_1, _reports_1, _hub_2, reports_2) = two_hubs(64).await;
+    let member = |id: u32| Member {
+        id: NodeId(id),
+        host: "127.0.0.1".into(),
+        peer_port: 7000 + id as u16,
+        client_port: 6000 + id as u16,
+        admin_port: 8000 + id as u16,
+        bmqp_port: None,
+        role: MemberRole::Voter,
+    };
+    let mut membership = ClusterMembership::seed([member(1), member(2)]).unwrap();
+    membership.epoch = 2;
+    membership.members.remove(&NodeId(2));
+    membership.removed.insert(NodeId(2));
+    let from = reports_2.all().len();
+    hub_1.follow_membership(&membership);
+    hub_1.remove_peer(NodeId(2));
+    wait_for(&reports_2, from, &[Report::Membership(2, true)]).await;
 }
