@@ -1710,6 +1710,20 @@ fn membership_harness_with(promote: bool) -> Harness {
     Harness::with_nodes(nodes)
 }
 
+/// Node 1, the leader, adds node 4 as a learner, then promotes it; each change committed and
+/// applied everywhere before the next.
+fn add_voter_4(h: &mut Harness) {
+    for role in [MemberRole::Learner, MemberRole::Voter] {
+        let now = h.now;
+        let next = changed(h.node(1), |m| {
+            m.members.insert(n(4), member(4, role));
+        });
+        h.node(1).propose(now, next).unwrap();
+        h.run();
+        h.advance(Duration::from_secs(1));
+    }
+}
+
 fn membership_harness() -> Harness {
     membership_harness_with(false)
 }
@@ -1880,14 +1894,7 @@ fn a_new_leader_syncs_with_a_majority_of_the_committed_voters() {
     // not enough; with 4 it becomes active and keeps the membership.
     let mut h = membership_harness();
     h.elect(1, 1);
-    for role in [MemberRole::Learner, MemberRole::Voter] {
-        let now = h.now;
-        let next = changed(h.node(1), |m| {
-            m.members.insert(n(4), member(4, role));
-        });
-        h.node(1).propose(now, next).unwrap();
-        h.run();
-    }
+    add_voter_4(&mut h);
     assert_eq!(h.state(2).voters(), Some(voters(&[1, 2, 3, 4])));
     h.down.insert(n(1));
     h.down.insert(n(4));
@@ -1979,15 +1986,7 @@ fn the_next_change_waits_until_every_partition_healed_under_the_current_voters()
         .propose(now, primaries(&[(0, Some(1), 1)]))
         .unwrap();
     h.run();
-    for role in [MemberRole::Learner, MemberRole::Voter] {
-        let now = h.now;
-        let next = changed(h.node(1), |m| {
-            m.members.insert(n(4), member(4, role));
-        });
-        h.node(1).propose(now, next).unwrap();
-        h.run();
-        h.advance(Duration::from_secs(1));
-    }
+    add_voter_4(&mut h);
     assert_eq!(
         h.state(1).lease_replicas(PartitionId(0)),
         Some(voters(&[1, 2, 3])),

@@ -622,18 +622,33 @@ pub async fn produce(
 }
 
 /// Consumes from `queue` through a consumer on `brokers`, confirming each message, until
-/// every sequence `0..count` of `producer_id` was delivered intact (within 120 s).
+/// every sequence `0..count` of `producer_id` was delivered intact, in order (within 120 s;
+/// see [`receive_all`]).
 ///
-/// Errors: a corrupt payload, a timeout, a client error.
+/// Errors: a corrupt payload, a message out of order, a timeout, a client error.
 pub async fn consume(
     queue: &str,
     brokers: Vec<String>,
     producer_id: u64,
     count: u64,
 ) -> anyhow::Result<()> {
+    let consumer = open_consumer(queue, brokers, "test-consumer").await?;
+    receive_all(&consumer, producer_id, count, Duration::from_secs(120)).await?;
+    consumer.disconnect().await.ok();
+    Ok(())
+}
+
+/// A client `id` on `brokers` with `queue` open for reading (at most 1,000 unconfirmed).
+///
+/// Errors: the connection or the open failed.
+pub async fn open_consumer(
+    queue: &str,
+    brokers: Vec<String>,
+    id: &str,
+) -> anyhow::Result<bmq_client::Client> {
     use bmq_client::{Client, OpenOptions};
     use bmq_proto::client::ConsumerOptions;
-    let consumer = Client::connect(client_config(brokers, "test-consumer")).await?;
+    let consumer = Client::connect(client_config(brokers, id)).await?;
     consumer
         .open_queue(
             queue,
@@ -648,8 +663,24 @@ pub async fn consume(
         )
         .await
         .context("consumer open")?;
+    Ok(consumer)
+}
+
+/// Receives and confirms messages on `consumer` until every sequence `0..count` of
+/// `producer_id` was delivered intact, within `timeout`. A first delivery not flagged
+/// `out_of_order` must come after the ones before it (per-producer order; redeliveries
+/// aside).
+///
+/// Errors: a corrupt payload, a message out of order, a timeout, a client error.
+pub async fn receive_all(
+    consumer: &bmq_client::Client,
+    producer_id: u64,
+    count: u64,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let mut seen = std::collections::BTreeSet::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last_in_order = None;
+    let deadline = Instant::now() + timeout;
     while (seen.len() as u64) < count {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let msg = tokio::time::timeout(remaining, consumer.next_message())
@@ -659,10 +690,17 @@ pub async fn consume(
         let (pid, seq) = bmqctl::payload::verify(&msg.payload)
             .map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
         consumer.confirm(&msg.uri, msg.guid.clone()).await?;
-        if pid == producer_id && seq < count {
-            seen.insert(seq);
+        if pid != producer_id || seq >= count {
+            continue;
         }
+        if !msg.out_of_order && !seen.contains(&seq) {
+            anyhow::ensure!(
+                last_in_order.is_none_or(|l| seq > l),
+                "sequence {seq} of producer {pid} delivered after {last_in_order:?}"
+            );
+            last_in_order = Some(seq);
+        }
+        seen.insert(seq);
     }
-    consumer.disconnect().await.ok();
     Ok(())
 }

@@ -27,6 +27,17 @@ fn growing_cluster(initial: u32, total: u32) -> anyhow::Result<Cluster> {
     Ok(cluster)
 }
 
+/// Waits for a leader and for the membership it seeded (epoch 1) on every running node.
+async fn seeded(cluster: &Cluster) -> anyhow::Result<()> {
+    cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    cluster
+        .wait_for_all(Duration::from_secs(10), "the seeded membership", |s| {
+            s.membership.as_ref().is_some_and(|m| m.epoch == 1)
+        })
+        .await?;
+    Ok(())
+}
+
 /// `POST /admin/members` for node `id` (its own configured addresses), sent to `via`.
 async fn add_member(cluster: &Cluster, via: u32, id: u32) -> anyhow::Result<String> {
     let m = cluster.node(id).config.self_member().clone();
@@ -281,12 +292,7 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
 async fn partitions_follow_the_voters_and_survive_the_loss_of_two_seeded_nodes() {
     let mut cluster = growing_cluster(3, 5).expect("start cluster");
     let result = async {
-        cluster.wait_for_leader(Duration::from_secs(20)).await?;
-        cluster
-            .wait_for_all(Duration::from_secs(10), "the seeded membership", |s| {
-                s.membership.as_ref().is_some_and(|m| m.epoch == 1)
-            })
-            .await?;
+        seeded(&cluster).await?;
         for id in [4, 5] {
             cluster.start_node(id)?;
             wait_until_up(&cluster, id).await?;
@@ -344,31 +350,9 @@ async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer()
     const PACED: &str = "bmq://bmq.test/members-paced";
     let mut cluster = growing_cluster(3, 5).expect("start cluster");
     let result = async {
-        cluster.wait_for_leader(Duration::from_secs(20)).await?;
-        cluster
-            .wait_for_all(Duration::from_secs(10), "the seeded membership", |s| {
-                s.membership.as_ref().is_some_and(|m| m.epoch == 1)
-            })
-            .await?;
+        seeded(&cluster).await?;
         let via = cluster.node(3).client_addr();
-        let consumer = Client::connect(bmq_tests::client_config(
-            vec![via.clone()],
-            "paced-consumer",
-        ))
-        .await?;
-        consumer
-            .open_queue(
-                PACED,
-                OpenOptions {
-                    read: true,
-                    write: false,
-                    consumer: ConsumerOptions {
-                        max_unconfirmed_messages: 1000,
-                        ..Default::default()
-                    },
-                },
-            )
-            .await?;
+        let consumer = bmq_tests::open_consumer(PACED, vec![via.clone()], "paced-consumer").await?;
         let producer = Client::connect(bmq_tests::client_config(
             vec![via.clone()],
             "paced-producer",
@@ -446,27 +430,9 @@ async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer()
         stop.store(true, Ordering::Relaxed);
         let sent = produce.await??;
         ensure!(sent > 100, "the producer sent only {sent} PUTs");
-        let mut seen = BTreeSet::new();
-        let mut last_in_order = None;
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while (seen.len() as u64) < sent {
-            let remaining = deadline.saturating_duration_since(std::time::Instant::now());
-            let msg = tokio::time::timeout(remaining, consumer.next_message())
-                .await
-                .with_context(|| format!("delivered {} of {sent} ACKed", seen.len()))?
-                .context("consumer stream ended")?;
-            let (_, seq) = bmqctl::payload::verify(&msg.payload)
-                .map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
-            consumer.confirm(&msg.uri, msg.guid.clone()).await?;
-            if !msg.out_of_order && !seen.contains(&seq) {
-                ensure!(
-                    last_in_order.is_none_or(|l| seq > l),
-                    "sequence {seq} delivered after {last_in_order:?}"
-                );
-                last_in_order = Some(seq);
-            }
-            seen.insert(seq);
-        }
+        bmq_tests::receive_all(&consumer, 9, sent, Duration::from_secs(60))
+            .await
+            .context("every ACKed message delivered, in order")?;
         consumer.disconnect().await.ok();
         Ok(())
     }
@@ -487,12 +453,7 @@ async fn a_primary_with_unconfirmed_messages_is_removed_and_a_leader_dies_mid_ch
     const HELD: &str = "bmq://bmq.test/members-held";
     let mut cluster = growing_cluster(3, 5).expect("start cluster");
     let result = async {
-        cluster.wait_for_leader(Duration::from_secs(20)).await?;
-        cluster
-            .wait_for_all(Duration::from_secs(10), "the seeded membership", |s| {
-                s.membership.as_ref().is_some_and(|m| m.epoch == 1)
-            })
-            .await?;
+        seeded(&cluster).await?;
         cluster.start_node(4)?;
         wait_until_up(&cluster, 4).await?;
         let answer = add_member(&cluster, 1, 4).await?;
