@@ -1482,6 +1482,12 @@ impl ReplicationCore {
         }
     }
 
+    /// Whether `n`'s shape counts towards the healing quorum: not a journal set aside and not
+    /// re-installed yet, not a learner.
+    fn counts_in_healing(&self, n: &NodeId) -> bool {
+        !self.uncounted.contains(n) && !self.learners.contains(n)
+    }
+
     fn quorum_position(&self) -> u64 {
         let mut positions: Vec<u64> = vec![self.persisted];
         positions.extend(
@@ -1571,7 +1577,7 @@ impl ReplicationCore {
                     let counted = self
                         .shapes
                         .keys()
-                        .filter(|n| !self.uncounted.contains(n) && !self.learners.contains(n))
+                        .filter(|n| self.counts_in_healing(n))
                         .count();
                     if counted < self.quorum() {
                         return;
@@ -1584,9 +1590,7 @@ impl ReplicationCore {
                     let best = self
                         .shapes
                         .iter()
-                        .filter(|(n, _)| {
-                            **n == me || (!self.uncounted.contains(n) && !self.learners.contains(n))
-                        })
+                        .filter(|(n, _)| **n == me || self.counts_in_healing(n))
                         .max_by_key(|(n, s)| (shape_position(s), **n == self.cfg.self_id))
                         .map(|(n, s)| (*n, shape_position(s)))
                         .expect("at least our own shape");

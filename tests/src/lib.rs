@@ -588,20 +588,8 @@ pub async fn produce(
     producer_id: u64,
     count: u64,
 ) -> anyhow::Result<()> {
-    use bmq_client::{Client, OpenOptions};
-    use bmq_proto::client::{AckStatus, ConsumerOptions};
-    let producer = Client::connect(client_config(brokers, "test-producer")).await?;
-    producer
-        .open_queue(
-            queue,
-            OpenOptions {
-                read: false,
-                write: true,
-                consumer: ConsumerOptions::default(),
-            },
-        )
-        .await
-        .context("producer open")?;
+    use bmq_proto::client::AckStatus;
+    let producer = open_producer(queue, brokers, "test-producer").await?;
     let mut pending = Vec::with_capacity(count as usize);
     for seq in 0..count {
         let ack = producer
@@ -636,6 +624,22 @@ pub async fn consume(
     receive_all(&consumer, producer_id, count, Duration::from_secs(120)).await?;
     consumer.disconnect().await.ok();
     Ok(())
+}
+
+/// A client `id` on `brokers` with `queue` open for writing.
+///
+/// Errors: the connection or the open failed.
+pub async fn open_producer(
+    queue: &str,
+    brokers: Vec<String>,
+    id: &str,
+) -> anyhow::Result<bmq_client::Client> {
+    let producer = bmq_client::Client::connect(client_config(brokers, id)).await?;
+    producer
+        .open_queue(queue, bmq_client::OpenOptions::write())
+        .await
+        .context("producer open")?;
+    Ok(producer)
 }
 
 /// A client `id` on `brokers` with `queue` open for reading (at most 1,000 unconfirmed).

@@ -343,8 +343,7 @@ async fn partitions_follow_the_voters_and_survive_the_loss_of_two_seeded_nodes()
 /// (redeliveries flagged `out_of_order` aside).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer() {
-    use bmq_client::{Client, OpenOptions};
-    use bmq_proto::client::{AckStatus, ConsumerOptions};
+    use bmq_proto::client::AckStatus;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     const PACED: &str = "bmq://bmq.test/members-paced";
@@ -353,21 +352,7 @@ async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer()
         seeded(&cluster).await?;
         let via = cluster.node(3).client_addr();
         let consumer = bmq_tests::open_consumer(PACED, vec![via.clone()], "paced-consumer").await?;
-        let producer = Client::connect(bmq_tests::client_config(
-            vec![via.clone()],
-            "paced-producer",
-        ))
-        .await?;
-        producer
-            .open_queue(
-                PACED,
-                OpenOptions {
-                    read: false,
-                    write: true,
-                    consumer: ConsumerOptions::default(),
-                },
-            )
-            .await?;
+        let producer = bmq_tests::open_producer(PACED, vec![via.clone()], "paced-producer").await?;
         let stop = Arc::new(AtomicBool::new(false));
         let produce = tokio::spawn({
             let stop = stop.clone();

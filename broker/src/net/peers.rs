@@ -346,6 +346,25 @@ impl PeerHub {
         inbound.on_membership(from, &membership);
     }
 
+    /// This node's `PeerHello` for a connection of `channel`, with its committed membership:
+    /// the first frame of every connection it dials, and its answer to a removed node.
+    fn hello(&self, channel: i32) -> PeerMessage {
+        PeerMessage {
+            kind: Some(Kind::Hello(PeerHello {
+                cluster_name: self.config.cluster_name.clone(),
+                node_id: self.config.self_id.0,
+                channel,
+                protocol_version: PROTOCOL_VERSION,
+                membership: self
+                    .membership
+                    .read()
+                    .expect("membership lock")
+                    .as_ref()
+                    .map(|(_, wire)| wire.clone()),
+            })),
+        }
+    }
+
     /// Whether `peer` was removed from the cluster ([`PeerHub::remove_peer`]).
     pub fn is_removed(&self, peer: NodeId) -> bool {
         self.removed.read().expect("removed lock").contains(&peer)
@@ -567,21 +586,7 @@ impl PeerHub {
             // Tell it why before closing: a hello with the membership that removed it (the
             // dialer reads it, follows it and exits), since a removed node is dialed by no one
             // and may have missed the commit of its removal.
-            let membership = self
-                .membership
-                .read()
-                .expect("membership lock")
-                .as_ref()
-                .map(|(_, wire)| wire.clone());
-            let reply = PeerMessage {
-                kind: Some(Kind::Hello(PeerHello {
-                    cluster_name: self.config.cluster_name.clone(),
-                    node_id: self.config.self_id.0,
-                    channel: hello.channel,
-                    protocol_version: PROTOCOL_VERSION,
-                    membership,
-                })),
-            };
+            let reply = self.hello(hello.channel);
             let mut stream = framed.into_inner().inner;
             let mut out = FrameWriter::new(self.config.frame_size_max, WRITE_BATCH_BYTES);
             let _ =
@@ -784,8 +789,7 @@ async fn dial_loop(
                 // Messages queued while the link is down are stale by the time it is back: drop
                 // them (every protocol above retries on its own timer).
                 while rx.try_recv().is_ok() {}
-                let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
-                tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+                tokio::time::sleep(with_jitter(backoff)).await;
                 backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
                 continue;
             }
@@ -822,9 +826,7 @@ async fn dial_loop(
                         metrics::counter!("bmq_peer_auth_failures_total").increment(1);
                         warn!(peer = %peer, %addr, %reason, "TLS handshake with peer failed");
                         while rx.try_recv().is_ok() {}
-                        let jitter =
-                            rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
-                        tokio::time::sleep(backoff + Duration::from_millis(jitter)).await;
+                        tokio::time::sleep(with_jitter(backoff)).await;
                         backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
                         continue;
                     }
@@ -839,21 +841,11 @@ async fn dial_loop(
         let mut closed =
             FramedRead::new(reader, FrameCodec::<PeerMessage>::new(cfg.frame_size_max));
         let mut out = FrameWriter::new(cfg.frame_size_max, WRITE_BATCH_BYTES);
-        let hello = PeerMessage {
-            kind: Some(Kind::Hello(PeerHello {
-                cluster_name: cfg.cluster_name.clone(),
-                node_id: cfg.self_id.0,
-                channel: channel as i32,
-                protocol_version: PROTOCOL_VERSION,
-                membership: hub
-                    .membership
-                    .read()
-                    .expect("membership lock")
-                    .as_ref()
-                    .map(|(_, wire)| wire.clone()),
-            })),
-        };
-        if out.send(&mut writer, &hello).await.is_err() {
+        if out
+            .send(&mut writer, &hub.hello(channel as i32))
+            .await
+            .is_err()
+        {
             pause(&hub, backoff).await;
             backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
             continue;
@@ -935,6 +927,12 @@ async fn dial_loop(
     }
 }
 
+/// `backoff` plus up to half of it at random (dialers of one node do not retry in step).
+fn with_jitter(backoff: Duration) -> Duration {
+    backoff
+        + Duration::from_millis(rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2))
+}
+
 /// A link that lasted less than this was refused or dropped at once: the next dial waits for
 /// the backoff.
 const STABLE_LINK: Duration = Duration::from_secs(1);
@@ -942,9 +940,8 @@ const STABLE_LINK: Duration = Duration::from_secs(1);
 /// Waits `backoff` plus up to half of it at random, or until this node follows a newer
 /// membership (see [`PeerHub::redial`]).
 async fn pause(hub: &PeerHub, backoff: Duration) {
-    let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
     tokio::select! {
-        _ = tokio::time::sleep(backoff + Duration::from_millis(jitter)) => {}
+        _ = tokio::time::sleep(with_jitter(backoff)) => {}
         _ = hub.redial.notified() => {}
     }
 }
