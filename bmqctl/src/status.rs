@@ -240,6 +240,18 @@ fn render_status(results: &[(String, anyhow::Result<NodeStatusDoc>)]) -> String 
             ids("learner"),
             ids("leaving")
         );
+        for learner in m.members.iter().filter(|x| x.role == "learner") {
+            let progress = learner.catch_up.as_ref().map_or_else(
+                || "no report yet".to_string(),
+                |c| {
+                    format!(
+                        "ledger at epoch {}, journals of {}/{} partitions follow their primary",
+                        c.membership_epoch, c.partitions_following, c.partitions
+                    )
+                },
+            );
+            let _ = writeln!(out, "  learner {} catching up: {progress}", learner.node_id);
+        }
         for d in &docs {
             if let Some(why) = d
                 .membership

@@ -36,11 +36,12 @@ use std::time::Duration;
 use actix::Addr;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use bmq_config::{BrokerConfig, Permission};
-use bmq_metadata::{ClusterMembership, MemberRole, MetadataRole};
+use bmq_metadata::{ClusterMembership, LearnerProgress, MemberRole, MetadataRole};
 use bmq_proto::admin_doc::{
-    ElectorDoc, MemberDoc, MembershipDoc, MetadataDoc, NodeStatusDoc, PartitionDoc, PeerDoc,
-    QueueDoc,
+    CatchUpDoc, ElectorDoc, MemberDoc, MembershipDoc, MetadataDoc, NodeStatusDoc, PartitionDoc,
+    PeerDoc, QueueDoc,
 };
+use bmq_proto::NodeId;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{info, warn};
 
@@ -511,15 +512,35 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
             .collect(),
         client_sessions: ctx.router.session_count() as u64,
         ready: leader_active && journals_closed == 0 && local.len() >= state.partitions.len(),
-        membership: state
-            .membership
-            .as_deref()
-            .map(|m| membership_doc(m, &ctx.config)),
+        membership: state.membership.as_deref().map(|m| {
+            let mut doc = membership_doc(m, &ctx.config, &metadata.learner_progress);
+            // This node, if a learner, as it stands now.
+            let self_id = NodeId(ctx.config.node_id);
+            if let Some(me) = doc.members.iter_mut().find(|d| d.node_id == self_id.0) {
+                if me.role == "learner" {
+                    let (following, partitions) =
+                        crate::router::journals_following(state, self_id, |p| {
+                            local.get(&p).is_some_and(|s| s.gauges.follows_primary)
+                        });
+                    me.catch_up = Some(CatchUpDoc {
+                        membership_epoch: m.epoch,
+                        partitions_following: following,
+                        partitions,
+                    });
+                }
+            }
+            doc
+        }),
     })
 }
 
-/// The `/status` form of a committed membership, with how this node's file differs from it.
-fn membership_doc(membership: &ClusterMembership, config: &BrokerConfig) -> MembershipDoc {
+/// The `/status` form of a committed membership, with how this node's file differs from it and
+/// the learners' latest reports of their catch-up.
+fn membership_doc(
+    membership: &ClusterMembership,
+    config: &BrokerConfig,
+    progress: &[(NodeId, LearnerProgress)],
+) -> MembershipDoc {
     MembershipDoc {
         epoch: membership.epoch,
         members: membership
@@ -538,6 +559,14 @@ fn membership_doc(membership: &ClusterMembership, config: &BrokerConfig) -> Memb
                     MemberRole::Leaving => "leaving",
                 }
                 .to_string(),
+                catch_up: progress
+                    .iter()
+                    .find(|(id, _)| *id == m.id)
+                    .map(|(_, p)| CatchUpDoc {
+                        membership_epoch: p.membership_epoch,
+                        partitions_following: p.partitions_following,
+                        partitions: p.partitions,
+                    }),
             })
             .collect(),
         removed: membership.removed.iter().map(|n| n.0).collect(),

@@ -1,8 +1,9 @@
 //! Membership changes through the admin HTTP server (DESIGN.md §5a), on the active leader:
 //!
 //! - `POST /admin/members?id=N&host=H&peer_port=P&client_port=P&admin_port=P[&bmqp_port=P]`
-//!   adds node N as a learner; the leader promotes it to voter once it has caught up
-//!   (`MetadataConfig::promote_learners`). The answer waits for the promotion, up to
+//!   adds node N as a learner; the leader promotes it to voter once it has caught up the
+//!   ledger and every partition's journal (`MetadataConfig::promote_learners`,
+//!   `promote_after_journals`). The answer waits for the promotion, up to
 //!   `timeout_ms` (default 30000); `wait=learner` answers once the learner is committed.
 //! - `DELETE /admin/members/{id}` removes a member: a voter is first marked leaving (it gives
 //!   up its primaries, which move as after a failure), then removed; a learner is removed at
@@ -286,7 +287,9 @@ async fn add(ctx: &AdminContext, req: &HttpRequest, q: AddMemberQuery) -> Result
         )),
         Err(()) => Err(Refusal::Unavailable(format!(
             "node {id} was added as a learner (epoch {}) but has not caught up in time: is it \
-             running and can it reach the members? It is promoted once it has",
+             running and can it reach the members? It stays a learner, and is promoted once it \
+             holds the ledger and every partition's journal follows its primary (`bmqctl \
+             status` shows its catch-up)",
             next.epoch
         ))),
     }

@@ -56,8 +56,8 @@ use bmq_metadata::{
     MetadataCore, Recovered,
 };
 use bmq_proto::peer::{
-    metadata_message, peer_message::Kind, Channel, MetadataMessage, NodeStatusAdvisory,
-    NodeStatusKind, PeerMessage,
+    metadata_message, peer_message::Kind, Channel, LearnerProgress, MetadataMessage,
+    NodeStatusAdvisory, NodeStatusKind, PeerMessage,
 };
 use bmq_proto::{NodeId, Term};
 use tokio::sync::watch;
@@ -436,6 +436,62 @@ async fn probe_main_thread_lag() {
     }
 }
 
+/// How often a learner reports its catch-up ([`report_learner_progress`]).
+const LEARNER_PROGRESS_PERIOD: Duration = Duration::from_millis(200);
+
+/// While this node is a learner of the committed membership, tells every other member how far
+/// it has caught up, every [`LEARNER_PROGRESS_PERIOD`]: the membership epoch it applied (it
+/// holds the ledger up to that commit) and how many partitions' primaries have synchronised
+/// its journal ([`Router::journals_following`]). The active leader promotes it once it follows
+/// every partition (`MetadataConfig::promote_after_journals`); every node shows the report in
+/// `/status`. A lost report is replaced by the next one.
+async fn report_learner_progress(router: Arc<Router>, hub: Arc<PeerHub>) {
+    let self_id = router.self_id();
+    let mut cluster = router.cluster();
+    let mut tick = tokio::time::interval(LEARNER_PROGRESS_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        tick.tick().await;
+        let state = cluster.borrow_and_update().clone();
+        let Some(membership) = state.membership.as_ref() else {
+            continue;
+        };
+        let learner = membership
+            .members
+            .get(&self_id)
+            .is_some_and(|m| m.role == MemberRole::Learner);
+        if !learner {
+            last = None;
+            continue;
+        }
+        let (following, partitions) = router
+            .journals_following(&state, Duration::from_secs(1))
+            .await;
+        let report = (membership.epoch, following, partitions);
+        if last != Some(report) {
+            if following >= partitions {
+                info!(node = %self_id, epoch = membership.epoch, partitions, "learner: every partition's journal follows its primary");
+            } else {
+                info!(node = %self_id, epoch = membership.epoch, following, partitions, "learner: catching up the partitions' journals");
+            }
+            last = Some(report);
+        }
+        let message = PeerMessage {
+            kind: Some(Kind::Metadata(MetadataMessage {
+                kind: Some(metadata_message::Kind::LearnerProgress(LearnerProgress {
+                    membership_epoch: membership.epoch,
+                    partitions_following: following,
+                    partitions,
+                })),
+            })),
+        };
+        for id in membership.members.keys().filter(|id| **id != self_id) {
+            hub.send(*id, Channel::Control, message.clone());
+        }
+    }
+}
+
 /// Runs the node until SIGTERM/SIGINT or `POST /admin/stop`. Must be called inside an actix
 /// `System`.
 pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
@@ -500,6 +556,10 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     let admin_handle = admin.handle();
     tokio::spawn(admin);
     tokio::spawn(probe_main_thread_lag());
+    tokio::spawn(report_learner_progress(
+        actors.router.clone(),
+        actors.hub.clone(),
+    ));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {

@@ -299,6 +299,9 @@ pub struct PartitionGauges {
     /// The journal was found corrupt, set aside, and is not re-installed yet
     /// ([`crate::store::Store::needs_install`]).
     pub needs_install: bool,
+    /// Not the primary, and caught up with the primary of the highest lease known
+    /// ([`crate::replication::ReplicationCore::follows_primary`]).
+    pub follows_primary: bool,
 }
 
 /// What `/status` shows of a partition on this node: the [`PartitionGauges`] and the totals
@@ -597,6 +600,7 @@ impl Partition {
             store: self.replication.store().stats(),
             disk_full: self.replication.disk_full(),
             needs_install: self.replication.store().needs_install(),
+            follows_primary: self.replication.follows_primary(),
         }
     }
 

@@ -309,6 +309,9 @@ pub struct ReplicationCore {
     persisted: u64,
     /// The lease whose primary has synchronised this replica (0: none).
     synced_lease: LeaseId,
+    /// The primary's last position when it last synchronised this replica: once the journal
+    /// holds it, the replica has caught up with the primary as of then.
+    sync_target: u64,
     /// `Some` while this node is the primary of `lease`.
     phase: Option<PrimaryPhase>,
     /// Journal shapes collected while healing.
@@ -369,6 +372,7 @@ impl ReplicationCore {
             store,
             persisted,
             synced_lease: LeaseId(0),
+            sync_target: 0,
             phase: None,
             shapes: BTreeMap::new(),
             uncounted: BTreeSet::new(),
@@ -458,6 +462,20 @@ impl ReplicationCore {
     /// Whether an install is being received.
     pub fn is_installing(&self) -> bool {
         self.installing.is_some()
+    }
+
+    /// Whether this node, not the primary, has caught up with the primary of the highest lease
+    /// known: that primary synchronised it, no install is under way, and the journal holds at
+    /// least the primary's last position as of that sync (what it streams afterwards arrives
+    /// as it is written). A learner reports it for every partition before the leader promotes
+    /// it, so that it joins its first lease as a replica that already holds the journal.
+    pub fn follows_primary(&self) -> bool {
+        self.phase.is_none()
+            && self.primary.is_some_and(|p| p != self.cfg.self_id)
+            && self.synced_lease == self.lease
+            && self.installing.is_none()
+            && !self.store.needs_install()
+            && self.store.last_sequence() >= self.sync_target
     }
 
     /// Per replica: the highest position it has receipted (primary only).
@@ -1302,6 +1320,7 @@ impl ReplicationCore {
         };
         if applied {
             self.synced_lease = LeaseId(s.lease);
+            self.sync_target = s.sender_last_sequence;
             if self.store.needs_install()
                 && self
                     .reinstall_target

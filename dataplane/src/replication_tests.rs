@@ -1696,6 +1696,7 @@ fn a_learner_receives_the_journal_and_counts_in_no_quorum() {
     let now = Instant::now();
     let mut cores = active_cluster(now);
     cores.push(node(4, vec![]));
+    assert!(!cores[3].follows_primary(), "not synchronised yet");
     cores[0].set_learners(now, &[NodeId(4), NodeId(2)]);
     assert_eq!(
         cores[0].learners().iter().copied().collect::<Vec<_>>(),
@@ -1716,6 +1717,8 @@ fn a_learner_receives_the_journal_and_counts_in_no_quorum() {
         records(&cores[0]).len(),
         "the learner has it"
     );
+    assert!(cores[3].follows_primary(), "the learner caught up");
+    assert!(!cores[0].follows_primary(), "the primary follows no one");
     // Node 2 is back: the primary resends what it did not receipt.
     let now = now + Duration::from_secs(1);
     cores[0].handle_timeout(now);
@@ -1737,4 +1740,24 @@ fn a_learner_receives_the_journal_and_counts_in_no_quorum() {
     );
     cores[0].set_learners(now, &[]);
     assert!(cores[0].learners().is_empty());
+}
+
+#[test]
+fn a_learner_of_an_idle_partition_catches_up_without_new_records() {
+    // Scenario: the primary holds records and receives none after learner 4 is added: the
+    // learner still gets them and reports that it follows the primary.
+    let now = Instant::now();
+    let mut cores = active_cluster(now);
+    for seq in 1..=3 {
+        assert!(matches!(
+            put(&mut cores[0], now, seq, true),
+            PutResult::Appended { .. }
+        ));
+    }
+    settle(now, &mut cores, &[]);
+    cores.push(node(4, vec![]));
+    cores[0].set_learners(now, &[NodeId(4)]);
+    settle(now, &mut cores, &[]);
+    assert_eq!(records(&cores[3]), records(&cores[0]));
+    assert!(cores[3].follows_primary(), "the learner caught up");
 }

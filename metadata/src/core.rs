@@ -100,10 +100,18 @@ pub struct MetadataConfig {
     /// assignment is asked again (the sessions ask once).
     pub assignment_request_resend: Duration,
     /// The active leader promotes a learner to voter as soon as it has applied the membership
-    /// that made it a learner (it then holds the ledger up to that commit), one at a time, while
+    /// that made it a learner (it then holds the ledger up to that commit) and, with
+    /// `promote_after_journals`, follows every partition's primary, one at a time, while
     /// the voters stay within [`crate::MAX_VOTERS`] (etcd's `member promote`, with no operator
     /// step). `false` leaves learners as they are (tests).
     pub promote_learners: bool,
+    /// The promotion also waits for the learner's journals: its latest [`LearnerProgress`]
+    /// (`peer::LearnerProgress`, which a broker's learner sends its peers while it catches up)
+    /// must be of the committed membership's epoch and show every partition with a primary
+    /// followed. The learner then joins its first lease as a replica that already holds the
+    /// journal instead of one the others outvote while it heals. `false`: the ledger alone
+    /// (a core without a data plane: the simulator, unit tests).
+    pub promote_after_journals: bool,
 }
 
 impl Default for MetadataConfig {
@@ -120,7 +128,28 @@ impl Default for MetadataConfig {
             assignment_request_ttl: Duration::from_secs(10),
             assignment_request_resend: Duration::from_millis(500),
             promote_learners: true,
+            promote_after_journals: true,
         }
+    }
+}
+
+/// How far a learner has caught up, as it last reported (`peer::LearnerProgress`; not
+/// ledgered). Shown by `/status`; gates its promotion (see
+/// [`MetadataConfig::promote_after_journals`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct LearnerProgress {
+    /// The committed membership epoch the learner had applied (it holds the ledger up to it).
+    pub membership_epoch: u64,
+    /// Partitions whose primary has synchronised the learner's journal.
+    pub partitions_following: u32,
+    /// Partitions with a primary in the learner's committed state.
+    pub partitions: u32,
+}
+
+impl LearnerProgress {
+    /// Every partition with a primary is followed.
+    pub fn journals_caught_up(&self) -> bool {
+        self.partitions_following >= self.partitions
     }
 }
 
@@ -402,6 +431,9 @@ pub struct MetadataCore {
     matched: BTreeMap<NodeId, Lsn>,
     /// The membership epoch each node last reported applied (in its acks; self included).
     applied_epoch: BTreeMap<NodeId, u64>,
+    /// Each learner's latest report of its catch-up (any role keeps them, for `/status`;
+    /// dropped for a node that is no longer a learner).
+    learner_progress: BTreeMap<NodeId, LearnerProgress>,
     /// Members learned from a peer's newer committed membership (its `PeerHello`) before this
     /// node's ledger holds it: their messages are accepted, so a leader this node never heard
     /// of can catch it up ([`MetadataCore::learn_members`]).
@@ -486,6 +518,7 @@ impl MetadataCore {
             commit_tail: None,
             matched: BTreeMap::new(),
             applied_epoch: BTreeMap::new(),
+            learner_progress: BTreeMap::new(),
             seed_membership: None,
             just_removed: BTreeSet::new(),
             learned: BTreeSet::new(),
@@ -841,8 +874,55 @@ impl MetadataCore {
                     self.ask_assignment(now, request.uri);
                 }
             }
+            Msg::LearnerProgress(progress) => {
+                self.on_learner_progress(now, from, progress);
+            }
             Msg::Batch(_) => self.counters.nested_batches += 1,
         }
+    }
+
+    /// A learner's report of its catch-up: kept while `from` is a learner of the committed
+    /// membership (a report of an older epoch too: `/status` shows it, the promotion does not
+    /// count it); the active leader may promote it now.
+    fn on_learner_progress(&mut self, now: Instant, from: NodeId, p: peer::LearnerProgress) {
+        let is_learner = self
+            .committed_state
+            .membership
+            .as_ref()
+            .and_then(|m| m.members.get(&from))
+            .is_some_and(|m| m.role == MemberRole::Learner);
+        if !is_learner {
+            self.learner_progress.remove(&from);
+            debug!(from = %from, "learner progress of a node that is no learner dropped");
+            return;
+        }
+        self.learner_progress.insert(
+            from,
+            LearnerProgress {
+                membership_epoch: p.membership_epoch,
+                partitions_following: p.partitions_following,
+                partitions: p.partitions,
+            },
+        );
+        self.promote_caught_up_learner(now);
+    }
+
+    /// The latest report of its catch-up of each learner of the committed membership that
+    /// sent one, by node (see [`LearnerProgress`]).
+    pub fn learner_progress(&self) -> Vec<(NodeId, LearnerProgress)> {
+        let Some(membership) = self.committed_state.membership.as_ref() else {
+            return Vec::new();
+        };
+        self.learner_progress
+            .iter()
+            .filter(|(id, _)| {
+                membership
+                    .members
+                    .get(id)
+                    .is_some_and(|m| m.role == MemberRole::Learner)
+            })
+            .map(|(id, p)| (*id, *p))
+            .collect()
     }
 
     /// A leader sync query (step 1 or 2 of DESIGN.md §5) from `from` for `term`. Answered if
@@ -1498,8 +1578,10 @@ impl MetadataCore {
     }
 
     /// On the active leader, with no change in flight: proposes the promotion of the first
-    /// learner (by id) that has applied the committed membership, if the voters stay within
-    /// [`crate::MAX_VOTERS`] (see [`MetadataConfig::promote_learners`]).
+    /// learner (by id) that has applied the committed membership and (with
+    /// [`MetadataConfig::promote_after_journals`]) reported every partition's journal followed,
+    /// if the voters stay within [`crate::MAX_VOTERS`] (see
+    /// [`MetadataConfig::promote_learners`]).
     fn promote_caught_up_learner(&mut self, now: Instant) {
         if !self.config.promote_learners || self.role != MetadataRole::ActiveLeader {
             return;
@@ -1513,12 +1595,19 @@ impl MetadataCore {
         {
             return;
         }
+        let journals_followed = |id: &NodeId| {
+            !self.config.promote_after_journals
+                || self.learner_progress.get(id).is_some_and(|p| {
+                    p.membership_epoch >= membership.epoch && p.journals_caught_up()
+                })
+        };
         let Some(learner) = membership.members.values().find(|m| {
             m.role == MemberRole::Learner
                 && self
                     .applied_epoch
                     .get(&m.id)
                     .is_some_and(|e| *e >= membership.epoch)
+                && journals_followed(&m.id)
         }) else {
             return;
         };

@@ -1690,13 +1690,18 @@ fn changed(core: &MetadataCore, f: impl FnOnce(&mut ClusterMembership)) -> peer:
 }
 
 /// Nodes 1-3 configured with {1,2,3} and seeded from it; node 4 a new node that knows them.
-/// Learners are promoted by hand (the tests propose every change) unless `promote`.
+/// Learners are promoted by hand (the tests propose every change) unless `promote`, once they
+/// hold the ledger (their journals are not waited for).
 fn membership_harness_with(promote: bool) -> Harness {
-    let seed = ClusterMembership::seed((1..=3).map(|i| member(i, MemberRole::Voter))).unwrap();
-    let config = MetadataConfig {
+    membership_harness_config(MetadataConfig {
         promote_learners: promote,
+        promote_after_journals: false,
         ..MetadataConfig::default()
-    };
+    })
+}
+
+fn membership_harness_config(config: MetadataConfig) -> Harness {
+    let seed = ClusterMembership::seed((1..=3).map(|i| member(i, MemberRole::Voter))).unwrap();
     let mut nodes: Vec<(NodeId, MetadataCore)> = (1..=3)
         .map(|i| {
             let mut core =
@@ -1726,6 +1731,72 @@ fn add_voter_4(h: &mut Harness) {
 
 fn membership_harness() -> Harness {
     membership_harness_with(false)
+}
+
+fn learner_progress(epoch: u64, following: u32, partitions: u32) -> peer::MetadataMessage {
+    msg(Msg::LearnerProgress(peer::LearnerProgress {
+        membership_epoch: epoch,
+        partitions_following: following,
+        partitions,
+    }))
+}
+
+#[test]
+fn the_leader_promotes_a_learner_once_it_follows_every_partition() {
+    // Scenario: with the broker's default configuration the learner's ledger is not enough:
+    // the leader waits for a report, of the current membership's epoch, that every partition
+    // with a primary has synchronised the learner's journal. Reports of an older epoch or of
+    // a part of the partitions promote nothing; a node that is no learner is not listed.
+    let mut h = membership_harness_config(MetadataConfig::default());
+    h.elect(1, 1);
+    let now = h.now;
+    let add = changed(h.node(1), |m| {
+        m.members.insert(n(4), member(4, MemberRole::Learner));
+    });
+    h.node(1).propose(now, add).unwrap();
+    h.run();
+    h.advance(Duration::from_secs(1));
+    assert_eq!(
+        h.node(1).counters().learners_promoted,
+        0,
+        "holds the ledger, no journal reported"
+    );
+    let epoch = h.state(1).membership.as_ref().unwrap().epoch;
+    for (e, following) in [(epoch - 1, 16), (epoch, 15)] {
+        h.node(1)
+            .handle_message(now, n(4), learner_progress(e, following, 16));
+        h.run();
+        assert_eq!(
+            h.node(1).counters().learners_promoted,
+            0,
+            "epoch {e}, {following}/16"
+        );
+    }
+    assert_eq!(
+        h.node(1).learner_progress(),
+        vec![(
+            n(4),
+            LearnerProgress {
+                membership_epoch: epoch,
+                partitions_following: 15,
+                partitions: 16
+            }
+        )]
+    );
+    h.node(1)
+        .handle_message(now, n(4), learner_progress(epoch, 16, 16));
+    h.run();
+    assert_eq!(h.node(1).counters().learners_promoted, 1);
+    for id in 1..=4 {
+        let state = h.state(id);
+        let m = state.membership.as_ref().unwrap();
+        assert_eq!(
+            (m.epoch, m.voters()),
+            (epoch + 1, voters(&[1, 2, 3, 4])),
+            "node {id}"
+        );
+    }
+    assert!(h.node(1).learner_progress().is_empty(), "a voter now");
 }
 
 #[test]

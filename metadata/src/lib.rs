@@ -35,8 +35,8 @@ pub use crate::assignment::{
     plan_rebalance, plan_replica_change,
 };
 pub use crate::core::{
-    MetadataConfig, MetadataCore, MetadataCounters, MetadataOutput, MetadataRole, MetadataStatus,
-    ProposeError,
+    LearnerProgress, MetadataConfig, MetadataCore, MetadataCounters, MetadataOutput, MetadataRole,
+    MetadataStatus, ProposeError,
 };
 pub use crate::ledger::{
     FsyncPolicy, Ledger, LedgerError, LedgerRecord, LedgerRelease, LedgerSnapshot, LedgerSync,

@@ -68,6 +68,22 @@ pub struct MemberDoc {
     pub bmqp_port: Option<u16>,
     /// `voter`, `learner` or `leaving`.
     pub role: String,
+    /// A learner's catch-up: on the learner itself as it stands, elsewhere as it last
+    /// reported (absent for voters, and for a learner that has not reported to this node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up: Option<CatchUpDoc>,
+}
+
+/// How far a learner has caught up (the leader promotes it once `partitions_following` reaches
+/// `partitions` at the committed membership's epoch).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CatchUpDoc {
+    /// The committed membership epoch the learner had applied (it holds the ledger up to it).
+    pub membership_epoch: u64,
+    /// Partitions whose primary has synchronised the learner's journal.
+    pub partitions_following: u32,
+    /// Partitions with a primary.
+    pub partitions: u32,
 }
 
 /// Elector state (DESIGN.md §4).

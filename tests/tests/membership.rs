@@ -763,3 +763,130 @@ fn bmqctl_grows_and_shrinks_the_local_cluster() {
         panic!("{e:#}");
     }
 }
+
+/// A learner is promoted only once its journals follow every partition's primary, and a
+/// learner SIGKILLed during its catch-up resumes it when restarted with its data. Four queues
+/// hold messages on their partitions; node 4 joins as a learner, is killed before its journals
+/// caught up (the leader keeps it a learner: its last report shows partitions behind), the
+/// cluster serves meanwhile, and node 4 restarted finishes its catch-up and is promoted —
+/// holding then every record its partitions' primaries held before it joined. Every ACKed
+/// message is delivered, through node 4, in each producer's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_killed_during_its_catch_up_resumes_and_is_promoted_once_its_journals_follow() {
+    const QUEUES: u64 = 4;
+    const MESSAGES: u64 = 6_000;
+    let queue = |i: u64| format!("bmq://bmq.test/catch-up-{i}");
+    let mut cluster = growing_cluster(3, 4).expect("start cluster");
+    let result = async {
+        seeded(&cluster).await?;
+        let brokers = vec![cluster.node(1).client_addr(), cluster.node(2).client_addr()];
+        let loads = (0..QUEUES).map(|i| {
+            let brokers = brokers.clone();
+            let uri = queue(i);
+            async move { bmq_tests::produce(&uri, brokers, 20 + i, MESSAGES).await }
+        });
+        futures::future::try_join_all(loads)
+            .await
+            .context("preload")?;
+        // What each partition's primary holds before node 4 joins.
+        let held: Vec<(u32, u64)> = {
+            let docs = cluster
+                .wait_for_all(Duration::from_secs(5), "every node answers", |_| true)
+                .await?;
+            let mut held = Vec::new();
+            for p in &docs[0].partitions {
+                let primary = p.primary.context("every partition has a primary")?;
+                let doc = docs
+                    .iter()
+                    .find(|d| d.node_id == primary)
+                    .context("the primary answers")?;
+                let last = doc
+                    .partitions
+                    .iter()
+                    .find(|q| q.partition_id == p.partition_id)
+                    .map_or(0, |q| q.journal_last_sequence);
+                held.push((p.partition_id, last));
+            }
+            held
+        };
+        ensure!(
+            held.iter().filter(|(_, last)| *last > 0).count() >= 2,
+            "the preload spans several partitions: {held:?}"
+        );
+
+        cluster.start_node(4)?;
+        wait_until_up(&cluster, 4).await?;
+        let m = cluster.node(4).config.self_member().clone();
+        let path = format!(
+            "/admin/members?id=4&host={}&client_port={}&peer_port={}&admin_port={}&wait=learner",
+            m.host, m.client_port, m.peer_port, m.admin_port
+        );
+        let answer =
+            bmqctl::http::request(&cluster.node(1).admin_addr(), "POST", &path, None).await?;
+        ensure!(
+            answer.contains("added as a learner"),
+            "add answered {answer:?}"
+        );
+        cluster.kill_node(4)?;
+        // Killed mid catch-up: a learner it stays, however long it is down.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let docs = cluster
+            .wait_for_all(Duration::from_secs(5), "every node answers", |_| true)
+            .await?;
+        for d in &docs {
+            let m = d.membership.as_ref().context("membership")?;
+            let four = m.members.iter().find(|x| x.node_id == 4);
+            ensure!(
+                four.is_some_and(|x| x.role == "learner"),
+                "node {}: node 4 is {:?} while it is down, before its journals caught up",
+                d.node_id,
+                four
+            );
+        }
+        // The cluster serves meanwhile.
+        bmq_tests::round_trip(QUEUE, brokers.clone(), brokers.clone(), 30, 200)
+            .await
+            .context("round trip while the learner is down")?;
+
+        cluster.start_node(4)?;
+        let admin4 = cluster.node(4).admin_addr();
+        let promoted = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                if let Ok(s) = bmqctl::status::fetch_status(&admin4, Duration::from_secs(1)).await {
+                    if voters(&s).contains(&4) {
+                        return s;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .context("node 4 restarted was not promoted")?;
+        for (partition, last) in &held {
+            let own = promoted
+                .partitions
+                .iter()
+                .find(|p| p.partition_id == *partition)
+                .map_or(0, |p| p.journal_last_sequence);
+            ensure!(
+                own >= *last,
+                "partition {partition}: node 4 holds {own} of the primary's {last} when promoted"
+            );
+        }
+        for i in 0..QUEUES {
+            bmq_tests::consume(
+                &queue(i),
+                vec![cluster.node(4).client_addr()],
+                20 + i,
+                MESSAGES,
+            )
+            .await
+            .with_context(|| format!("every ACKed message of {} through node 4", queue(i)))?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
+    }
+}

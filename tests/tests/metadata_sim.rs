@@ -271,8 +271,12 @@ struct Sim {
     epoch_seen: u64,
 }
 
+/// The simulated nodes have no data plane: a learner is promoted once it holds the ledger.
 fn config() -> MetadataConfig {
-    MetadataConfig::default()
+    MetadataConfig {
+        promote_after_journals: false,
+        ..MetadataConfig::default()
+    }
 }
 
 /// A member's entry in the simulated membership (distinct made-up ports).

@@ -69,9 +69,9 @@ use tracing::{debug, error};
 use super::shell::{wall_clock_ms, DiskWorker, GroupCommit, Timer};
 
 use bmq_metadata::{
-    ClusterState, Ledger, LedgerError, LedgerRecord, LedgerRelease, LedgerSnapshot, LedgerSync,
-    Lsn, MetadataCore, MetadataOutput, MetadataRole, MetadataStatus, PeerOutbox, ProposeError,
-    SnapshotWritten, SyncDone,
+    ClusterState, LearnerProgress, Ledger, LedgerError, LedgerRecord, LedgerRelease,
+    LedgerSnapshot, LedgerSync, Lsn, MetadataCore, MetadataOutput, MetadataRole, MetadataStatus,
+    PeerOutbox, ProposeError, SnapshotWritten, SyncDone,
 };
 
 /// Mailbox capacity of the metadata actor. Metadata traffic is small and rate-bounded by the
@@ -176,6 +176,8 @@ pub struct MetadataSnapshot {
     /// The epochs of the committed and of the proposed membership (they differ while a change
     /// is uncommitted; see [`MetadataCore::membership_epochs`]).
     pub membership_epochs: (u64, u64),
+    /// Each learner's latest report of its catch-up ([`MetadataCore::learner_progress`]).
+    pub learner_progress: Vec<(NodeId, LearnerProgress)>,
 }
 
 /// A metadata message for the transport: `to: None` means every peer.
@@ -787,6 +789,7 @@ impl Handler<GetMetadataStatus> for MetadataActor {
             status: self.core.status(),
             state: self.core.state().clone(),
             membership_epochs: self.core.membership_epochs(),
+            learner_progress: self.core.learner_progress(),
         }
     }
 }

@@ -185,6 +185,13 @@ struct JournalCompacted {
 #[rtype(result = "Option<PartitionStats>")]
 pub struct GetPartitionStats;
 
+/// Asks for the partition's O(1) figures ([`Partition::gauges`]: role, lease, sequences,
+/// whether it follows its primary), without the per-queue totals of [`GetPartitionStats`];
+/// `None` while its journal is not open.
+#[derive(Message)]
+#[rtype(result = "Option<PartitionGauges>")]
+pub struct GetPartitionGauges;
+
 /// The shell around one partition's core (see the module doc).
 pub struct PartitionActor {
     id: PartitionId,
@@ -710,6 +717,14 @@ impl Handler<GetPartitionStats> for PartitionActor {
                 .set(stats.gauges.last_sequence as f64);
         }
         MessageResult(stats)
+    }
+}
+
+impl Handler<GetPartitionGauges> for PartitionActor {
+    type Result = MessageResult<GetPartitionGauges>;
+
+    fn handle(&mut self, _msg: GetPartitionGauges, _ctx: &mut Self::Context) -> Self::Result {
+        MessageResult(self.core.as_ref().map(Partition::gauges))
     }
 }
 

@@ -34,7 +34,7 @@ use crate::actors::partition::{
 };
 use crate::net::peers::PeerHub;
 
-pub use partitions::DrainStatus;
+pub use partitions::{journals_following, DrainStatus};
 pub use sessions::{SessionEvent, SessionRegistration, SessionSettings};
 
 use partitions::RoleTold;

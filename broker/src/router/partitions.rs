@@ -17,8 +17,8 @@ use bmq_proto::{LeaseId, NodeId, PartitionId};
 
 use super::Router;
 use crate::actors::partition::{
-    wall_clock_ms, GetPartitionStats, PartitionActor, PartitionOutbox, PartitionRoleChanged,
-    SetPartitionLearners, SetPartitionQuorum, StopDelivering,
+    wall_clock_ms, GetPartitionGauges, GetPartitionStats, PartitionActor, PartitionOutbox,
+    PartitionRoleChanged, SetPartitionLearners, SetPartitionQuorum, StopDelivering,
 };
 
 /// What a graceful stop waits for before the primaries move ([`Router::drain_status`]).
@@ -36,6 +36,29 @@ impl DrainStatus {
     pub fn is_done(&self) -> bool {
         self.unconfirmed == 0 && self.uncommitted == 0
     }
+}
+
+/// How far this node's journals follow their primaries, as a learner reports it:
+/// `(following, partitions)` over the partitions of `state` whose primary is another node;
+/// `follows(p)` says whether this node's journal of `p` is synchronised by that primary
+/// ([`bmq_dataplane::PartitionGauges::follows_primary`]).
+pub fn journals_following(
+    state: &ClusterState,
+    self_id: NodeId,
+    follows: impl Fn(PartitionId) -> bool,
+) -> (u32, u32) {
+    let mut following = 0;
+    let mut partitions = 0;
+    for (id, p) in &state.partitions {
+        if p.primary.is_none_or(|primary| primary == self_id) {
+            continue;
+        }
+        partitions += 1;
+        if follows(*id) {
+            following += 1;
+        }
+    }
+    (following, partitions)
 }
 
 /// A partition's committed role as told to its actor: primary, lease, ACTIVE.
@@ -217,6 +240,27 @@ impl Router {
                 metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
             }
         });
+    }
+
+    /// [`journals_following`] over this node's partition actors (their O(1) gauges, cheap
+    /// enough to ask every few hundred milliseconds); one that does not answer
+    /// within `timeout` counts as not following.
+    pub async fn journals_following(
+        &self,
+        state: &ClusterState,
+        timeout: std::time::Duration,
+    ) -> (u32, u32) {
+        let mut follows = std::collections::BTreeSet::new();
+        for (id, addr) in self.local_partitions() {
+            if let Ok(Ok(Some(gauges))) =
+                tokio::time::timeout(timeout, addr.send(GetPartitionGauges)).await
+            {
+                if gauges.follows_primary {
+                    follows.insert(id);
+                }
+            }
+        }
+        journals_following(state, self.self_id, |p| follows.contains(&p))
     }
 
     /// What a graceful stop still waits for on the partitions this node is the active
