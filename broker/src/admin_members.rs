@@ -299,9 +299,12 @@ async fn add(ctx: &AdminContext, req: &HttpRequest, q: AddMemberQuery) -> Result
 const JOINER_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Asks the joining node who it is before anything is proposed: its admin port must answer
-/// `/status` with this cluster's name and the id it is added with. So a node that is not
-/// running, runs with another id, or belongs to another cluster is refused with the reason and
-/// never becomes a learner that could not catch up.
+/// `/status` with this cluster's name and the id it is added with, and its peer port must
+/// take this node's link ([`crate::net::peers::PeerHub::probe_peer`]: under TLS, a
+/// certificate of the cluster CA naming `node-<id>`, and ours accepted). So a node that is
+/// not running, runs with another id, belongs to another cluster or holds the wrong
+/// certificate is refused with the reason and never becomes a learner that could not catch
+/// up.
 async fn check_joiner(ctx: &AdminContext, q: &AddMemberQuery) -> Result<(), Refusal> {
     let addr = format!("{}:{}", q.host, q.admin_port);
     let doc = tokio::time::timeout(JOINER_STATUS_TIMEOUT, fetch_status(&addr))
@@ -327,6 +330,14 @@ async fn check_joiner(ctx: &AdminContext, q: &AddMemberQuery) -> Result<(), Refu
             doc.node_id, q.id
         )));
     }
+    // The links it needs: its peer port answers and, under TLS, proves it is node-<id> of
+    // this cluster's CA and accepts ours (a joiner with a foreign CA or another node's
+    // certificate would be a learner that never catches up).
+    let peer_addr = format!("{}:{}", q.host, q.peer_port);
+    ctx.peers
+        .probe_peer(NodeId(q.id), &peer_addr)
+        .await
+        .map_err(|why| Refusal::Bad(format!("node {} cannot be linked to: {why}", q.id)))?;
     Ok(())
 }
 

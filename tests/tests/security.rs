@@ -573,3 +573,102 @@ async fn bmqp_port_speaks_tls_and_maps_authentication_onto_tokens() {
         panic!("{e:#}\n{}", sc.cluster.log_tails(30));
     }
 }
+
+/// A joiner that could never link to the cluster is refused before anything is proposed, with
+/// the reason, and the membership stays as it was: node 4 presenting a certificate of another
+/// CA, node 4 holding a certificate of the cluster's CA but trusting another CA (it would
+/// refuse every member's certificate), and node 4 presenting node 5's certificate. With its
+/// own certificate it is added and promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_with_a_foreign_ca_or_the_wrong_certificate_is_refused() {
+    let ca_dir = tempfile::tempdir().expect("tempdir");
+    let members: Vec<(u32, String)> = (1..=4).map(|i| (i, "127.0.0.1".into())).collect();
+    let ca = generate_dev_ca(ca_dir.path(), &members).expect("dev CA");
+    let nodes = ca.nodes.clone();
+    let mut cluster = Cluster::configure(4, |config: &mut BrokerConfig| {
+        config.tls = nodes
+            .iter()
+            .find(|(id, _)| *id == config.node_id)
+            .map(|(_, t)| t.clone());
+        config.admin.token = Some(ADMIN_TOKEN.into());
+    })
+    .expect("configure");
+    let result = async {
+        for node in cluster.nodes.iter_mut().take(3) {
+            node.config.members.retain(|m| m.id <= 3);
+            std::fs::write(&node.config_path, node.config.to_toml_string())?;
+        }
+        for id in 1..=3 {
+            cluster.start_node(id)?;
+        }
+        let (leader, _) = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let rogue_dir = tempfile::tempdir()?;
+        let rogue = generate_dev_ca(rogue_dir.path(), &[(4, "127.0.0.1".into())])?;
+        let own = cluster.node(4).config.tls.clone().context("node 4's TLS")?;
+        let foreign_cert = rogue.nodes[0].1.clone();
+        let mut trusts_foreign = own.clone();
+        trusts_foreign.ca_file = rogue.ca_cert.clone();
+        let fifth = bmqctl::dev_ca::issue_node_cert(ca_dir.path(), 5, "127.0.0.1")?;
+        let m = cluster.node(4).config.self_member().clone();
+        let path = format!(
+            "/admin/members?id=4&host={}&client_port={}&peer_port={}&admin_port={}&timeout_ms=30000",
+            m.host, m.client_port, m.peer_port, m.admin_port
+        );
+        let leader_admin = cluster.node(leader).admin_addr();
+        let cases = [
+            (foreign_cert, "does not present a certificate of this cluster's CA"),
+            (trusts_foreign, "refuses this node's certificate"),
+            (fifth, "naming node-4"),
+            (own, "promoted to voter"),
+        ];
+        for (settings, expected) in cases {
+            if cluster.node(4).is_running() {
+                cluster.kill_node(4)?;
+            }
+            cluster.nodes[3].config.tls = Some(settings);
+            std::fs::write(
+                &cluster.nodes[3].config_path,
+                cluster.nodes[3].config.to_toml_string(),
+            )?;
+            cluster.start_node(4)?;
+            let answer = tokio::time::timeout(Duration::from_secs(40), async {
+                loop {
+                    let answer = bmqctl::http::request(
+                        &leader_admin,
+                        "POST",
+                        &path,
+                        Some(ADMIN_TOKEN),
+                    )
+                    .await;
+                    if !format!("{answer:?}").contains("does not answer /status") {
+                        return answer;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await?;
+            ensure!(
+                format!("{answer:?}").contains(expected),
+                "expected {expected:?}, the add answered {answer:?}"
+            );
+            if expected != "promoted to voter" {
+                let docs = cluster
+                    .wait_for_all(Duration::from_secs(5), "the members answer", |_| true)
+                    .await?;
+                for d in docs.iter().filter(|d| d.node_id != 4) {
+                    let m = d.membership.as_ref().context("membership")?;
+                    ensure!(
+                        m.epoch == 1 && m.members.len() == 3,
+                        "node {}: the refused add changed the membership: {m:?}",
+                        d.node_id
+                    );
+                }
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", cluster.log_tails(30));
+    }
+}

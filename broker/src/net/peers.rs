@@ -365,6 +365,54 @@ impl PeerHub {
         }
     }
 
+    /// Checks, before a node is added, that this node could link to it: its peer port at
+    /// `addr` accepts a connection and, with TLS, completes a mutual handshake as this node's
+    /// dialer would (its certificate chains to the cluster CA and names `node-<peer>`, and it
+    /// accepts this node's certificate: a refusal of ours arrives as an alert right after the
+    /// handshake, read for up to half a second). Sends nothing on the connection.
+    ///
+    /// Errors: what failed, in words (no answer, the TLS error).
+    pub async fn probe_peer(&self, peer: NodeId, addr: &str) -> Result<(), String> {
+        let tcp = tokio::time::timeout(Duration::from_secs(3), TcpStream::connect(addr))
+            .await
+            .map_err(|_| format!("its peer port {addr} does not answer within 3 s"))?
+            .map_err(|e| format!("its peer port {addr} does not answer: {e}"))?;
+        let Some(tls) = &self.config.tls else {
+            return Ok(());
+        };
+        let name = rustls::pki_types::ServerName::try_from(member_name(peer))
+            .expect("node-<id> is a valid DNS name");
+        let mut stream =
+            tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.peer_connector.connect(name, tcp))
+                .await
+                .map_err(|_| format!("the TLS handshake with {addr} timed out"))?
+                .map_err(|e| {
+                    format!(
+                        "its peer port {addr} does not present a certificate of this cluster's \
+                         CA naming {}: {e}",
+                        member_name(peer)
+                    )
+                })?;
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(
+            Duration::from_millis(500),
+            tokio::io::AsyncReadExt::read(&mut stream, &mut byte),
+        )
+        .await
+        {
+            Ok(Err(e)) => Err(format!(
+                "its peer port {addr} refuses this node's certificate (does it trust this \
+                 cluster's CA?): {e}"
+            )),
+            Ok(Ok(0)) => Err(format!(
+                "its peer port {addr} closed the connection after the TLS handshake (does it \
+                 trust this cluster's CA?)"
+            )),
+            // Waiting for our hello (a timeout), or anything else: it accepted us.
+            _ => Ok(()),
+        }
+    }
+
     /// Whether `peer` was removed from the cluster ([`PeerHub::remove_peer`]).
     pub fn is_removed(&self, peer: NodeId) -> bool {
         self.removed.read().expect("removed lock").contains(&peer)
