@@ -2,7 +2,8 @@
 //! cluster that `bmqctl cluster up` runs, while it runs (DESIGN.md §5a).
 //!
 //! - `add-node [--dir .cluster]` writes node N+1's configuration (N: the highest node id in
-//!   DIR) beside the others, `DIR/node-<N+1>/broker.toml`, on the local cluster's port plan
+//!   DIR; itself as its one member, the others' peer addresses in `join`) beside the others,
+//!   `DIR/node-<N+1>/broker.toml`, on the local cluster's port plan
 //!   (client BASE+i, peer BASE+100+i, admin BASE+200+i, bmqp BASE+13+i), with a certificate
 //!   from the cluster's development CA when it runs with security; starts its broker detached
 //!   (its log in `DIR/node-<N+1>/broker.log`; `cluster up` does not supervise it); adds it as a
@@ -175,9 +176,10 @@ pub async fn add_node(args: AddNodeArgs) -> anyhow::Result<()> {
     if config.log.file.is_some() {
         config.log.file = Some(config.data_dir.join("broker.log"));
     }
-    let mut all = members.clone();
-    all.push(member.clone());
-    config.members = all;
+    // It joins: itself alone in its [[members]], and the members' peer addresses to ask
+    // for the committed membership.
+    config.members = vec![member.clone()];
+    config.join = members.iter().map(MemberConfig::peer_addr).collect();
     if template.tls.is_some() {
         config.tls = Some(
             crate::dev_ca::issue_node_cert(&dir.join(SECURITY_DIR), id, &member.host)

@@ -97,7 +97,12 @@ pub fn elector_config(config: &BrokerConfig) -> ElectorConfig {
 /// How the file's `[[members]]` differ from the committed membership (ids and addresses; roles
 /// are the ledger's), or `None` if they agree. The ledger wins: the file only seeds the first
 /// start, and a node whose file disagrees says so in its log and in `/status`.
+///
+/// A node that joined (`join` set) lists itself alone, not a seed: it never disagrees.
 pub fn file_disagreement(config: &BrokerConfig, membership: &ClusterMembership) -> Option<String> {
+    if !config.join.is_empty() {
+        return None;
+    }
     let seed = match file_membership(config) {
         Ok(seed) => seed,
         Err(error) => {
@@ -136,7 +141,12 @@ pub fn file_disagreement(config: &BrokerConfig, membership: &ClusterMembership) 
 /// what the first leader writes into the ledger. `None` (logged) if the members cannot form
 /// one (more voters than [`bmq_metadata::MAX_VOTERS`]): the cluster then keeps its static
 /// membership.
+///
+/// `None` for a node that joins a running cluster (`join` set): it never seeds one of its own.
 pub fn seed_membership(config: &BrokerConfig) -> Option<ClusterMembership> {
+    if !config.join.is_empty() {
+        return None;
+    }
     match file_membership(config) {
         Ok(seed) => Some(seed),
         Err(error) => {
@@ -332,6 +342,18 @@ async fn start_actors(
             warn!(%difference, "the configured [[members]] differ from the committed membership");
         }
         elector_core.set_membership(Instant::now(), elector_membership(membership));
+    } else if !config.join.is_empty() {
+        // A joining node never stands before a committed membership makes it a voter: the
+        // members it learned (or none) and no voter, until its ledger or a peer's hello tells
+        // it the committed membership (a higher epoch).
+        elector_core.set_membership(
+            Instant::now(),
+            bmq_elector::Membership {
+                epoch: 0,
+                members: peers.iter().copied().collect(),
+                voters: Default::default(),
+            },
+        );
     }
     let (term_store, transport) = (storage.term_store, control.recipient());
     let elector_thread = actix::Arbiter::new();
@@ -436,6 +458,28 @@ async fn probe_main_thread_lag() {
     }
 }
 
+/// A joining node's members: itself as its file describes it, and every member of the
+/// committed `membership` it learned (crate::net::join), whom it dials and hears from.
+fn adopt_members(config: &mut BrokerConfig, membership: &ClusterMembership) {
+    let me = config.self_member().clone();
+    let self_id = me.id;
+    config.members = membership
+        .members
+        .values()
+        .filter(|m| m.id.0 != self_id)
+        .map(|m| bmq_config::MemberConfig {
+            id: m.id.0,
+            host: m.host.clone(),
+            client_port: m.client_port,
+            peer_port: m.peer_port,
+            admin_port: m.admin_port,
+            bmqp_port: m.bmqp_port,
+        })
+        .chain(std::iter::once(me))
+        .collect();
+    config.members.sort_by_key(|m| m.id);
+}
+
 /// How often a learner reports its catch-up ([`report_learner_progress`]).
 const LEARNER_PROGRESS_PERIOD: Duration = Duration::from_millis(200);
 
@@ -496,12 +540,11 @@ async fn report_learner_progress(router: Arc<Router>, hub: Arc<PeerHub>) {
 /// `System`.
 pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
     config.validate().context("invalid configuration")?;
-    let config = Arc::new(config);
+    let mut config = config;
     let self_id = NodeId(config.node_id);
     let metrics_handle =
         install_metrics_recorder().context("cannot install the metrics recorder")?;
     let storage = open_storage(&config)?;
-    let listeners = bind_listeners(&config)?;
     info!(
         node = %self_id,
         term = %storage.start_term,
@@ -514,6 +557,30 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         Some(settings) => Some(PeerTls::load(settings).context("cannot set up TLS from [tls]")?),
         None => None,
     };
+    if !config.join.is_empty() && storage.recovered.committed_state.membership.is_none() {
+        // First start of a joining node: learn the members before anything dials or votes.
+        let discovered = crate::net::join::discover_membership(
+            &config.join,
+            self_id,
+            &config.cluster_name,
+            tls.as_ref(),
+            config.limits.frame_size_max_bytes as usize,
+        );
+        let answer = tokio::select! {
+            answer = discovered => answer,
+            _ = wait_for_stop_signal() => {
+                info!(node = %self_id, "stopped while joining");
+                return Ok(());
+            }
+        };
+        if let crate::net::join::JoinAnswer::Membership { membership, .. } = answer {
+            adopt_members(&mut config, &membership);
+        }
+    }
+    let config = Arc::new(config);
+    // After a join's discovery: until then nothing listens (a health check is refused, it does
+    // not hang on an accepted connection no one serves).
+    let listeners = bind_listeners(&config)?;
     let client_tls = tls.as_ref().and_then(|t| t.client_acceptor.clone());
     if let Some(m) = &storage.recovered.committed_state.membership {
         if m.removed.contains(&self_id) {

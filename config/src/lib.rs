@@ -78,8 +78,19 @@ pub struct BrokerConfig {
     /// node may listen on every interface while the others reach it by host name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen_host: Option<String>,
-    /// Every node of the cluster, this one included (1 to 7).
+    /// Every node of the cluster, this one included (1 to 7): the membership the cluster's
+    /// first leader seeds the ledger with. A node joining a running cluster lists itself
+    /// alone and names the members it contacts in `join`.
     pub members: Vec<MemberConfig>,
+    /// Peer addresses (`host:peer_port`) of current members of a running cluster this node
+    /// joins. At its first start (a ledger with no membership yet) the node asks them for the
+    /// committed membership over the peer protocol (mutual TLS under `[tls]`), dials its
+    /// members, and waits to be added (`bmqctl admin add-member`): it never seeds a
+    /// membership of its own and never stands for election before it is a voter. Ignored
+    /// once its ledger holds the membership. Empty (the default): the node is one of the
+    /// cluster's first `members`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub join: Vec<String>,
     /// Number of queue-data partitions (1 to 1024). Default 4.
     #[serde(default = "default_partition_count")]
     pub partition_count: u32,
@@ -252,8 +263,29 @@ impl BrokerConfig {
         Ok(())
     }
 
-    /// The member count, each member, unique ids and addresses, and `node_id` among them.
+    /// The member count, each member, unique ids and addresses, `node_id` among them, and
+    /// every `join` address a `host:port` other than this node's own.
     fn validate_members(&self) -> Result<(), ConfigError> {
+        for (i, addr) in self.join.iter().enumerate() {
+            let valid = addr.rsplit_once(':').is_some_and(|(host, port)| {
+                is_valid_host(host) && port.parse::<u16>().is_ok_and(|p| p != 0)
+            });
+            if !valid {
+                return Err(ConfigError::invalid(
+                    format!("join[{i}]"),
+                    format!("{addr:?} is not a host:port peer address"),
+                ));
+            }
+            if self
+                .member(self.node_id)
+                .is_some_and(|me| me.peer_addr() == *addr)
+            {
+                return Err(ConfigError::invalid(
+                    format!("join[{i}]"),
+                    format!("{addr} is this node's own peer address"),
+                ));
+            }
+        }
         let n = self.members.len();
         if !(MEMBERS_MIN..=MEMBERS_MAX).contains(&n) {
             return Err(ConfigError::invalid(

@@ -530,3 +530,27 @@ fn admin_binds_loopback_unless_told() {
     };
     assert_eq!(a.bind_host("10.1.2.3"), "0.0.0.0");
 }
+
+#[test]
+fn join_names_peer_addresses_of_other_nodes() {
+    // A joining node lists itself alone and the members it contacts; each entry must be a
+    // host:port, and not its own peer address.
+    let mut c = base();
+    c.members.retain(|m| m.id == c.node_id);
+    c.join = vec!["127.0.0.1:30202".into(), "broker3:30203".into()];
+    c.validate().unwrap();
+    let text = c.to_toml_string();
+    assert!(text.contains("join = ["), "{text}");
+    assert_eq!(BrokerConfig::from_toml_str(&text).unwrap().join, c.join);
+    for (bad, why) in [
+        ("127.0.0.1", "not a host:port"),
+        ("127.0.0.1:0", "not a host:port"),
+        ("bad host:30202", "not a host:port"),
+        ("127.0.0.1:30201", "own peer address"),
+    ] {
+        c.join = vec!["127.0.0.1:30202".into(), bad.into()];
+        let (field, message) = field_of(&c);
+        assert_eq!(field, "join[1]", "{bad}");
+        assert!(message.contains(why), "{bad}: {message}");
+    }
+}

@@ -890,3 +890,123 @@ async fn a_learner_killed_during_its_catch_up_resumes_and_is_promoted_once_its_j
         panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
     }
 }
+
+/// A node joins with `join` alone: its file lists itself and the peer addresses of members to
+/// ask (the first of which answers nothing). Started before the cluster is up, it waits —
+/// never electing itself, though it is the only node its file lists — then learns the
+/// committed membership from a member, is added, promoted, and serves. Restarted, its ledger
+/// holds the membership and `join` is not used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_join_alone_learns_the_members_is_added_and_never_elects_itself() {
+    let mut cluster = Cluster::configure(4, |_| {}).expect("configure");
+    let result = async {
+        let unused = bmq_tests::free_ports(1)[0];
+        let join = vec![
+            format!("127.0.0.1:{unused}"),
+            cluster.node(2).config.self_member().peer_addr(),
+            cluster.node(1).config.self_member().peer_addr(),
+        ];
+        for node in cluster.nodes.iter_mut() {
+            if node.id == 4 {
+                node.config.members.retain(|m| m.id == 4);
+                node.config.join = join.clone();
+            } else {
+                node.config.members.retain(|m| m.id <= 3);
+            }
+            std::fs::write(&node.config_path, node.config.to_toml_string())?;
+        }
+        cluster.start_node(4)?;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        ensure!(
+            bmqctl::http::get(&cluster.node(4).admin_addr(), "/healthz")
+                .await
+                .is_err(),
+            "node 4 serves before it learned a cluster"
+        );
+        for id in 1..=3 {
+            cluster.start_node(id)?;
+        }
+        // Nodes 1-3 seed the cluster (node 4, refused by them until it is added, follows no
+        // leader yet).
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let mut views = BTreeSet::new();
+                for id in 1..=3 {
+                    let admin = cluster.node(id).admin_addr();
+                    match bmqctl::status::fetch_status(&admin, Duration::from_secs(1)).await {
+                        Ok(s) if s.ready && s.membership.as_ref().is_some_and(|m| m.epoch == 1) => {
+                            views.insert((s.elector.leader, s.elector.term));
+                        }
+                        _ => {
+                            views.insert((None, 0));
+                        }
+                    }
+                }
+                if views.len() == 1 && views.first().is_some_and(|(l, _)| l.is_some()) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .context("nodes 1-3 seed the cluster")?;
+        wait_until_up(&cluster, 4).await?;
+        let before =
+            bmqctl::status::fetch_status(&cluster.node(4).admin_addr(), Duration::from_secs(2))
+                .await?;
+        ensure!(
+            before.elector.state != "leader" && before.membership.is_none(),
+            "node 4 before its addition: {:?}, membership {:?}",
+            before.elector,
+            before.membership
+        );
+        let answer = add_member(&cluster, 1, 4).await?;
+        ensure!(
+            answer.contains("promoted to voter"),
+            "add answered {answer:?}"
+        );
+        let statuses = cluster
+            .wait_for_all(Duration::from_secs(20), "four voters everywhere", |s| {
+                voters(s) == ids(&[1, 2, 3, 4]) && s.elector.quorum == 3
+            })
+            .await?;
+        for s in &statuses {
+            ensure!(
+                s.membership.as_ref().unwrap().file_disagrees.is_none() || s.node_id != 4,
+                "node 4 joined: its file is no seed to disagree with"
+            );
+        }
+        let log = std::fs::read_to_string(cluster.node(4).log_path())?;
+        ensure!(
+            log.contains("no membership from this address")
+                && log.contains("learned the cluster's committed membership"),
+            "node 4's log tells how it joined"
+        );
+        bmq_tests::round_trip(
+            QUEUE,
+            vec![cluster.node(4).client_addr()],
+            vec![cluster.node(3).client_addr()],
+            40,
+            300,
+        )
+        .await
+        .context("round trip through the joined node")?;
+        cluster.kill_node(4)?;
+        cluster.start_node(4)?;
+        cluster
+            .wait_for_all(Duration::from_secs(20), "node 4 back as a voter", |s| {
+                voters(s) == ids(&[1, 2, 3, 4]) && s.ready
+            })
+            .await?;
+        let (leader, term) = cluster.wait_for_leader(Duration::from_secs(10)).await?;
+        ensure!(
+            leader != 4 || term > 1,
+            "leader {leader} at term {term}: node 4 never elected itself alone"
+        );
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
+    }
+}

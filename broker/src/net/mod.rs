@@ -1,4 +1,5 @@
 //! The node's networking below the actors: peer links and node-side TLS.
 
+pub mod join;
 pub mod peers;
 pub mod tls;

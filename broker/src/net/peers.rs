@@ -606,6 +606,16 @@ impl PeerHub {
         };
         let from = NodeId(hello.node_id);
         if hello.cluster_name != self.config.cluster_name {
+            // Say which cluster this is (a hello without the membership), so that a node
+            // joining the wrong one can tell its operator.
+            let mut reply = self.hello(hello.channel);
+            if let Some(Kind::Hello(h)) = reply.kind.as_mut() {
+                h.membership = None;
+            }
+            let mut stream = framed.into_inner().inner;
+            let mut out = FrameWriter::new(self.config.frame_size_max, WRITE_BATCH_BYTES);
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), out.send(&mut stream, &reply)).await;
             return Err(self.refuse(&remote, &format!("cluster name {:?}", hello.cluster_name)));
         }
         if hello.protocol_version != PROTOCOL_VERSION {
@@ -630,28 +640,29 @@ impl PeerHub {
         if let Some(wire) = &hello.membership {
             self.learn_membership(from, wire, &inbound);
         }
-        if self.is_removed(from) {
-            // Tell it why before closing: a hello with the membership that removed it (the
-            // dialer reads it, follows it and exits), since a removed node is dialed by no one
-            // and may have missed the commit of its removal.
-            let reply = self.hello(hello.channel);
-            let mut stream = framed.into_inner().inner;
-            let mut out = FrameWriter::new(self.config.frame_size_max, WRITE_BATCH_BYTES);
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), out.send(&mut stream, &reply)).await;
-            return Err(self.refuse(
-                &remote,
-                &format!("node {from} was removed from the cluster"),
-            ));
-        }
+        let removed = self.is_removed(from);
         let known = self
             .peers
             .read()
             .expect("peers lock")
             .iter()
             .any(|(id, _)| *id == from);
-        if !known {
-            return Err(self.refuse(&remote, &format!("unknown member id {from}")));
+        if removed || !known {
+            // Tell it why before closing: a hello with this node's committed membership. A
+            // removed node (dialed by no one, it may have missed the commit of its removal)
+            // reads that it was removed and exits; a joining node learns the members to dial
+            // while it waits to be added (`join`, crate::net::join).
+            let reply = self.hello(hello.channel);
+            let mut stream = framed.into_inner().inner;
+            let mut out = FrameWriter::new(self.config.frame_size_max, WRITE_BATCH_BYTES);
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), out.send(&mut stream, &reply)).await;
+            let reason = if removed {
+                format!("node {from} was removed from the cluster")
+            } else {
+                format!("unknown member id {from}")
+            };
+            return Err(self.refuse(&remote, &reason));
         }
         drop(unauthenticated);
         let channel = Channel::try_from(hello.channel).unwrap_or(Channel::Control);

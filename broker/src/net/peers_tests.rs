@@ -287,3 +287,55 @@ async fn a_removed_node_that_missed_its_removal_learns_it_from_the_refusal() {
     hub_1.remove_peer(NodeId(2));
     wait_for(&reports_2, from, &[Report::Membership(2, true)]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_node_learns_the_membership_from_the_refusal_of_its_hello() {
+    // Scenario: node 1 follows the membership {1, 2}. Node 3, not a member, asks it through
+    // `join`: it gets that membership from the hello that answers its refused one. A node of
+    // another cluster is told the cluster's name; a member's hello is taken as a link (no
+    // answer).
+    use crate::net::join::{ask_membership, JoinAnswer};
+    use bmq_metadata::{ClusterMembership, Member, MemberRole};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let unused = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let unused_addr = unused.local_addr().unwrap().to_string();
+    drop(unused);
+    let (hub, pending) = PeerHub::new(config(1, 2, unused_addr, 64));
+    hub.start(pending, listener, std::sync::Arc::new(Reports::default()));
+    let member = |id: u32| Member {
+        id: NodeId(id),
+        host: "127.0.0.1".into(),
+        peer_port: 7000 + id as u16,
+        client_port: 6000 + id as u16,
+        admin_port: 8000 + id as u16,
+        bmqp_port: None,
+        role: MemberRole::Voter,
+    };
+    let membership = ClusterMembership::seed([member(1), member(2)]).unwrap();
+    hub.follow_membership(&membership);
+
+    match ask_membership(&addr, NodeId(3), "peers-test", None, 64 * 1024).await {
+        Ok(JoinAnswer::Membership {
+            from,
+            membership: m,
+        }) => {
+            assert_eq!(from, NodeId(1));
+            assert_eq!(m, membership);
+        }
+        other => panic!("node 3 got {other:?}"),
+    }
+    let foreign = ask_membership(&addr, NodeId(3), "another", None, 64 * 1024).await;
+    assert!(
+        foreign
+            .as_ref()
+            .is_err_and(|e| e.contains("belongs to cluster \"peers-test\"")),
+        "{foreign:?}"
+    );
+    let member_2 = ask_membership(&addr, NodeId(2), "peers-test", None, 64 * 1024).await;
+    assert!(
+        matches!(member_2, Ok(JoinAnswer::AlreadyMember)),
+        "{member_2:?}"
+    );
+    hub.stop();
+}

@@ -30,6 +30,10 @@ pub struct PeerTls {
     pub peer_acceptor: TlsAcceptor,
     /// Dials peers presenting this node's certificate; verifies the peer's against the CA.
     pub peer_connector: TlsConnector,
+    /// Dials a `join` address, whose member id is not known yet: as `peer_connector`, but the
+    /// listener's certificate may name any member (`node-<id>`; [`AnyMemberVerifier`]). The
+    /// caller checks that it names the id the listener's hello claims.
+    pub join_connector: TlsConnector,
     /// Accepts client connections (no client certificate); `None` when
     /// `client_listener = false`.
     pub client_acceptor: Option<TlsAcceptor>,
@@ -68,7 +72,22 @@ impl PeerTls {
         let peer_client = rustls::ClientConfig::builder_with_provider(crypto_provider())
             .with_safe_default_protocol_versions()
             .map_err(rustls_error)?
-            .with_root_certificates(roots)
+            .with_root_certificates(roots.clone())
+            .with_client_auth_cert(certs.clone(), key.clone_key())
+            .map_err(rustls_error)?;
+        let any_member = AnyMemberVerifier {
+            inner: rustls::client::WebPkiServerVerifier::builder_with_provider(
+                roots,
+                crypto_provider(),
+            )
+            .build()
+            .map_err(rustls_error)?,
+        };
+        let join_client = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_safe_default_protocol_versions()
+            .map_err(rustls_error)?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(any_member))
             .with_client_auth_cert(certs.clone(), key.clone_key())
             .map_err(rustls_error)?;
         let client_acceptor = if settings.client_listener {
@@ -85,8 +104,71 @@ impl PeerTls {
         Ok(PeerTls {
             peer_acceptor: TlsAcceptor::from(Arc::new(peer_server)),
             peer_connector: TlsConnector::from(Arc::new(peer_client)),
+            join_connector: TlsConnector::from(Arc::new(join_client)),
             client_acceptor,
         })
+    }
+}
+
+/// Verifies a listener's certificate as the peer dialer does (its chain to the cluster CA, its
+/// validity, that it names a member), for a dial whose member id is not known: the name
+/// checked is the first `node-<id>` the certificate carries, not the dialed one. Signatures are
+/// checked by the standard verifier.
+#[derive(Debug)]
+pub struct AnyMemberVerifier {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+}
+
+/// The first `node-<id>` DNS name of the end-entity certificate `cert`, unverified (the
+/// verifier then checks the certificate for that name).
+pub fn member_name_in(cert: &CertificateDer<'_>) -> Option<String> {
+    let parsed = webpki::EndEntityCert::try_from(cert).ok()?;
+    let name = parsed.valid_dns_names().find(|n| {
+        n.strip_prefix("node-")
+            .is_some_and(|id| id.parse::<u32>().is_ok())
+    });
+    name.map(str::to_string)
+}
+
+impl rustls::client::danger::ServerCertVerifier for AnyMemberVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let name = member_name_in(end_entity).ok_or(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidForName,
+        ))?;
+        let name = ServerName::try_from(name).map_err(|_| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
+        })?;
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -122,6 +204,8 @@ mod tests {
         let cert2 = &load_certs(&files.nodes[1].1.cert_file, "certificate").unwrap()[0];
         assert!(certificate_names(cert2, "broker2"));
         assert!(!certificate_names(cert2, "node-1"));
+        assert_eq!(member_name_in(cert1).as_deref(), Some("node-1"));
+        assert_eq!(member_name_in(cert2).as_deref(), Some("node-2"));
         PeerTls::load(tls1).expect("generated files load");
     }
 }
