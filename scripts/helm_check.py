@@ -7,7 +7,7 @@ broker configuration each pod would run with.
 Run with the interpreter of scripts/helm-venv.sh (helm-python-sdk: Helm's engine as a
 library; kubernetes-validate: the Kubernetes API schemas). What it checks:
 
-1. The chart's copies of the dashboards and alert rules (deploy/helm/bmq/files/) are identical
+1. Every value of values.yaml is documented in the chart's README.md. The chart's copies of the dashboards and alert rules (deploy/helm/bmq/files/) are identical
    to dashboards/grafana/*.json and dashboards/prometheus/alerts.yml (Helm reads no file outside
    the chart; scripts/helm-sync-files.sh refreshes the copies).
 2. `helm lint --strict` of every scenario below, for the oldest and the newest Kubernetes
@@ -135,6 +135,30 @@ def check_copies(f: Failures) -> None:
         f.check(copy.is_file() and copy.read_bytes() == source.read_bytes(),
                 f"{copy.relative_to(ROOT)} is not identical to {source.relative_to(ROOT)} "
                 "(run scripts/helm-sync-files.sh)")
+
+
+def value_paths(values: dict, prefix: str = "") -> list[str]:
+    """The dotted paths of values.yaml's leaves (a list or an empty map is a leaf)."""
+    out = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out += value_paths(value, f"{path}.")
+        else:
+            out.append(path)
+    return out
+
+
+def check_values_documented(f: Failures) -> None:
+    """Every value of values.yaml is named in the chart's README.md table, itself or through
+    a parent (`probes.readiness.*`, `resources`)."""
+    readme = (CHART / "README.md").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for path in value_paths(values):
+        parts = path.split(".")
+        names = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        f.check(any(f"| `{n}` |" in readme or f"| `{n}.*` |" in readme for n in names),
+                f"values.yaml: {path} is not documented in deploy/helm/bmq/README.md")
 
 
 def lint(f: Failures, name: str, values: dict, versions: tuple[str, ...]) -> None:
@@ -466,6 +490,7 @@ def main() -> int:
     versions = tuple(v for v in available if minor(oldest) <= minor(v) <= minor(newest))
     lint_versions = (oldest, newest)
     check_copies(f)
+    check_values_documented(f)
     with tempfile.TemporaryDirectory(prefix="helm-check-") as tmp:
         for name, values in scenarios().items():
             before = len(f.items)
