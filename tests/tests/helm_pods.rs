@@ -17,7 +17,12 @@
 //! 3. a rolling restart as the StatefulSet controller does it: from the highest ordinal down,
 //!    one pod at a time, the preStop hook (a graceful stop) run and the container gone within
 //!    `terminationGracePeriodSeconds`, the pod recreated with its volume, and the next one only
-//!    once it is ready again; the messages produced before are then all consumed.
+//!    once it is ready again; the messages produced before are then all consumed;
+//! 4. a scale-up from 3 to 4 as the chart's README says: the pods of `replicas: 4` rendered,
+//!    pod 3 started (not a member yet), `bmqctl admin add-member` run inside pod 0 (as with
+//!    `kubectl exec`), then pods 2, 1, 0 rolled to the configuration that lists node 4: every
+//!    node reports voters 1-4 and no disagreement between its file and the membership, and
+//!    messages produced before the scale-up are consumed through node 4.
 //!
 //! Every container, volume and the network are removed on every exit path (a guard's `Drop`).
 //! Where no Docker engine answers, the test prints why and passes without running (the only
@@ -382,28 +387,33 @@ async fn wait_for_cluster(p: &Pods, what: &str) -> anyhow::Result<Vec<NodeStatus
     }
 }
 
-/// `bmqctl produce` or `consume` of `count` messages through `broker` with TLS and the client
-/// token; the JSON report.
+/// What a client outside the cluster holds: the CA of the TLS Secrets and a client token.
+struct Credentials {
+    ca: PathBuf,
+    token: String,
+}
+
+/// `bmqctl produce` or `consume` of `count` messages on `queue` through `broker` with TLS and
+/// the client token; the JSON report.
 fn bmqctl_json(
     bmqctl: &Path,
     verb: &str,
     queue: &str,
     count: u64,
     broker: &str,
-    ca: &Path,
-    token: &str,
+    c: &Credentials,
 ) -> anyhow::Result<Value> {
     let count = count.to_string();
     let mut args = vec!["--queue", queue, "--count", &count, "--broker", broker];
     if verb == "produce" {
         args.extend(["--size", "256"]);
     }
-    let ca = ca.to_string_lossy();
+    let ca = c.ca.to_string_lossy();
     args.extend([
         "--tls-ca",
         &ca,
         "--token",
-        token,
+        &c.token,
         "--timeout-secs",
         "60",
         "--json",
@@ -417,6 +427,28 @@ fn bmqctl_json(
     serde_json::from_slice(&out.stdout).with_context(|| format!("bmqctl {verb} printed no JSON"))
 }
 
+/// The pods of the chart rendered with `values` (scripts/helm_pods.py into `dir`).
+fn plan_pods(
+    python: &Path,
+    values: &Value,
+    dir: &Path,
+    secrets: &Path,
+) -> anyhow::Result<(String, Vec<Value>)> {
+    run(Command::new(python)
+        .arg("-B")
+        .arg(repo_root().join("scripts/helm_pods.py"))
+        .arg("--values")
+        .arg(values.to_string())
+        .arg("--out")
+        .arg(dir)
+        .arg("--secrets")
+        .arg(secrets)
+        .stderr(Stdio::inherit()))?;
+    let plan: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json"))?)?;
+    let pods = plan["pods"].as_array().context("plan: no pods")?.clone();
+    Ok((text(&plan, "network")?, pods))
+}
+
 fn random_hex(bytes: usize) -> String {
     let mut rng = rand::thread_rng();
     (0..bytes)
@@ -424,8 +456,66 @@ fn random_hex(bytes: usize) -> String {
         .collect()
 }
 
-async fn scenario(p: &mut Pods, bmqctl: &Path, ca: &Path, token: &str) -> anyhow::Result<()> {
-    // Parallel pod management: every pod starts at once.
+/// Produces `count` messages on `queue` through pod `ordinal`; all must be ACKed.
+fn produce(
+    p: &Pods,
+    bmqctl: &Path,
+    c: &Credentials,
+    queue: &str,
+    count: u64,
+    ordinal: usize,
+) -> anyhow::Result<()> {
+    let report = bmqctl_json(bmqctl, "produce", queue, count, &p.client(ordinal), c)?;
+    ensure!(
+        report["acked"] == count && report["nacked"] == 0,
+        "produce {queue} through pod {ordinal}: {report}"
+    );
+    Ok(())
+}
+
+/// Consumes `count` distinct messages of `queue` through pod `ordinal`.
+fn consume(
+    p: &Pods,
+    bmqctl: &Path,
+    c: &Credentials,
+    queue: &str,
+    count: u64,
+    ordinal: usize,
+) -> anyhow::Result<()> {
+    let report = bmqctl_json(bmqctl, "consume", queue, count, &p.client(ordinal), c)?;
+    ensure!(
+        report["distinct"] == count && report["corrupt"] == 0,
+        "consume {queue} through pod {ordinal}: {report}"
+    );
+    Ok(())
+}
+
+/// The StatefulSet controller's rolling update of pods `0..next.len()` to the pod templates
+/// `next`: highest ordinal first, one pod at a time (preStop hook, container gone, recreated with its volume), the
+/// next only once every pod is ready again.
+async fn rolling_update(p: &mut Pods, next: &[Value], what: &str) -> anyhow::Result<()> {
+    for ordinal in (0..next.len()).rev() {
+        let stopped = p.delete(ordinal)?;
+        p.pods[ordinal] = next[ordinal].clone();
+        p.start(ordinal)?;
+        wait_for_cluster(p, &format!("pod {ordinal} to be ready again ({what})"))
+            .await
+            .with_context(|| p.logs(ordinal, 30))?;
+        println!(
+            "{what}: pod {ordinal} stopped gracefully in {:.1} s, ready again",
+            stopped.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+async fn scenario(
+    p: &mut Pods,
+    bmqctl: &Path,
+    c: &Credentials,
+    scaled: Vec<Value>,
+) -> anyhow::Result<()> {
+    // 1. Parallel pod management: every pod starts at once, and the cluster forms.
     let started = Instant::now();
     for ordinal in 0..p.pods.len() {
         p.start(ordinal)?;
@@ -440,75 +530,99 @@ async fn scenario(p: &mut Pods, bmqctl: &Path, ca: &Path, token: &str) -> anyhow
         docs[0].elector.term
     );
 
-    let produced = bmqctl_json(
-        bmqctl,
-        "produce",
-        "bmq://bmq.test/helm",
-        200,
-        &p.client(0),
-        ca,
-        token,
-    )?;
-    ensure!(
-        produced["acked"] == 200 && produced["nacked"] == 0,
-        "produce report: {produced}"
-    );
-    let round = bmqctl_json(
-        bmqctl,
-        "produce",
-        "bmq://bmq.test/helm-rt",
-        50,
-        &p.client(1),
-        ca,
-        token,
-    )?;
-    ensure!(round["acked"] == 50, "produce report: {round}");
-    let got = bmqctl_json(
-        bmqctl,
-        "consume",
-        "bmq://bmq.test/helm-rt",
-        50,
-        &p.client(2),
-        ca,
-        token,
-    )?;
-    ensure!(
-        got["distinct"] == 50 && got["corrupt"] == 0,
-        "consume report: {got}"
-    );
+    // 2. Messages through the client ports, with TLS and the client token.
+    produce(p, bmqctl, c, "bmq://bmq.test/helm", 200, 0)?;
+    produce(p, bmqctl, c, "bmq://bmq.test/helm-rt", 50, 1)?;
+    consume(p, bmqctl, c, "bmq://bmq.test/helm-rt", 50, 2)?;
 
-    // The StatefulSet controller's rolling update: highest ordinal first, one pod at a time,
-    // the next only once the recreated one is ready.
-    for ordinal in (0..p.pods.len()).rev() {
-        let stopped = p.delete(ordinal)?;
-        p.start(ordinal)?;
-        wait_for_cluster(p, &format!("pod {ordinal} to be ready again"))
-            .await
-            .with_context(|| p.logs(ordinal, 30))?;
-        println!(
-            "pod {ordinal}: graceful stop in {:.1} s, ready again",
-            stopped.as_secs_f64()
+    // 3. A rolling restart (same templates); the messages produced before survive it.
+    let same = p.pods.clone();
+    rolling_update(p, &same, "rolling restart").await?;
+    consume(p, bmqctl, c, "bmq://bmq.test/helm", 200, 1)?;
+
+    // 4. Scale-up to 4 as the chart's README says: the upgrade to `replicas: 4` with
+    //    `rollingUpdatePartition: 3` starts pod 3 (not a member yet) and leaves pods 0-2 as
+    //    they are, `bmqctl admin add-member` adds node 4 at its stable name, and the upgrade to
+    //    `rollingUpdatePartition: 0` rolls pods 2, 1, 0 to the configuration that lists it.
+    produce(p, bmqctl, c, "bmq://bmq.test/helm-scale", 100, 2)?;
+    let new = scaled.len() - 1;
+    p.pods.push(scaled[new].clone());
+    p.start(new)?;
+    let pod = &scaled[new];
+    let host = pod["aliases"][0]
+        .as_str()
+        .context("plan: no DNS name")?
+        .to_string();
+    let (client, peer, admin) = (
+        port(pod, "client")?,
+        port(pod, "peer")?,
+        port(pod, "admin")?,
+    );
+    // As an operator does it: `kubectl exec` into a member and run bmqctl there, where the
+    // members' names resolve (the leader the request is redirected to is named by its DNS
+    // name) and the pod's BMQ_ADMIN_TOKEN is the admin token.
+    let container = p.container(0);
+    let admin_local = format!("127.0.0.1:{}", port(&p.pods[0], "admin")?);
+    let mut add = vec![
+        "exec".to_string(),
+        container,
+        "bmqctl".into(),
+        "admin".into(),
+        "add-member".into(),
+        "--id".into(),
+        (new + 1).to_string(),
+        "--host".into(),
+        host,
+        "--client-port".into(),
+        client.to_string(),
+        "--peer-port".into(),
+        peer.to_string(),
+        "--admin-port".into(),
+        admin.to_string(),
+    ];
+    if let Ok(bmqp) = port(pod, "bmqp") {
+        add.extend(["--bmqp-port".into(), bmqp.to_string()]);
+    }
+    add.extend([
+        "--admin".into(),
+        admin_local,
+        "--timeout-ms".into(),
+        "60000".into(),
+    ]);
+    run(Command::new("docker").args(&add)).context("bmqctl admin add-member in pod 0")?;
+    let docs = wait_for_cluster(p, "node 4 to join").await?;
+    let upgraded = scaled[..new].to_vec();
+    rolling_update(p, &upgraded, "scale-up").await?;
+    let docs_after = wait_for_cluster(p, "the 4-node cluster").await?;
+    for d in docs.iter().chain(&docs_after) {
+        let membership = d.membership.as_ref().context("no membership in /status")?;
+        let voters: Vec<u32> = membership
+            .members
+            .iter()
+            .filter(|m| m.role == "voter")
+            .map(|m| m.node_id)
+            .collect();
+        ensure!(
+            voters == [1, 2, 3, 4],
+            "node {}: voters {voters:?} after the scale-up",
+            d.node_id
         );
     }
-
-    let consumed = bmqctl_json(
-        bmqctl,
-        "consume",
-        "bmq://bmq.test/helm",
-        200,
-        &p.client(1),
-        ca,
-        token,
-    )?;
-    ensure!(
-        consumed["distinct"] == 200 && consumed["corrupt"] == 0,
-        "after the rolling restart: consume report: {consumed}"
-    );
+    for d in &docs_after {
+        let disagrees = d.membership.as_ref().and_then(|m| m.file_disagrees.clone());
+        ensure!(
+            disagrees.is_none(),
+            "node {}'s rendered file disagrees with the membership after the upgrade: {disagrees:?}",
+            d.node_id
+        );
+    }
+    println!("scaled up to 4 nodes: voters 1, 2, 3, 4 on every node");
+    consume(p, bmqctl, c, "bmq://bmq.test/helm-scale", 100, new)?;
     Ok(())
 }
 
 #[test]
-fn helm_rendered_pods_form_a_cluster_and_survive_a_rolling_restart() -> anyhow::Result<()> {
+fn helm_rendered_pods_form_a_cluster_roll_and_scale_up() -> anyhow::Result<()> {
     if let Some(reason) = docker_unavailable() {
         println!("skipped helm pods test: {reason}");
         return Ok(());
@@ -520,7 +634,7 @@ fn helm_rendered_pods_form_a_cluster_and_survive_a_rolling_restart() -> anyhow::
 
     // The TLS Secrets an operator or cert-manager would create: node n's certificate names
     // node-<n> (what its peers check) and its stable DNS name.
-    let hosts: Vec<(u32, String)> = (0..REPLICAS)
+    let hosts: Vec<(u32, String)> = (0..=REPLICAS)
         .map(|i| {
             (
                 i as u32 + 1,
@@ -538,34 +652,38 @@ fn helm_rendered_pods_form_a_cluster_and_survive_a_rolling_restart() -> anyhow::
         std::fs::copy(&tls.key_file, dir.join("tls.key"))?;
     }
     let token = random_hex(24);
+    let admin_token = random_hex(24);
     let values = json!({
         "replicas": REPLICAS,
         "image": {"repository": IMAGE_REPOSITORY, "tag": IMAGE_TAG},
         "tls": {"enabled": true, "secretPrefix": TLS_SECRET_PREFIX},
         "auth": {
             "enabled": true,
-            "adminToken": random_hex(24),
+            "adminToken": admin_token,
             "tokens": [{"name": "helm-test", "secret": token, "domains": ["*"],
                         "permissions": ["produce", "consume"]}],
         },
     });
-    let plan_dir = work.path().join("pods");
-    run(Command::new(&python)
-        .arg("-B")
-        .arg(root.join("scripts/helm_pods.py"))
-        .arg("--values")
-        .arg(values.to_string())
-        .arg("--out")
-        .arg(&plan_dir)
-        .arg("--secrets")
-        .arg(&secrets)
-        .stderr(Stdio::inherit()))?;
-    let plan: Value = serde_json::from_str(&std::fs::read_to_string(plan_dir.join("plan.json"))?)?;
-    let pods = plan["pods"].as_array().context("plan: no pods")?.clone();
+    let (network, pods) = plan_pods(&python, &values, &work.path().join("pods"), &secrets)?;
     ensure!(
         pods.len() == REPLICAS,
         "the chart rendered {} pods",
         pods.len()
+    );
+    // What `helm upgrade --set replicas=4` renders: the pods of the scale-up.
+    let mut scaled_values = values.clone();
+    scaled_values["replicas"] = json!(REPLICAS + 1);
+    let (_, scaled) = plan_pods(
+        &python,
+        &scaled_values,
+        &work.path().join("pods-scaled"),
+        &secrets,
+    )?;
+    ensure!(
+        scaled.len() == REPLICAS + 1,
+        "the chart rendered {} pods for {} replicas",
+        scaled.len(),
+        REPLICAS + 1
     );
 
     // The image, from the binaries of this build profile.
@@ -587,19 +705,24 @@ fn helm_rendered_pods_form_a_cluster_and_survive_a_rolling_restart() -> anyhow::
         .current_dir(&root))?;
     println!("image built in {:.1} s", built.elapsed().as_secs_f64());
 
-    let network = format!("{prefix}-{}", text(&plan, "network")?);
+    let network = format!("{prefix}-{network}");
     docker(&["network", "create", &network])?;
-    let ports = free_ports(2 * REPLICAS);
+    // Host ports for every pod of the scale-up too.
+    let ports = free_ports(2 * (REPLICAS + 1));
     let mut p = Pods {
         prefix,
         network,
         pods,
-        admin_ports: ports[..REPLICAS].to_vec(),
-        client_ports: ports[REPLICAS..].to_vec(),
+        admin_ports: ports[..=REPLICAS].to_vec(),
+        client_ports: ports[REPLICAS + 1..].to_vec(),
         volumes: Vec::new(),
     };
+    let credentials = Credentials {
+        ca: ca.ca_cert.clone(),
+        token,
+    };
     let runtime = tokio::runtime::Runtime::new()?;
-    let result = runtime.block_on(scenario(&mut p, &bmqctl, &ca.ca_cert, &token));
+    let result = runtime.block_on(scenario(&mut p, &bmqctl, &credentials, scaled));
     if result.is_err() {
         for ordinal in 0..p.pods.len() {
             eprintln!("--- pod {ordinal} ---\n{}", p.logs(ordinal, 40));
