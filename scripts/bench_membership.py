@@ -9,11 +9,15 @@ Method
   --no-security` writes the files; this script runs the `broker` processes itself).
 - PREFILL (default 0) queues are assigned first (`bmqctl bench metadata`), so the learner's
   catch-up carries a ledger of that size (the leader's snapshot of the committed state).
+- OUTSTANDING_MIB (default 0) MiB of messages are then produced and left unconsumed
+  (`bmqctl bench messages --consumers 0`, 64 KiB payloads over 8 queues, so over several
+  partitions): the learner's journals must catch them up before its promotion.
 - Each run starts a new node (ids 4, 5, ...: a removed id never returns) with its own ports
   and an empty data directory, its file listing the three members and itself; then times
   `POST /admin/members?...` on the leader, which answers once the leader promoted the learner
-  (it promotes a learner as soon as the learner reports it applied the membership that added
-  it: it then holds the ledger up to that commit). Then `DELETE /admin/members/<id>` is timed
+  (it promotes a learner once the learner reports it applied the membership that added it —
+  it then holds the ledger up to that commit — and that every partition's primary has
+  synchronised its journal). Then `DELETE /admin/members/<id>` is timed
   (the voter leaves: its primaries move, every partition is re-leased to the remaining
   voters, and once they healed it is removed), and the removed node must exit by itself.
 - With PACED (default 10000; 0 = off), each add and each remove runs inside a paced strong
@@ -42,6 +46,7 @@ BASE_PORT = int(os.environ.get("BASE_PORT", "31500"))
 DIR = os.environ.get("CLUSTER_DIR_BENCH", "/tmp/bmq-bench-membership")
 PREFILL = int(os.environ.get("PREFILL", "0"))
 PACED = int(os.environ.get("PACED", "10000"))
+OUTSTANDING_MIB = int(os.environ.get("OUTSTANDING_MIB", "0"))
 NODES = [1, 2, 3]
 
 
@@ -164,6 +169,16 @@ def main():
                  "--parallel", "64", "--broker", client(lead), "--no-tls", "--token", "",
                  "--quiet"], check=True, stdout=subprocess.DEVNULL)
             print(f"prefill: {PREFILL} queues in {time.monotonic() - t0:.1f} s", flush=True)
+        if OUTSTANDING_MIB:
+            t0 = time.monotonic()
+            subprocess.run(
+                [os.path.join(BIN, "bmqctl"), "bench", "messages", "--consumers", "0",
+                 "--queues", "8", "--producers", "8", "--size", "65536",
+                 "--count", str(OUTSTANDING_MIB * 16), "--queue-prefix", "outstanding",
+                 "--broker", ",".join(client(i) for i in NODES), "--no-tls", "--token", "",
+                 "--quiet"], check=True, stdout=subprocess.DEVNULL)
+            print(f"outstanding: {OUTSTANDING_MIB} MiB in {time.monotonic() - t0:.1f} s",
+                  flush=True)
         for run in range(RUNS):
             k = 4 + run
             new_node_config(k)
@@ -207,8 +222,9 @@ def main():
                          f"add {gap_add:.1f} ms, remove {gap_remove:.1f} ms")
             print(line, flush=True)
         print(f"load average: {os.getloadavg()}")
-        summary(f"add-member -> voter ({PREFILL} queues)", added)
-        summary(f"remove-member -> removed ({PREFILL} queues)", removed)
+        held = f"{PREFILL} queues, {OUTSTANDING_MIB} MiB outstanding"
+        summary(f"add-member -> voter ({held})", added)
+        summary(f"remove-member -> removed ({held})", removed)
         for name, values in gaps.items():
             if values:
                 summary(f"longest ACK gap at {PACED} msg/s, {name}", [v / 1000 for v in values])

@@ -480,15 +480,18 @@ fn adopt_members(config: &mut BrokerConfig, membership: &ClusterMembership) {
     config.members.sort_by_key(|m| m.id);
 }
 
-/// How often a learner reports its catch-up ([`report_learner_progress`]).
-const LEARNER_PROGRESS_PERIOD: Duration = Duration::from_millis(200);
+/// How often a learner reports its catch-up ([`report_learner_progress`]): its promotion waits
+/// for the first report that shows every journal followed, so the period adds to the time a
+/// member takes to be added (a learner is one for a moment; the reports are small).
+const LEARNER_PROGRESS_PERIOD: Duration = Duration::from_millis(50);
 
 /// While this node is a learner of the committed membership, tells every other member how far
 /// it has caught up, every [`LEARNER_PROGRESS_PERIOD`]: the membership epoch it applied (it
 /// holds the ledger up to that commit) and how many partitions' primaries have synchronised
 /// its journal ([`Router::journals_following`]). The active leader promotes it once it follows
 /// every partition (`MetadataConfig::promote_after_journals`); every node shows the report in
-/// `/status`. A lost report is replaced by the next one.
+/// `/status`. A lost report is replaced by the next one; a new committed state (the learner's
+/// own addition among them) is reported at once.
 async fn report_learner_progress(router: Arc<Router>, hub: Arc<PeerHub>) {
     let self_id = router.self_id();
     let mut cluster = router.cluster();
@@ -496,7 +499,14 @@ async fn report_learner_progress(router: Arc<Router>, hub: Arc<PeerHub>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = None;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = cluster.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
         let state = cluster.borrow_and_update().clone();
         let Some(membership) = state.membership.as_ref() else {
             continue;
