@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
 use bmq_proto::admin_doc::NodeStatusDoc;
+use bmq_tests::history::{check, Event, LeaderPoller, Recorder};
 use bmq_tests::{round_trip, Cluster};
 
 const QUEUE: &str = "bmq://bmq.test/members";
@@ -87,6 +88,48 @@ fn voters(s: &NodeStatusDoc) -> BTreeSet<u32> {
 
 fn ids(v: &[u32]) -> BTreeSet<u32> {
     v.iter().copied().collect()
+}
+
+/// Polls every configured node's `/status` (about every 100 ms) for the whole test, so that
+/// [`leadership_checked`] can tell whether two nodes led one term.
+fn poll_leadership(cluster: &Cluster) -> (LeaderPoller, Recorder) {
+    let recorder = Recorder::new();
+    let nodes = cluster
+        .nodes
+        .iter()
+        .map(|n| (n.id, n.admin_addr()))
+        .collect();
+    (LeaderPoller::start(nodes, recorder.clone()), recorder)
+}
+
+/// Stops the poller, and checks what it saw: one leader per term, and the highest term at
+/// most `2 * changes` above the lowest (a membership change costs at most one election, and
+/// an election at most two terms).
+async fn leadership_checked(
+    poller: LeaderPoller,
+    recorder: &Recorder,
+    changes: u64,
+) -> anyhow::Result<()> {
+    poller.stop().await;
+    let history = recorder.snapshot();
+    let violations = check(&history);
+    ensure!(violations.is_empty(), "leadership: {violations:?}");
+    let terms: Vec<u64> = history
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Observation { term, .. } if *term > 0 => Some(*term),
+            _ => None,
+        })
+        .collect();
+    let (low, high) = (terms.iter().min(), terms.iter().max());
+    let (Some(low), Some(high)) = (low, high) else {
+        bail!("no leadership observed");
+    };
+    ensure!(
+        high - low <= 2 * changes,
+        "terms rose from {low} to {high} over {changes} membership changes"
+    );
+    Ok(())
 }
 
 /// A running node 4 joins a running 3-node cluster: added as a learner, promoted by the leader
@@ -350,6 +393,7 @@ async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer()
     let mut cluster = growing_cluster(3, 5).expect("start cluster");
     let result = async {
         seeded(&cluster).await?;
+        let (poller, recorder) = poll_leadership(&cluster);
         let via = cluster.node(3).client_addr();
         let consumer = bmq_tests::open_consumer(PACED, vec![via.clone()], "paced-consumer").await?;
         let producer = bmq_tests::open_producer(PACED, vec![via.clone()], "paced-producer").await?;
@@ -418,6 +462,7 @@ async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer()
         bmq_tests::receive_all(&consumer, 9, sent, Duration::from_secs(60))
             .await
             .context("every ACKed message delivered, in order")?;
+        leadership_checked(poller, &recorder, 4).await?;
         consumer.disconnect().await.ok();
         Ok(())
     }
@@ -546,6 +591,7 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
     let mut cluster = growing_cluster(3, 4).expect("start cluster");
     let result = async {
         cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let (poller, recorder) = poll_leadership(&cluster);
         cluster.start_node(4)?;
         wait_until_up(&cluster, 4).await?;
         let answer = add_member(&cluster, 1, 4).await?;
@@ -600,6 +646,8 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
         )
         .await
         .context("round trip after the leader's removal")?;
+        // Add, leaving, removal of the leader (its election), then the follower's below.
+        leadership_checked(poller, &recorder, 3).await?;
 
         // Restarted with its data, the removed node refuses to serve and exits.
         cluster.start_node(leader)?;
