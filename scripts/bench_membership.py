@@ -27,6 +27,10 @@ Method
   (`ack_gap_max_ms`), beside the same run with no change (baseline). A voter change re-leases
   every partition (its primary heals again under the new voters), and an add may move one
   primary to the new node (rebalancing).
+- With REMOVE_LEADER=1 (and PACED), each run instead adds a node, then removes the current
+  leader under the paced producer (through every member), and then SIGKILLs the next leader
+  under another paced run (restarted afterwards): the longest ACK gap of a removed leader
+  beside that of a leader failover, in the same cluster.
 - The figures are wall-clock times of the HTTP requests on the same machine; the load average
   is printed with them.
 """
@@ -37,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,9 +119,19 @@ def new_node_config(k):
 
 
 def request(method, addr, path, timeout=120):
-    req = urllib.request.Request(f"http://{addr}{path}", method=method)
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.read().decode()
+    """`method path` on admin `addr`, following the 307 of a node that is not (or no longer)
+    the leader (urllib follows none for DELETE or POST)."""
+    url = f"http://{addr}{path}"
+    for _ in range(5):
+        req = urllib.request.Request(url, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.read().decode()
+        except urllib.error.HTTPError as e:
+            if e.code != 307 or not e.headers.get("Location"):
+                raise SystemExit(f"{method} {url}: {e.code} {e.read().decode().strip()}")
+            url = e.headers["Location"]
+    raise SystemExit(f"{method} {path}: too many redirects")
 
 
 def pct(values, q):
@@ -130,15 +145,16 @@ def summary(name, values):
           f"p90 {pct(ms, 0.9):.0f} ms, max {max(ms):.0f} ms", flush=True)
 
 
-def paced_start(tag):
+def paced_start(tag, through=None):
     """Starts a paced strong producer and a consumer (bmqctl bench messages) through nodes
-    1-3 for 4 s; returns the process (its stdout is the JSON report)."""
+    `through` (default 1-3) for 4 s; returns the process (its stdout is the JSON report)."""
     if not PACED:
         return None
+    through = through or NODES
     return subprocess.Popen(
         [os.path.join(BIN, "bmqctl"), "bench", "messages", "--rate", str(PACED),
          "--duration-secs", "4", "--queues", "1", "--producers", "1", "--consumers", "1",
-         "--queue-prefix", f"paced-{tag}", "--broker", ",".join(client(i) for i in NODES),
+         "--queue-prefix", f"paced-{tag}", "--broker", ",".join(client(i) for i in through),
          "--no-tls", "--token", "", "--json", "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
@@ -152,6 +168,78 @@ def paced_gap(proc):
     if report["missing"] or report["nacks"] or report["errors"]:
         raise SystemExit(f"paced run lost or refused messages: {report}")
     return report["ack_gap_max_ms"]
+
+
+def members_now(via):
+    """The ids of the committed membership, as node `via` holds it."""
+    doc = status(via, timeout=2)
+    return sorted(m["node_id"] for m in doc["membership"]["members"])
+
+
+def wait_leader_among(ids, timeout=60):
+    """The leader every node of `ids` follows, once they agree and are ready."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        docs = [status(i) for i in ids]
+        if all(d and d["ready"] for d in docs):
+            leaders = {d["elector"]["leader"] for d in docs}
+            if len(leaders) == 1 and None not in leaders:
+                return leaders.pop()
+        time.sleep(0.05)
+    raise SystemExit(f"nodes {ids} did not settle")
+
+
+def leader_runs():
+    """REMOVE_LEADER: a removed leader against a killed one (see the module doc)."""
+    gaps = {"remove leader": [], "SIGKILL leader": []}
+    for run in range(RUNS):
+        k = 4 + run
+        new_node_config(k)
+        start(k)
+        alive = [i for i in members_now(wait_leader_among([i for i in procs
+                                                          if procs[i].poll() is None and i != k]))]
+        lead = wait_leader_among(alive)
+        # The next change waits until every partition healed under the current voters (the
+        # last run's failover): the leader answers 503 until then.
+        deadline = time.time() + 60
+        while not all(p["status"] == "active" for p in (status(lead, 2) or {}).get("partitions", [{"status": ""}])):
+            if time.time() > deadline:
+                doc = status(lead, 2) or {}
+                raise SystemExit(f"partitions did not heal: leader {lead}: "
+                                 f"{[(p['partition_id'], p['primary'], p['status']) for p in doc.get('partitions', [])]}")
+            time.sleep(0.05)
+        while status(k) is None:
+            time.sleep(0.02)
+        path = (f"/admin/members?id={k}&host=127.0.0.1&client_port={BASE_PORT + k}"
+                f"&peer_port={BASE_PORT + 100 + k}&admin_port={BASE_PORT + 200 + k}"
+                "&timeout_ms=110000")
+        answer = request("POST", admin(lead), path)
+        if "promoted to voter" not in answer:
+            raise SystemExit(f"run {run}: add answered {answer!r}")
+        members = members_now(lead)
+        lead = wait_leader_among(members)
+        paced = paced_start(f"rm-leader-{run}", members)
+        time.sleep(1.5)
+        answer = request("DELETE", admin(lead), f"/admin/members/{lead}?timeout_ms=60000")
+        if "removed" not in answer:
+            raise SystemExit(f"run {run}: removing leader {lead} answered {answer!r}")
+        gaps["remove leader"].append(paced_gap(paced))
+        procs[lead].wait(timeout=20)
+        members = [m for m in members if m != lead]
+        lead = wait_leader_among(members)
+        paced = paced_start(f"kill-leader-{run}", members)
+        time.sleep(1.5)
+        procs[lead].kill()
+        procs[lead].wait()
+        gaps["SIGKILL leader"].append(paced_gap(paced))
+        start(lead)
+        wait_leader_among(members)
+        print(f"run {run}: longest ACK gap at {PACED} msg/s: remove leader "
+              f"{gaps['remove leader'][-1]:.1f} ms, SIGKILL leader "
+              f"{gaps['SIGKILL leader'][-1]:.1f} ms", flush=True)
+    print(f"load average: {os.getloadavg()}")
+    for name, values in gaps.items():
+        summary(f"longest ACK gap at {PACED} msg/s, {name}", [v / 1000 for v in values])
 
 
 def main():
@@ -179,6 +267,9 @@ def main():
                  "--quiet"], check=True, stdout=subprocess.DEVNULL)
             print(f"outstanding: {OUTSTANDING_MIB} MiB in {time.monotonic() - t0:.1f} s",
                   flush=True)
+        if os.environ.get("REMOVE_LEADER") == "1":
+            leader_runs()
+            return
         for run in range(RUNS):
             k = 4 + run
             new_node_config(k)

@@ -697,7 +697,8 @@ async fn purge(
                 )),
             }
         }
-        Some(node) => match ctx.config.members.iter().find(|m| m.id == node.0) {
+        // The committed membership's address (a member added at run time is in no file).
+        Some(node) => match state.membership.as_ref().and_then(|m| m.members.get(&node)) {
             Some(member) => HttpResponse::TemporaryRedirect()
                 .insert_header((
                     "Location",
@@ -714,7 +715,7 @@ async fn purge(
                     node.0
                 )),
             None => HttpResponse::ServiceUnavailable()
-                .body(format!("node {} is not a configured member\n", node.0)),
+                .body(format!("node {} is not a member\n", node.0)),
         },
         None => HttpResponse::ServiceUnavailable()
             .body(format!("partition {partition} has no primary; retry\n")),

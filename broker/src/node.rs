@@ -681,17 +681,16 @@ fn announce_stopping(config: &BrokerConfig, actors: &Actors, drained: bool) {
     } else {
         NodeStatusKind::NodeStatusStopping
     };
-    for peer in config.peers() {
-        let msg = PeerMessage {
-            kind: Some(Kind::Metadata(MetadataMessage {
-                kind: Some(metadata_message::Kind::NodeStatus(NodeStatusAdvisory {
-                    node_id: config.node_id,
-                    status: status as i32,
-                })),
+    // Every peer of the committed membership (the peer links'), not only the file's members.
+    let msg = PeerMessage {
+        kind: Some(Kind::Metadata(MetadataMessage {
+            kind: Some(metadata_message::Kind::NodeStatus(NodeStatusAdvisory {
+                node_id: config.node_id,
+                status: status as i32,
             })),
-        };
-        actors.hub.send(NodeId(peer.id), Channel::Control, msg);
-    }
+        })),
+    };
+    actors.hub.broadcast(Channel::Control, msg);
     let node = NodeId(config.node_id);
     let _ = actors.health.try_send(NodeStopping { node, drained });
 }

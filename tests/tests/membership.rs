@@ -1058,3 +1058,61 @@ async fn a_node_with_join_alone_learns_the_members_is_added_and_never_elects_its
         panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
     }
 }
+
+/// The cluster moves entirely onto members added at run time whose files do not know each
+/// other: nodes 4 and 5 each list the three seeded nodes and themselves, then the seeded nodes
+/// are removed one by one. Every partition's primary, and the leader, end on nodes 4 and 5,
+/// which find each other only through the committed membership: each partition heals and is
+/// committed ACTIVE (a primary announces its healing to every member of the membership, not
+/// to its file's members), and messages ACKed before flow after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_moves_onto_added_members_that_know_each_other_only_by_the_membership() {
+    let mut cluster = Cluster::configure(5, |_| {}).expect("configure");
+    let result = async {
+        for node in cluster.nodes.iter_mut() {
+            let id = node.id;
+            node.config.members.retain(|m| m.id <= 3 || m.id == id);
+            std::fs::write(&node.config_path, node.config.to_toml_string())?;
+        }
+        for id in 1..=3 {
+            cluster.start_node(id)?;
+        }
+        seeded(&cluster).await?;
+        for id in [4, 5] {
+            cluster.start_node(id)?;
+            wait_until_up(&cluster, id).await?;
+            let answer = add_member(&cluster, 1, id).await?;
+            ensure!(answer.contains("promoted to voter"), "add {id}: {answer:?}");
+        }
+        bmq_tests::produce(QUEUE, vec![cluster.node(2).client_addr()], 50, 300)
+            .await
+            .context("produce before the moves")?;
+        for id in [1, 2, 3] {
+            let answer = remove_member(&cluster, 4, id).await?;
+            ensure!(answer.contains("removed"), "remove {id}: {answer:?}");
+            cluster
+                .wait_for_exit(id, Duration::from_secs(20))?
+                .with_context(|| format!("node {id} kept running after its removal"))?;
+        }
+        cluster
+            .wait_for_all(
+                Duration::from_secs(30),
+                "every partition active on nodes 4 and 5",
+                |s| {
+                    voters(s) == ids(&[4, 5])
+                        && s.partitions
+                            .iter()
+                            .all(|p| p.status == "active" && p.primary.is_some_and(|n| n >= 4))
+                },
+            )
+            .await?;
+        bmq_tests::consume(QUEUE, vec![cluster.node(5).client_addr()], 50, 300)
+            .await
+            .context("every message ACKed before the moves")?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
+    }
+}

@@ -324,18 +324,18 @@ impl Router {
     }
 
     /// Sends every peer, and this node's health actor, a `PrimaryActiveNotice` for
-    /// `partition` at `lease` (`renew_lease`: asking for a higher lease instead).
+    /// `partition` at `lease` (`renew_lease`: asking for a higher lease instead). Every peer
+    /// of the committed membership (the peer links'), not only the file's members: the leader
+    /// may be a member added at run time.
     fn notify_primary_status(&self, partition: PartitionId, lease: LeaseId, renew_lease: bool) {
-        for peer in self.config.peers() {
-            let msg = PeerMessage {
-                kind: Some(PeerKind::PrimaryActive(PrimaryActiveNotice {
-                    partition_id: partition.0,
-                    lease: lease.0,
-                    renew_lease,
-                })),
-            };
-            self.peers.send(NodeId(peer.id), Channel::Data, msg);
-        }
+        let msg = PeerMessage {
+            kind: Some(PeerKind::PrimaryActive(PrimaryActiveNotice {
+                partition_id: partition.0,
+                lease: lease.0,
+                renew_lease,
+            })),
+        };
+        self.peers.broadcast(Channel::Data, msg);
         self.primary_active_seen(self.self_id, partition, lease, renew_lease);
     }
 
