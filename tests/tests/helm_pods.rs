@@ -14,7 +14,8 @@
 //! 1. the cluster forms from the rendered configuration alone: every pod's `/readyz` (its
 //!    readiness probe) answers 200 and every node's `/status` names the same leader;
 //! 2. messages round-trip through the client ports with TLS and the client token;
-//! 3. a rolling restart as the StatefulSet controller does it: from the highest ordinal down,
+//! 3. a rolling restart as the StatefulSet controller does it, under a paced strong producer
+//!    and a consumer (every PUT ACKed and delivered): from the highest ordinal down,
 //!    one pod at a time, the preStop hook (a graceful stop) run and the container gone within
 //!    `terminationGracePeriodSeconds`, the pod recreated with its volume, and the next one only
 //!    once it is ready again; the messages produced before are then all consumed;
@@ -427,6 +428,66 @@ fn bmqctl_json(
     serde_json::from_slice(&out.stdout).with_context(|| format!("bmqctl {verb} printed no JSON"))
 }
 
+/// Starts `bmqctl bench messages`: one strong producer paced at 100 PUTs/s for 30 s and one
+/// consumer, on a queue of its own, through every pod's client port (TLS and the token).
+fn start_paced(p: &Pods, bmqctl: &Path, c: &Credentials) -> anyhow::Result<std::process::Child> {
+    let brokers: Vec<String> = (0..p.pods.len()).map(|i| p.client(i)).collect();
+    Command::new(bmqctl)
+        .args([
+            "bench",
+            "messages",
+            "--rate",
+            "100",
+            "--duration-secs",
+            "30",
+        ])
+        .args(["--queues", "1", "--producers", "1", "--consumers", "1"])
+        .args([
+            "--size",
+            "256",
+            "--queue-prefix",
+            "helm-paced",
+            "--json",
+            "--quiet",
+        ])
+        .args(["--drain-timeout-secs", "90", "--broker", &brokers.join(",")])
+        .arg("--tls-ca")
+        .arg(&c.ca)
+        .args(["--token", &c.token])
+        .env_remove("BMQ_CLUSTER_DIR")
+        .current_dir(std::env::temp_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("start bmqctl bench messages")
+}
+
+/// Waits for the paced run of [`start_paced`]: every PUT ACKed (no NACK, no client error) and
+/// every ACKed message delivered.
+fn check_paced(child: std::process::Child) -> anyhow::Result<()> {
+    let out = child.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "bmqctl bench messages failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).context("no JSON report")?;
+    let count = |k: &str| report[k].as_u64().unwrap_or(u64::MAX);
+    let nacks: u64 = report["nacks"]
+        .as_object()
+        .map_or(u64::MAX, |m| m.values().filter_map(Value::as_u64).sum());
+    ensure!(
+        count("sent") > 1000 && nacks == 0 && count("errors") == 0 && count("missing") == 0,
+        "paced run: {report}"
+    );
+    println!(
+        "paced producer across the roll: {} PUTs, all ACKed and delivered, longest ACK gap {} ms",
+        count("sent"),
+        report["ack_gap_max_ms"]
+    );
+    Ok(())
+}
+
 /// The pods of the chart rendered with `values` (scripts/helm_pods.py into `dir`).
 fn plan_pods(
     python: &Path,
@@ -535,9 +596,13 @@ async fn scenario(
     produce(p, bmqctl, c, "bmq://bmq.test/helm-rt", 50, 1)?;
     consume(p, bmqctl, c, "bmq://bmq.test/helm-rt", 50, 2)?;
 
-    // 3. A rolling restart (same templates); the messages produced before survive it.
+    // 3. A rolling restart (same templates) under a strong producer paced at 100 PUTs/s and
+    //    a consumer, through every pod: each PUT ACKed and delivered; the messages produced
+    //    before survive it.
     let same = p.pods.clone();
+    let paced = start_paced(p, bmqctl, c)?;
     rolling_update(p, &same, "rolling restart").await?;
+    check_paced(paced).context("the paced producer across the rolling restart")?;
     consume(p, bmqctl, c, "bmq://bmq.test/helm", 200, 1)?;
 
     // 4. Scale-up to 4 as the chart's README says: the upgrade to `replicas: 4` with
@@ -548,6 +613,13 @@ async fn scenario(
     let new = scaled.len() - 1;
     p.pods.push(scaled[new].clone());
     p.start(new)?;
+    // The leader asks the joiner's /status before it adds it: wait until it answers (as an
+    // operator waits for the pod to run).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while bmqctl::http::get(&p.admin(new), "/healthz").await.is_err() {
+        ensure!(Instant::now() < deadline, "pod {new} did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let pod = &scaled[new];
     let host = pod["aliases"][0]
         .as_str()
