@@ -67,6 +67,58 @@ const PORT_FIRST: u16 = 10_000;
 /// How many ports [`free_ports`] cycles through from [`PORT_FIRST`].
 const PORT_SPAN: u16 = 10_000;
 
+/// The repository's root directory (the workspace).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the repository")
+        .to_path_buf()
+}
+
+/// The python of a virtual environment that `scripts/<script>` provisions (if needed) and
+/// names on the last line of its output (scripts/sdk-venv.sh, scripts/helm-venv.sh).
+///
+/// Errors: the script failed (its status and output), or printed no path.
+pub fn venv_python(script: &str) -> anyhow::Result<PathBuf> {
+    use anyhow::Context as _;
+    let root = repo_root();
+    let out = Command::new("bash")
+        .arg(root.join("scripts").join(script))
+        .current_dir(&root)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("run scripts/{script}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "scripts/{script} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stdout = String::from_utf8(out.stdout)?;
+    let python = stdout
+        .lines()
+        .last()
+        .with_context(|| format!("scripts/{script} printed no path"))?;
+    Ok(PathBuf::from(python.trim()))
+}
+
+/// Why a test that needs Docker cannot run here, when no Docker engine answers.
+pub fn docker_unavailable() -> Option<String> {
+    match Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Err(e) => Some(format!("the docker command cannot run: {e}")),
+        Ok(out) if !out.status.success() => Some(format!(
+            "no Docker engine answers: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Ok(_) => None,
+    }
+}
+
 /// Picks `n` distinct free loopback ports in 10000-19999 (see [`PORT_FIRST`]).
 ///
 /// Each candidate is bound (so a port in use anywhere is skipped) and held until all `n` are
@@ -459,6 +511,14 @@ impl Cluster {
                 bail!("nodes disagree on {what} after {timeout:?}: {values:?}");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Panics with `result`'s error and the last 40 lines of every node's log, if it is an
+    /// error: the end of a test's body.
+    pub fn assert_ok(&self, result: anyhow::Result<()>) {
+        if let Err(e) = result {
+            panic!("{e:#}\n--- logs ---\n{}", self.log_tails(40));
         }
     }
 

@@ -19,13 +19,13 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context};
 use bmq_proto::admin_doc::NodeStatusDoc;
-use bmq_tests::{broker_binary, free_ports};
+use bmq_tests::{broker_binary, docker_unavailable, free_ports, repo_root};
 use bmqctl::status::fetch_status;
 
 /// Image tags of this test, apart from the operator's `:local` ones.
@@ -35,29 +35,6 @@ const PROMETHEUS_IMAGE: &str = "bmq-prometheus:test";
 const NODES: [u32; 3] = [1, 2, 3];
 /// Bound of every wait on the cluster (container starts and stops are slower than processes).
 const WAIT: Duration = Duration::from_secs(90);
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the workspace")
-        .to_path_buf()
-}
-
-/// Why the test cannot run here, when no Docker engine answers.
-fn docker_unavailable() -> Option<String> {
-    match Command::new("docker")
-        .args(["version", "--format", "{{.Server.Version}}"])
-        .stdin(Stdio::null())
-        .output()
-    {
-        Err(e) => Some(format!("the docker command cannot run: {e}")),
-        Ok(out) if !out.status.success() => Some(format!(
-            "no Docker engine answers: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
-}
 
 /// The Compose command: `docker compose` (v2 plugin) if present, else `docker-compose` (v1).
 fn compose_command() -> anyhow::Result<Vec<String>> {
@@ -106,7 +83,7 @@ struct Project {
 
 impl Project {
     fn command(&self, args: &[&str]) -> Command {
-        let root = workspace_root();
+        let root = repo_root();
         let mut cmd = Command::new(&self.compose[0]);
         cmd.args(&self.compose[1..])
             .arg("-f")
@@ -360,7 +337,7 @@ fn compose_cluster_round_trip_leader_kill_and_network_partition() {
         return;
     }
     let compose = compose_command().expect("compose tool");
-    let root = workspace_root();
+    let root = repo_root();
 
     // Images from the binaries of this build profile (cargo builds them if needed).
     let broker = broker_binary();

@@ -19,41 +19,10 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, ensure, Context};
 use bmq_config::BrokerConfig;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ sits in the repository")
-        .to_path_buf()
-}
+use bmq_tests::{repo_root, venv_python};
 
 fn on_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// The check's python, provisioning its virtual environment if needed; `Err` with the reason
-/// when that fails.
-fn helm_python() -> anyhow::Result<PathBuf> {
-    let root = repo_root();
-    let out = Command::new("bash")
-        .arg(root.join("scripts/helm-venv.sh"))
-        .current_dir(&root)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("run scripts/helm-venv.sh")?;
-    ensure!(
-        out.status.success(),
-        "scripts/helm-venv.sh failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let stdout = String::from_utf8(out.stdout)?;
-    let python = stdout
-        .lines()
-        .last()
-        .context("scripts/helm-venv.sh printed no path")?;
-    Ok(PathBuf::from(python.trim()))
 }
 
 /// Each scenario's directory of `node-<id>.toml` files, as `scripts/helm_check.py --out`
@@ -74,7 +43,7 @@ fn scenario_dirs(out: &Path) -> anyhow::Result<Vec<PathBuf>> {
 /// scenario gets a configuration the broker accepts, naming itself and all its peers.
 #[test]
 fn helm_chart_renders_a_valid_cluster_for_every_scenario() -> anyhow::Result<()> {
-    let python = match helm_python() {
+    let python = match venv_python("helm-venv.sh") {
         Ok(python) => python,
         Err(e) if !on_ci() => {
             eprintln!("SKIPPED helm chart check: cannot provision its Python environment: {e:#}");

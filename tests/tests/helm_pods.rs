@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use bmq_proto::admin_doc::NodeStatusDoc;
-use bmq_tests::{broker_binary, free_ports};
+use bmq_tests::{broker_binary, docker_unavailable, free_ports, repo_root, venv_python};
 use bmqctl::status::fetch_status;
 use rand::Rng;
 use serde_json::{json, Value};
@@ -50,29 +50,6 @@ const REPLICAS: usize = 3;
 const TLS_SECRET_PREFIX: &str = "bmq-test-certs";
 /// Bound of every wait on the cluster.
 const WAIT: Duration = Duration::from_secs(90);
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ sits in the repository")
-        .to_path_buf()
-}
-
-/// Why the test cannot run here, when no Docker engine answers.
-fn docker_unavailable() -> Option<String> {
-    match Command::new("docker")
-        .args(["version", "--format", "{{.Server.Version}}"])
-        .stdin(Stdio::null())
-        .output()
-    {
-        Err(e) => Some(format!("the docker command cannot run: {e}")),
-        Ok(out) if !out.status.success() => Some(format!(
-            "no Docker engine answers: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
-}
 
 /// Runs a command to completion; an error (with its output) unless it exits 0.
 fn run(cmd: &mut Command) -> anyhow::Result<Output> {
@@ -95,21 +72,6 @@ fn run(cmd: &mut Command) -> anyhow::Result<Output> {
 fn docker(args: &[&str]) -> anyhow::Result<String> {
     let out = run(Command::new("docker").args(args))?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// The chart check's python (scripts/helm-venv.sh).
-fn helm_python() -> anyhow::Result<PathBuf> {
-    let root = repo_root();
-    let out = run(Command::new("bash")
-        .arg(root.join("scripts/helm-venv.sh"))
-        .current_dir(&root)
-        .stderr(Stdio::inherit()))?;
-    let stdout = String::from_utf8(out.stdout)?;
-    let python = stdout
-        .lines()
-        .last()
-        .context("scripts/helm-venv.sh printed no path")?;
-    Ok(PathBuf::from(python.trim()))
 }
 
 fn text(v: &Value, key: &str) -> anyhow::Result<String> {
@@ -700,7 +662,7 @@ fn helm_rendered_pods_form_a_cluster_roll_and_scale_up() -> anyhow::Result<()> {
         return Ok(());
     }
     let root = repo_root();
-    let python = helm_python()?;
+    let python = venv_python("helm-venv.sh")?;
     let work = tempfile::tempdir()?;
     let prefix = format!("bmqhelm{}", std::process::id());
 

@@ -320,9 +320,7 @@ async fn a_running_node_joins_is_promoted_and_counts_in_every_quorum() {
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
-    }
+    cluster.assert_ok(result);
 }
 
 /// Partitions follow the voters: a 3-node cluster grown to 5 re-leases every partition to the
@@ -374,9 +372,7 @@ async fn partitions_follow_the_voters_and_survive_the_loss_of_two_seeded_nodes()
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
-    }
+    cluster.assert_ok(result);
 }
 
 /// 3 -> 5 -> 3 while a producer paced at 200 PUTs/s and a consumer run on a strong queue
@@ -467,9 +463,7 @@ async fn the_cluster_grows_to_five_and_shrinks_to_three_under_a_paced_producer()
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
-    }
+    cluster.assert_ok(result);
 }
 
 /// The primary of a queue holding 200 unconfirmed strong messages is removed: it leaves, its
@@ -577,9 +571,7 @@ async fn a_primary_with_unconfirmed_messages_is_removed_and_a_leader_dies_mid_ch
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
-    }
+    cluster.assert_ok(result);
 }
 
 /// Shrinking: the leader of a 4-node cluster is removed (it leaves, its primaries move, the
@@ -696,9 +688,7 @@ async fn the_leader_and_then_a_follower_are_removed_and_exit() {
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
-    }
+    cluster.assert_ok(result);
 }
 
 /// Kills a process by pid when dropped (a detached node the test started through bmqctl).
@@ -934,9 +924,7 @@ async fn a_learner_killed_during_its_catch_up_resumes_and_is_promoted_once_its_j
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
-    }
+    cluster.assert_ok(result);
 }
 
 /// A node joins with `join` alone: its file lists itself and the peer addresses of members to
@@ -1054,9 +1042,7 @@ async fn a_node_with_join_alone_learns_the_members_is_added_and_never_elects_its
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
-    }
+    cluster.assert_ok(result);
 }
 
 /// The cluster moves entirely onto members added at run time whose files do not know each
@@ -1112,7 +1098,5 @@ async fn a_cluster_moves_onto_added_members_that_know_each_other_only_by_the_mem
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        panic!("{e:#}\n--- logs ---\n{}", cluster.log_tails(40));
-    }
+    cluster.assert_ok(result);
 }

@@ -12,46 +12,15 @@
 //! Each run must pass every test it selects and skip none (a skipped test fails here).
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use bmq_config::{DomainConfig, DomainMode};
-use bmq_tests::{broker_binary, Cluster};
+use bmq_tests::{broker_binary, repo_root, venv_python, Cluster};
 
 /// Longest a pytest run may take before it is killed and the test fails.
 const PYTEST_TIMEOUT: Duration = Duration::from_secs(600);
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ sits in the repository")
-        .to_path_buf()
-}
-
-/// The SDK virtual environment's python, provisioning it if needed.
-fn sdk_python() -> anyhow::Result<PathBuf> {
-    let root = repo_root();
-    let out = Command::new("bash")
-        .arg(root.join("scripts/sdk-venv.sh"))
-        .current_dir(&root)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("run scripts/sdk-venv.sh")?;
-    ensure!(
-        out.status.success(),
-        "scripts/sdk-venv.sh failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let stdout = String::from_utf8(out.stdout)?;
-    let python = stdout
-        .lines()
-        .last()
-        .context("scripts/sdk-venv.sh printed no path")?;
-    Ok(PathBuf::from(python.trim()))
-}
 
 /// A child process killed (and reaped) when dropped, so a failing test leaves nothing behind.
 struct Reaped(Child);
@@ -65,7 +34,7 @@ impl Drop for Reaped {
 
 /// Runs the suite with `-m marker` against `cluster`; returns pytest's output.
 fn pytest(cluster: &Cluster, marker: &str) -> anyhow::Result<String> {
-    let python = sdk_python()?;
+    let python = venv_python("sdk-venv.sh")?;
     let nodes: Vec<_> = (1..=3).map(|id| cluster.node(id)).collect();
     let join = |f: &dyn Fn(&bmq_tests::TestNode) -> String| {
         nodes.iter().map(|n| f(n)).collect::<Vec<_>>().join(",")
@@ -195,7 +164,7 @@ fn python_sdk_reconnects_to_its_restarted_node() -> anyhow::Result<()> {
     })?;
     let out = tempfile::NamedTempFile::new()?;
     let log = tempfile::NamedTempFile::new()?;
-    let producer = Command::new(sdk_python()?)
+    let producer = Command::new(venv_python("sdk-venv.sh")?)
         .arg("-B")
         .arg(repo_root().join("tests/sdk/sdk_producer.py"))
         .args(["--uri", uri, "--count", "2000", "--rate", "400", "--out"])

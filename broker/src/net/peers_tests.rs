@@ -48,6 +48,32 @@ impl PeerInbound for Reports {
     }
 }
 
+/// Member `id` of the test memberships (made-up ports: no hub dials them).
+fn member(id: u32) -> bmq_metadata::Member {
+    bmq_metadata::Member {
+        id: NodeId(id),
+        host: "127.0.0.1".into(),
+        peer_port: 7000 + id as u16,
+        client_port: 6000 + id as u16,
+        admin_port: 8000 + id as u16,
+        bmqp_port: None,
+        role: bmq_metadata::MemberRole::Voter,
+    }
+}
+
+/// Hub `self_id` listening on a port of its own (returned), its dialer to `peer` sent to a
+/// port nobody listens on: only the test's connections reach it.
+async fn lone_hub(self_id: u32, peer: u32) -> (std::sync::Arc<PeerHub>, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let unused = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let unused_addr = unused.local_addr().unwrap().to_string();
+    drop(unused);
+    let (hub, pending) = PeerHub::new(config(self_id, peer, unused_addr, 64));
+    hub.start(pending, listener, std::sync::Arc::new(Reports::default()));
+    (hub, addr)
+}
+
 fn config(self_id: u32, peer: u32, peer_addr: String, queue_capacity: usize) -> PeerHubConfig {
     PeerHubConfig {
         self_id: NodeId(self_id),
@@ -206,15 +232,7 @@ async fn an_accepted_connection_silent_for_the_heartbeat_timeout_is_closed() {
     // heartbeat timeout (2 s here) passes without a byte, instead of staying open for ever.
     // One that keeps sending heartbeats stays open.
     use futures::{SinkExt, StreamExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    // Node 1's own dialer goes to a port nobody listens on: only the test's connections reach
-    // the hub.
-    let unused = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let unused_addr = unused.local_addr().unwrap().to_string();
-    drop(unused);
-    let (hub, pending) = PeerHub::new(config(2, 1, unused_addr, 64));
-    hub.start(pending, listener, std::sync::Arc::new(Reports::default()));
+    let (hub, addr) = lone_hub(2, 1).await;
 
     let hello = PeerMessage {
         kind: Some(Kind::Hello(PeerHello {
@@ -267,17 +285,8 @@ async fn a_removed_node_that_missed_its_removal_learns_it_from_the_refusal() {
     // Node 2's next connection to node 1 is refused, and the refusal carries the membership:
     // node 2 reports it (its node exits on it), instead of dialing a cluster that no longer
     // knows it for ever.
-    use bmq_metadata::{ClusterMembership, Member, MemberRole};
+    use bmq_metadata::ClusterMembership;
     let (hub_1, _reports_1, _hub_2, reports_2) = two_hubs(64).await;
-    let member = |id: u32| Member {
-        id: NodeId(id),
-        host: "127.0.0.1".into(),
-        peer_port: 7000 + id as u16,
-        client_port: 6000 + id as u16,
-        admin_port: 8000 + id as u16,
-        bmqp_port: None,
-        role: MemberRole::Voter,
-    };
     let mut membership = ClusterMembership::seed([member(1), member(2)]).unwrap();
     membership.epoch = 2;
     membership.members.remove(&NodeId(2));
@@ -295,23 +304,8 @@ async fn a_joining_node_learns_the_membership_from_the_refusal_of_its_hello() {
     // another cluster is told the cluster's name; a member's hello is taken as a link (no
     // answer).
     use crate::net::join::{ask_membership, JoinAnswer};
-    use bmq_metadata::{ClusterMembership, Member, MemberRole};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let unused = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let unused_addr = unused.local_addr().unwrap().to_string();
-    drop(unused);
-    let (hub, pending) = PeerHub::new(config(1, 2, unused_addr, 64));
-    hub.start(pending, listener, std::sync::Arc::new(Reports::default()));
-    let member = |id: u32| Member {
-        id: NodeId(id),
-        host: "127.0.0.1".into(),
-        peer_port: 7000 + id as u16,
-        client_port: 6000 + id as u16,
-        admin_port: 8000 + id as u16,
-        bmqp_port: None,
-        role: MemberRole::Voter,
-    };
+    use bmq_metadata::ClusterMembership;
+    let (hub, addr) = lone_hub(1, 2).await;
     let membership = ClusterMembership::seed([member(1), member(2)]).unwrap();
     hub.follow_membership(&membership);
 
