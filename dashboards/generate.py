@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Writes the Grafana dashboards of dashboards/grafana/*.json.
+"""Writes the Grafana dashboards of dashboards/grafana/*.json and the same dashboards as
+Prometheus console templates, dashboards/consoles/*.html.
 
-The JSON files are what Grafana loads and what tests/tests/prometheus.rs evaluates; this script
-is how they are written, so that every panel follows the same conventions:
+The JSON files are what Grafana loads and what tests/tests/prometheus.rs evaluates; the console
+pages are what the Prometheus of `bmqctl cluster up` and of the compose file serve at
+/consoles/bmq-*.html (tests/tests/consoles.rs opens them in a browser). This script is how both
+are written, from one list of panels, so that every panel follows the same conventions:
 
 - every query selects `job="bmq"` and `node=~"$node"` (the `node` label comes from the scrape
   configuration, one per target; Prometheus adds `instance`);
@@ -10,16 +13,48 @@ is how they are written, so that every panel follows the same conventions:
 - every histogram panel computes quantiles from the `_bucket` series (the broker exports real
   histograms with explicit buckets).
 
+A console page has the panels and queries of its Grafana dashboard with the Grafana variables
+replaced: `$__rate_interval` by a fixed `[15s]` (several 1 s scrapes per window, short enough for
+a failover) and `$node` by the page's `node` URL parameter (a regular expression, all nodes when
+absent: `bmq-queues.html?node=2`). Graphs are drawn by the console library's PromConsole.Graph,
+single values (Grafana's stat panels) are queried when Prometheus renders the page.
+
 Run `python3 dashboards/generate.py` after editing, then `cargo test -p bmq-tests --test
-prometheus` to prove every panel still returns data.
+prometheus` to prove every panel still returns data. `--check` writes nothing and fails if a
+committed file differs from what this script writes.
 """
 
+import html
 import json
 import os
+import re
+import sys
 
 DS = {"type": "prometheus", "uid": "bmq-prometheus"}
 SEL = 'job="bmq", node=~"$node"'
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grafana")
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "grafana")
+CONSOLES = os.path.join(HERE, "consoles")
+# What a console page uses for Grafana's $__rate_interval (see the module doc).
+CONSOLE_RATE_INTERVAL = "15s"
+# Files that differ from what this script writes (--check).
+STALE = []
+
+
+def emit(path, text):
+    """Writes `text` to `path`, or with --check records whether the file differs."""
+    if "--check" in sys.argv[1:]:
+        try:
+            with open(path) as f:
+                same = f.read() == text
+        except FileNotFoundError:
+            same = False
+        if not same:
+            STALE.append(path)
+        return
+    with open(path, "w") as f:
+        f.write(text)
+    print("wrote", path)
 
 
 def target(expr, legend, ref):
@@ -120,11 +155,166 @@ class Dash:
                        "asDropdown": True}],
             "panels": self.panels,
         }
-        path = os.path.join(OUT, self.uid + ".json")
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        print("wrote", path)
+        emit(os.path.join(OUT, self.uid + ".json"), json.dumps(doc, indent=2) + "\n")
+        emit(os.path.join(CONSOLES, self.uid + ".html"), console_page(self))
+
+# The console pages, in the order of their links, with a short name for the links.
+CONSOLE_PAGES = [("bmq-cluster", "Cluster"), ("bmq-queues", "Queues"),
+                 ("bmq-storage", "Storage"), ("bmq-node", "Node")]
+
+# Grafana unit -> (PromConsole number formatter, y units) of a console graph.
+CONSOLE_UNITS = {
+    "short": ("humanizeNoSmallPrefix", ""),
+    "s": ("humanize", "s"),
+    "bytes": ("humanize1024", "B"),
+    "Bps": ("humanize1024", "B/s"),
+    "ops": ("humanizeNoSmallPrefix", "/s"),
+    "percentunit": ("humanizeNoSmallPrefix", ""),
+}
+
+CONSOLE_STYLE = """<style>
+.bmq_nav a { color: #ddd; margin-right: 1.5ex; }
+.bmq_nav a.bmq_current { color: #fff; font-weight: bold; }
+.bmq_nav .bmq_filter { color: #999; margin-left: 3ex; }
+.bmq_panel { margin-bottom: 2ex; overflow: hidden; }
+.bmq_panel h4 { font-size: 1rem; margin-bottom: 0.3ex; }
+.bmq_panel_description { font-size: 0.75rem; color: #666; }
+.bmq_stat td { padding-right: 2ex; }
+</style>"""
+
+
+def console_expr(expr):
+    """A panel's PromQL as Prometheus evaluates it for a console page: the Go template text
+    of a `printf` whose arguments are the page's node filter, one per `$node`."""
+    expr = expr.replace("$__rate_interval", CONSOLE_RATE_INTERVAL)
+    # The expression goes into a Go template raw string and a printf format.
+    assert "`" not in expr and "%" not in expr and "{{" not in expr and "}}" not in expr, expr
+    count = expr.count("$node")
+    assert "$" not in expr.replace("$node", ""), expr
+    return "(printf `" + expr.replace("$node", "%s") + "`" + " $node" * count + ")"
+
+
+def js_expr(expr):
+    """A panel's PromQL as a JavaScript expression for PromConsole.Graph, the node filter
+    taken from the page (bmqNode)."""
+    expr = expr.replace("$__rate_interval", CONSOLE_RATE_INTERVAL)
+    assert "{{" not in expr and "}}" not in expr and "</" not in expr, expr
+    return json.dumps(expr).replace("$node", '" + bmqNode + "')
+
+
+def console_legend(legend):
+    """Grafana's legend `{{label}}` is PromConsole's `[[label]]`."""
+    out = re.sub(r"\{\{\s*(\w+)\s*\}\}", r"[[\1]]", legend)
+    assert "{{" not in out and "}}" not in out, legend
+    return out
+
+
+def console_text(text):
+    text = html.escape(text, quote=True)
+    assert "{{" not in text and "}}" not in text, text
+    return text
+
+
+def console_graph(panel):
+    formatter, units = CONSOLE_UNITS[panel["fieldConfig"]["defaults"]["unit"]]
+    div = f"bmq-panel-{panel['id']}"
+    exprs = ",\n    ".join(js_expr(t["expr"]) for t in panel["targets"])
+    names = ", ".join(json.dumps(console_legend(t["legendFormat"])) for t in panel["targets"])
+    return (f'<div class="bmq_graph" id="{div}"></div>\n'
+            "<script>\n"
+            "new PromConsole.Graph({\n"
+            f'  node: document.querySelector("#{div}"),\n'
+            f"  expr: [\n    {exprs}],\n"
+            f"  name: [{names}],\n"
+            f"  yAxisFormatter: PromConsole.NumberFormatter.{formatter},\n"
+            f"  yHoverFormatter: PromConsole.NumberFormatter.{formatter},\n"
+            f"  yUnits: {json.dumps(units)},\n"
+            "  height: 160,\n"
+            "});\n"
+            "</script>\n")
+
+
+def console_stat(panel):
+    """A stat panel: each target's series and their current values, queried when Prometheus
+    renders the page (one row per series; "no data" when a target returns none)."""
+    rows = []
+    for t in panel["targets"]:
+        legend = console_text(re.sub(r"\{\{\s*\w+\s*\}\}", "", t["legendFormat"]).strip())
+        query = console_expr(t["expr"])
+        rows.append(
+            f"{{{{ range query {query} | sortByLabel \"partition\" }}}}"
+            f"<tr><td>{legend}</td>"
+            "<td>{{ range $k, $v := .Labels }}{{ $k }}={{ $v }} {{ end }}</td>"
+            '<td class="bmq_value">{{ .Value | humanize }}</td></tr>'
+            "{{ else }}"
+            f'<tr><td>{legend}</td><td></td><td class="bmq_value bmq_no_data">no data</td></tr>'
+            "{{ end }}")
+    return ('<table class="bmq_stat table table-sm">\n' + "\n".join(rows) + "\n</table>\n")
+
+
+def console_page(d):
+    """The Prometheus console template of dashboard `d`: the same rows, panels and queries.
+    Needs only the console library's prom.lib (Debian: examples/console_libraries)."""
+    links = []
+    for uid, name in CONSOLE_PAGES:
+        current = ' class="bmq_current"' if uid == d.uid else ""
+        links.append(f'<a{current} href="{uid}.html{{{{ with .Params.node }}}}?node={{{{ . }}}}'
+                     f'{{{{ end }}}}">{name}</a>')
+    node_links = ('<span class="bmq_filter">nodes: <a href="{{ .Path }}">all</a>'
+                  "{{ range query \"up{job='bmq'}\" | sortByLabel \"node\" }}"
+                  '<a href="?node={{ .Labels.node }}">{{ .Labels.node }}</a>{{ end }}</span>')
+    out = [
+        "{{/* Generated by dashboards/generate.py from the panels of dashboards/grafana/"
+        f"{d.uid}.json: edit that script, not this file. */}}}}",
+        '{{ $node := or .Params.node ".*" }}',
+        "<!doctype html>",
+        '<html lang="en">',
+        "<head>",
+        f"<title>{console_text(d.title)}</title>",
+        '{{ template "prom_console_head" }}',
+        CONSOLE_STYLE,
+        "<script>",
+        # The graphs show the last 15 minutes unless the URL says otherwise, as Grafana does.
+        "if (window.location.hash.indexOf('#pctc') !== 0) {",
+        "  PromConsole.TimeControl._initialValues.duration = 900;",
+        "  PromConsole.graphDefaults.duration = 900;",
+        "}",
+        "</script>",
+        "</head>",
+        "<body>",
+        '<nav class="navbar fixed-top navbar-dark bg-dark bmq_nav">',
+        '<div><a class="navbar-brand" href="{{ pathPrefix }}/">Prometheus</a>'
+        + "".join(links) + node_links + "</div>",
+        "</nav>",
+        '<div id="bmq-filter" data-node="{{ $node }}" hidden></div>',
+        "<script>var bmqNode = document.getElementById(\"bmq-filter\").dataset.node;</script>",
+        '{{ template "prom_content_head" . }}',
+        f"<h1>{console_text(d.title)}</h1>",
+        f"<p>{console_text(d.description)} Node filter: <code>{{{{ $node }}}}</code>; "
+        f"rates over [{CONSOLE_RATE_INTERVAL}].</p>",
+    ]
+    open_row = False
+    for panel in d.panels:
+        if panel["type"] == "row":
+            if open_row:
+                out.append("</div>")
+            out.append(f"<h2>{console_text(panel['title'])}</h2>")
+            out.append('<div class="row">')
+            open_row = True
+            continue
+        cols = max(3, panel["gridPos"]["w"] // 2)
+        out.append(f'<div class="col-md-{cols} bmq_panel" data-panel="{panel["id"]}">')
+        out.append(f"<h4>{console_text(panel['title'])}</h4>")
+        if panel["type"] == "stat":
+            out.append(console_stat(panel))
+        else:
+            out.append(console_graph(panel))
+        out.append(f'<p class="bmq_panel_description">{console_text(panel["description"])}</p>')
+        out.append("</div>")
+    if open_row:
+        out.append("</div>")
+    out += ['{{ template "prom_content_tail" . }}', "</body>", "</html>"]
+    return "\n".join(out) + "\n"
 
 
 def rate(metric, by, extra=""):
@@ -589,3 +779,5 @@ if __name__ == "__main__":
     queues()
     storage()
     node()
+    if STALE:
+        sys.exit("out of date (run python3 dashboards/generate.py): " + ", ".join(STALE))
