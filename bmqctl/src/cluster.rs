@@ -20,8 +20,11 @@
 //! When a `prometheus` executable is on `PATH` (Debian: `apt-get install prometheus`), it also
 //! starts Prometheus with the shipped configuration and alert rules ([`crate::prometheus`])
 //! pointed at the new nodes, storing into `<dir>/prometheus/`, on `--prometheus-listen`
-//! (default `127.0.0.1:9090`); `--no-prometheus` skips it. Prometheus is an extra: if it is
-//! missing, its port is taken or it exits, the cluster runs on and a note says why.
+//! (default `127.0.0.1:9090`); `--no-prometheus` skips it. It also serves the dashboards as
+//! console pages (`/consoles/bmq-cluster.html` and the others, written into
+//! `<dir>/prometheus/consoles/`) when the installation's console libraries are found. Prometheus
+//! is an extra: if it is missing, its port is taken or it exits, the cluster runs on and a note
+//! says why.
 //!
 //! `--configs-only` writes the same files (the nodes' configurations and, unless
 //! `--no-security`, the development CA and tokens), prints their paths and exits 0 without
@@ -399,6 +402,27 @@ fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Optio
             return None;
         }
     };
+    // The console pages need the console libraries of the installation; without them
+    // Prometheus runs without the pages.
+    let consoles_dir = prom_dir.join("consoles");
+    let consoles = match (
+        prometheus::find_console_libraries(&binary),
+        prometheus::write_consoles(&consoles_dir),
+    ) {
+        (Some(libraries), Ok(())) => Some(prometheus::console_args(&consoles_dir, &libraries)),
+        (None, _) => {
+            outln!(
+                "note: no Prometheus console libraries (prom.lib) found, so no dashboard pages \
+                 at /consoles/ (Debian's prometheus package has them in \
+                 /usr/share/doc/prometheus/examples/console_libraries; see dashboards/README.md)"
+            );
+            None
+        }
+        (_, Err(e)) => {
+            outln!("note: no dashboard pages at /consoles/: {e:#}");
+            None
+        }
+    };
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -417,6 +441,7 @@ fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Optio
             &prom_dir.join("data"),
             listen,
         ))
+        .args(consoles.iter().flatten())
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -443,6 +468,9 @@ fn start_prometheus(dir: &Path, targets: &[ScrapeTarget], listen: &str) -> Optio
                 config.display(),
                 prom_dir.join("prometheus.log").display()
             );
+            if consoles.is_some() {
+                outln!("dashboards: http://{listen}/consoles/bmq-cluster.html (also bmq-queues, bmq-storage, bmq-node)");
+            }
             Some(child)
         }
         Err(e) => {

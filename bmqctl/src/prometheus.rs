@@ -1,9 +1,11 @@
-//! The shipped Prometheus configuration (`dashboards/prometheus/`), embedded, and how to run a
-//! Prometheus server with it against a given set of nodes.
+//! The shipped Prometheus configuration (`dashboards/prometheus/`) and console pages
+//! (`dashboards/consoles/`), embedded, and how to run a Prometheus server with them against a
+//! given set of nodes.
 //!
 //! `bmqctl cluster up` uses this to start Prometheus beside the cluster it launched, and the
-//! Prometheus test (`tests/tests/prometheus.rs`) uses it to scrape its own cluster, so both run
-//! exactly the shipped scrape configuration and alert rules; only the targets differ.
+//! Prometheus tests (`tests/tests/prometheus.rs`, `tests/tests/consoles.rs`) use it to scrape
+//! their own cluster, so all run exactly the shipped scrape configuration, alert rules and
+//! console pages; only the targets differ.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,36 @@ pub const PROMETHEUS_CONFIG: &str = include_str!("../../dashboards/prometheus/pr
 /// `dashboards/prometheus/alerts.yml`: the alert rules (loaded by the configuration as
 /// `alerts.yml`, next to it).
 pub const PROMETHEUS_ALERTS: &str = include_str!("../../dashboards/prometheus/alerts.yml");
+
+/// The console pages of `dashboards/consoles/` (written by `dashboards/generate.py`), by file
+/// name: one per Grafana dashboard, served at `/consoles/<name>`.
+pub const CONSOLE_PAGES: &[(&str, &str)] = &[
+    (
+        "bmq-cluster.html",
+        include_str!("../../dashboards/consoles/bmq-cluster.html"),
+    ),
+    (
+        "bmq-queues.html",
+        include_str!("../../dashboards/consoles/bmq-queues.html"),
+    ),
+    (
+        "bmq-storage.html",
+        include_str!("../../dashboards/consoles/bmq-storage.html"),
+    ),
+    (
+        "bmq-node.html",
+        include_str!("../../dashboards/consoles/bmq-node.html"),
+    ),
+];
+
+/// Where packages install the console libraries (`prom.lib`, which the pages of
+/// [`CONSOLE_PAGES`] use). Debian's and Ubuntu's `prometheus` package ships them as an example
+/// only, under `/usr/share/doc`; its `/etc/prometheus/console_libraries` is empty.
+const CONSOLE_LIBRARY_DIRS: &[&str] = &[
+    "/usr/share/doc/prometheus/examples/console_libraries",
+    "/usr/share/prometheus/console_libraries",
+    "/etc/prometheus/console_libraries",
+];
 
 /// The line of [`PROMETHEUS_CONFIG`] after which the per-node static configurations follow,
 /// up to the end of the file.
@@ -85,6 +117,48 @@ pub fn server_args(config: &Path, storage: &Path, listen: &str) -> Vec<OsString>
     ]
 }
 
+/// Writes the pages of [`CONSOLE_PAGES`] into `dir` (created if missing), for
+/// `--web.console.templates`.
+///
+/// Errors: `dir` or a page cannot be written.
+pub fn write_consoles(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for (name, text) in CONSOLE_PAGES {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The console libraries directory of the Prometheus installed as `binary`: the first of
+/// `console_libraries/` next to the binary (the layout of the upstream release archives),
+/// `../share/prometheus/console_libraries` and the packages' directories
+/// ([`CONSOLE_LIBRARY_DIRS`]) that holds `prom.lib`. `None` if none does.
+pub fn find_console_libraries(binary: &Path) -> Option<PathBuf> {
+    let beside = binary.parent().map(|dir| {
+        [
+            dir.join("console_libraries"),
+            dir.join("../share/prometheus/console_libraries"),
+        ]
+    });
+    beside
+        .into_iter()
+        .flatten()
+        .chain(CONSOLE_LIBRARY_DIRS.iter().map(PathBuf::from))
+        .find(|dir| dir.join("prom.lib").is_file())
+}
+
+/// The arguments that make a `prometheus` server serve the console pages in `templates` (see
+/// [`write_consoles`]) with the console libraries in `libraries` (see
+/// [`find_console_libraries`]), at `/consoles/<page>`.
+pub fn console_args(templates: &Path, libraries: &Path) -> Vec<OsString> {
+    let mut templates_arg = OsString::from("--web.console.templates=");
+    templates_arg.push(templates);
+    let mut libraries_arg = OsString::from("--web.console.libraries=");
+    libraries_arg.push(libraries);
+    vec![templates_arg, libraries_arg]
+}
+
 /// The `name` executable (`prometheus`, `promtool`) on `PATH`, if any.
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
@@ -122,6 +196,41 @@ mod tests {
         ));
         assert!(!text.contains("30301"));
         assert!(render_config(&[]).is_err());
+    }
+
+    #[test]
+    fn every_generated_console_page_is_embedded() {
+        // A dashboard added to dashboards/generate.py writes a page that bmqctl must serve too.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards/consoles");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".html"))
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = CONSOLE_PAGES.iter().map(|(n, _)| n.to_string()).collect();
+        embedded.sort();
+        assert_eq!(on_disk, embedded);
+        let out = tempfile::tempdir().unwrap();
+        write_consoles(out.path()).unwrap();
+        assert!(out.path().join("bmq-cluster.html").is_file());
+    }
+
+    #[test]
+    fn console_libraries_are_found_beside_the_binary() {
+        // An upstream release archive unpacked anywhere: prometheus and console_libraries/.
+        let root = tempfile::tempdir().unwrap();
+        let binary = root.path().join("prometheus");
+        assert_eq!(
+            find_console_libraries(&binary).filter(|d| d.starts_with(root.path())),
+            None
+        );
+        std::fs::create_dir(root.path().join("console_libraries")).unwrap();
+        std::fs::write(root.path().join("console_libraries/prom.lib"), "").unwrap();
+        assert_eq!(
+            find_console_libraries(&binary),
+            Some(root.path().join("console_libraries"))
+        );
     }
 
     #[test]
