@@ -2,8 +2,9 @@
 # Builds the container images of the broker cluster without a container registry:
 #
 #   bmq-broker:local      the `broker` and `bmqctl` binaries that cargo built on this machine
-#   bmq-prometheus:local  Debian's `prometheus` package with docker/prometheus.yml and the alert
-#                         rules of dashboards/prometheus/alerts.yml
+#   bmq-prometheus:local  Debian's `prometheus` package with docker/prometheus.yml, the alert
+#                         rules of dashboards/prometheus/alerts.yml and the console pages of
+#                         dashboards/consoles/
 #
 # Both Dockerfiles start `FROM ${BASE}`. On a machine with a registry the base is the standard
 # `debian:<release>-slim`; with `--local-base` (the default when that image cannot be found
@@ -177,12 +178,14 @@ DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE=$base" -t "$BROKER_IMAGE" \
 
 if [ "$build_prometheus" = 1 ]; then
     log "building $PROMETHEUS_IMAGE"
-    # Its context: the compose cluster's scrape configuration and the project's alert rules.
+    # Its context: the compose cluster's scrape configuration, the project's alert rules and
+    # the dashboards' console pages.
     prom_context="$target_dir/docker-context-prometheus"
     rm -rf "$prom_context"
     mkdir -p "$prom_context"
     cp docker/prometheus.yml "$prom_context/prometheus.yml"
     cp dashboards/prometheus/alerts.yml "$prom_context/alerts.yml"
+    cp -r dashboards/consoles "$prom_context/consoles"
     DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE=$base" -t "$PROMETHEUS_IMAGE" \
         -f docker/prometheus.Dockerfile "$prom_context" >/dev/null
 fi

@@ -4,7 +4,8 @@
 //! run; no Rust build inside a container), brings the 3 brokers and Prometheus up under a
 //! project name and host ports of its own, and then, from the host:
 //!
-//! 1. waits for one leader that every node follows, and for Prometheus to scrape all 3 brokers;
+//! 1. waits for one leader that every node follows, and for Prometheus to scrape all 3 brokers
+//!    and serve every dashboard's console page;
 //! 2. round-trips messages with `bmqctl produce` / `bmqctl consume` through the published ports;
 //! 3. `docker kill`s the leader's container: a new leader at a higher term, every partition with
 //!    a live primary, and messages flow through the two survivors; the container is started
@@ -290,6 +291,20 @@ fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     Ok(body.to_string())
 }
 
+/// Prometheus serves every dashboard's console page from the image's console libraries and the
+/// mounted pages: a template error or a missing library is an HTTP 500, a missing page a 404.
+fn check_console_pages(p: &Project) -> anyhow::Result<()> {
+    let addr = format!("127.0.0.1:{}", p.prometheus_port);
+    for (name, _) in bmqctl::prometheus::CONSOLE_PAGES {
+        let body = http_get(&addr, &format!("/consoles/{name}"))?;
+        ensure!(
+            body.contains("<h1>bmq / "),
+            "/consoles/{name} is not a dashboard page: {body}"
+        );
+    }
+    Ok(())
+}
+
 /// Waits until Prometheus reports the 3 broker targets up and has loaded the rule group.
 async fn wait_for_prometheus(p: &Project) -> anyhow::Result<()> {
     let addr = format!("127.0.0.1:{}", p.prometheus_port);
@@ -380,6 +395,7 @@ async fn scenario(p: &Project, bmqctl: &Path) -> anyhow::Result<()> {
     let docs = wait_for_cluster(p, &NODES, "a leader followed by all 3 nodes", |_| true).await?;
     let (leader, term) = leader_of(&docs);
     wait_for_prometheus(p).await?;
+    check_console_pages(p)?;
 
     // 2. Messages from the host through the published ports.
     round_trip(bmqctl, &all, "bmq://bmq.test/compose-1", 2_000).context("first round trip")?;
