@@ -11,6 +11,7 @@
 pub mod bmqp;
 pub mod history;
 pub mod netns;
+pub mod prometheus;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
