@@ -8,6 +8,8 @@
 # What it provisions (Debian packages, through apt-get; as root, or with sudo):
 # - prometheus + promtool: tests/tests/prometheus.rs runs a real Prometheus server against a
 #   cluster and checks every dashboard panel and alert rule;
+# - chromium-headless-shell: tests/tests/consoles.rs opens the dashboards' console pages, served
+#   by that Prometheus (with the package's console libraries), in a headless browser;
 # - debootstrap, when a Docker engine answers: tests/tests/compose.rs builds its base image
 #   without a registry;
 # - a Python virtual environment with BlazingMQ's SDK (`blazingmq==1.2.2`) and pytest, from
@@ -37,6 +39,8 @@ apt_install() {
 
 missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium-headless-shell >/dev/null 2>&1 || command -v chrome-headless-shell >/dev/null 2>&1 \
+  || missing+=(chromium-headless-shell)
 if [ "$(id -u)" = 0 ]; then
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   command -v iptables >/dev/null 2>&1 || missing+=(iptables)
