@@ -23,7 +23,7 @@ use anyhow::{ensure, Context};
 use bmq_client::OpenOptions;
 use bmq_proto::client::{AckStatus, ConsumerOptions};
 use bmq_tests::prometheus::{http_get, PrometheusServer};
-use bmq_tests::{client_config, open_consumer, open_producer, round_trip, Cluster};
+use bmq_tests::{client_config, open_consumer, open_producer, repo_root, round_trip, Cluster};
 use bmqctl::prometheus::{self, ScrapeTarget, CONSOLE_PAGES};
 use serde_json::Value;
 
@@ -44,13 +44,6 @@ const MIN_DATA_SPAN: Duration = Duration::from_secs(30);
 
 /// A bound on one browser run, in real time.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the repository root")
-        .to_path_buf()
-}
 
 fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")

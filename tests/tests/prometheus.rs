@@ -11,7 +11,7 @@
 //! target is evaluated as Grafana does, as a range query over the whole test (1 s step), and must
 //! return at least one series with at least one finite value.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,7 +22,7 @@ use bmq_proto::client::{
 };
 use bmq_proto::FrameCodec;
 use bmq_tests::prometheus::{http_get, tool, PrometheusServer};
-use bmq_tests::Cluster;
+use bmq_tests::{repo_root, Cluster};
 use bmqctl::prometheus::{self, ScrapeTarget};
 use futures::{SinkExt, StreamExt};
 use serde_json::Value;
@@ -62,13 +62,6 @@ const MUST_BE_POSITIVE: &[(&str, &str)] = &[
     ("bmq-storage", "Outstanding messages"),
     ("bmq-node", "Data link losses"),
 ];
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ lives in the repository root")
-        .to_path_buf()
-}
 
 fn run_promtool(args: &[&std::ffi::OsStr]) -> anyhow::Result<()> {
     let output = Command::new(tool("promtool")?)
