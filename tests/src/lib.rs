@@ -104,6 +104,27 @@ pub fn venv_python(script: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(python.trim()))
 }
 
+/// Runs `cmd` to completion (stdin closed).
+///
+/// Errors: it cannot start, or it exits other than 0 (the error holds its stdout and stderr).
+pub fn run_checked(cmd: &mut Command) -> anyhow::Result<std::process::Output> {
+    use anyhow::Context as _;
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {shown}"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{shown} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
 /// Why a test that needs Docker cannot run here, when no Docker engine answers.
 pub fn docker_unavailable() -> Option<String> {
     match Command::new("docker")

@@ -21,11 +21,12 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context};
 use bmq_proto::admin_doc::NodeStatusDoc;
+use bmq_tests::run_checked as run;
 use bmq_tests::{broker_binary, docker_unavailable, free_ports, repo_root};
 use bmqctl::status::fetch_status;
 
@@ -53,24 +54,6 @@ fn compose_command() -> anyhow::Result<Vec<String>> {
     } else {
         bail!("a Docker engine answers but neither `docker compose` nor `docker-compose` works")
     }
-}
-
-/// Runs a command to completion; an error (with its output) unless it exits 0.
-fn run(cmd: &mut Command) -> anyhow::Result<Output> {
-    let shown = format!("{cmd:?}");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {shown}"))?;
-    if !out.status.success() {
-        bail!(
-            "{shown} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(out)
 }
 
 /// One compose project: its name, host ports and the Compose command; `down -v` on drop.

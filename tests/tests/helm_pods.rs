@@ -31,11 +31,12 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use bmq_proto::admin_doc::NodeStatusDoc;
+use bmq_tests::run_checked as run;
 use bmq_tests::{broker_binary, docker_unavailable, free_ports, repo_root, venv_python};
 use bmqctl::status::fetch_status;
 use rand::Rng;
@@ -50,24 +51,6 @@ const REPLICAS: usize = 3;
 const TLS_SECRET_PREFIX: &str = "bmq-test-certs";
 /// Bound of every wait on the cluster.
 const WAIT: Duration = Duration::from_secs(90);
-
-/// Runs a command to completion; an error (with its output) unless it exits 0.
-fn run(cmd: &mut Command) -> anyhow::Result<Output> {
-    let shown = format!("{cmd:?}");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {shown}"))?;
-    if !out.status.success() {
-        bail!(
-            "{shown} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(out)
-}
 
 fn docker(args: &[&str]) -> anyhow::Result<String> {
     let out = run(Command::new("docker").args(args))?;
