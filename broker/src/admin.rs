@@ -518,20 +518,29 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
             let self_id = NodeId(ctx.config.node_id);
             if let Some(me) = doc.members.iter_mut().find(|d| d.node_id == self_id.0) {
                 if me.role == "learner" {
-                    let (following, partitions) =
+                    let (partitions_following, partitions) =
                         crate::router::journals_following(state, self_id, |p| {
                             local.get(&p).is_some_and(|s| s.gauges.follows_primary)
                         });
-                    me.catch_up = Some(CatchUpDoc {
+                    me.catch_up = Some(catch_up_doc(&LearnerProgress {
                         membership_epoch: m.epoch,
-                        partitions_following: following,
+                        partitions_following,
                         partitions,
-                    });
+                    }));
                 }
             }
             doc
         }),
     })
+}
+
+/// The `/status` form of a learner's catch-up.
+fn catch_up_doc(p: &LearnerProgress) -> CatchUpDoc {
+    CatchUpDoc {
+        membership_epoch: p.membership_epoch,
+        partitions_following: p.partitions_following,
+        partitions: p.partitions,
+    }
 }
 
 /// The `/status` form of a committed membership, with how this node's file differs from it and
@@ -562,11 +571,7 @@ fn membership_doc(
                 catch_up: progress
                     .iter()
                     .find(|(id, _)| *id == m.id)
-                    .map(|(_, p)| CatchUpDoc {
-                        membership_epoch: p.membership_epoch,
-                        partitions_following: p.partitions_following,
-                        partitions: p.partitions,
-                    }),
+                    .map(|(_, p)| catch_up_doc(p)),
             })
             .collect(),
         removed: membership.removed.iter().map(|n| n.0).collect(),

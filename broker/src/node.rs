@@ -485,8 +485,9 @@ fn adopt_members(config: &mut BrokerConfig, membership: &ClusterMembership) {
 /// member takes to be added (a learner is one for a moment; the reports are small).
 const LEARNER_PROGRESS_PERIOD: Duration = Duration::from_millis(50);
 
-/// While this node is a learner of the committed membership, tells every other member how far
-/// it has caught up, every [`LEARNER_PROGRESS_PERIOD`]: the membership epoch it applied (it
+/// While this node is a learner of the committed membership (otherwise it waits for the next
+/// commit), tells every other member how far it has caught up, every
+/// [`LEARNER_PROGRESS_PERIOD`]: the membership epoch it applied (it
 /// holds the ledger up to that commit) and how many partitions' primaries have synchronised
 /// its journal ([`Router::journals_following`]). The active leader promotes it once it follows
 /// every partition (`MetadataConfig::promote_after_journals`); every node shows the report in
@@ -499,26 +500,19 @@ async fn report_learner_progress(router: Arc<Router>, hub: Arc<PeerHub>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = None;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = cluster.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-        }
         let state = cluster.borrow_and_update().clone();
-        let Some(membership) = state.membership.as_ref() else {
+        let membership = state
+            .membership
+            .as_ref()
+            .filter(|m| m.role(self_id) == Some(MemberRole::Learner));
+        let Some(membership) = membership else {
+            // Not a learner: nothing to report until the next commit.
+            last = None;
+            if cluster.changed().await.is_err() {
+                return;
+            }
             continue;
         };
-        let learner = membership
-            .members
-            .get(&self_id)
-            .is_some_and(|m| m.role == MemberRole::Learner);
-        if !learner {
-            last = None;
-            continue;
-        }
         let (following, partitions) = router
             .journals_following(&state, Duration::from_secs(1))
             .await;
@@ -542,6 +536,14 @@ async fn report_learner_progress(router: Arc<Router>, hub: Arc<PeerHub>) {
         };
         for id in membership.members.keys().filter(|id| **id != self_id) {
             hub.send(*id, Channel::Control, message.clone());
+        }
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = cluster.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
         }
     }
 }

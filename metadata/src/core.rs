@@ -889,8 +889,7 @@ impl MetadataCore {
             .committed_state
             .membership
             .as_ref()
-            .and_then(|m| m.members.get(&from))
-            .is_some_and(|m| m.role == MemberRole::Learner);
+            .is_some_and(|m| m.role(from) == Some(MemberRole::Learner));
         if !is_learner {
             self.learner_progress.remove(&from);
             debug!(from = %from, "learner progress of a node that is no learner dropped");
@@ -915,12 +914,7 @@ impl MetadataCore {
         };
         self.learner_progress
             .iter()
-            .filter(|(id, _)| {
-                membership
-                    .members
-                    .get(id)
-                    .is_some_and(|m| m.role == MemberRole::Learner)
-            })
+            .filter(|(id, _)| membership.role(**id) == Some(MemberRole::Learner))
             .map(|(id, p)| (*id, *p))
             .collect()
     }

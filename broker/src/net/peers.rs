@@ -365,6 +365,13 @@ impl PeerHub {
         }
     }
 
+    /// Writes `reply` on a connection about to be refused (within a second; a failure is the
+    /// dialer's to notice), so that the dialer learns why.
+    async fn answer_refused(&self, mut stream: BoxedStream, reply: &PeerMessage) {
+        let mut out = FrameWriter::new(self.config.frame_size_max, WRITE_BATCH_BYTES);
+        let _ = tokio::time::timeout(Duration::from_secs(1), out.send(&mut stream, reply)).await;
+    }
+
     /// Checks, before a node is added, that this node could link to it: its peer port at
     /// `addr` accepts a connection and, with TLS, completes a mutual handshake as this node's
     /// dialer would (its certificate chains to the cluster CA and names `node-<peer>`, and it
@@ -612,10 +619,7 @@ impl PeerHub {
             if let Some(Kind::Hello(h)) = reply.kind.as_mut() {
                 h.membership = None;
             }
-            let mut stream = framed.into_inner().inner;
-            let mut out = FrameWriter::new(self.config.frame_size_max, WRITE_BATCH_BYTES);
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), out.send(&mut stream, &reply)).await;
+            self.answer_refused(framed.into_inner().inner, &reply).await;
             return Err(self.refuse(&remote, &format!("cluster name {:?}", hello.cluster_name)));
         }
         if hello.protocol_version != PROTOCOL_VERSION {
@@ -653,10 +657,7 @@ impl PeerHub {
             // reads that it was removed and exits; a joining node learns the members to dial
             // while it waits to be added (`join`, crate::net::join).
             let reply = self.hello(hello.channel);
-            let mut stream = framed.into_inner().inner;
-            let mut out = FrameWriter::new(self.config.frame_size_max, WRITE_BATCH_BYTES);
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), out.send(&mut stream, &reply)).await;
+            self.answer_refused(framed.into_inner().inner, &reply).await;
             let reason = if removed {
                 format!("node {from} was removed from the cluster")
             } else {
