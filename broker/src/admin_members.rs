@@ -6,8 +6,8 @@
 //!   `promote_after_journals`). The answer waits for the promotion, up to
 //!   `timeout_ms` (default 30000); `wait=learner` answers once the learner is committed.
 //! - `DELETE /admin/members/{id}` removes a member: a voter is first marked leaving (it gives
-//!   up its primaries, which move as after a failure), then removed; a learner is removed at
-//!   once. A leader asked to remove itself cedes first and redirects to the next leader, which
+//!   up its primaries, which move as after a failure), then the active leader removes it
+//!   once it holds none (the answer waits for that); a learner is removed at once. A leader asked to remove itself cedes first and redirects to the next leader, which
 //!   removes it as a follower.
 //!
 //! Both need the admin token, change one member at a time, and answer 409 while another change
@@ -411,7 +411,15 @@ async fn remove(
     if id.0 == ctx.config.node_id {
         return Err(cede_then_redirect(ctx, req, deadline).await);
     }
-    let mut current = current;
+    if role == MemberRole::Learner {
+        let mut next = current.clone();
+        next.epoch += 1;
+        next.members.remove(&id);
+        next.removed.insert(id);
+        change(ctx, &next, deadline).await?;
+        info!(node = %id, epoch = next.epoch, "learner removed");
+        return Ok(removed_answer(id, &next));
+    }
     if role == MemberRole::Voter {
         let mut leaving = current.clone();
         leaving.epoch += 1;
@@ -420,44 +428,39 @@ async fn remove(
         }
         change(ctx, &leaving, deadline).await?;
         info!(node = %id, epoch = leaving.epoch, "member leaving: its primaries move");
-        // Its primaries move (the health actor gives none to a leaving member).
-        loop {
-            let snapshot = ctx
-                .metadata
-                .send(GetMetadataStatus)
-                .await
-                .map_err(|_| Refusal::Unavailable("metadata actor unavailable".into()))?;
-            let holds = snapshot
-                .state
-                .partitions
-                .values()
-                .filter(|p| p.primary == Some(id))
-                .count();
-            if holds == 0 {
-                break;
-            }
-            if Instant::now() >= deadline {
-                return Err(Refusal::Unavailable(format!(
-                    "node {id} is leaving (epoch {}) but is still primary of {holds} \
-                     partitions; retry the removal",
-                    leaving.epoch
-                )));
-            }
-            tokio::time::sleep(POLL).await;
-        }
-        current = leaving;
     }
-    let mut next = current.clone();
-    next.epoch += 1;
-    next.members.remove(&id);
-    next.removed.insert(id);
-    change(ctx, &next, deadline).await?;
-    info!(node = %id, epoch = next.epoch, "member removed");
-    Ok(format!(
+    // Its primaries move (the health actor gives none to a leaving member), then the active
+    // leader removes it (`MetadataConfig::promote_learners`): whichever leader is active
+    // then, so a removal whose request died with its leader is finished all the same.
+    match wait_for(ctx, deadline, |m| m.removed.contains(&id)).await {
+        Ok(next) => {
+            info!(node = %id, epoch = next.epoch, "member removed");
+            Ok(removed_answer(id, &next))
+        }
+        Err(()) => {
+            let holds = match ctx.metadata.send(GetMetadataStatus).await {
+                Ok(snapshot) => snapshot
+                    .state
+                    .partitions
+                    .values()
+                    .filter(|p| p.primary == Some(id))
+                    .count(),
+                Err(_) => 0,
+            };
+            Err(Refusal::Unavailable(format!(
+                "node {id} is leaving but not removed yet (still primary of {holds} \
+                 partitions); the leader removes it once they moved: check bmqctl status"
+            )))
+        }
+    }
+}
+
+fn removed_answer(id: NodeId, next: &ClusterMembership) -> String {
+    format!(
         "node {id} removed (membership epoch {}, voters {})\n",
         next.epoch,
-        join_ids(&next)
-    ))
+        join_ids(next)
+    )
 }
 
 /// The leader asked to remove itself cedes leadership and sends the request on to the next

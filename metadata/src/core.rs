@@ -103,7 +103,9 @@ pub struct MetadataConfig {
     /// that made it a learner (it then holds the ledger up to that commit) and, with
     /// `promote_after_journals`, follows every partition's primary, one at a time, while
     /// the voters stay within [`crate::MAX_VOTERS`] (etcd's `member promote`, with no operator
-    /// step). `false` leaves learners as they are (tests).
+    /// step); and it removes a leaving member once that member is primary of no partition
+    /// (the second half of a voter's removal, finished by whichever leader is active).
+    /// `false` leaves learners and leaving members as they are (tests).
     pub promote_learners: bool,
     /// The promotion also waits for the learner's journals: its latest [`LearnerProgress`]
     /// (`peer::LearnerProgress`, which a broker's learner sends its peers while it catches up)
@@ -346,6 +348,8 @@ pub struct MetadataCounters {
     pub nested_batches: u64,
     /// Learners this node promoted to voter as active leader.
     pub learners_promoted: u64,
+    /// Leaving members this node removed as active leader once their primaries moved.
+    pub leaving_removed: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -1569,6 +1573,7 @@ impl MetadataCore {
         *epoch = (*epoch).max(ack.membership_epoch);
         self.try_commit(now);
         self.promote_caught_up_learner(now);
+        self.remove_leaving_member(now);
     }
 
     /// On the active leader, with no change in flight: proposes the promotion of the first
@@ -1619,6 +1624,53 @@ impl MetadataCore {
                 self.append_own(now, advisory);
             }
             Err(error) => error!(node = %id, %error, "learner promotion does not apply"),
+        }
+    }
+
+    /// On the active leader, with no change in flight: proposes the removal of the first
+    /// leaving member (by id) that is primary of no partition any more (its primaries moved,
+    /// DESIGN.md §5a), unless it is this node. The second half of a voter's removal is the
+    /// leader's, not the request's that marked it leaving: a request lost with a failed leader
+    /// would leave the member leaving for ever, so the next leader finishes the change. Runs
+    /// with [`MetadataConfig::promote_learners`] (the leader completes changes on its own).
+    fn remove_leaving_member(&mut self, now: Instant) {
+        if !self.config.promote_learners || self.role != MetadataRole::ActiveLeader {
+            return;
+        }
+        let Some(membership) = self.committed_state.membership.clone() else {
+            return;
+        };
+        if self.check_membership_change().is_err()
+            || self.pending.len() >= self.config.uncommitted_max
+        {
+            return;
+        }
+        let holds_primary = |id: NodeId| {
+            self.committed_state
+                .partitions
+                .values()
+                .any(|p| p.primary == Some(id))
+        };
+        let Some(id) = membership
+            .members
+            .values()
+            .find(|m| m.role == MemberRole::Leaving && m.id != self.self_id && !holds_primary(m.id))
+            .map(|m| m.id)
+        else {
+            return;
+        };
+        let mut next = (*membership).clone();
+        next.epoch += 1;
+        next.members.remove(&id);
+        next.removed.insert(id);
+        let advisory = next.to_advisory();
+        match self.tip_state.apply(&advisory) {
+            Ok(()) => {
+                self.counters.leaving_removed += 1;
+                info!(node = %id, epoch = next.epoch, "leaving member holds no primary: removing it");
+                self.append_own(now, advisory);
+            }
+            Err(error) => error!(node = %id, %error, "removal of a leaving member does not apply"),
         }
     }
 

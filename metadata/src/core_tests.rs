@@ -2124,3 +2124,47 @@ fn the_next_change_waits_until_every_partition_healed_under_the_current_voters()
         voters(&[1, 2, 4])
     );
 }
+
+#[test]
+fn the_active_leader_removes_a_leaving_member_once_its_primaries_moved() {
+    // Scenario: node 1 marks node 3, primary of partition 0, leaving, and fails before the
+    // removal (the request that marked it died with it). The next leader, node 2, keeps node
+    // 3 while it is still primary, and removes it on its own once partition 0 moved.
+    let mut h = membership_harness_with(true);
+    h.elect(1, 1);
+    let now = h.now;
+    let lease = |primary: u32, lease: u64, replicas: &[u32]| {
+        let mut a = primaries(&[(0, Some(primary), lease)]);
+        if let Some(peer::advisory::Kind::PartitionPrimary(p)) = a.kind.as_mut() {
+            p.partitions[0].replicas = replicas.to_vec();
+        }
+        a
+    };
+    h.node(1).propose(now, lease(3, 1, &[1, 2, 3])).unwrap();
+    h.run();
+    let leaving = changed(h.node(1), |m| {
+        m.members.get_mut(&n(3)).unwrap().role = MemberRole::Leaving;
+    });
+    h.node(1).propose(now, leaving).unwrap();
+    h.run();
+    h.advance(Duration::from_secs(1));
+    h.elect(2, 2);
+    h.advance(Duration::from_secs(1));
+    let m = h.state(2).membership.clone().unwrap();
+    assert_eq!(m.role(n(3)), Some(MemberRole::Leaving), "still primary");
+    assert_eq!(h.node(2).counters().leaving_removed, 0);
+    let now = h.now;
+    // The next lease, as the health actor gives it: another primary, and the partition
+    // voters, which a leaving member is no longer among.
+    h.node(2).propose(now, lease(2, 2, &[1, 2])).unwrap();
+    h.run();
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.node(2).counters().leaving_removed, 1);
+    assert_eq!(h.node(1).counters().leaving_removed, 0);
+    for id in 1..=2 {
+        let state = h.state(id);
+        let m = state.membership.as_ref().unwrap();
+        assert!(m.removed.contains(&n(3)), "node {id}: {m:?}");
+        assert_eq!(m.voters(), voters(&[1, 2]), "node {id}");
+    }
+}
