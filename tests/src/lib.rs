@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bmq_config::{local_cluster, BrokerConfig};
+use bmq_config::{local_cluster, BrokerConfig, MEMBERS_MAX};
 use bmq_proto::admin_doc::NodeStatusDoc;
 use bmqctl::status::fetch_status;
 
@@ -262,13 +262,25 @@ pub struct Cluster {
 
 impl Cluster {
     /// Writes configurations for `n` nodes on free ports (not started yet). `edit` may adjust
-    /// each node's configuration before it is written.
+    /// each node's configuration before it is written. Nodes beyond the most members a file
+    /// may list ([`MEMBERS_MAX`]) list themselves alone: nodes to join the running cluster.
     pub fn configure(n: usize, edit: impl Fn(&mut BrokerConfig)) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("bmq-cluster-").tempdir()?;
-        let mut configs = local_cluster(n, 30100, dir.path())?;
+        let listed = n.min(MEMBERS_MAX);
+        let mut configs = local_cluster(listed, 30100, dir.path())?;
+        for id in listed as u32 + 1..=n as u32 {
+            let mut config = configs[0].clone();
+            let mut own = config.members[0].clone();
+            own.id = id;
+            config.node_id = id;
+            config.members = vec![own];
+            config.data_dir = dir.path().join(format!("node-{id}"));
+            configs.push(config);
+        }
         let ports = free_ports(4 * n);
         for config in configs.iter_mut() {
-            for (i, m) in config.members.iter_mut().enumerate() {
+            for m in config.members.iter_mut() {
+                let i = (m.id - 1) as usize;
                 m.client_port = ports[4 * i];
                 m.peer_port = ports[4 * i + 1];
                 m.admin_port = ports[4 * i + 2];

@@ -721,15 +721,37 @@ pub struct NetCluster {
     pub cluster: Cluster,
     /// The namespaces and the faults.
     pub net: Network,
+    /// The committed members as last settled ([`NetCluster::settle_membership`]): the seeded
+    /// nodes at first, in id order.
+    members: Vec<u32>,
+    /// Ids that left for ever: removed members, and joiners whose add was never committed
+    /// (an id is never used twice).
+    retired: BTreeSet<u32>,
 }
 
 impl NetCluster {
     /// Creates the network and starts `n` brokers in it; `edit` may adjust each node's
     /// configuration first.
     pub fn start(n: usize, edit: impl Fn(&mut BrokerConfig)) -> anyhow::Result<NetCluster> {
-        let net = Network::create(n)?;
-        let hosts: Vec<String> = (1..=n as u32).map(|i| net.node_ip(i).to_string()).collect();
-        let mut cluster = Cluster::configure(n, |config| {
+        NetCluster::start_with_spares(n, 0, edit)
+    }
+
+    /// [`NetCluster::start`] with `spares` more namespaces and configured nodes (ids `n + 1 ..=
+    /// n + spares`) that are not started: the files of the `n` seeded nodes list only those,
+    /// and a spare joins the running cluster through [`NetCluster::start_joiner`] and an add
+    /// (DESIGN.md §5a).
+    pub fn start_with_spares(
+        n: usize,
+        spares: usize,
+        edit: impl Fn(&mut BrokerConfig),
+    ) -> anyhow::Result<NetCluster> {
+        let total = n + spares;
+        let net = Network::create(total)?;
+        let hosts: Vec<String> = (1..=total as u32)
+            .map(|i| net.node_ip(i).to_string())
+            .collect();
+        let seeded = n as u32;
+        let mut cluster = Cluster::configure(total, |config| {
             for m in config.members.iter_mut() {
                 m.host = hosts[(m.id - 1) as usize].clone();
                 m.client_port = CLIENT_PORT;
@@ -738,21 +760,165 @@ impl NetCluster {
             }
             // The harness reads /status from each namespace's address, not its loopback.
             config.admin.listen_host = Some(hosts[(config.node_id - 1) as usize].clone());
+            if config.node_id <= seeded {
+                config.members.retain(|m| m.id <= seeded);
+            } else {
+                let own = config.node_id;
+                config.members.retain(|m| m.id == own);
+            }
             edit(config);
         })?;
         for node in cluster.nodes.iter_mut() {
             node.launch_prefix = net.launch_prefix(node.id);
         }
-        let mut this = NetCluster { cluster, net };
-        for id in 1..=n as u32 {
+        let mut this = NetCluster {
+            cluster,
+            net,
+            members: (1..=seeded).collect(),
+            retired: BTreeSet::new(),
+        };
+        for id in 1..=seeded {
             this.cluster.start_node(id)?;
         }
         Ok(this)
     }
 
-    /// Node ids, 1..=n.
+    /// The members' ids (the seeded nodes until a change is settled), in id order.
     pub fn ids(&self) -> Vec<u32> {
+        self.members.clone()
+    }
+
+    /// Every configured id, members, spares and retired ones: `1..=n + spares`.
+    pub fn all_ids(&self) -> Vec<u32> {
         (1..=self.cluster.nodes.len() as u32).collect()
+    }
+
+    /// Spare ids that are neither members nor retired, in id order (the next joiners).
+    pub fn spares(&self) -> Vec<u32> {
+        self.all_ids()
+            .into_iter()
+            .filter(|id| !self.members.contains(id) && !self.retired.contains(id))
+            .collect()
+    }
+
+    /// Starts spare `id` as a joining node: its file lists itself alone and `join` names the
+    /// peer addresses of the current members, so at its first start it learns the committed
+    /// membership from them; waits (up to 20 s) until its admin port answers. The add itself
+    /// is the caller's ([`NetCluster::add_path`]).
+    ///
+    /// Errors: `id` is not a spare, the file cannot be written, the process does not start.
+    pub async fn start_joiner(&mut self, id: u32) -> anyhow::Result<()> {
+        anyhow::ensure!(self.spares().contains(&id), "n{id} is no spare");
+        let join: Vec<String> = self
+            .members
+            .iter()
+            .map(|&m| format!("{}:{PEER_PORT}", self.net.node_ip(m)))
+            .collect();
+        let node = &mut self.cluster.nodes[(id - 1) as usize];
+        node.config.join = join;
+        std::fs::write(&node.config_path, node.config.to_toml_string())?;
+        if !node.is_running() {
+            self.cluster.start_node(id)?;
+        }
+        let admin = self.cluster.node(id).admin_addr();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while bmqctl::http::get(&admin, "/healthz").await.is_err() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "joiner n{id} did not answer on {admin}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// The admin path of `POST /admin/members` that adds node `id` with its configured
+    /// addresses (the request waits up to 30 s for the change).
+    pub fn add_path(&self, id: u32) -> String {
+        let m = self.cluster.node(id).config.self_member().clone();
+        let mut path = format!(
+            "/admin/members?id={id}&host={}&client_port={}&peer_port={}&admin_port={}&timeout_ms=30000",
+            m.host, m.client_port, m.peer_port, m.admin_port
+        );
+        if let Some(p) = m.bmqp_port {
+            path.push_str(&format!("&bmqp_port={p}"));
+        }
+        path
+    }
+
+    /// The admin path of `DELETE /admin/members/{id}` (waits up to 30 s for the change).
+    pub fn remove_path(id: u32) -> String {
+        format!("/admin/members/{id}?timeout_ms=30000")
+    }
+
+    /// Learns what a change left behind, whatever happened to its request: waits (up to
+    /// `timeout`) for an active leader whose metadata has nothing uncommitted, takes its
+    /// committed membership as the members, then stops every joiner the membership does not
+    /// hold (retired: its add was lost with a failed leader) and waits for every removed
+    /// member to exit by itself (it must, DESIGN.md §5a). Returns a line telling what it
+    /// found, for the fault log.
+    ///
+    /// Errors: no settled leader within `timeout`, or a removed member still running after it.
+    pub async fn settle_membership(&mut self, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        let running: Vec<u32> = self
+            .all_ids()
+            .into_iter()
+            .filter(|&id| self.cluster.node(id).is_running())
+            .collect();
+        let membership = loop {
+            let mut best: Option<(u64, bmq_proto::admin_doc::MembershipDoc)> = None;
+            for (_, s) in self.statuses_of(&running).await {
+                let Ok(s) = s else { continue };
+                if s.metadata.role != "active_leader" || s.metadata.uncommitted != 0 {
+                    continue;
+                }
+                if let Some(m) = s.membership {
+                    if best.as_ref().is_none_or(|(t, _)| s.elector.term > *t) {
+                        best = Some((s.elector.term, m));
+                    }
+                }
+            }
+            if let Some((_, m)) = best {
+                break m;
+            }
+            if Instant::now() > deadline {
+                bail!("no active leader with its ledger committed within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let before = std::mem::replace(
+            &mut self.members,
+            membership.members.iter().map(|m| m.node_id).collect(),
+        );
+        let mut told = format!(
+            "membership epoch {}: members {:?} (roles {:?}), before {before:?}",
+            membership.epoch,
+            self.members,
+            membership
+                .members
+                .iter()
+                .map(|m| m.role.as_str())
+                .collect::<Vec<_>>()
+        );
+        for id in running {
+            if self.members.contains(&id) {
+                continue;
+            }
+            self.retired.insert(id);
+            if before.contains(&id) || membership.removed.contains(&id) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let exited = self
+                    .cluster
+                    .wait_for_exit(id, left.max(Duration::from_secs(5)))?;
+                anyhow::ensure!(exited.is_some(), "removed n{id} is still running");
+                let _ = write!(told, "; removed n{id} exited");
+            } else {
+                self.cluster.kill_node(id)?;
+                let _ = write!(told, "; joiner n{id} never added: stopped, retired");
+            }
+        }
+        Ok(told)
     }
 
     /// Client addresses of every node, in id order.
@@ -825,18 +991,17 @@ impl NetCluster {
         }
     }
 
-    /// Waits until every running node agrees on one active leader and term, and all report the
+    /// Waits until every running member agrees on one active leader and term, and all report the
     /// same committed and last LSN (the last one is the leader's commit record), no uncommitted
     /// advisory, and the same partitions (primary, lease, status) and queue assignments. Returns `(leader, term, committed_lsn)`; the error
     /// describes the last disagreement seen.
     pub async fn wait_converged(&self, timeout: Duration) -> anyhow::Result<(u32, u64, String)> {
         let deadline = Instant::now() + timeout;
         let running: Vec<u32> = self
-            .cluster
-            .nodes
+            .members
             .iter()
-            .filter(|n| n.is_running())
-            .map(|n| n.id)
+            .copied()
+            .filter(|&id| self.cluster.node(id).is_running())
             .collect();
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());

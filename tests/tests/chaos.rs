@@ -48,7 +48,13 @@ struct Ctx {
 impl Ctx {
     /// Starts `n` nodes in their namespaces and the leader poller; waits for a leader.
     async fn start(name: &str, n: usize) -> anyhow::Result<Ctx> {
-        let nc = NetCluster::start(n, |_| {})?;
+        Ctx::start_with_spares(name, n, 0).await
+    }
+
+    /// [`Ctx::start`] with `spares` more nodes configured but not started, to join the
+    /// cluster at run time ([`NetCluster::start_with_spares`]); the poller watches them too.
+    async fn start_with_spares(name: &str, n: usize, spares: usize) -> anyhow::Result<Ctx> {
+        let nc = NetCluster::start_with_spares(n, spares, |_| {})?;
         let recorder = Recorder::new();
         let poller = LeaderPoller::start(nc.admin_addrs(), recorder.clone());
         let mut ctx = Ctx {
@@ -73,8 +79,9 @@ impl Ctx {
         };
         ctx.leader = leader;
         ctx.term = term;
-        ctx.recorder
-            .fault(format!("started {n} nodes: leader n{leader} term {term}"));
+        ctx.recorder.fault(format!(
+            "started {n} nodes ({spares} spares): leader n{leader} term {term}"
+        ));
         Ok(ctx)
     }
 
@@ -194,7 +201,8 @@ impl Ctx {
     }
 
     /// Starts the recorded workload on `queues` (two producers and one consumer per queue),
-    /// its clients attached to every node except `avoid`.
+    /// its clients attached to every configured node except `avoid` (spares too: a client
+    /// fails over along its list, and a spare serves once it has joined).
     async fn start_workload(&mut self, queues: Vec<String>, avoid: &[u32]) -> anyhow::Result<()> {
         self.start_workload_holding(queues, avoid, 0).await
     }
@@ -209,7 +217,7 @@ impl Ctx {
     ) -> anyhow::Result<()> {
         let brokers = self
             .nc
-            .ids()
+            .all_ids()
             .into_iter()
             .filter(|id| !avoid.contains(id))
             .map(|id| self.nc.cluster.node(id).client_addr())
@@ -313,6 +321,55 @@ impl Ctx {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Sends a membership change (`method path`, e.g. [`NetCluster::add_path`]) to node
+    /// `via`'s admin port; the answer or the error, as one line.
+    async fn change(&self, via: u32, method: &str, path: &str) -> String {
+        let addr = self.nc.cluster.node(via).admin_addr();
+        answer_line(&bmqctl::http::request(&addr, method, path, None).await)
+    }
+
+    /// Settles the membership ([`NetCluster::settle_membership`]), requires `expected` as
+    /// its members, waits (up to 30 s) until every member reports them all as voters (a
+    /// learner is promoted once it caught up), and requires convergence.
+    async fn settled_with(&mut self, expected: &[u32]) -> anyhow::Result<()> {
+        let found = self.nc.settle_membership(CONVERGE_BOUND).await?;
+        self.recorder.fault(found);
+        ensure!(
+            self.nc.ids() == expected,
+            "members {:?}, expected {expected:?}",
+            self.nc.ids()
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let statuses = self.nc.statuses_of(expected).await;
+            let all_voters = statuses.iter().all(|(_, s)| {
+                s.as_ref()
+                    .ok()
+                    .and_then(|s| s.membership.as_ref())
+                    .is_some_and(|m| {
+                        m.members.len() == expected.len()
+                            && m.members
+                                .iter()
+                                .all(|m| m.role == "voter" && expected.contains(&m.node_id))
+                    })
+            });
+            if all_voters {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "members {expected:?} not all voters everywhere within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (leader, term, lsn) = self.nc.wait_converged(CONVERGE_BOUND).await?;
+        (self.leader, self.term) = (leader, term);
+        self.recorder.fault(format!(
+            "voters {expected:?} everywhere; converged: leader n{leader} term {term} LSN {lsn}"
+        ));
+        Ok(())
     }
 
     /// Heals, requires convergence, drains the workload, and checks the history and the
@@ -896,8 +953,200 @@ async fn rolling_restart_holding_unconfirmed() {
     });
 }
 
+/// An admin answer or its error, as one line for the fault log.
+fn answer_line(answer: &anyhow::Result<String>) -> String {
+    match answer {
+        Ok(text) => text.trim().replace('\n', " "),
+        Err(e) => format!("error: {e:#}"),
+    }
+}
+
+/// Spare nodes of the soak: ids never reused, so this bounds the adds of one run (a round
+/// finding none left removes a member, or changes nothing at three members).
+const SOAK_SPARES: usize = 4;
+
+/// Most members the soak grows to (the supported maximum of voters is 7).
+const SOAK_MAX_MEMBERS: usize = 6;
+
+/// One membership change of the soak (DESIGN.md §5a), with a fault in its middle or none:
+/// adds the next spare (started with `join`, added through a random member) or removes a
+/// random member (the leader too), keeping at least three; then SIGKILLs the leader, or
+/// another member, or the joiner during its catch-up, 0-300 ms into the change. The request
+/// may fail with the fault; what was committed is learned afterwards
+/// ([`NetCluster::settle_membership`]). Returns the joiner, to be restarted if killed.
+async fn change_membership(
+    ctx: &mut Ctx,
+    rng: &mut rand_chacha::ChaCha8Rng,
+    leader: u32,
+) -> anyhow::Result<Option<u32>> {
+    let members = ctx.nc.ids();
+    let spares = ctx.nc.spares();
+    let remove = members.len() > 3
+        && (spares.is_empty() || members.len() >= SOAK_MAX_MEMBERS || rng.gen_bool(0.5));
+    if !remove && spares.is_empty() {
+        ctx.recorder
+            .fault("membership: no spare left and three members: no change");
+        return Ok(None);
+    }
+    let via = members[rng.gen_range(0..members.len())];
+    let (method, path, what, changed) = if remove {
+        let id = members[rng.gen_range(0..members.len())];
+        (
+            "DELETE",
+            NetCluster::remove_path(id),
+            format!("remove n{id}"),
+            id,
+        )
+    } else {
+        let id = spares[0];
+        ctx.nc.start_joiner(id).await?;
+        ("POST", ctx.nc.add_path(id), format!("add n{id}"), id)
+    };
+    let addr = ctx.nc.cluster.node(via).admin_addr();
+    ctx.recorder
+        .fault(format!("membership: {what} through n{via}"));
+    let request =
+        tokio::spawn(async move { bmqctl::http::request(&addr, method, &path, None).await });
+    let fault = rng.gen_range(0..4);
+    tokio::time::sleep(Duration::from_millis(rng.gen_range(0..300))).await;
+    let killed = match fault {
+        1 => Some(leader),
+        2 => members
+            .iter()
+            .copied()
+            .find(|&m| m != leader && m != changed && m != via),
+        3 if !remove => Some(changed),
+        _ => None,
+    };
+    if let Some(id) = killed {
+        if ctx.nc.cluster.node(id).is_running() {
+            ctx.nc.cluster.kill_node(id)?;
+            ctx.recorder
+                .fault(format!("membership: SIGKILL n{id} during {what}"));
+        }
+    }
+    let answer = request.await.context("the change's request task")?;
+    ctx.recorder.fault(format!(
+        "membership: {what} answered {}",
+        answer_line(&answer)
+    ));
+    Ok((!remove).then_some(changed))
+}
+
+/// Membership changes with faults in their middle (DESIGN.md §5a), on three seeded nodes and
+/// two spares, under the recorded workload (its clients know the spares' addresses too): node
+/// 4 joins with 20% packet loss on it during its catch-up; the leader is removed while a
+/// follower is SIGKILLed in the middle of the change; node 5 joins and the leader is
+/// SIGKILLed right after the add is sent. After each step the committed membership is
+/// settled (a lost add is sent again to the new leader), the removed node must exit by
+/// itself, and everything converges; at the end no ACKed message is lost, per-producer order
+/// holds and one leader led each term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_with_faults_in_their_middle() {
+    let name = "membership_changes_with_faults_in_their_middle";
+    if !chaos_enabled(name) {
+        return;
+    }
+    let _serial = SERIAL.lock().await;
+    let mut ctx = match Ctx::start_with_spares(name, 3, 2).await {
+        Ok(ctx) => ctx,
+        Err(e) => panic!("scenario {name} could not start: {e:#}"),
+    };
+    let result: anyhow::Result<()> = async {
+        let queues = ctx.pick_queues(&[], None, 3).await?;
+        ctx.start_workload(queues, &[]).await?;
+        ctx.wait_progress(50, Duration::from_secs(20)).await?;
+
+        // 1: node 4 joins through a lossy link.
+        ctx.nc.start_joiner(4).await?;
+        ctx.nc.net.set_loss(4, 20.0)?;
+        ctx.recorder.fault("loss 20% on joiner n4");
+        let answer = ctx.change(ctx.leader, "POST", &ctx.nc.add_path(4)).await;
+        ctx.nc.net.heal()?;
+        ctx.recorder.fault(format!("add n4 answered {answer}"));
+        ctx.settled_with(&[1, 2, 3, 4]).await?;
+        ctx.wait_progress(50, Duration::from_secs(20)).await?;
+
+        // 2: the leader is removed; a follower dies in the middle of it.
+        let (leader, _) = ctx
+            .nc
+            .wait_for_leader_among(&ctx.nc.ids(), LEADER_BOUND)
+            .await?;
+        let follower = ctx.nc.ids().into_iter().find(|&m| m != leader).unwrap_or(4);
+        let addr = ctx.nc.cluster.node(follower).admin_addr();
+        let path = NetCluster::remove_path(leader);
+        let request =
+            tokio::spawn(async move { bmqctl::http::request(&addr, "DELETE", &path, None).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let victim = ctx
+            .nc
+            .ids()
+            .into_iter()
+            .find(|&m| m != leader && m != follower)
+            .context("a third member")?;
+        ctx.nc.cluster.kill_node(victim)?;
+        ctx.recorder.fault(format!(
+            "remove leader n{leader} through n{follower}; SIGKILL n{victim} 100 ms in"
+        ));
+        let answer = request.await?;
+        ctx.recorder.fault(format!(
+            "remove n{leader} answered {}",
+            answer_line(&answer)
+        ));
+        ctx.nc.cluster.start_node(victim)?;
+        let expected: Vec<u32> = [1, 2, 3, 4].into_iter().filter(|&m| m != leader).collect();
+        ctx.settled_with(&expected).await?;
+        ctx.wait_progress(50, Duration::from_secs(20)).await?;
+
+        // 3: node 5 joins; the leader dies right after the add is sent.
+        let (leader, _) = ctx
+            .nc
+            .wait_for_leader_among(&ctx.nc.ids(), LEADER_BOUND)
+            .await?;
+        ctx.nc.start_joiner(5).await?;
+        let addr = ctx.nc.cluster.node(leader).admin_addr();
+        let path = ctx.nc.add_path(5);
+        let request =
+            tokio::spawn(async move { bmqctl::http::request(&addr, "POST", &path, None).await });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        ctx.nc.cluster.kill_node(leader)?;
+        ctx.recorder.fault(format!(
+            "add n5 through leader n{leader}; SIGKILL it 30 ms in"
+        ));
+        let answer = request.await?;
+        ctx.recorder
+            .fault(format!("add n5 answered {}", answer_line(&answer)));
+        ctx.nc.cluster.start_node(leader)?;
+        // The add may have died with the leader: then it is sent again, to the new one.
+        let (new_leader, _) = ctx
+            .nc
+            .wait_for_leader_among(&expected, LEADER_BOUND)
+            .await?;
+        let s = ctx.nc.statuses_of(&[new_leader]).await;
+        let holds_5 = s[0]
+            .1
+            .as_ref()
+            .ok()
+            .and_then(|s| s.membership.as_ref())
+            .is_some_and(|m| m.members.iter().any(|m| m.node_id == 5));
+        if !holds_5 {
+            let answer = ctx.change(new_leader, "POST", &ctx.nc.add_path(5)).await;
+            ctx.recorder
+                .fault(format!("add n5 again through n{new_leader}: {answer}"));
+        }
+        let mut expected = expected;
+        expected.push(5);
+        ctx.settled_with(&expected).await?;
+        ctx.wait_progress(50, Duration::from_secs(20)).await
+    }
+    .await;
+    ctx.finish(result).await;
+}
+
 /// Randomized fault schedule for `BMQ_CHAOS_SECONDS` (default 60) with `BMQ_CHAOS_SEED`
-/// (default random, printed) on `BMQ_CHAOS_NODES` nodes (default 5); writes the report to
+/// (default random, printed) on `BMQ_CHAOS_NODES` nodes (default 5) with [`SOAK_SPARES`]
+/// spares, `BMQ_CHAOS_MEMBERSHIP_PERCENT` (default 10) of the rounds membership changes
+/// ([`change_membership`]), the others faults; writes the report to
 /// `BMQ_CHAOS_REPORT` (default `chaos-report-<seed>.json` in the temp dir) as JSON and next to
 /// it as text. Run through `scripts/chaos-soak.sh`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -913,6 +1162,9 @@ async fn soak() {
     let nodes: usize = env("BMQ_CHAOS_NODES")
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
+    let membership_share: u32 = env("BMQ_CHAOS_MEMBERSHIP_PERCENT")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
     let report_path = env("BMQ_CHAOS_REPORT")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join(format!("chaos-report-{seed}.json")));
@@ -929,7 +1181,9 @@ async fn soak() {
         std::fs::create_dir_all(dir).expect("create the report's directory");
     }
     let _serial = SERIAL.lock().await;
-    let mut ctx = Ctx::start("soak", nodes).await.expect("start soak cluster");
+    let mut ctx = Ctx::start_with_spares("soak", nodes, SOAK_SPARES)
+        .await
+        .expect("start soak cluster");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let result: anyhow::Result<()> = async {
         if !netem_available() {
@@ -940,10 +1194,13 @@ async fn soak() {
         let queues = ctx.pick_queues(&[], None, 3).await?;
         ctx.start_workload(queues, &[]).await?;
         let end = Instant::now() + Duration::from_secs(seconds);
-        let ids = ctx.nc.ids();
         let mut round = 0u64;
         while Instant::now() < end {
             round += 1;
+            // The members change with the membership rounds.
+            let ids = ctx.nc.ids();
+            let mut joiner = None;
+            let mut changed = false;
             let victim = ids[rng.gen_range(0..ids.len())];
             let other = loop {
                 let o = ids[rng.gen_range(0..ids.len())];
@@ -954,7 +1211,16 @@ async fn soak() {
             let hold = Duration::from_millis(rng.gen_range(500..5000));
             let current = ctx.nc.wait_for_leader_among(&ids, LEADER_BOUND).await.ok();
             let leader = current.map(|(l, _)| l).unwrap_or(victim);
-            match rng.gen_range(0..9) {
+            let membership_round = rng.gen_range(0..100) < membership_share;
+            match if membership_round {
+                9
+            } else {
+                rng.gen_range(0..9)
+            } {
+                9 => {
+                    joiner = change_membership(&mut ctx, &mut rng, leader).await?;
+                    changed = true;
+                }
                 0 => {
                     ctx.nc.net.isolate(victim)?;
                     ctx.recorder
@@ -1014,7 +1280,9 @@ async fn soak() {
             }
             ctx.hold(hold).await;
             ctx.nc.net.heal()?;
-            for id in ids.iter().copied() {
+            // A member removed while it was down is restarted too: it must learn it was
+            // removed and exit ([`NetCluster::settle_membership`] checks).
+            for id in ids.iter().copied().chain(joiner) {
                 if ctx.nc.cluster.node(id).is_running() {
                     ctx.nc.cluster.signal_node(id, libc::SIGCONT)?;
                 } else {
@@ -1022,6 +1290,17 @@ async fn soak() {
                 }
             }
             ctx.recorder.fault("heal, resume and restart everything");
+            if changed {
+                match ctx.nc.settle_membership(CONVERGE_BOUND).await {
+                    Ok(found) => ctx.recorder.fault(found),
+                    Err(e) => {
+                        ctx.recorder.fault(format!("MEMBERSHIP NOT SETTLED: {e:#}"));
+                        ctx.violations.push(Violation::NotConverged {
+                            detail: format!("membership after round {round}: {e:#}"),
+                        });
+                    }
+                }
+            }
             if let Err(e) = ctx.nc.wait_converged(CONVERGE_BOUND).await {
                 ctx.recorder.fault(format!("NOT CONVERGED: {e:#}"));
                 ctx.violations.push(Violation::NotConverged {
