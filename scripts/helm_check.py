@@ -27,8 +27,13 @@ library; kubernetes-validate: the Kubernetes API schemas). What it checks:
    the Services, TLS files from the pod's own Secret, the tokens. With --out DIR the files are
    kept as DIR/<scenario>/node-<id>.toml (tests/tests/helm.rs loads them with the broker's own
    configuration parser).
+   Pods from ordinal cluster.initialMembers up list only themselves, with `join` naming the
+   initial members' peer addresses.
 5. Values that cannot work are refused at render time (replicas 0 and 8, a grace period not
-   above the graceful stop timeout, cert-manager without TLS).
+   above the graceful stop timeout, cert-manager without TLS, cluster.initialMembers 0, 8,
+   not a whole number, or above replicas at install).
+6. A scale-up with cluster.initialMembers at the installed size renders the running pods'
+   ConfigMap and pod template unchanged: the StatefulSet rolls none of them.
 
 Prints one line per scenario and exits 1 with every failure listed when anything is wrong.
 """
@@ -82,6 +87,13 @@ def scenarios() -> dict[str, dict]:
         "monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
         "broker": {"extraConfig": "[storage]\ncache_mb = 16\n"},
     }
+    # Grown from 3 initial members to 5: pods 3 and 4 join.
+    out["n5-initial3-tls-auth"] = {
+        "replicas": 5,
+        "cluster": {"initialMembers": 3},
+        "tls": {"enabled": True, "certManager": {"enabled": True}},
+        "auth": {"enabled": True, "adminToken": ADMIN_TOKEN, "tokens": TOKENS},
+    }
     out["n5-servicemonitor-existing-secrets"] = {
         "replicas": 5,
         "tls": {"enabled": True, "secretPrefix": "my-node-certs"},
@@ -101,7 +113,42 @@ REFUSED = {
         "terminationGracePeriodSeconds"),
     "cert-manager without TLS": ({"tls": {"certManager": {"enabled": True}}}, "tls.enabled"),
     "auth without a token": ({"auth": {"enabled": True}}, "auth"),
+    "initialMembers 0": ({"cluster": {"initialMembers": 0}}, "cluster.initialMembers"),
+    "initialMembers 8": ({"replicas": 7, "cluster": {"initialMembers": 8}}, "cluster.initialMembers"),
+    "initialMembers not a whole number": ({"cluster": {"initialMembers": 2.5}}, "cluster.initialMembers"),
+    "initialMembers a string": ({"cluster": {"initialMembers": "three"}}, "cluster.initialMembers"),
+    "initialMembers above replicas at install": (
+        {"replicas": 3, "cluster": {"initialMembers": 5}}, "cluster.initialMembers"),
 }
+
+
+def check_scale_up_rolls_nothing(f: Failures) -> None:
+    """Growing with cluster.initialMembers set to the installed size renders, for the running
+    pods, exactly what they run: the same ConfigMap and the same pod template (so the
+    StatefulSet controller rolls none of them), whether the install left initialMembers null
+    or set it. The upgrade is rendered as an upgrade (not an install)."""
+    chart = helm.Chart.load(CHART)
+    base = {"tls": {"enabled": True, "certManager": {"enabled": True}},
+            "auth": {"enabled": True, "adminToken": ADMIN_TOKEN, "tokens": TOKENS}}
+
+    def parts(values: dict, is_install: bool) -> tuple[dict, dict]:
+        rendered = chart.render({**base, **values}, name=RELEASE, namespace=NAMESPACE, is_install=is_install)
+        docs = [d for p, t in sorted(rendered.items()) if not p.endswith("NOTES.txt")
+                for d in yaml.safe_load_all(t) if d]
+        sts = one(docs, "StatefulSet")
+        return one(docs, "ConfigMap", f"{sts['metadata']['name']}-config")["data"], sts["spec"]["template"]
+
+    installed = parts({"replicas": 3}, True)
+    for what, values in (("replicas 5, initialMembers 3", {"replicas": 5, "cluster": {"initialMembers": 3}}),
+                         ("replicas 4, initialMembers 3", {"replicas": 4, "cluster": {"initialMembers": 3}})):
+        grown = parts(values, False)
+        f.check(grown[0] == installed[0], f"scale-up to {what}: the ConfigMap differs from the 3-replica install's")
+        f.check(grown[1] == installed[1], f"scale-up to {what}: the pod template differs from the 3-replica install's")
+    pinned = parts({"replicas": 3, "cluster": {"initialMembers": 3}}, True)
+    f.check(pinned == installed, "initialMembers 3 renders other pods than null with 3 replicas")
+    # The check is not vacuous: without initialMembers, growing changes the member set.
+    f.check(parts({"replicas": 5}, False)[0] != installed[0],
+            "replicas 5 with initialMembers null renders the 3-replica ConfigMap")
 
 
 class Failures:
@@ -237,9 +284,11 @@ def one(docs: list[dict], kind: str, name: str | None = None) -> dict:
 
 
 def run_start_script(configmap: dict, secret_files: dict[str, str] | None, ordinal: int,
-                     sts_name: str, scratch: Path) -> tuple[str, str]:
+                     sts_name: str, scratch: Path, tls_nodes: list[int] | None = None) -> tuple[str, str]:
     """Runs the ConfigMap's start.sh for pod <sts_name>-<ordinal> with /etc/bmq and /run/bmq
-    moved into `scratch`; returns the configuration it wrote and its standard error."""
+    moved into `scratch`, the TLS files of nodes `tls_nodes` present (placeholders: the
+    script only checks they exist); returns the configuration it wrote and its standard
+    error."""
     if scratch.exists():
         shutil.rmtree(scratch)
     (scratch / "config").mkdir(parents=True)
@@ -250,12 +299,17 @@ def run_start_script(configmap: dict, secret_files: dict[str, str] | None, ordin
         (scratch / "auth").mkdir()
         for key, text in secret_files.items():
             (scratch / "auth" / key).write_text(text)
+    for node in tls_nodes or []:
+        (scratch / "tls" / f"node-{node}").mkdir(parents=True)
+        for key in ("ca.crt", "tls.crt", "tls.key"):
+            (scratch / "tls" / f"node-{node}" / key).write_text("placeholder\n")
     script = configmap["data"]["start.sh"]
     exec_line = 'exec broker --config "$out"'
     assert exec_line in script, "start.sh does not end by exec-ing the broker on its output"
     script = (script.replace(exec_line, "exit 0")
               .replace("/etc/bmq/config/", f"{scratch}/config/")
               .replace("/etc/bmq/auth/", f"{scratch}/auth/")
+              .replace("/etc/bmq/tls/", f"{scratch}/tls/")
               .replace("/run/bmq/", f"{scratch}/run/"))
     (scratch / "start.sh").write_text(script)
     proc = subprocess.run(["/bin/sh", str(scratch / "start.sh")], capture_output=True, text=True,
@@ -346,30 +400,42 @@ def check_cluster(f: Failures, name: str, values: dict, docs: list[dict], out: P
     else:
         chk("auth" not in volumes and "BMQ_ADMIN_TOKEN" not in env, "auth Secret used although auth is off")
 
-    # TLS: one Secret per node, all projected, each under node-<id>/.
+    # TLS: one Secret per possible node (1 to 7, whatever replicas is, so that the pod template
+    # does not change with it), all projected and optional, each under node-<id>/.
     tls_secrets: dict[int, str] = {}
     if tls:
         chk(mounts.get("tls") == "/etc/bmq/tls", "TLS volume not at /etc/bmq/tls")
         for src in volumes["tls"]["projected"]["sources"]:
+            chk(src["secret"].get("optional") is True, f"TLS Secret {src['secret']['name']} is not optional")
             items = {i["key"]: i["path"] for i in src["secret"]["items"]}
             m = re.fullmatch(r"node-(\d+)/tls\.crt", items.get("tls.crt", ""))
             if chk(m is not None, f"TLS projection {items}"):
                 node = int(m.group(1))
                 tls_secrets[node] = src["secret"]["name"]
                 chk(items == {k: f"node-{node}/{k}" for k in ("ca.crt", "tls.crt", "tls.key")}, f"TLS projection {items}")
-        chk(sorted(tls_secrets) == list(range(1, n + 1)), f"TLS Secrets for nodes {sorted(tls_secrets)}")
+        chk(sorted(tls_secrets) == list(range(1, 8)), f"TLS Secrets for nodes {sorted(tls_secrets)}")
     else:
         chk("tls" not in volumes, "TLS volume although TLS is off")
 
     grace = pod["terminationGracePeriodSeconds"]
     hosts = [f"{sts_name}-{i}.{headless['metadata']['name']}.{NAMESPACE}.svc.cluster.local" for i in range(n)]
+    initial = values.get("cluster", {}).get("initialMembers") or n
+    seed_peers = [f"{h}:{ports['peer']}" for h in hosts[:initial]]
     for ordinal in range(n):
         node = ordinal + 1
         try:
-            text, stderr = run_start_script(configmap, secret_files, ordinal, sts_name, scratch)
+            text, stderr = run_start_script(configmap, secret_files, ordinal, sts_name, scratch,
+                                            [node] if tls else None)
         except AssertionError as e:
             f.items.append(f"{name}: pod {ordinal}: {e}")
             continue
+        if tls:
+            # Without its own certificate (an optional Secret not created), the pod must not start.
+            try:
+                run_start_script(configmap, secret_files, ordinal, sts_name, scratch, [])
+                f.items.append(f"{name}: pod {ordinal}: start.sh ran without the node's TLS files")
+            except AssertionError as e:
+                chk(f"node-{node}/ca.crt" in str(e), f"pod {ordinal}: start.sh without TLS files: {e}")
         if out is not None:
             (out / name).mkdir(parents=True, exist_ok=True)
             (out / name / f"node-{node}.toml").write_text(text)
@@ -381,9 +447,16 @@ def check_cluster(f: Failures, name: str, values: dict, docs: list[dict], out: P
         at = f"pod {ordinal}"
         chk(f"is node {node}" in stderr, f"{at}: start.sh does not say it is node {node}")
         chk(cfg.get("node_id") == node, f"{at}: node_id {cfg.get('node_id')} != {node}")
+        # The initial members list each other and join nothing; a later pod lists itself
+        # alone and joins through the initial members' peer addresses.
         members = cfg.get("members", [])
-        chk([m["id"] for m in members] == list(range(1, n + 1)), f"{at}: member ids {[m['id'] for m in members]}")
-        chk([m["host"] for m in members] == hosts, f"{at}: member hosts {[m['host'] for m in members]} != {hosts}")
+        if ordinal < initial:
+            want_ids, want_hosts, want_join = list(range(1, initial + 1)), hosts[:initial], None
+        else:
+            want_ids, want_hosts, want_join = [node], [hosts[ordinal]], seed_peers
+        chk([m["id"] for m in members] == want_ids, f"{at}: member ids {[m['id'] for m in members]} != {want_ids}")
+        chk([m["host"] for m in members] == want_hosts, f"{at}: member hosts {[m['host'] for m in members]} != {want_hosts}")
+        chk(cfg.get("join") == want_join, f"{at}: join {cfg.get('join')} != {want_join}")
         for m in members:
             chk((m["client_port"], m["peer_port"], m["admin_port"]) == (ports["client"], ports["peer"], ports["admin"]),
                 f"{at}: member {m['id']} ports differ from the container's {ports}")
@@ -537,6 +610,7 @@ def main() -> int:
                   f"{validated} schema validations (Kubernetes {versions[0]} to {versions[-1]}): {status}")
         validate_with_cli(f, rendered, (versions[0], versions[-1]), Path(tmp) / "cli")
     check_refused(f)
+    check_scale_up_rolls_nothing(f)
     if f.items:
         print(f"helm-check: {len(f.items)} failure(s):", file=sys.stderr)
         for item in f.items:

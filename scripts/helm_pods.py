@@ -9,7 +9,7 @@ Secret and projected volume the pod mounts (keys and item paths as Kubernetes la
 modes from defaultMode, group-owned by the pod's fsGroup when run as root, readable by all
 otherwise). Secrets the chart renders are taken from the render; the others (TLS certificates
 in production) from --secrets DIR/<secret name>/<key>. A Secret or key that exists nowhere is
-an error, as the pod would not start.
+an error, as the pod would not start, unless the volume marks it optional.
 
 plan.json: {"network": the headless Service, "pods": [{"name", "hostname", "aliases" (the
 pod's DNS names through the headless Service), "image", "command", "env" (fieldRef and
@@ -65,6 +65,9 @@ class Sources:
         if name not in self.configmaps:
             raise SystemExit(f"helm-pods: ConfigMap {name} is not rendered")
         return {k: v.encode() for k, v in self.configmaps[name].items()}
+
+    def has_secret(self, name: str) -> bool:
+        return name in self.secrets or (self.secrets_dir is not None and (self.secrets_dir / name).is_dir())
 
     def secret(self, name: str) -> dict[str, bytes]:
         if name in self.secrets:
@@ -133,6 +136,9 @@ def pod_plan(sts: dict, headless: dict, sources: Sources, ordinal: int, out: Pat
             files = {}
             for src in p["sources"]:
                 s = src["secret"]
+                # An optional Secret that does not exist adds no files, as under Kubernetes.
+                if s.get("optional") and not sources.has_secret(s["name"]):
+                    continue
                 files.update(pick(sources.secret(s["name"]), s.get("items"), f"Secret {s['name']}"))
             write_files(dest, files, p.get("defaultMode", 0o644), group)
         else:

@@ -28,10 +28,37 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* The stable DNS name of pod ordinal .ordinal (node id ordinal+1). */}}
+{{/* The stable DNS name of pod ordinal .ordinal (node id ordinal+1); .ordinal may be the
+start script's placeholder @ORDINAL@. */}}
 {{- define "bmq.podHost" -}}
 {{- $root := .root -}}
-{{- printf "%s-%d.%s.%s.svc.%s" (include "bmq.fullname" $root) (int .ordinal) (include "bmq.headless" $root) $root.Release.Namespace $root.Values.clusterDomain -}}
+{{- printf "%s-%v.%s.%s.svc.%s" (include "bmq.fullname" $root) .ordinal (include "bmq.headless" $root) $root.Release.Namespace $root.Values.clusterDomain -}}
+{{- end -}}
+
+{{/* One [[members]] table of the broker configuration: node .id at pod ordinal .ordinal
+(numbers, or the start script's placeholders @NODE_ID@ and @ORDINAL@). */}}
+{{- define "bmq.memberTable" -}}
+{{- $v := .root.Values -}}
+[[members]]
+id = {{ .id }}
+host = {{ include "bmq.podHost" (dict "root" .root "ordinal" .ordinal) | quote }}
+client_port = {{ int $v.ports.client }}
+peer_port = {{ int $v.ports.peer }}
+admin_port = {{ int $v.ports.admin }}
+{{- if $v.ports.bmqp }}
+bmqp_port = {{ int $v.ports.bmqp }}
+{{- end }}
+{{- end -}}
+
+{{/* The size of the cluster's first member set: cluster.initialMembers, or replicas when it is
+null. Pods with a lower ordinal list these members; the others join. */}}
+{{- define "bmq.initialMembers" -}}
+{{- $v := .Values.cluster.initialMembers -}}
+{{- if kindIs "invalid" $v -}}
+{{- int .Values.replicas -}}
+{{- else -}}
+{{- int $v -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "bmq.tlsSecretPrefix" -}}
@@ -60,6 +87,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $n := int .Values.replicas -}}
 {{- if or (lt $n 1) (gt $n 7) -}}
 {{- fail (printf "replicas must be 1 to 7 (a bmq cluster has at most 7 members), not %v" .Values.replicas) -}}
+{{- end -}}
+{{- $initial := .Values.cluster.initialMembers -}}
+{{- if not (kindIs "invalid" $initial) -}}
+{{- if not (or (kindIs "int" $initial) (kindIs "int64" $initial) (and (kindIs "float64" $initial) (eq (float64 $initial) (float64 (int $initial))))) -}}
+{{- fail (printf "cluster.initialMembers must be null or a whole number of nodes, not %v" $initial) -}}
+{{- end -}}
+{{- if or (lt (int $initial) 1) (gt (int $initial) 7) -}}
+{{- fail (printf "cluster.initialMembers must be 1 to 7 (a bmq cluster has at most 7 members), not %v" $initial) -}}
+{{- end -}}
+{{- if and .Release.IsInstall (gt (int $initial) $n) -}}
+{{- fail (printf "cluster.initialMembers (%v) must not exceed replicas (%v) at install: the first members would have no pods" $initial $n) -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
 {{- fail "tls.certManager.enabled needs tls.enabled" -}}
