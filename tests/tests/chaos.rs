@@ -963,7 +963,7 @@ fn answer_line(answer: &anyhow::Result<String>) -> String {
 
 /// Spare nodes of the soak: ids never reused, so this bounds the adds of one run (a round
 /// finding none left removes a member, or changes nothing at three members).
-const SOAK_SPARES: usize = 4;
+const SOAK_SPARES: usize = 12;
 
 /// Most members the soak grows to (the supported maximum of voters is 7).
 const SOAK_MAX_MEMBERS: usize = 6;
