@@ -423,6 +423,9 @@ async fn start_actors(
         for id in &membership.removed {
             hub.remove_peer(*id);
         }
+        // And its learners: a primary elected after this restart streams to them (only a
+        // later change would tell them otherwise, and a learner waits for every partition).
+        router.set_partition_learners(crate::wiring::learners_of(membership));
     }
     hub.start(
         pending_links,

@@ -174,14 +174,7 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
                 self.elector.do_send(SetMembership {
                     membership: elector_membership(membership),
                 });
-                self.router.set_partition_learners(
-                    membership
-                        .members
-                        .values()
-                        .filter(|m| m.role == MemberRole::Learner)
-                        .map(|m| m.id)
-                        .collect(),
-                );
+                self.router.set_partition_learners(learners_of(membership));
             }
         }
         let partitions_changed = !before.same_partitions(&msg.state);
@@ -341,4 +334,15 @@ impl PeerInbound for PeerDemux {
             self.router.handle_node_gone(peer);
         }
     }
+}
+
+/// The learners of `membership`, in id order: the nodes every partition's primary streams its
+/// journal to without counting them ([`Router::set_partition_learners`]).
+pub(crate) fn learners_of(membership: &ClusterMembership) -> Vec<NodeId> {
+    membership
+        .members
+        .values()
+        .filter(|m| m.role == MemberRole::Learner)
+        .map(|m| m.id)
+        .collect()
 }
