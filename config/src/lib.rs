@@ -8,7 +8,8 @@
 //!
 //! [`BrokerConfig::load`] reads, parses and validates a file; [`BrokerConfig::validate`] names the
 //! offending field path and value in its error (`members[2].peer_port: 0 is not a valid port`).
-//! Each section validates itself ([`sections`], [`domains`], [`security`]).
+//! Each section validates itself ([`sections`], [`domains`], [`security`]). [`diff`] compares two
+//! configurations for a live reload: what it applies, and what needs a restart.
 //!
 //! The commented default, `config/local-cluster.toml`, is embedded as [`LOCAL_CLUSTER_TOML`];
 //! [`local_cluster`] derives from it one configuration per node of a cluster on this machine
@@ -23,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize, Serializer};
 
+pub mod diff;
 pub mod domains;
 pub mod error;
 mod local;
