@@ -515,6 +515,7 @@ mod tests {
             client_sessions: 5,
             ready: true,
             membership: None,
+            config_reload: None,
         }
     }
 

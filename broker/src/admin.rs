@@ -22,6 +22,8 @@
 //!   PURGE) on its primary; another node answers `307` to the primary's admin address.
 //! - `POST /admin/members?...` and `DELETE /admin/members/{id}`: add or remove a member
 //!   (learner, promotion, leaving, removal), on the leader ([`crate::admin_members`]).
+//! - `POST /admin/reload`: reads the configuration file again and applies the tokens, TLS
+//!   files and log level ([`crate::admin_reload`]).
 //!
 //! The `POST` and `DELETE` actions change the cluster: when `admin.token` is configured (or a client
 //! token has the `admin` permission) they require `Authorization: Bearer <token>` and answer
@@ -380,23 +382,36 @@ pub struct AdminContext {
     pub stop: Arc<tokio::sync::Notify>,
     /// The metrics recorder handle.
     pub metrics: PrometheusHandle,
+    /// Reloads the configuration file (`POST /admin/reload`, [`crate::admin_reload`]).
+    pub reload: Arc<crate::reload::Reloader>,
 }
 
 /// Checks the bearer token of a state-changing admin request (see the module doc): `None` when
 /// no admin token is configured or the request carries a valid one; else the 401 answer, after
 /// logging the remote address and counting `bmq_admin_auth_failures_total`.
 pub(crate) fn refuse_unauthorized(ctx: &AdminContext, req: &HttpRequest) -> Option<HttpResponse> {
+    admin_caller(ctx, req).err().map(|refused| *refused)
+}
+
+/// As [`refuse_unauthorized`], with who the caller is when admitted: `admin.token`, the name
+/// of the client token with the `admin` permission it presented, or `anonymous` when no
+/// admin token is configured. The tokens are those in force (a reload replaces them).
+pub(crate) fn admin_caller(
+    ctx: &AdminContext,
+    req: &HttpRequest,
+) -> Result<String, Box<HttpResponse>> {
     // `admin.token`, and any client token with the `admin` permission, are accepted; when
     // neither exists the actions are open to whoever reaches the (loopback) port.
-    let admin_token = ctx.config.admin.token.as_deref();
-    let auth = &ctx.config.auth;
+    let in_force = ctx.router.session_settings().auth.current();
+    let admin_token = in_force.admin_token.as_deref();
+    let auth = &in_force.client;
     let admin_tokens_exist = admin_token.is_some()
         || auth
             .tokens
             .iter()
             .any(|t| t.permissions.contains(&Permission::Admin));
     if !admin_tokens_exist {
-        return None;
+        return Ok("anonymous".to_string());
     }
     let presented = req
         .headers()
@@ -404,27 +419,28 @@ pub(crate) fn refuse_unauthorized(ctx: &AdminContext, req: &HttpRequest) -> Opti
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let valid = presented.is_some_and(|p| {
+    if let Some(p) = presented {
         let by_admin =
             admin_token.is_some_and(|t| bmq_config::constant_time_eq(t.as_bytes(), p.as_bytes()));
         let by_client = auth
             .find(p)
-            .is_some_and(|t| t.permissions.contains(&Permission::Admin));
-        by_admin | by_client
-    });
-    if valid {
-        return None;
+            .filter(|t| t.permissions.contains(&Permission::Admin));
+        match (by_admin, by_client) {
+            (true, _) => return Ok("admin.token".to_string()),
+            (false, Some(t)) => return Ok(t.name.clone()),
+            (false, None) => {}
+        }
     }
     metrics::counter!("bmq_admin_auth_failures_total").increment(1);
     let remote = req.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     warn!(%remote, path = %req.path(), presented = presented.is_some(), "admin action refused: missing or invalid token");
-    Some(HttpResponse::Unauthorized()
+    Err(Box::new(HttpResponse::Unauthorized()
         .insert_header(("WWW-Authenticate", "Bearer"))
         .body(if presented.is_some() {
             "invalid admin token\n"
         } else {
             "this action requires an admin token: Authorization: Bearer <token> (bmqctl admin --token or BMQ_ADMIN_TOKEN)\n"
-        }))
+        })))
 }
 
 /// Builds this node's `/status` document from its actors.
@@ -531,6 +547,7 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
             }
             doc
         }),
+        config_reload: ctx.reload.status(),
     })
 }
 
@@ -762,6 +779,7 @@ pub fn start_admin_server(
                 web::delete().to(crate::admin_members::remove_member),
             )
             .route("/admin/purge", web::post().to(purge))
+            .route("/admin/reload", web::post().to(crate::admin_reload::reload))
     })
     .workers(1)
     .disable_signals()

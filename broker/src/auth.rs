@@ -8,8 +8,55 @@
 //!
 //! Secrets are compared in constant time ([`bmq_config::constant_time_eq`]). The admin HTTP
 //! token is checked in `admin.rs`.
+//!
+//! The tokens in force are a [`LiveAuth`]: read at every Hello and admin request, replaced by a
+//! reload (`crate::reload`), which also ends the sessions of tokens it removes or narrows.
 
-use bmq_config::{AuthSettings, Permission, TokenConfig, TOKEN_LEN_MAX};
+use std::sync::{Arc, RwLock};
+
+use bmq_config::{AuthSettings, BrokerConfig, Permission, TokenConfig, TOKEN_LEN_MAX};
+
+/// The client tokens and the admin token in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthInForce {
+    /// `[auth]`: the client tokens.
+    pub client: AuthSettings,
+    /// `[admin] token`.
+    pub admin_token: Option<String>,
+}
+
+/// The tokens in force on this node, shared by the listeners, the sessions' handshakes and the
+/// admin server; replaced whole by a reload.
+#[derive(Debug)]
+pub struct LiveAuth {
+    current: RwLock<Arc<AuthInForce>>,
+}
+
+impl LiveAuth {
+    /// The tokens of `config`.
+    pub fn from_config(config: &BrokerConfig) -> LiveAuth {
+        LiveAuth {
+            current: RwLock::new(Arc::new(AuthInForce {
+                client: config.auth.clone(),
+                admin_token: config.admin.token.clone(),
+            })),
+        }
+    }
+
+    /// The tokens in force now.
+    pub fn current(&self) -> Arc<AuthInForce> {
+        // A poisoned lock still holds a whole `Arc` (it is only ever replaced whole).
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Puts `next` in force for every Hello and admin request from now on.
+    pub fn replace(&self, next: AuthInForce) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+    }
+}
 
 /// Who a client session is, decided at Hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,6 +171,25 @@ impl ClientIdentity {
         Ok(())
     }
 
+    /// Why a session of this identity may not go on under the tokens `now` in force (after a
+    /// reload), if it may not: its token was removed, or lost its secret, a permission or a
+    /// domain ([`bmq_config::diff::token_revocation`]); or it was let in without a token and
+    /// tokens are now required. `None`: it goes on (a token that gained permissions keeps
+    /// those it had at Hello until the client reconnects).
+    pub fn revoked_by(&self, now: &AuthSettings) -> Option<String> {
+        match self {
+            ClientIdentity::Token(t) => match now.named(&t.name) {
+                None => Some(format!("token {:?} was removed", t.name)),
+                Some(n) => bmq_config::diff::token_revocation(t, n)
+                    .map(|why| format!("token {:?}: {why}", t.name)),
+            },
+            ClientIdentity::Unrestricted if !now.is_empty() => {
+                Some("this node now requires a client token".to_string())
+            }
+            _ => None,
+        }
+    }
+
     /// The token's name for logs (`-` when none).
     pub fn name(&self) -> &str {
         match self {
@@ -212,6 +278,33 @@ mod tests {
         let ops = authenticate(&s, "ops-secret-0123456789abc").unwrap();
         assert!(ops.authorize_open("anything", true, false).is_ok());
         assert!(ops.authorize_open("anything", true, true).is_err());
+    }
+
+    #[test]
+    fn sessions_end_when_their_token_goes_or_narrows() {
+        // Removal, a new secret, a lost permission, and tokens turned on end a session.
+        let s = settings();
+        let writer = authenticate(&s, "writer-secret-0123456789").unwrap();
+        assert_eq!(writer.revoked_by(&s), None);
+        let mut gained = s.clone();
+        gained.tokens[0].permissions.push(Permission::Consume);
+        assert_eq!(writer.revoked_by(&gained), None);
+        let mut removed = s.clone();
+        removed.tokens.remove(0);
+        assert_eq!(
+            writer.revoked_by(&removed).as_deref(),
+            Some("token \"writer\" was removed")
+        );
+        let mut narrowed = s.clone();
+        narrowed.tokens[0].permissions.clear();
+        assert!(writer
+            .revoked_by(&narrowed)
+            .is_some_and(|why| why.contains("lost the produce permission")));
+        let open = authenticate(&AuthSettings::default(), "").unwrap();
+        assert_eq!(open.revoked_by(&AuthSettings::default()), None);
+        assert!(open.revoked_by(&s).is_some());
+        let anonymous = authenticate(&s, "").unwrap();
+        assert_eq!(anonymous.revoked_by(&s), None);
     }
 
     #[test]

@@ -258,9 +258,10 @@ async fn serve_connection(
     };
     // BlazingMQ's AUTHENTICATION comes before the negotiation: credentials mapped onto our
     // tokens. Without it, the client is who `[auth] bmqp_identity` says.
-    let mut identity = bmqp_identity(&settings.auth);
+    let auth = settings.auth.current();
+    let mut identity = bmqp_identity(&auth.client);
     if event.header.event_type == EventType::Authentication {
-        match authenticated(&mut wire, &event, &settings.auth, &remote).await {
+        match authenticated(&mut wire, &event, &auth.client, &remote).await {
             Some(who) => identity = who,
             None => return,
         }

@@ -14,6 +14,8 @@
 //! - [`net`]: peer links ([`net::peers`]) and node-side TLS ([`net::tls`]).
 //! - [`admin`]: admin HTTP (`/metrics`, `/status`, `/healthz`, `/readyz`, admin actions).
 //! - [`auth`]: client authentication and authorisation.
+//! - [`reload`]: live reload of the configuration file (tokens, TLS files, log level), by
+//!   `POST /admin/reload` ([`admin_reload`]) or SIGHUP.
 //! - [`scheduling`]: the CPU scheduling policy of the broker's threads (`SCHED_BATCH`).
 //!
 //! The client library (`bmq-client`) and the operator tool (`bmqctl`) are separate crates that
@@ -23,10 +25,12 @@
 pub mod actors;
 pub mod admin;
 pub mod admin_members;
+pub mod admin_reload;
 pub mod auth;
 pub mod bmqp_session;
 pub mod net;
 pub mod node;
+pub mod reload;
 pub mod router;
 pub mod scheduling;
 pub mod session;

@@ -551,10 +551,34 @@ async fn report_learner_progress(router: Arc<Router>, hub: Arc<PeerHub>) {
     }
 }
 
+/// What [`run_with`] needs besides the configuration: where it came from, for a reload, and
+/// how to change the log filter.
+#[derive(Default)]
+pub struct NodeOptions {
+    /// The file the configuration was read from; a reload (`POST /admin/reload`, SIGHUP)
+    /// reads it again. `None`: every reload is refused.
+    pub config_path: Option<std::path::PathBuf>,
+    /// Changes the process's log filter when a reload changes `log.level`
+    /// ([`crate::reload::LogFilterReload`]).
+    pub log_filter: Option<crate::reload::LogFilterReload>,
+}
+
 /// Runs the node until SIGTERM/SIGINT or `POST /admin/stop`. Must be called inside an actix
-/// `System`.
+/// `System`. A node run this way cannot reload its configuration ([`run_with`] can).
 pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
+    run_with(config, NodeOptions::default()).await
+}
+
+/// [`run`], reloading the configuration from `options.config_path` on `POST /admin/reload`
+/// and SIGHUP ([`crate::reload`]).
+pub async fn run_with(config: BrokerConfig, options: NodeOptions) -> anyhow::Result<()> {
     config.validate().context("invalid configuration")?;
+    // At once: SIGHUP's default action would end the process.
+    let sighup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot install the SIGHUP handler")?;
+    // What the file says, before a joining node adopts the members it learns: what a reload
+    // compares the file with.
+    let as_read = config.clone();
     let mut config = config;
     let self_id = NodeId(config.node_id);
     let metrics_handle =
@@ -608,7 +632,23 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
         }
     }
     let removed = Arc::new(tokio::sync::Notify::new());
-    let actors = start_actors(&config, storage, listeners.peer, tls, removed.clone()).await?;
+    let actors = start_actors(
+        &config,
+        storage,
+        listeners.peer,
+        tls.clone(),
+        removed.clone(),
+    )
+    .await?;
+    let reload = Arc::new(crate::reload::Reloader::new(crate::reload::ReloaderParts {
+        path: options.config_path,
+        running: as_read,
+        auth: actors.router.session_settings().auth.clone(),
+        tls,
+        log_filter: options.log_filter,
+        router: actors.router.clone(),
+    }));
+    tokio::spawn(crate::reload::serve_sighup(sighup, reload.clone()));
 
     tokio::spawn(crate::session::serve_clients(
         tokio::net::TcpListener::from_std(listeners.client)?,
@@ -633,6 +673,7 @@ pub async fn run(config: BrokerConfig) -> anyhow::Result<()> {
             router: actors.router.clone(),
             metrics: metrics_handle.clone(),
             stop: admin_stop.clone(),
+            reload,
         },
     )?;
     let admin_handle = admin.handle();

@@ -22,7 +22,9 @@
 //! ([`crate::auth`]): an unknown token is answered `NOT_AUTHORIZED` and the connection closed
 //! (`bmq_client_auth_failures_total`); each OpenQueue needs `produce` (write) and `consume`
 //! (read) on the queue's domain, else `NOT_AUTHORIZED` naming the missing permission
-//! (`bmq_client_unauthorized_total`).
+//! (`bmq_client_unauthorized_total`). A reload that removes or narrows the session's token
+//! ends it: the client gets an `ErrorResponse` `NOT_AUTHORIZED` with the reason, then the
+//! connection closes (`crate::reload`).
 //!
 //! Thread: every session is a tokio task on the node's main (actix System) thread.
 
@@ -46,7 +48,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, ClientIdentity};
-use crate::router::{Dispatch, Router, SessionEvent, SessionRegistration, SessionSettings};
+use crate::router::{
+    Dispatch, Revocation, Router, SessionEvent, SessionRegistration, SessionSettings,
+};
 
 /// A buffered PUT with no answer for this long is sent again.
 const RETRANSMIT_INTERVAL: Duration = Duration::from_millis(1_000);
@@ -211,7 +215,7 @@ async fn handshake(
             .await;
         return None;
     }
-    match authenticate(&settings.auth, &hello.token) {
+    match authenticate(&settings.auth.current().client, &hello.token) {
         Ok(identity) => Some((hello, identity)),
         Err(e) => {
             metrics::counter!("bmq_client_auth_failures_total").increment(1);
@@ -401,8 +405,14 @@ pub(crate) async fn run<W: ClientWire>(
         mut inbox,
         overflowed,
         settings,
-    } = router.register_session();
+        revoked,
+    } = router.register_session(&identity);
     debug!(%remote, session = id, client = %client_id, "client session started");
+    // A reload between this client's Hello and its registration swept the sessions without
+    // it: it is held to the tokens in force now.
+    if let Some(reason) = identity.revoked_by(&settings.auth.current().client) {
+        revoked.revoke(reason);
+    }
     if wire.flush().await.is_err() {
         router.unregister_session(id, []);
         return;
@@ -423,6 +433,7 @@ pub(crate) async fn run<W: ClientWire>(
         out: Vec::new(),
         ack_latency: metrics::histogram!("bmq_queue_ack_latency_seconds"),
         overflowed,
+        revoked,
     };
     let reason = session.event_loop(&mut wire, &mut inbox).await;
     info!(%remote, session = id, %reason, "client session ended");
@@ -454,6 +465,9 @@ struct Session {
     /// Cancelled by the router when this session's inbox overflowed (an event was dropped):
     /// the session ends at once, even in the middle of a write.
     overflowed: CancellationToken,
+    /// Set when a reload removed or narrowed this session's token: the client is told
+    /// `NOT_AUTHORIZED` with the reason and the session ends.
+    revoked: Revocation,
 }
 
 impl Session {
@@ -530,6 +544,16 @@ impl Session {
                 _ = retransmit.tick() => {
                     let state = self.cluster.borrow().clone();
                     self.proxy.handle_tick(Instant::now(), &route_in(&state));
+                }
+                reason = self.revoked.revoked() => {
+                    warn!(session = self.id, token = %self.identity.name(), %reason, "client session closed: not authorized any more");
+                    self.execute();
+                    for m in self.out.drain(..) {
+                        wire.push(m);
+                    }
+                    wire.push(error(StatusCode::NotAuthorized, &reason));
+                    let _ = self.flush(wire).await;
+                    return format!("not authorized: {reason}");
                 }
             }
             // An overflow while the session was busy (not blocked in a write, which watches

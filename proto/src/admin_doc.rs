@@ -33,6 +33,9 @@ pub struct NodeStatusDoc {
     /// from nodes of earlier versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub membership: Option<MembershipDoc>,
+    /// The configuration reloads of this node since it started (absent before the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_reload: Option<ConfigReloadStatusDoc>,
 }
 
 /// The committed membership (DESIGN.md §5a) as this node holds it.
@@ -176,4 +179,62 @@ pub struct PeerDoc {
     pub node_id: u32,
     /// True when the control connections in both directions are up and heartbeating.
     pub connected: bool,
+}
+
+/// The answer of a configuration reload (`POST /admin/reload`, `bmqctl admin reload`, SIGHUP):
+/// what the node applied from its file, what it did not, and why. Secrets never appear:
+/// tokens show by name and a fingerprint of their secret, certificates by fingerprint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReloadDoc {
+    /// The node that reloaded.
+    pub node_id: u32,
+    /// `applied` (something changed), `unchanged` (the file's live settings are those in
+    /// force) or `refused` (the file is unreadable or invalid: nothing changed).
+    pub result: String,
+    /// Who asked: the name of the admin token used (`admin.token`, or a client token with
+    /// the `admin` permission), `anonymous` when no admin token is configured, or `SIGHUP`.
+    pub requested_by: String,
+    /// The configuration file read.
+    pub file: String,
+    /// When the reload ran, milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// The settings changed, in the order applied.
+    pub changed: Vec<SettingChangeDoc>,
+    /// Field paths whose value in the file differs from the running one and that take a
+    /// restart to change (`partition_count`, `members`, ...): not applied.
+    pub needs_restart: Vec<String>,
+    /// Client sessions closed with `NOT_AUTHORIZED` because their token was removed or lost
+    /// a permission, a domain or its secret.
+    pub sessions_closed: u64,
+    /// Why the reload was refused (`refused` only): the loader's message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The field the refusal names, when it names one (`auth.tokens[1].secret`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_field: Option<String>,
+}
+
+/// One setting a reload changed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SettingChangeDoc {
+    /// The setting: a field path (`log.level`), a token (`auth.tokens[orders]`), or a TLS
+    /// file's contents (`tls.cert_file`).
+    pub setting: String,
+    /// Its value before (`None`: it did not exist).
+    #[serde(default)]
+    pub before: Option<String>,
+    /// Its value after (`None`: it was removed).
+    #[serde(default)]
+    pub after: Option<String>,
+}
+
+/// `/status`'s account of the configuration reloads.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ConfigReloadStatusDoc {
+    /// When a reload last applied a change, milliseconds since the Unix epoch (`None`: none
+    /// has yet).
+    #[serde(default)]
+    pub last_applied_unix_ms: Option<u64>,
+    /// The last reload, whatever its result.
+    pub last: ReloadDoc,
 }

@@ -5,11 +5,15 @@
 //! ```
 //! Reads and validates the TOML configuration (an invalid file stops the node with a message
 //! naming the field), then runs the node until SIGTERM or SIGINT. Logs go to `log.file` when set,
-//! else to stderr; `RUST_LOG` overrides `log.level`.
+//! else to stderr; `RUST_LOG` overrides `log.level` at start. SIGHUP (like `bmqctl admin
+//! reload`) reads the file again and applies its tokens, TLS files and log level
+//! (`bmq_broker::reload`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
+use bmq_broker::node::NodeOptions;
+use bmq_broker::reload::LogFilterReload;
 use bmq_config::BrokerConfig;
 use clap::Parser;
 
@@ -22,13 +26,28 @@ struct Args {
     config: PathBuf,
 }
 
-fn init_logging(config: &BrokerConfig) -> anyhow::Result<()> {
+/// Installs the log subscriber; returns how a reload changes its filter.
+fn init_logging(config: &BrokerConfig) -> anyhow::Result<LogFilterReload> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
-    match &config.log.file {
+    // The reload handle's type names the writer: one expansion per writer.
+    macro_rules! install {
+        ($builder:expr) => {{
+            let builder = $builder.with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder.init();
+            let reload: LogFilterReload = Box::new(move |level: &str| {
+                let filter =
+                    tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+                handle.reload(filter).map_err(|e| e.to_string())
+            });
+            reload
+        }};
+    }
+    Ok(match &config.log.file {
         Some(path) => {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)
@@ -39,14 +58,12 @@ fn init_logging(config: &BrokerConfig) -> anyhow::Result<()> {
                 .append(true)
                 .open(path)
                 .with_context(|| format!("cannot open the log file {}", path.display()))?;
-            builder
+            install!(builder
                 .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
-                .init();
+                .with_writer(std::sync::Mutex::new(file)))
         }
-        None => builder.with_writer(std::io::stderr).init(),
-    }
-    Ok(())
+        None => install!(builder.with_writer(std::io::stderr)),
+    })
 }
 
 /// How often the node looks at the heap memory glibc keeps free.
@@ -96,7 +113,7 @@ fn main() {
         config
             .validate()
             .with_context(|| format!("invalid configuration {}", args.config.display()))?;
-        init_logging(&config)?;
+        let log_filter = init_logging(&config)?;
         // Before any thread starts: every thread inherits the policy (bmq_broker::scheduling).
         let policy = config.process.cpu_scheduling;
         if let Err(e) = bmq_broker::scheduling::apply_to_process(policy) {
@@ -111,7 +128,10 @@ fn main() {
         let stopped = system.stop_future();
         system.block_on(async move {
             tokio::select! {
-                result = bmq_broker::node::run(config) => result,
+                result = bmq_broker::node::run_with(config, NodeOptions {
+                    config_path: Some(args.config),
+                    log_filter: Some(log_filter),
+                }) => result,
                 code = stopped => match code {
                     Ok(0) => Ok(()),
                     Ok(code) => Err(anyhow::anyhow!(

@@ -35,7 +35,7 @@ use crate::actors::partition::{
 use crate::net::peers::PeerHub;
 
 pub use partitions::{journals_following, DrainStatus};
-pub use sessions::{SessionEvent, SessionRegistration, SessionSettings};
+pub use sessions::{Revocation, SessionEvent, SessionRegistration, SessionSettings};
 
 use partitions::RoleTold;
 use sessions::SessionInbox;

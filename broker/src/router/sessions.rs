@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bmq_config::{AuthSettings, BmqpSettings, BrokerConfig};
+use bmq_config::{BmqpSettings, BrokerConfig};
 use bmq_proto::client::{ClientMessage, Status};
 use bmq_proto::peer::{peer_message::Kind as PeerKind, Channel, PeerMessage, SessionGone};
 use bmq_proto::{NodeId, PartitionId, SessionAddr};
@@ -19,6 +19,7 @@ use tracing::warn;
 
 use super::Router;
 use crate::actors::partition::PartitionSessionGone;
+use crate::auth::{ClientIdentity, LiveAuth};
 
 /// What a session's inbox receives from the rest of the node.
 #[derive(Debug)]
@@ -69,8 +70,8 @@ pub struct SessionSettings {
     pub cluster_name: String,
     /// This node's host name (`[[members]] host`), told to BlazingMQ SDKs at negotiation.
     pub host_name: String,
-    /// The client tokens (`[auth]`).
-    pub auth: AuthSettings,
+    /// The client tokens in force (`[auth]`; a reload replaces them).
+    pub auth: Arc<LiveAuth>,
     /// The bmqp listener's heartbeats and plaintext rule (`[bmqp]`).
     pub bmqp: BmqpSettings,
     /// The names of the configured domains (`[[domains]]`).
@@ -90,7 +91,7 @@ impl SessionSettings {
             duplicate_guid_window: limits.duplicate_guid_window(),
             cluster_name: config.cluster_name.clone(),
             host_name: config.self_member().host.clone(),
-            auth: config.auth.clone(),
+            auth: Arc::new(LiveAuth::from_config(config)),
             bmqp: config.bmqp.clone(),
             domains: config.domains.iter().map(|d| d.name.clone()).collect(),
         }
@@ -107,6 +108,34 @@ pub(super) struct SessionInbox {
     tx: mpsc::Sender<SessionEvent>,
     /// Cancelled when the inbox overflowed: the session ends at once.
     overflowed: CancellationToken,
+    /// Who the session authenticated as, for [`Router::revoke_sessions`].
+    identity: ClientIdentity,
+    /// Set by [`Router::revoke_sessions`]: the session ends with `NOT_AUTHORIZED`.
+    revoked: Revocation,
+}
+
+/// The end of a session whose token a reload removed or narrowed: set once, with the reason
+/// the client is told (`NOT_AUTHORIZED`), and awaited by the session.
+#[derive(Debug, Clone, Default)]
+pub struct Revocation {
+    signal: CancellationToken,
+    reason: Arc<std::sync::OnceLock<String>>,
+}
+
+impl Revocation {
+    /// Ends the session for `reason`; false if it was revoked already (the first reason
+    /// stays).
+    pub fn revoke(&self, reason: String) -> bool {
+        let first = self.reason.set(reason).is_ok();
+        self.signal.cancel();
+        first
+    }
+
+    /// Waits until the session is revoked; returns the reason.
+    pub async fn revoked(&self) -> String {
+        self.signal.cancelled().await;
+        self.reason.get().cloned().unwrap_or_default()
+    }
 }
 
 /// What [`Router::register_session`] gives a new local session.
@@ -120,6 +149,8 @@ pub struct SessionRegistration {
     pub overflowed: CancellationToken,
     /// What the session reads of the configuration ([`Router::session_settings`]).
     pub settings: Arc<SessionSettings>,
+    /// Set when a reload removes or narrows the session's token ([`Router::revoke_sessions`]).
+    pub revoked: Revocation,
 }
 
 impl Router {
@@ -130,14 +161,18 @@ impl Router {
         self.session_settings.clone()
     }
 
-    /// Registers a new local session: its id, its inbox, its overflow signal and its settings.
-    pub fn register_session(&self) -> SessionRegistration {
+    /// Registers a new local session of a client that authenticated as `identity`: its id,
+    /// its inbox, its overflow and revocation signals and its settings.
+    pub fn register_session(&self, identity: &ClientIdentity) -> SessionRegistration {
         let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         let (tx, inbox) = mpsc::channel(self.config.limits.mailbox_capacity());
         let overflowed = CancellationToken::new();
+        let revoked = Revocation::default();
         let entry = SessionInbox {
             tx,
             overflowed: overflowed.clone(),
+            identity: identity.clone(),
+            revoked: revoked.clone(),
         };
         self.sessions.insert(id, entry);
         metrics::gauge!("bmq_client_sessions").set(self.sessions.len() as f64);
@@ -146,7 +181,27 @@ impl Router {
             inbox,
             overflowed,
             settings: self.session_settings.clone(),
+            revoked,
         }
+    }
+
+    /// Ends every local session for which `why` gives a reason (from its identity): each is
+    /// told `NOT_AUTHORIZED` with the reason and closed, its consumers released as at any
+    /// session end. Returns the sessions revoked now, with their token names (a session
+    /// revoked before is not counted again).
+    pub fn revoke_sessions(
+        &self,
+        why: impl Fn(&ClientIdentity) -> Option<String>,
+    ) -> Vec<(u64, String)> {
+        let mut revoked = Vec::new();
+        for entry in self.sessions.iter() {
+            if let Some(reason) = why(&entry.identity) {
+                if entry.revoked.revoke(reason) {
+                    revoked.push((*entry.key(), entry.identity.name().to_string()));
+                }
+            }
+        }
+        revoked
     }
 
     /// Removes a local session and tells every primary it used to release its consumers.
