@@ -16,6 +16,8 @@
 //! - `bmqctl admin remove-member --id N --admin HOST:PORT`: removes node N
 //!   (`DELETE /admin/members/N`): a voter leaves first (its primaries move), then is removed;
 //!   the removed node exits.
+//! - `bmqctl admin reload --admin HOST:PORT [--json]`: the node reads its configuration file
+//!   again (`POST /admin/reload`, [`crate::reload`]).
 //!
 //! When the node has an admin token configured, pass it with `--token` or the
 //! `BMQ_ADMIN_TOKEN` environment variable; without either, the local cluster's
@@ -40,6 +42,9 @@ pub enum AdminCommand {
     AddMember(AddMemberArgs),
     /// Remove a member: it leaves (its primaries move), then is removed and exits.
     RemoveMember(RemoveMemberArgs),
+    /// Make a node read its configuration file again: tokens, TLS files and log level apply
+    /// at once; what needs a restart is named ([`crate::reload`]).
+    Reload(crate::reload::ReloadArgs),
 }
 
 /// `bmqctl admin add-member`.
@@ -125,6 +130,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             format!("/admin/purge?queue={}", percent_encode(&p.queue)),
         ),
         AdminCommand::AddMember(a) => (&a.target, "POST", add_member_path(a)),
+        AdminCommand::Reload(r) => return crate::reload::run(r).await,
         AdminCommand::RemoveMember(r) => (
             &r.target,
             "DELETE",
@@ -136,18 +142,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
         ),
     };
     let timeout = Duration::from_millis(target.timeout_ms);
-    let token = match &target.token {
-        Some(t) => Some(t.clone()),
-        None => {
-            let file = crate::credentials::cluster_dir()
-                .join(crate::credentials::SECURITY_DIR)
-                .join(crate::credentials::ADMIN_TOKEN_FILE);
-            std::fs::read_to_string(&file)
-                .ok()
-                .map(|t| t.trim().to_string())
-                .filter(|t| !t.is_empty())
-        }
-    };
+    let token = admin_token(target);
     let body = tokio::time::timeout(
         timeout,
         crate::http::request(&target.admin, method, &path, token.as_deref()),
@@ -162,6 +157,23 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     })??;
     out!("{body}");
     Ok(())
+}
+
+/// The admin token to send: `--token` / `$BMQ_ADMIN_TOKEN`, else the local cluster's
+/// `CLUSTER_DIR/security/admin.token` when it exists, else none.
+pub fn admin_token(target: &AdminTarget) -> Option<String> {
+    match &target.token {
+        Some(t) => Some(t.clone()),
+        None => {
+            let file = crate::credentials::cluster_dir()
+                .join(crate::credentials::SECURITY_DIR)
+                .join(crate::credentials::ADMIN_TOKEN_FILE);
+            std::fs::read_to_string(&file)
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+        }
+    }
 }
 
 /// The request of `bmqctl admin add-member`: the node's addresses as query parameters, and

@@ -85,7 +85,37 @@ async fn exchange(
     bail!("more than {REDIRECTS_MAX} redirects, the last to {addr}{path}")
 }
 
+/// One HTTP/1.1 request without a body, as [`request`], without following redirects:
+/// returns the status code and the body whatever the status (an admin action that answers a
+/// document with its refusal, e.g. `POST /admin/reload`).
+///
+/// Errors: the connection fails, or the response is malformed or too large.
+pub async fn request_with_status(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(u16, Vec<u8>)> {
+    let response = send_and_read(addr, method, path, token).await?;
+    let (code, _reason, body) = parse_http_parts(&response)?;
+    let code = code
+        .parse()
+        .with_context(|| format!("malformed HTTP status {code:?}"))?;
+    Ok((code, body))
+}
+
 async fn exchange_once(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<Vec<u8>> {
+    let response = send_and_read(addr, method, path, token).await?;
+    parse_http_response(&response)
+}
+
+/// Sends one request and reads the whole response (the server closes the connection).
+async fn send_and_read(
     addr: &str,
     method: &str,
     path: &str,
@@ -116,12 +146,28 @@ async fn exchange_once(
     if response.len() > RESPONSE_MAX_BYTES {
         bail!("response larger than {RESPONSE_MAX_BYTES} bytes");
     }
-    parse_http_response(&response)
+    Ok(response)
 }
 
 /// Splits a complete HTTP/1.x response into status and body and returns the body of a 200
 /// response. Handles `Content-Length`, `Transfer-Encoding: chunked` and read-to-close bodies.
 fn parse_http_response(response: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let (code, reason, body) = parse_http_parts(response)?;
+    if code != "200" {
+        let text = String::from_utf8_lossy(&body);
+        let text = text.trim();
+        let excerpt: String = text.chars().take(200).collect();
+        if excerpt.is_empty() {
+            bail!("HTTP {code} {reason}");
+        }
+        bail!("HTTP {code} {reason}: {excerpt}");
+    }
+    Ok(body)
+}
+
+/// The status code, reason and body of a complete HTTP/1.x response (a 307 with a
+/// `Location` is an `Err` of [`Redirect`]).
+fn parse_http_parts(response: &[u8]) -> anyhow::Result<(String, String, Vec<u8>)> {
     let head_end = find(response, b"\r\n\r\n").ok_or_else(|| {
         if response.is_empty() {
             anyhow!("connection closed without a response")
@@ -179,16 +225,7 @@ fn parse_http_response(response: &[u8]) -> anyhow::Result<Vec<u8>> {
     } else {
         raw_body.to_vec()
     };
-    if code != "200" {
-        let text = String::from_utf8_lossy(&body);
-        let text = text.trim();
-        let excerpt: String = text.chars().take(200).collect();
-        if excerpt.is_empty() {
-            bail!("HTTP {code} {reason}");
-        }
-        bail!("HTTP {code} {reason}: {excerpt}");
-    }
-    Ok(body)
+    Ok((code.to_string(), reason.to_string(), body))
 }
 
 /// Decodes a `Transfer-Encoding: chunked` body (chunk extensions and trailers are ignored).

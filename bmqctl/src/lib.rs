@@ -45,4 +45,5 @@ pub mod payload;
 pub mod produce;
 pub mod prometheus;
 pub mod ready;
+pub mod reload;
 pub mod status;
