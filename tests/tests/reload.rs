@@ -15,6 +15,7 @@ use bmq_proto::client::{
     client_message::Kind, AckStatus, ClientMessage, Hello, OpenQueue, Status, StatusCode,
 };
 use bmq_proto::{member_name, BoxedStream, FrameCodec, NodeId, PROTOCOL_VERSION};
+use bmq_tests::bmqp::{guid, RawClient};
 use bmq_tests::{metric, Cluster};
 use bmqctl::dev_ca::{generate_dev_ca, issue_node_cert, DevCaFiles};
 use futures::{SinkExt, StreamExt};
@@ -235,7 +236,7 @@ async fn put_acked(client: &Client, uri: &str) -> anyhow::Result<()> {
 
 /// A token added to the file is refused before the reload and admits a new client after it;
 /// the answer and the log name it by its secret's fingerprint, never the secret; a new
-/// `log.level` applies at once.
+/// `log.level` applies at once; a reload without the admin token is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_added_by_a_reload_admits_a_new_client() {
     let mut node = secure_node().expect("start node");
@@ -257,6 +258,17 @@ async fn a_token_added_by_a_reload_admits_a_new_client() {
                 .push(token("late", LATE_TOKEN, &[Permission::Produce]));
             c.log.level = "debug".into();
         })?;
+        // Behind the admin token: without it nothing is read or changed.
+        for token in [None, Some(APP_TOKEN)] {
+            let (code, _) =
+                bmqctl::http::request_with_status(&node.admin(), "POST", "/admin/reload", token)
+                    .await?;
+            ensure!(code == 401, "reload with {token:?}: {code}");
+        }
+        ensure!(
+            node.status().await?.config_reload.is_none(),
+            "an unauthorized reload ran"
+        );
         let (code, doc) = node.reload().await?;
         ensure!(code == 200 && doc.result == "applied", "{code}: {doc:?}");
         ensure!(doc.requested_by == "admin.token", "{doc:?}");
@@ -314,9 +326,10 @@ async fn a_token_added_by_a_reload_admits_a_new_client() {
     }
 }
 
-/// A token removed from the file: its open session is told NOT_AUTHORIZED and closed, counted
-/// and logged, and it cannot connect again; a session of another token goes on over the same
-/// connection.
+/// A token removed from the file: its open sessions — one of our protocol, one of a BlazingMQ
+/// SDK that authenticated with it — are ended (ours told NOT_AUTHORIZED with the reason),
+/// counted and logged, and it cannot connect again; sessions of another token go on over
+/// their connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_token_closes_its_sessions_and_others_continue() {
     let mut node = secure_node().expect("start node");
@@ -327,11 +340,30 @@ async fn a_removed_token_closes_its_sessions_and_others_continue() {
         let (mut app, _) = raw_session(&node, APP_TOKEN).await?;
         let opened = open_for_write(&mut writer, 1, uri).await?;
         ensure!(opened.code == StatusCode::Ok as i32, "{opened:?}");
+        let bmqp_addr = node.cluster.node(1).bmqp_addr();
+        // `open`: RawClient opens for reading and writing, which the writer token may not.
+        let sdk = |name: &'static str, secret: &'static str, open: bool| {
+            let (addr, ca) = (bmqp_addr.clone(), node.ca.ca_cert.clone());
+            async move {
+                let mut c = RawClient::connect_tls(&addr, &ca).await?;
+                let (category, message) = c
+                    .authenticate("BASIC", format!("{name}:{secret}").as_bytes())
+                    .await?;
+                ensure!(category == 0, "{name}: authentication refused: {message}");
+                let mut c = c.negotiate().await?;
+                if open {
+                    c.open(0, "bmq://bmq.test/removed-sdk").await?;
+                }
+                anyhow::Ok(c)
+            }
+        };
+        let mut sdk_writer = sdk("writer", WRITER_TOKEN, false).await?;
+        let mut sdk_app = sdk("app", APP_TOKEN, true).await?;
 
         node.edit(|c| c.auth.tokens.retain(|t| t.name != "writer"))?;
         let (code, doc) = node.reload().await?;
         ensure!(code == 200 && doc.result == "applied", "{code}: {doc:?}");
-        ensure!(doc.sessions_closed == 1, "{doc:?}");
+        ensure!(doc.sessions_closed == 2, "{doc:?}");
         ensure!(
             doc.changed
                 .iter()
@@ -362,8 +394,16 @@ async fn a_removed_token_closes_its_sessions_and_others_continue() {
             }
             other => bail!("a removed token connected: {:?}", other.map(|_| ())),
         }
+        ensure!(
+            sdk_writer.closed().await?,
+            "the SDK session of the removed token stayed"
+        );
+        ensure!(
+            sdk_app.post(0, guid(1), b"still admitted", false).await? == 0,
+            "the other SDK session's PUT was not ACKed"
+        );
         let revoked = metric(&node.admin(), "bmq_client_sessions_revoked_total").await?;
-        ensure!(revoked == 1.0, "{revoked} revoked sessions counted");
+        ensure!(revoked == 2.0, "{revoked} revoked sessions counted");
         ensure!(node
             .log()
             .contains("client session closed: not authorized any more"));
