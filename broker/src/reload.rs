@@ -35,6 +35,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use bmq_client::tls::TlsError;
 use bmq_config::diff::{apply_live, diff, ConfigDiff};
 use bmq_config::BrokerConfig;
 use bmq_proto::admin_doc::{ConfigReloadStatusDoc, ReloadDoc, SettingChangeDoc};
@@ -93,7 +94,8 @@ struct Refusal {
     field: Option<String>,
 }
 
-/// `s`'s SHA-256 fingerprint as logs and answers show it.
+/// The fingerprint of `secret` as logs and answers show it: `sha256:` and the first 12 hex
+/// digits of its SHA-256.
 pub fn secret_fingerprint(secret: &str) -> String {
     let mut hex = sha256_hex(secret.as_bytes());
     hex.truncate(SECRET_FINGERPRINT_DIGITS);
@@ -107,15 +109,16 @@ fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The setting a TLS loading error is about, from its message (`certificate` ->
-/// `tls.cert_file`).
-fn tls_field(error: &bmq_client::tls::TlsError) -> &'static str {
+/// The setting a TLS loading error is about: the file that could not be read, an unusable CA
+/// certificate's `tls.ca_file`, else (a key that does not match its certificate)
+/// `tls.key_file`.
+fn tls_field(error: &TlsError) -> &'static str {
     match error {
-        bmq_client::tls::TlsError::Pem { what, .. } if what.contains("CA") => "tls.ca_file",
-        bmq_client::tls::TlsError::Pem { what, .. } if what.contains("key") => "tls.key_file",
-        bmq_client::tls::TlsError::Pem { .. } => "tls.cert_file",
-        // A key that does not match its certificate, or an unusable CA.
-        bmq_client::tls::TlsError::Rustls(_) => "tls",
+        TlsError::Pem { what, .. } if what.contains("CA") => "tls.ca_file",
+        TlsError::Pem { what, .. } if what.contains("key") => "tls.key_file",
+        TlsError::Pem { .. } => "tls.cert_file",
+        TlsError::Rustls(message) if message.contains("CA certificate") => "tls.ca_file",
+        TlsError::Rustls(_) => "tls.key_file",
     }
 }
 

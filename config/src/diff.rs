@@ -1,8 +1,8 @@
 //! What changes between the running configuration and the file as it is now: the input of a
 //! live reload (`bmqctl admin reload`, `POST /admin/reload`, SIGHUP).
 //!
-//! A few settings can change while the node runs ([`LIVE_SETTINGS`]): the client tokens
-//! (`[auth]`), the admin token, the TLS files (`[tls] ca_file`, `cert_file`, `key_file`) and
+//! A few settings can change while the node runs: the client tokens (`[auth]`), the admin
+//! token (`[admin] token`), the TLS files (`[tls] ca_file`, `cert_file`, `key_file`) and
 //! `log.level`. [`diff`] describes how each of those changed — never with a secret: a
 //! token is named, and its secret shows only as a fingerprint — and names every other field
 //! that differs ([`ConfigDiff::needs_restart`]), which a reload does not apply.
@@ -14,16 +14,6 @@ use std::collections::BTreeMap;
 
 use crate::security::{AuthSettings, Permission, TokenConfig};
 use crate::BrokerConfig;
-
-/// The settings a reload applies, as field paths (the rest needs a restart).
-pub const LIVE_SETTINGS: &[&str] = &[
-    "auth",
-    "admin.token",
-    "tls.ca_file",
-    "tls.cert_file",
-    "tls.key_file",
-    "log.level",
-];
 
 /// How one client token changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,9 +72,10 @@ pub struct ConfigDiff {
     /// `[tls]` paths that changed: (field, before, after), e.g.
     /// `("tls.cert_file", "/etc/bmq/old.pem", "/etc/bmq/new.pem")`.
     pub tls_paths: Vec<(String, String, String)>,
-    /// Field paths that differ and cannot change while the node runs, in the order of the
-    /// file (`partition_count`, `elector.heartbeat_period_ms`, `members`, `tls`); an array
-    /// differs as a whole (`members`, `domains`).
+    /// Field paths that differ and cannot change while the node runs, in the order of
+    /// [`BrokerConfig`]'s fields (`partition_count`, `elector.heartbeat_period_ms`, `members`,
+    /// `tls`); an array differs as a whole (`members`, `domains`), and so does a section
+    /// that one side leaves out (`tls`, `admin` for `admin.listen_host`, `bmqp`).
     pub needs_restart: Vec<String>,
 }
 
