@@ -61,10 +61,12 @@ use thiserror::Error;
 use tracing::{debug, error, info};
 
 use crate::assignment::pick_partition_for_queue;
+use crate::domains::DomainState;
 use crate::ledger::{is_leader_advisory, LedgerRecord, Recovered};
 use crate::lsn::{lsn_of, Lsn};
 use crate::membership::{ClusterMembership, MemberRole};
 use crate::state::{ApplyError, ClusterState};
+use bmq_config::DomainConfig;
 
 /// Timers and limits of the core.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -448,6 +450,9 @@ pub struct MetadataCore {
     /// The membership the first leader writes into its snapshot when the ledger holds none:
     /// the nodes' `[[members]]` (see [`MetadataCore::set_seed_membership`]).
     seed_membership: Option<Arc<ClusterMembership>>,
+    /// The domains the first leader writes into its snapshot when the ledger holds none:
+    /// the node's `[[domains]]` (see [`MetadataCore::set_seed_domains`]).
+    seed_domains: Option<Arc<Vec<DomainConfig>>>,
     sync: Option<LeaderSync>,
     last_status: Option<MetadataStatus>,
     /// The latest `now` seen, for inputs that carry no time (`set_quorum`).
@@ -524,6 +529,7 @@ impl MetadataCore {
             applied_epoch: BTreeMap::new(),
             learner_progress: BTreeMap::new(),
             seed_membership: None,
+            seed_domains: None,
             just_removed: BTreeSet::new(),
             learned: BTreeSet::new(),
             sync: None,
@@ -647,6 +653,13 @@ impl MetadataCore {
     /// membership ignores it: after the first start the ledger wins.
     pub fn set_seed_membership(&mut self, membership: ClusterMembership) {
         self.seed_membership = Some(Arc::new(membership));
+    }
+
+    /// The domains a leader seeds the cluster state with when it holds none (the cluster's
+    /// first start, or a ledger written before domains were cluster state). A state with
+    /// domains ignores it: after the seed the ledger wins.
+    pub fn set_seed_domains(&mut self, domains: Vec<DomainConfig>) {
+        self.seed_domains = Some(Arc::new(domains));
     }
 
     /// The committed membership, if one is.
@@ -998,7 +1011,11 @@ impl MetadataCore {
     /// # Errors
     /// `NotLeader`, `NotActive`, `Overloaded`, or `Invalid` when it does not apply to the state
     /// as it will be after the pending advisories.
-    pub fn propose(&mut self, now: Instant, advisory: peer::Advisory) -> Result<Lsn, ProposeError> {
+    pub fn propose(
+        &mut self,
+        now: Instant,
+        mut advisory: peer::Advisory,
+    ) -> Result<Lsn, ProposeError> {
         self.last_now = Some(now);
         match self.role {
             MetadataRole::Follower => {
@@ -1016,6 +1033,11 @@ impl MetadataCore {
         }
         if matches!(advisory.kind, Some(peer::advisory::Kind::Membership(_))) {
             self.check_membership_change()?;
+        }
+        if let Some(peer::advisory::Kind::Domain(domain)) = advisory.kind.as_mut() {
+            // A domain change carries the LSN it is stamped with: every node versions the
+            // domain with it as it applies the change.
+            domain.lsn = Some(self.next_lsn().into());
         }
         // All or nothing: on error the tip state is unchanged.
         self.tip_state.apply(&advisory)?;
@@ -1839,6 +1861,17 @@ impl MetadataCore {
     }
 
     fn propose_leader_advisory(&mut self, now: Instant, mut state: ClusterState) {
+        if state.domains.is_none() {
+            if let Some(seed) = &self.seed_domains {
+                info!(
+                    domains = seed.len(),
+                    "seeding the cluster's domains from the configured domains"
+                );
+                // Versioned with the snapshot's LSN: a term's snapshot is its first record.
+                let version = Lsn::new(self.term, 1);
+                state.domains = Some(Arc::new(DomainState::seed(seed, version)));
+            }
+        }
         if state.membership.is_none() {
             if let Some(seed) = &self.seed_membership {
                 info!(
@@ -2077,6 +2110,9 @@ impl MetadataCore {
                     self.counters.apply_failures += 1;
                     error!(lsn = %p.lsn, error = %error, "committed advisory does not apply");
                 }
+            }
+            if let Some(peer::advisory::Kind::Domain(domain)) = &p.advisory.kind {
+                crate::domains::audit(p.lsn, domain);
             }
             if !self.assignment_requests.is_empty() {
                 match &p.advisory.kind {

@@ -2168,3 +2168,137 @@ fn the_active_leader_removes_a_leaving_member_once_its_primaries_moved() {
         assert_eq!(m.voters(), voters(&[1, 2]), "node {id}");
     }
 }
+
+// ---------------------------------------------------------------- domains
+
+/// Nodes 1-3, each seeded with `file` as its `[[domains]]`.
+fn domain_harness(file: &[bmq_config::DomainConfig]) -> Harness {
+    Harness::with_nodes(members().into_iter().map(|id| {
+        let mut core = MetadataCore::new(id, &members(), 0, Recovered::fresh(4));
+        core.set_seed_domains(file.to_vec());
+        (id, core)
+    }))
+}
+
+fn domain_change(
+    core: &MetadataCore,
+    name: &str,
+    f: impl FnOnce(&mut bmq_config::DomainConfig),
+) -> peer::Advisory {
+    let current = core
+        .tip_state()
+        .domains
+        .as_ref()
+        .unwrap()
+        .get(name)
+        .unwrap();
+    let mut next = current.config.clone();
+    f(&mut next);
+    let mut a = crate::domains::advisory(
+        peer::domain_advisory::Change::Update(crate::domains::config_to_wire(&next, Lsn::ZERO)),
+        "ops",
+    );
+    if let Some(peer::advisory::Kind::Domain(d)) = a.kind.as_mut() {
+        d.expected_version = Some(current.version.into());
+    }
+    a
+}
+
+#[test]
+fn the_first_leader_seeds_the_domains_and_every_node_applies_changes_at_their_lsn() {
+    // Scenario: the first leader seeds the file's domains; a create and an update commit on
+    // every node with the LSN they were stamped with; a failover keeps them.
+    use bmq_config::DomainConfig;
+    let mut h = domain_harness(&[DomainConfig::new("bmq.a")]);
+    h.elect(1, 1);
+    let seeded = h.state(1).domains.clone().expect("seeded");
+    assert_eq!(seeded.version, lsn(1, 1));
+    assert!(seeded.get("bmq.a").is_some());
+    let now = h.now;
+    let create = crate::domains::advisory(
+        peer::domain_advisory::Change::Create(crate::domains::config_to_wire(
+            &DomainConfig::new("bmq.b"),
+            Lsn::ZERO,
+        )),
+        "ops",
+    );
+    let at = h.node(1).propose(now, create).unwrap();
+    h.run();
+    let update = domain_change(h.node(1), "bmq.b", |d| d.max_queue_messages = 2);
+    let at2 = h.node(1).propose(now, update).unwrap();
+    h.run();
+    for id in 1..=3 {
+        let d = h.state(id).domains.clone().unwrap();
+        assert_eq!(d.version, at2, "node {id}");
+        let b = d.get("bmq.b").unwrap();
+        assert_eq!(
+            (b.version, b.config.max_queue_messages),
+            (at2, 2),
+            "node {id}"
+        );
+        assert!(at < at2);
+    }
+    h.down.insert(n(1));
+    h.elect(2, 2);
+    assert_eq!(h.state(2).domains, h.state(3).domains);
+    assert_eq!(
+        h.state(2).domains.unwrap().version,
+        at2,
+        "the new leader reseeds nothing"
+    );
+}
+
+#[test]
+fn a_second_change_computed_against_the_same_version_is_refused() {
+    // Scenario: two updates of one domain computed against one version: the first is
+    // proposed, the second fails its compare-and-set against the first's result.
+    use bmq_config::DomainConfig;
+    let mut h = domain_harness(&[DomainConfig::new("bmq.a")]);
+    h.elect(1, 1);
+    let now = h.now;
+    let first = domain_change(h.node(1), "bmq.a", |d| d.max_queue_messages = 2);
+    let second = domain_change(h.node(1), "bmq.a", |d| d.max_queue_bytes = 2);
+    h.node(1).propose(now, first).unwrap();
+    let refused = h.node(1).propose(now, second);
+    assert!(
+        matches!(
+            refused,
+            Err(ProposeError::Invalid(ApplyError::Domain(
+                crate::domains::DomainError::VersionConflict { .. }
+            )))
+        ),
+        "{refused:?}"
+    );
+    h.run();
+    let a = h.state(3).domains.unwrap().get("bmq.a").unwrap().clone();
+    assert_eq!(a.config.max_queue_messages, 2);
+    assert_eq!(
+        a.config.max_queue_bytes,
+        DomainConfig::new("x").max_queue_bytes
+    );
+}
+
+#[test]
+fn a_ledger_without_domains_is_seeded_once_by_the_next_leader() {
+    // Scenario: an upgrade: a cluster whose state has no domains (no seed configured) gets
+    // them from the next leader that has a seed; a later leader's different file is ignored.
+    use bmq_config::DomainConfig;
+    let mut h = Harness::new();
+    h.elect(1, 1);
+    assert_eq!(h.state(2).domains, None);
+    for id in 1..=3 {
+        h.node(id)
+            .set_seed_domains(vec![DomainConfig::new("bmq.old")]);
+    }
+    h.down.insert(n(1));
+    h.elect(2, 2);
+    let seeded = h.state(3).domains.clone().expect("seeded by node 2");
+    assert_eq!(seeded.version, lsn(2, 1));
+    h.node(3)
+        .set_seed_domains(vec![DomainConfig::new("bmq.other")]);
+    h.down.insert(n(2));
+    h.down.remove(&n(1));
+    h.elect(3, 3);
+    let kept = h.state(3).domains.unwrap();
+    assert_eq!(kept, seeded, "the ledger's domains win over a file");
+}

@@ -1886,6 +1886,63 @@ mod tests {
     }
 
     #[test]
+    fn domain_state_survives_a_rollovers_snapshot_and_a_restart() {
+        // Scenario: domains seeded by a snapshot and changed by an advisory are in the
+        // rollover's snapshot and read back equal after a restart.
+        use crate::domains::{advisory, config_to_wire, DomainState};
+        use bmq_config::DomainConfig;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ledger, _) = open(dir.path());
+        ledger.set_max_file_size(400);
+        let mut seeded = ClusterState::new(2);
+        seeded.domains = Some(std::sync::Arc::new(DomainState::seed(
+            &[DomainConfig::new("bmq.a")],
+            lsn(1, 1),
+        )));
+        let snapshot = peer::Advisory {
+            kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+                state: Some(seeded.to_snapshot()),
+            })),
+        };
+        ledger.append(&update(lsn(1, 1), snapshot)).unwrap();
+        let mut create = advisory(
+            peer::domain_advisory::Change::Create(config_to_wire(
+                &DomainConfig::new("bmq.b"),
+                Lsn::ZERO,
+            )),
+            "ops",
+        );
+        if let Some(peer::advisory::Kind::Domain(d)) = create.kind.as_mut() {
+            d.lsn = Some(lsn(1, 2).into());
+        }
+        ledger.append(&update(lsn(1, 2), create)).unwrap();
+        ledger.append(&commit(lsn(1, 3), lsn(1, 2))).unwrap();
+        let mut seq = 3;
+        while ledger.rollovers() == 0 {
+            seq += 1;
+            let key = seq;
+            ledger
+                .append(&update(
+                    lsn(1, seq),
+                    assign(&format!("bmq://d/q{key}"), 0, key),
+                ))
+                .unwrap();
+            seq += 1;
+            ledger
+                .append(&commit(lsn(1, seq), lsn(1, seq - 1)))
+                .unwrap();
+        }
+        let before = ledger.recovered().clone();
+        let domains = before.committed_state.domains.clone().expect("domains");
+        assert_eq!(domains.version, lsn(1, 2));
+        assert!(domains.get("bmq.a").is_some() && domains.get("bmq.b").is_some());
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.committed_state, before.committed_state);
+        assert_eq!(recovered.committed_state.domains, Some(domains));
+    }
+
+    #[test]
     fn a_rollovers_old_file_is_freed_by_its_release_not_by_the_ledger_letting_go_of_it() {
         // Scenario: a rollover's old file is freed a step at a time by the release
         // the ledger hands out (run on a thread of its own), not all at once when the main

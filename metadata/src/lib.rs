@@ -3,6 +3,7 @@
 //!
 //! - [`lsn`]: `Lsn = (term, sequence)`.
 //! - [`state`]: [`ClusterState`] and the rule that applies an advisory to it.
+//! - [`domains`]: [`DomainState`], the committed domains, and the rules of a change.
 //! - [`assignment`]: pure placement decisions (queue -> partition, partition -> primary).
 //! - [`ledger`]: the on-disk ledger with CRC32C records, torn-tail recovery and rollover, on
 //!   the storage floor's file layer ([`disk`]: the operating system's files, or a simulated
@@ -17,6 +18,7 @@
 
 pub mod assignment;
 pub mod core;
+pub mod domains;
 pub mod ledger;
 pub mod lsn;
 pub mod membership;
@@ -38,6 +40,7 @@ pub use crate::core::{
     LearnerProgress, MetadataConfig, MetadataCore, MetadataCounters, MetadataOutput, MetadataRole,
     MetadataStatus, ProposeError,
 };
+pub use crate::domains::{Domain, DomainError, DomainState};
 pub use crate::ledger::{
     FsyncPolicy, Ledger, LedgerError, LedgerRecord, LedgerRelease, LedgerSnapshot, LedgerSync,
     Recovered, SnapshotWritten, SyncDone,

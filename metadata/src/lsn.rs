@@ -45,6 +45,13 @@ impl fmt::Display for Lsn {
     }
 }
 
+/// JSON form: the string `term:seq` (the `/status` document's `version` of the domains).
+impl serde::Serialize for Lsn {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl From<peer::Lsn> for Lsn {
     fn from(lsn: peer::Lsn) -> Self {
         Lsn {

@@ -18,6 +18,7 @@ use serde::ser::{SerializeStruct, Serializer};
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::domains::{DomainError, DomainState};
 use crate::membership::{ClusterMembership, MembershipError};
 
 /// A partition primary's status (`PrimaryStatusAdvisory`): a new primary starts passive, heals its
@@ -83,7 +84,8 @@ pub struct QueueAssignment {
 /// Read the public fields freely; change the state only with [`ClusterState::apply`] (or build
 /// it with [`ClusterState::new`] / [`ClusterState::from_snapshot`]), which keep the private
 /// indexes (queue key -> URI, queues per partition) in step with `queues`. Clone is O(1) (see the
-/// module doc). Equality compares `partitions`, `queues`, `next_queue_key` and `membership`.
+/// module doc). Equality compares `partitions`, `queues`, `next_queue_key`, `membership` and
+/// `domains`.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterState {
     /// Every partition, `0..partition_count`.
@@ -95,6 +97,9 @@ pub struct ClusterState {
     /// The committed membership; `None` until the cluster's first leader seeds it from the
     /// files (quorums then count the configured members). Behind an `Arc` so a clone stays O(1).
     pub membership: Option<Arc<ClusterMembership>>,
+    /// The committed domains; `None` until a leader seeds them from its file's `[[domains]]`
+    /// (every node then uses its own file's). Behind an `Arc` so a clone stays O(1).
+    pub domains: Option<Arc<DomainState>>,
     /// Index of `queues` by key, so a reused key is found in O(log n). (`Arc<str>`: copying a
     /// node of a shared map then costs no allocation.)
     queue_keys: OrdMap<u64, Arc<str>>,
@@ -107,6 +112,7 @@ impl PartialEq for ClusterState {
         // The indexes are functions of `queues`.
         self.next_queue_key == other.next_queue_key
             && self.membership == other.membership
+            && self.domains == other.domains
             && self.partitions == other.partitions
             && self.queues == other.queues
     }
@@ -158,6 +164,9 @@ pub enum SnapshotError {
     /// The membership is invalid.
     #[error("membership: {0}")]
     Membership(#[from] MembershipError),
+    /// The domains are invalid.
+    #[error("domains: {0}")]
+    Domains(#[from] DomainError),
 }
 
 /// Why an advisory cannot be applied to the state. The state is left unchanged.
@@ -252,6 +261,9 @@ pub enum ApplyError {
     /// A membership change that is not a valid single change of the committed membership.
     #[error("membership change refused: {0}")]
     Membership(#[from] MembershipError),
+    /// A domain change that breaks a rule of [`DomainState::applied`].
+    #[error("domain change refused: {0}")]
+    Domain(#[from] DomainError),
 }
 
 impl ClusterState {
@@ -364,6 +376,7 @@ impl ClusterState {
                 .collect(),
             next_queue_key: self.next_queue_key,
             membership: self.membership.as_deref().map(ClusterMembership::to_wire),
+            domains: self.domains.as_deref().map(DomainState::to_wire),
         }
     }
 
@@ -373,6 +386,7 @@ impl ClusterState {
     pub fn is_described_by(&self, snapshot: &peer::ClusterStateSnapshot) -> bool {
         self.next_queue_key == snapshot.next_queue_key
             && self.membership.as_deref().map(ClusterMembership::to_wire) == snapshot.membership
+            && self.domains.as_deref().map(DomainState::to_wire) == snapshot.domains
             && self.partitions.len() == snapshot.partitions.len()
             && self.queues.len() == snapshot.queues.len()
             && self
@@ -401,6 +415,10 @@ impl ClusterState {
             next_queue_key: snapshot.next_queue_key,
             membership: match &snapshot.membership {
                 Some(wire) => Some(Arc::new(ClusterMembership::from_wire(wire)?)),
+                None => None,
+            },
+            domains: match &snapshot.domains {
+                Some(wire) => Some(Arc::new(DomainState::from_wire(wire)?)),
                 None => None,
             },
             ..Default::default()
@@ -467,6 +485,9 @@ impl ClusterState {
     ///   `QueueUnassignmentAdvisory` removes them; `QueueUpdateAdvisory` replaces one.
     /// - `MembershipAdvisory` replaces the membership with a single change of it at the next
     ///   epoch ([`ClusterMembership::check_change`]); refused before a membership is seeded.
+    /// - `DomainAdvisory` creates, updates or deletes one domain ([`DomainState::applied`]);
+    ///   a purging delete also unassigns the domain's queues; refused before domains are
+    ///   seeded.
     ///
     /// # Errors
     /// [`ApplyError`] naming the violated rule; the state is then unchanged.
@@ -610,7 +631,29 @@ impl ClusterState {
                 self.membership = Some(Arc::new(next));
                 Ok(())
             }
+            Kind::Domain(advisory) => {
+                let current = self.domains.as_deref().ok_or(DomainError::NotSeeded)?;
+                let next = current.applied(advisory, |name| self.domain_queues(name).count())?;
+                if let Some(peer::domain_advisory::Change::Delete(name)) = &advisory.change {
+                    // A purged domain's queues go with it (a delete without purge was refused
+                    // while it had any): their partitions drop what they hold.
+                    let uris: Vec<String> = self.domain_queues(name).map(str::to_string).collect();
+                    for uri in uris {
+                        self.unassign_queue(&uri)?;
+                    }
+                }
+                self.domains = Some(Arc::new(next));
+                Ok(())
+            }
         }
+    }
+
+    /// The URIs of the queues of domain `name` assigned, in order. O(log n + its queues).
+    pub fn domain_queues<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> + 'a {
+        // `bmq://<name>/` .. `bmq://<name>0`: '0' is the character after '/'.
+        let from = format!("{}{name}/", bmq_proto::uri::URI_SCHEME);
+        let to = format!("{}{name}0", bmq_proto::uri::URI_SCHEME);
+        self.queues.range(from..to).map(|(uri, _)| uri.as_str())
     }
 
     /// The epoch of the membership, 0 before it is seeded.
@@ -738,11 +781,12 @@ impl Serialize for ClusterState {
                 queue_key: q.queue_key,
             })
             .collect();
-        let mut s = serializer.serialize_struct("ClusterState", 4)?;
+        let mut s = serializer.serialize_struct("ClusterState", 5)?;
         s.serialize_field("partitions", &partitions)?;
         s.serialize_field("queues", &queues)?;
         s.serialize_field("next_queue_key", &self.next_queue_key)?;
         s.serialize_field("membership", &self.membership.as_deref())?;
+        s.serialize_field("domains", &self.domains.as_deref())?;
         s.end()
     }
 }
