@@ -40,6 +40,7 @@ pub mod connect;
 pub mod consume;
 pub mod credentials;
 pub mod dev_ca;
+pub mod domain;
 pub mod http;
 pub mod payload;
 pub mod produce;

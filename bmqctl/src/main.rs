@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use bmqctl::{admin, bench, cluster, cluster_nodes, consume, produce, ready, status};
+use bmqctl::{admin, bench, cluster, cluster_nodes, consume, domain, produce, ready, status};
 
 /// Command-line tool of the BlazingMQ-style broker cluster.
 #[derive(Debug, Parser)]
@@ -57,6 +57,12 @@ enum Command {
         after_help = "Example:\n  bmqctl admin stop --admin 127.0.0.1:30301"
     )]
     Admin(admin::AdminCommand),
+    /// The cluster's domains: create, update, delete, list, show (committed cluster state).
+    #[command(
+        subcommand,
+        after_help = "Example:\n  bmqctl domain create bmq.orders --max-queue-messages 10000 --admin 127.0.0.1:30301"
+    )]
+    Domain(domain::DomainCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -117,5 +123,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Bench(command) => bench::run(command).await,
         Command::Ready(args) => ready::run(args).await,
         Command::Admin(command) => admin::run(command).await,
+        Command::Domain(command) => domain::run(command).await,
     }
 }

@@ -516,6 +516,7 @@ mod tests {
             ready: true,
             membership: None,
             config_reload: None,
+            domains: None,
         }
     }
 

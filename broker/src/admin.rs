@@ -40,8 +40,8 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use bmq_config::{BrokerConfig, Permission};
 use bmq_metadata::{ClusterMembership, LearnerProgress, MemberRole, MetadataRole};
 use bmq_proto::admin_doc::{
-    CatchUpDoc, ElectorDoc, MemberDoc, MembershipDoc, MetadataDoc, NodeStatusDoc, PartitionDoc,
-    PeerDoc, QueueDoc,
+    CatchUpDoc, DomainsDoc, ElectorDoc, MemberDoc, MembershipDoc, MetadataDoc, NodeStatusDoc,
+    PartitionDoc, PeerDoc, QueueDoc,
 };
 use bmq_proto::NodeId;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -548,6 +548,11 @@ pub async fn node_status(ctx: &AdminContext) -> anyhow::Result<NodeStatusDoc> {
             doc
         }),
         config_reload: ctx.reload.status(),
+        domains: state.domains.as_deref().map(|d| DomainsDoc {
+            version: d.version.to_string(),
+            count: d.domains.len(),
+            file_disagrees: ctx.router.domains_file_disagreement(state),
+        }),
     })
 }
 
@@ -780,6 +785,7 @@ pub fn start_admin_server(
             )
             .route("/admin/purge", web::post().to(purge))
             .route("/admin/reload", web::post().to(crate::admin_reload::reload))
+            .configure(crate::admin_domains::routes)
     })
     .workers(1)
     .disable_signals()

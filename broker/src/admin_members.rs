@@ -62,8 +62,8 @@ pub struct RemoveMemberQuery {
     timeout_ms: Option<u64>,
 }
 
-/// Why a change did not happen, as an HTTP answer.
-enum Refusal {
+/// Why a change did not happen, as an HTTP answer (the domain endpoints answer the same).
+pub(crate) enum Refusal {
     Bad(String),
     Conflict(String),
     Unavailable(String),
@@ -71,7 +71,7 @@ enum Refusal {
 }
 
 impl Refusal {
-    fn answer(self) -> HttpResponse {
+    pub(crate) fn answer(self) -> HttpResponse {
         match self {
             Refusal::Bad(m) => HttpResponse::BadRequest().body(format!("{m}\n")),
             Refusal::Conflict(m) => HttpResponse::Conflict().body(format!("{m}\n")),
@@ -86,7 +86,10 @@ impl Refusal {
 /// The committed state if this node is the active metadata leader; else where to go. A
 /// leader still syncing (just elected, perhaps because the previous one ceded to be removed)
 /// is waited for, up to [`APPLIED_WAIT`].
-async fn leader_state(ctx: &AdminContext, req: &HttpRequest) -> Result<ClusterState, Refusal> {
+pub(crate) async fn leader_state(
+    ctx: &AdminContext,
+    req: &HttpRequest,
+) -> Result<ClusterState, Refusal> {
     let syncing_until = Instant::now() + APPLIED_WAIT;
     let snapshot = loop {
         let snapshot = ctx

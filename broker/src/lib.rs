@@ -24,10 +24,12 @@
 
 pub mod actors;
 pub mod admin;
+pub mod admin_domains;
 pub mod admin_members;
 pub mod admin_reload;
 pub mod auth;
 pub mod bmqp_session;
+pub mod domains;
 pub mod net;
 pub mod node;
 pub mod reload;

@@ -48,8 +48,8 @@ use std::time::{Duration, Instant};
 
 use actix::{Actor, Addr};
 use anyhow::Context as _;
-use bmq_config::{BrokerConfig, Consistency, DomainMode, FsyncSetting};
-use bmq_dataplane::{DeliveryMode, DomainPolicies, DomainPolicy, QueueLimits};
+use bmq_config::{BrokerConfig, FsyncSetting};
+use bmq_dataplane::DomainPolicies;
 use bmq_elector::{Elector, ElectorConfig, TermStore};
 use bmq_metadata::{
     ClusterMembership, ClusterState, FsyncPolicy, Ledger, Member, MemberRole, MembershipError,
@@ -172,26 +172,7 @@ fn file_membership(config: &BrokerConfig) -> Result<ClusterMembership, Membershi
 
 /// The domains of the configuration as the data-plane cores use them.
 pub fn domain_policies(config: &BrokerConfig) -> DomainPolicies {
-    DomainPolicies::new(config.domains.iter().map(|d| {
-        let mode = match d.mode {
-            DomainMode::Priority => DeliveryMode::Priority,
-            DomainMode::Broadcast => DeliveryMode::Broadcast,
-            DomainMode::Fanout => DeliveryMode::Fanout {
-                app_ids: d.app_ids.clone(),
-            },
-        };
-        let policy = DomainPolicy {
-            mode,
-            strong: d.consistency == Consistency::Strong,
-            limits: QueueLimits {
-                max_messages: d.max_queue_messages,
-                max_bytes: d.max_queue_bytes,
-                max_delivery_attempts: d.max_delivery_attempts,
-                message_ttl: d.message_ttl(),
-            },
-        };
-        (d.name.clone(), policy)
-    }))
+    crate::domains::policies_of(config.domains.iter())
 }
 
 fn bind(addr: &str, what: &str) -> anyhow::Result<std::net::TcpListener> {
@@ -321,6 +302,10 @@ async fn start_actors(
     if let Some(seed) = seed_membership(config) {
         metadata_core.set_seed_membership(seed);
     }
+    if config.join.is_empty() {
+        // A joining node takes the cluster's domains; it seeds none of its own.
+        metadata_core.set_seed_domains(config.domains.clone());
+    }
     let (ledger, transport) = (storage.ledger, control.clone().recipient());
     // On the main thread, beside the peer links: a proposal goes out to the followers, and a
     // follower's ack comes back, without a hand-off between threads; the ledger's
@@ -376,7 +361,7 @@ async fn start_actors(
         config: config.clone(),
         peers: hub.clone(),
         cluster: cluster.clone(),
-        policies: Arc::new(domain_policies(config)),
+        domains: crate::domains::DomainCache::new(config, &initial_state),
         primary_active: health.clone().recipient(),
         assignments: metadata.clone().recipient(),
         // The configured quorum: 0 is a majority of each lease's replicas.

@@ -177,6 +177,14 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
                 self.router.set_partition_learners(learners_of(membership));
             }
         }
+        if msg
+            .state
+            .domains
+            .as_ref()
+            .is_some_and(|d| before.domains.as_ref().is_none_or(|b| !Arc::ptr_eq(b, d)))
+        {
+            self.router.sync_domains(&msg.state);
+        }
         let partitions_changed = !before.same_partitions(&msg.state);
         if partitions_changed || self.router.partition_roles_stale() {
             self.router.sync_partitions(&msg.state);

@@ -841,6 +841,61 @@ impl Partition {
         removed
     }
 
+    /// The committed domains changed (DESIGN.md §5a): new opens resolve against `policies`;
+    /// each open queue whose domain's limits changed takes them at once (a lower depth limit
+    /// refuses the next PUT); an idle queue whose mode or app ids changed is dropped and
+    /// rebuilt with them on its next use; a queue whose domain is gone (a purging delete) has
+    /// every message removed — logged and counted as purged — and is dropped with its
+    /// consumers. Returns the copies removed.
+    pub fn handle_domains(&mut self, now: Instant, policies: Arc<DomainPolicies>) -> usize {
+        self.policies = policies;
+        let mut removed = 0;
+        let mut gone = Vec::new();
+        for (uri, entry) in self.queues.iter_mut() {
+            match self.policies.resolve(uri) {
+                None => gone.push(uri.clone()),
+                Some(p) if *p == entry.policy => {}
+                Some(p) if p.mode == entry.policy.mode && p.strong == entry.policy.strong => {
+                    for (_, q) in entry.apps.iter_mut() {
+                        q.set_limits(p.limits);
+                    }
+                    entry.policy.limits = p.limits;
+                    info!(partition = %self.id, queue = %uri, limits = ?p.limits, "queue limits changed with its domain");
+                }
+                Some(_) if entry.is_idle() => gone.push(uri.clone()),
+                Some(_) => {
+                    // The leader refuses such a change while the domain has queues; a queue
+                    // opened meanwhile keeps its settings until it is idle.
+                    warn!(partition = %self.id, queue = %uri, "domain mode changed under a busy queue; its settings stay until it is idle");
+                }
+            }
+        }
+        for uri in gone {
+            let Some(mut entry) = self.queues.remove(&uri) else {
+                continue;
+            };
+            if self.policies.resolve(&uri).is_some() {
+                // Idle, rebuilt with the new settings on its next use.
+                continue;
+            }
+            let mut purged = 0;
+            for (app, q) in entry.apps.iter_mut() {
+                purged += q.purge();
+                while let Some(event) = q.poll_event() {
+                    self.record_event(now, &uri, app.clone(), event);
+                }
+            }
+            for queues in self.consumer_queues.values_mut() {
+                queues.remove(&uri);
+            }
+            self.awaiting_marks.retain(|u| *u != uri);
+            warn!(partition = %self.id, queue = %uri, purged, "queue of a deleted domain dropped with its messages");
+            removed += purged;
+        }
+        self.absorb_replication(now);
+        removed
+    }
+
     /// The link to a proxy node dropped (it crashed, stopped or was cut off): every consumer it
     /// carried goes, and their messages are redelivered without counting a failure.
     pub fn handle_node_gone(&mut self, now: Instant, node: NodeId) {

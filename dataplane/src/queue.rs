@@ -369,6 +369,13 @@ impl QueueCore {
         &self.limits
     }
 
+    /// Replaces the queue's limits (its domain changed): a lower depth limit refuses the next
+    /// PUT, a TTL or a delivery-attempt limit applies to the messages held from the next
+    /// delivery or sweep on.
+    pub fn set_limits(&mut self, limits: QueueLimits) {
+        self.limits = limits;
+    }
+
     /// Why a message of `size` bytes would be refused now (`max_messages` or `max_bytes`
     /// reached), after dropping expired messages; `None` when it would be taken.
     pub fn refusal(&mut self, now: Instant, size: u64) -> Option<String> {

@@ -36,6 +36,24 @@ pub struct NodeStatusDoc {
     /// The configuration reloads of this node since it started (absent before the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_reload: Option<ConfigReloadStatusDoc>,
+    /// The committed domains (absent before a leader seeded them from its file, and from
+    /// nodes of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domains: Option<DomainsDoc>,
+}
+
+/// The committed domain state (DESIGN.md §5a) as this node holds it; the domains themselves
+/// are listed by `GET /admin/domains`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DomainsDoc {
+    /// The LSN of the last change (`term:seq`; the seed's LeaderAdvisory before any change).
+    pub version: String,
+    /// How many domains exist.
+    pub count: usize,
+    /// Why this node's file `[[domains]]` differs from the committed domains, if it does (the
+    /// committed domains apply; the file only seeds the first start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_disagrees: Option<String>,
 }
 
 /// The committed membership (DESIGN.md §5a) as this node holds it.

@@ -13,6 +13,7 @@
 //! - [`StopDelivering`]: the node is stopping gracefully, push nothing new;
 //! - [`PartitionPeerMessages`]: replication traffic from a peer;
 //! - [`PartitionRoleChanged`]: the committed primary, lease and status (on every commit);
+//! - [`SetPartitionDomains`]: the committed domains changed;
 //! - [`SetPartitionQuorum`]: the effective quorum changed (`POST /admin/quorum/{n}`);
 //! - [`PurgeQueue`]: an operator's purge of a queue (`POST /admin/purge`);
 //! - [`GetPartitionStats`]: answers a [`PartitionStats`] (for `/status` and the gauges).
@@ -50,8 +51,9 @@ use std::time::Instant;
 
 use actix::{Actor, AsyncContext, Context, Handler, Message, MessageResult};
 use bmq_dataplane::{
-    ClosedFiles, CompactionDone, CompactionTicket, Partition, PartitionConfig, PartitionGauges,
-    PartitionOutput, PartitionStats, Store, StoreConfig, SyncTicket,
+    AppsOf, ClosedFiles, CompactionDone, CompactionTicket, DomainPolicies, Partition,
+    PartitionConfig, PartitionGauges, PartitionOutput, PartitionStats, Store, StoreConfig,
+    SyncTicket,
 };
 use bmq_proto::client::ClientMessage;
 use bmq_proto::peer::PartitionMessage;
@@ -150,6 +152,15 @@ pub struct SetPartitionQuorum {
     pub quorum: usize,
 }
 
+/// The committed domains changed: the partition resolves queues against `policies` from now
+/// on, and its open queues take their domain's new limits ([`Partition::handle_domains`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetPartitionDomains {
+    /// Every domain's policy, as committed.
+    pub policies: Arc<DomainPolicies>,
+}
+
 /// Removes every outstanding message of queue `uri` (an operator's purge); answers how many
 /// copies were removed, or `None` when this node is not the partition's active primary.
 #[derive(Message)]
@@ -199,6 +210,9 @@ pub struct PartitionActor {
     core: Option<Partition>,
     /// What `started` opens: the journal's directory and settings, and the core's settings.
     opening: Option<(std::path::PathBuf, StoreConfig, PartitionConfig)>,
+    /// The app ids each queue's messages are stored for, as the node's domains say now
+    /// (`crate::domains::DomainCache::apps_of`).
+    apps_of: AppsOf,
     outbox: Arc<dyn PartitionOutbox>,
     mailbox_capacity: usize,
     /// The core's next deadline.
@@ -272,6 +286,7 @@ impl PartitionActor {
         dir: std::path::PathBuf,
         store: StoreConfig,
         cfg: PartitionConfig,
+        apps_of: AppsOf,
         outbox: Arc<dyn PartitionOutbox>,
         mailbox_capacity: usize,
     ) -> Self {
@@ -279,6 +294,7 @@ impl PartitionActor {
             id,
             core: None,
             opening: Some((dir, store, cfg)),
+            apps_of,
             outbox,
             mailbox_capacity,
             timer: Timer::new(),
@@ -530,7 +546,7 @@ impl Actor for PartitionActor {
         };
         let started = Instant::now();
         let disk = std::sync::Arc::new(bmq_storage::disk::RealDisk);
-        match Store::open_or_quarantine(disk, &dir, store, cfg.policies.apps_of()) {
+        match Store::open_or_quarantine(disk, &dir, store, self.apps_of.clone()) {
             Ok(mut store) => {
                 store.set_defer_close(self.closer.is_running());
                 store.set_background_compaction(self.compactor.is_running());
@@ -654,6 +670,20 @@ impl Handler<SetPartitionQuorum> for PartitionActor {
         let _turn = Turn::start(&self.turn_seconds);
         if let Some(core) = self.core.as_mut() {
             core.set_quorum(Instant::now(), msg.quorum);
+        }
+        self.drive(ctx);
+    }
+}
+
+impl Handler<SetPartitionDomains> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetPartitionDomains, ctx: &mut Self::Context) {
+        let _turn = Turn::start(&self.turn_seconds);
+        if let Some(core) = self.core.as_mut() {
+            core.handle_domains(Instant::now(), msg.policies);
+        } else if let Some((_, _, cfg)) = self.opening.as_mut() {
+            cfg.policies = msg.policies;
         }
         self.drive(ctx);
     }

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use actix::{Addr, Recipient};
 use bmq_config::BrokerConfig;
-use bmq_dataplane::{refusal, DomainPolicies};
+use bmq_dataplane::refusal;
+
+use crate::domains::DomainCache;
 use bmq_metadata::ClusterState;
 use bmq_proto::client::{client_message::Kind as ClientKind, ClientMessage, StatusCode};
 use bmq_proto::peer::{
@@ -103,8 +105,8 @@ pub struct RouterParts {
     pub peers: Arc<PeerHub>,
     /// The latest committed cluster state.
     pub cluster: watch::Receiver<Arc<ClusterState>>,
-    /// The domains' policies, resolved once from the configuration.
-    pub policies: Arc<DomainPolicies>,
+    /// The domains as this node resolves them (committed, or the file's before the seed).
+    pub domains: Arc<DomainCache>,
     /// Where `PrimaryActiveNotice`s go on this node (the health actor).
     pub primary_active: Recipient<PrimaryActive>,
     /// Where queue assignment requests go (the metadata actor, which forwards to the leader).
@@ -128,7 +130,7 @@ pub struct Router {
     sessions: dashmap::DashMap<u64, SessionInbox>,
     next_session_id: AtomicU64,
     // partitions.rs
-    policies: Arc<DomainPolicies>,
+    domains: Arc<DomainCache>,
     quorum: AtomicUsize,
     partitions: Mutex<HashMap<PartitionId, Addr<PartitionActor>>>,
     /// The role last told to each partition actor ([`Router::sync_partitions`]).
@@ -172,11 +174,14 @@ impl Router {
     pub fn new(parts: RouterParts) -> Arc<Router> {
         Arc::new(Router {
             self_id: NodeId(parts.config.node_id),
-            session_settings: Arc::new(SessionSettings::from_config(&parts.config)),
+            session_settings: Arc::new(SessionSettings::from_config(
+                &parts.config,
+                parts.domains.clone(),
+            )),
             config: parts.config,
             peers: parts.peers,
             cluster: parts.cluster,
-            policies: parts.policies,
+            domains: parts.domains,
             primary_active_sink: parts.primary_active,
             assignments: parts.assignments,
             quorum: AtomicUsize::new(parts.quorum),

@@ -18,7 +18,8 @@ use bmq_proto::{LeaseId, NodeId, PartitionId};
 use super::Router;
 use crate::actors::partition::{
     wall_clock_ms, GetPartitionGauges, GetPartitionStats, PartitionActor, PartitionOutbox,
-    PartitionRoleChanged, SetPartitionLearners, SetPartitionQuorum, StopDelivering,
+    PartitionRoleChanged, SetPartitionDomains, SetPartitionLearners, SetPartitionQuorum,
+    StopDelivering,
 };
 
 /// What a graceful stop waits for before the primaries move ([`Router::drain_status`]).
@@ -85,6 +86,7 @@ impl Router {
                     self.journal_dir(*id),
                     self.store_config(),
                     cfg,
+                    self.domains.apps_of(),
                     outbox,
                     self.config.limits.mailbox_capacity(),
                 );
@@ -167,7 +169,7 @@ impl Router {
                 guid_window_age: c.limits.duplicate_guid_window(),
                 in_sync_timeout: c.storage.in_sync_timeout(),
             },
-            policies: self.policies.clone(),
+            policies: self.domains.policies(),
             consumer_defaults: ConsumerDefaults {
                 max_unconfirmed_messages: u32::try_from(c.limits.max_unconfirmed_messages_default)
                     .unwrap_or(u32::MAX),
@@ -218,6 +220,26 @@ impl Router {
                 metrics::counter!("bmq_mailbox_full_total", "actor" => "partition").increment(1);
             }
         });
+    }
+
+    /// Takes the domains of a committed `state` ([`DomainCache::update`]) and, if they
+    /// changed, tells every partition (partitions started later read the cache).
+    pub fn sync_domains(&self, state: &ClusterState) {
+        let Some(policies) = self.domains.update(state) else {
+            return;
+        };
+        self.each_partition(|addr| {
+            // Rate-bounded by operators' domain changes (one message per change and
+            // partition), and it must not be lost to a full mailbox: do_send.
+            addr.do_send(SetPartitionDomains {
+                policies: policies.clone(),
+            });
+        });
+    }
+
+    /// How this node's `[[domains]]` differ from the committed domains, if they do.
+    pub fn domains_file_disagreement(&self, state: &ClusterState) -> Option<String> {
+        self.domains.file_disagreement(state)
     }
 
     /// Sets the quorum of every partition (and of partitions started later); 0 is a majority

@@ -4,7 +4,7 @@
 //! thread and from every partition thread, through a `DashMap` (sharded locks, held for a
 //! look-up or an insert, never across a send that can wait: inbox sends are `try_send`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +20,7 @@ use tracing::warn;
 use super::Router;
 use crate::actors::partition::PartitionSessionGone;
 use crate::auth::{ClientIdentity, LiveAuth};
+use crate::domains::DomainCache;
 
 /// What a session's inbox receives from the rest of the node.
 #[derive(Debug)]
@@ -74,13 +75,13 @@ pub struct SessionSettings {
     pub auth: Arc<LiveAuth>,
     /// The bmqp listener's heartbeats and plaintext rule (`[bmqp]`).
     pub bmqp: BmqpSettings,
-    /// The names of the configured domains (`[[domains]]`).
-    domains: HashSet<String>,
+    /// The domains this node knows (committed, or the file's before the seed).
+    domains: Arc<DomainCache>,
 }
 
 impl SessionSettings {
     /// The settings of `config`'s sessions.
-    pub fn from_config(config: &BrokerConfig) -> SessionSettings {
+    pub fn from_config(config: &BrokerConfig, domains: Arc<DomainCache>) -> SessionSettings {
         let limits = &config.limits;
         SessionSettings {
             client_sessions_max: limits.client_sessions_max as usize,
@@ -93,13 +94,13 @@ impl SessionSettings {
             host_name: config.self_member().host.clone(),
             auth: Arc::new(LiveAuth::from_config(config)),
             bmqp: config.bmqp.clone(),
-            domains: config.domains.iter().map(|d| d.name.clone()).collect(),
+            domains,
         }
     }
 
-    /// Whether a domain named `name` is configured.
+    /// Whether a domain named `name` exists (as this node's domains say now).
     pub fn has_domain(&self, name: &str) -> bool {
-        self.domains.contains(name)
+        self.domains.has_domain(name)
     }
 }
 
