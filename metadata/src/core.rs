@@ -1140,6 +1140,13 @@ impl MetadataCore {
                 if self.tip_state.queues.contains_key(uri) {
                     return;
                 }
+                if !self.tip_state.has_domain_of(uri) {
+                    // A queue of a domain that does not exist (deleted meanwhile: a session
+                    // checked it when it opened) is never assigned.
+                    debug!(uri, "queue assignment refused: unknown domain");
+                    self.assignment_requests.remove(uri);
+                    return;
+                }
                 let Some(partition) = pick_partition_for_queue(&self.tip_state) else {
                     debug!(uri, "no partition has a primary; queue assignment deferred");
                     return;

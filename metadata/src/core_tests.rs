@@ -2302,3 +2302,33 @@ fn a_ledger_without_domains_is_seeded_once_by_the_next_leader() {
     let kept = h.state(3).domains.unwrap();
     assert_eq!(kept, seeded, "the ledger's domains win over a file");
 }
+
+#[test]
+fn a_queue_of_an_unknown_domain_is_never_assigned() {
+    // Scenario: with domains seeded, an assignment request for a queue whose domain does not
+    // exist (deleted after its session checked it) is dropped; a known domain's is assigned.
+    use bmq_config::DomainConfig;
+    let mut h = domain_harness(&[DomainConfig::new("d")]);
+    h.elect(1, 1);
+    let now = h.now;
+    let available: BTreeSet<NodeId> = members().into_iter().collect();
+    let plan = crate::assignment::plan_primary_assignment(h.node(1).state(), &available);
+    h.node(1)
+        .propose(
+            now,
+            peer::Advisory {
+                kind: Some(peer::advisory::Kind::PartitionPrimary(
+                    peer::PartitionPrimaryAdvisory { partitions: plan },
+                )),
+            },
+        )
+        .unwrap();
+    h.run();
+    h.node(2).request_queue_assignment(now, "bmq://gone/q");
+    h.node(2).request_queue_assignment(now, "bmq://d/q");
+    h.run();
+    let state = h.state(3);
+    assert!(state.queues.contains_key("bmq://d/q"));
+    assert!(!state.queues.contains_key("bmq://gone/q"));
+    assert_eq!(h.node(1).status().uncommitted, 0);
+}

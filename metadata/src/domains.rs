@@ -476,11 +476,13 @@ pub fn apply_settings(
 /// A domain advisory, not yet stamped (the leader sets `lsn` as it proposes it).
 pub fn advisory(change: peer::domain_advisory::Change, requested_by: &str) -> peer::Advisory {
     peer::Advisory {
-        kind: Some(peer::advisory::Kind::Domain(peer::DomainAdvisory {
-            change: Some(change),
-            requested_by: requested_by.to_string(),
-            ..Default::default()
-        })),
+        kind: Some(peer::advisory::Kind::Domain(Box::new(
+            peer::DomainAdvisory {
+                change: Some(change),
+                requested_by: requested_by.to_string(),
+                ..Default::default()
+            },
+        ))),
     }
 }
 

@@ -376,7 +376,7 @@ impl ClusterState {
                 .collect(),
             next_queue_key: self.next_queue_key,
             membership: self.membership.as_deref().map(ClusterMembership::to_wire),
-            domains: self.domains.as_deref().map(DomainState::to_wire),
+            domains: self.domains.as_deref().map(|d| Box::new(d.to_wire())),
         }
     }
 
@@ -386,7 +386,8 @@ impl ClusterState {
     pub fn is_described_by(&self, snapshot: &peer::ClusterStateSnapshot) -> bool {
         self.next_queue_key == snapshot.next_queue_key
             && self.membership.as_deref().map(ClusterMembership::to_wire) == snapshot.membership
-            && self.domains.as_deref().map(DomainState::to_wire) == snapshot.domains
+            && self.domains.as_deref().map(DomainState::to_wire).as_ref()
+                == snapshot.domains.as_deref()
             && self.partitions.len() == snapshot.partitions.len()
             && self.queues.len() == snapshot.queues.len()
             && self
@@ -646,6 +647,15 @@ impl ClusterState {
                 Ok(())
             }
         }
+    }
+
+    /// Whether the domain of queue `uri` exists: always before the domains are seeded (the
+    /// nodes' files then decide); afterwards, whether the committed domains hold it.
+    pub fn has_domain_of(&self, uri: &str) -> bool {
+        let Some(domains) = self.domains.as_deref() else {
+            return true;
+        };
+        bmq_proto::uri::QueueUri::parse(uri).is_ok_and(|q| domains.get(&q.domain).is_some())
     }
 
     /// The URIs of the queues of domain `name` assigned, in order. O(log n + its queues).

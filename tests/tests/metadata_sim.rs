@@ -35,7 +35,9 @@
 //!   node's messages of one step travel per peer as one `MetadataBatch`, as the actor sends them.
 //! - **Crashes**: single nodes, and now and then every node at once (a power loss).
 //! - **Workload**: queue assignment requests on every node, primary changes with the next lease
-//!   proposed by the leader.
+//!   proposed by the leader, and domain changes (domains seeded by the first leader; a depth
+//!   limit updated with compare-and-set, a second domain created and deleted with purge), so
+//!   the state compared across nodes includes the domains.
 //! - **Membership changes** (the `membership` runs): the first leader seeds the membership
 //!   from the initial nodes; then, at random points, the active leader adds one of two spare
 //!   nodes as a learner (the core promotes it once it has caught up) or removes a member, one
@@ -439,6 +441,8 @@ impl Sim {
         };
         let mut core =
             MetadataCore::with_config(self.members[i], &configured, 0, recovered, config());
+        // Every node seeds the same domains: whichever leads first writes them once.
+        core.set_seed_domains(vec![bmq_config::DomainConfig::new("sim")]);
         if self.membership_changes && i < self.initial {
             core.set_seed_membership(
                 ClusterMembership::seed(configured.iter().map(|id| sim_member(*id)))
@@ -942,6 +946,51 @@ impl Sim {
         self.rearm(i);
     }
 
+    /// Has leader `i` propose a domain change as an operator would through the admin
+    /// endpoints: domain `sim`'s depth limit set to `limit` (compare-and-set on the version
+    /// its tip holds), and domain `sim.extra` created (`create`) or deleted; refused proposals
+    /// are ignored.
+    fn propose_domain_change(&mut self, i: usize, limit: u64, create: bool) {
+        use bmq_metadata::domains::{advisory, config_to_wire};
+        use peer::domain_advisory::Change;
+        let now = self.now;
+        let core = self.nodes[i].core.as_mut().expect("live");
+        let Some(domains) = core.tip_state().domains.clone() else {
+            return;
+        };
+        let mut changes = Vec::new();
+        if let Some(sim) = domains.get("sim") {
+            let mut next = sim.config.clone();
+            next.max_queue_messages = limit;
+            let mut a = advisory(Change::Update(config_to_wire(&next, Lsn::ZERO)), "sim");
+            if let Some(Kind::Domain(d)) = a.kind.as_mut() {
+                d.expected_version = Some(sim.version.into());
+            }
+            changes.push(a);
+        }
+        match (create, domains.get("sim.extra")) {
+            (true, None) => changes.push(advisory(
+                Change::Create(config_to_wire(
+                    &bmq_config::DomainConfig::new("sim.extra"),
+                    Lsn::ZERO,
+                )),
+                "sim",
+            )),
+            (false, Some(extra)) => {
+                let mut a = advisory(Change::Delete("sim.extra".into()), "sim");
+                if let Some(Kind::Domain(d)) = a.kind.as_mut() {
+                    d.expected_version = Some(extra.version.into());
+                    d.purge = true;
+                }
+                changes.push(a);
+            }
+            _ => {}
+        }
+        for a in changes {
+            let _ = core.propose(now, a);
+        }
+    }
+
     /// Has leader `i` propose `primary` for partition `p` with the next lease, replicated by
     /// the current voters (as the health actor does; the primary's healing is not simulated,
     /// so the lease is ACTIVE at once); refused proposals (not active, overloaded) are
@@ -1016,6 +1065,11 @@ impl Sim {
                 let p = self.rng.gen_range(0..PARTITIONS);
                 let primary = self.rng.gen_range(1..=n as u32);
                 self.propose_primary(i, p, primary);
+            }
+            if core_is_active(&self.nodes[i]) && self.rng.gen_bool(0.1) {
+                let limit = self.rng.gen_range(1..1000);
+                let create = self.rng.gen_bool(0.5);
+                self.propose_domain_change(i, limit, create);
             }
             self.drive(i);
         }
@@ -1542,4 +1596,11 @@ fn replay() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let _ = run_seed_with_spares(seed, n, spares);
+}
+
+/// Whether node `node` is up and its core the active metadata leader.
+fn core_is_active(node: &Node) -> bool {
+    node.core
+        .as_ref()
+        .is_some_and(|c| c.status().role == MetadataRole::ActiveLeader)
 }
