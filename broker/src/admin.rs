@@ -220,6 +220,10 @@ fn describe_scrape_gauges() {
         "bmq_cluster_membership_changes_total",
         "Membership changes this node applied, by kind (added, promoted, leaving, removed, moved)"
     );
+    metrics::describe_counter!(
+        "bmq_config_changes_total",
+        "Committed domain changes this node applied, by kind (domain_create, domain_update, domain_delete)"
+    );
     metrics::describe_gauge!(
         "bmq_elector_quorum",
         "Effective elector quorum, this node included"
