@@ -1358,3 +1358,49 @@ fn a_failed_fsync_is_fatal_and_releases_nothing() {
         "{outputs:?}"
     );
 }
+
+#[test]
+fn a_domain_change_applies_to_open_queues_and_a_deleted_domain_is_purged() {
+    // The committed domains change under an open queue holding two messages: a depth limit
+    // lowered to 2 refuses the next PUT at once; the domain deleted (with purge) removes both
+    // messages, journaled and counted as purged, and a later PUT finds no queue.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(1), open(uri, false, ""));
+    p.handle_request(now, session(1), put(uri, 1));
+    p.handle_request(now, session(1), put(uri, 2));
+    sync(&mut p, now);
+    let acked = ack_status(&drain(&mut p));
+    assert_eq!(acked.len(), 2);
+    assert!(
+        acked.iter().all(|(s, _)| *s == AckStatus::Success as i32),
+        "{acked:?}"
+    );
+    let lowered = DomainPolicy {
+        limits: QueueLimits {
+            max_messages: 2,
+            ..LIMITS
+        },
+        ..policy(DeliveryMode::Priority)
+    };
+    let removed = p.handle_domains(now, Arc::new(DomainPolicies::new([("d".into(), lowered)])));
+    assert_eq!(removed, 0, "a change of limits removes nothing");
+    p.handle_request(now, session(1), put(uri, 3));
+    let refused = ack_status(&drain(&mut p));
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].0, AckStatus::LimitReached as i32, "{refused:?}");
+    let removed = p.handle_domains(now, Arc::new(DomainPolicies::new([])));
+    assert_eq!(removed, 2);
+    assert_eq!(p.take_counters().removed_purged, 2);
+    sync(&mut p, now);
+    drain(&mut p);
+    let purged = journal(&p)
+        .into_iter()
+        .filter(|r| matches!(&r.kind, Some(RecordKind::Removal(x)) if x.reason == "purged"))
+        .count();
+    assert_eq!(purged, 2, "each removal is journaled");
+    p.handle_request(now, session(1), put(uri, 4));
+    let gone = ack_status(&drain(&mut p));
+    assert_eq!(gone[0].0, AckStatus::UnknownQueue as i32, "{gone:?}");
+}
