@@ -98,6 +98,13 @@ pub fn render(doc: &ReloadDoc) -> String {
             doc.needs_restart.join(", ")
         ));
     }
+    if !doc.seed_only.is_empty() {
+        out.push_str(&format!(
+            "  cluster state, seeded by the file at the first start only (not applied; use \
+             bmqctl admin add-member/remove-member, bmqctl domain): {}\n",
+            doc.seed_only.join(", ")
+        ));
+    }
     out
 }
 
@@ -119,7 +126,8 @@ mod tests {
                 before: None,
                 after: Some("secret sha256:0123456789ab, permissions [produce]".into()),
             }],
-            needs_restart: vec!["partition_count".into(), "members".into()],
+            needs_restart: vec!["partition_count".into()],
+            seed_only: vec!["domains".into()],
             sessions_closed: 1,
             error: None,
             error_field: None,
@@ -140,7 +148,11 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("needs a restart (not applied): partition_count, members"),
+            text.contains("needs a restart (not applied): partition_count\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("first start only (not applied; use bmqctl admin add-member/remove-member, bmqctl domain): domains"),
             "{text}"
         );
         doc.result = "refused".into();

@@ -169,6 +169,7 @@ impl Reloader {
             at_unix_ms: now_unix_ms(),
             changed: Vec::new(),
             needs_restart: Vec::new(),
+            seed_only: Vec::new(),
             sessions_closed: 0,
             error: None,
             error_field: None,
@@ -226,6 +227,7 @@ impl Reloader {
         let running = &state.running;
         let changes = diff(running, &file, &secret_fingerprint);
         doc.needs_restart = changes.needs_restart.clone();
+        doc.seed_only = changes.seed_only.clone();
         let level = match &changes.log_level {
             Some((_, level)) => Some(
                 tracing_subscriber::EnvFilter::try_new(level)

@@ -77,7 +77,15 @@ pub struct ConfigDiff {
     /// `tls`); an array differs as a whole (`members`, `domains`), and so does a section
     /// that one side leaves out (`tls`, `admin` for `admin.listen_host`, `bmqp`).
     pub needs_restart: Vec<String>,
+    /// Settings that differ but are cluster state, which the file only seeds at the cluster's
+    /// first start ([`SEED_ONLY`]: `members`, `domains`, `join`): neither a reload nor a restart
+    /// applies them; the committed state is changed through the leader instead.
+    pub seed_only: Vec<String>,
 }
+
+/// Top-level settings that seed the cluster state at the first start only (DESIGN.md §5a):
+/// the committed membership and domains win afterwards.
+pub const SEED_ONLY: [&str; 3] = ["members", "domains", "join"];
 
 impl ConfigDiff {
     /// Whether any live setting changed (what a reload applies).
@@ -133,7 +141,11 @@ pub fn diff(
             }
         }
     }
-    out.needs_restart = restart_fields(running, file);
+    let (seed_only, needs_restart): (Vec<String>, Vec<String>) = restart_fields(running, file)
+        .into_iter()
+        .partition(|f| SEED_ONLY.contains(&f.as_str()));
+    out.needs_restart = needs_restart;
+    out.seed_only = seed_only;
     out
 }
 
@@ -405,6 +417,7 @@ mod tests {
         file.members[2].admin_port += 1;
         file.tls.as_mut().unwrap().client_listener = false;
         file.storage.cache_mb = 16;
+        file.domains.push(DomainConfig::new("payments"));
         let d = diff(&running, &file, &fp);
         assert_eq!(d.log_level, Some(("info".into(), "debug".into())));
         assert_eq!(d.admin_token, Some(("none".into(), "fp(adm)".into())));
@@ -422,12 +435,14 @@ mod tests {
             restart,
             [
                 "elector.heartbeat_period_ms",
-                "members",
                 "partition_count",
                 "storage.cache_mb",
                 "tls.client_listener"
             ]
         );
+        // Cluster state: the file seeds it at the first start only, a restart applies
+        // nothing either.
+        assert_eq!(d.seed_only, ["domains", "members"]);
         // Applying keeps the restart settings as they run.
         let next = apply_live(&running, &file);
         assert_eq!(next.log.level, "debug");

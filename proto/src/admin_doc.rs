@@ -221,6 +221,11 @@ pub struct ReloadDoc {
     /// Field paths whose value in the file differs from the running one and that take a
     /// restart to change (`partition_count`, `members`, ...): not applied.
     pub needs_restart: Vec<String>,
+    /// Settings of the file that differ but only seed the cluster state at its first start
+    /// (`members`, `domains`, `join`): not applied; changed through `bmqctl admin
+    /// add-member`/`remove-member` and `bmqctl domain` instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seed_only: Vec<String>,
     /// Client sessions closed with `NOT_AUTHORIZED` because their token was removed or lost
     /// a permission, a domain or its secret.
     pub sessions_closed: u64,
