@@ -12,7 +12,7 @@ from environment variables:
   node-id order (default: BMQ_BROKER_URI alone).
 - BMQ_SDK_DOMAIN: the domain of the test queues, e.g. bmq.test (queue URIs are
   bmq://<domain>/<name>; every test uses a fresh uuid-based name).
-- BMQ_SDK_FANOUT_DOMAIN: a fanout domain whose app ids are foo and bar.
+- BMQ_SDK_FANOUT_DOMAIN: a fanout domain whose app ids include foo and bar.
 - BMQCTL: path of the `bmqctl` binary; BMQ_BROKERS: comma-separated host:port client
   listeners of our own protocol (bmqctl reads it; the subprocesses inherit the environment).
 - BMQ_TEST_NODES: comma-separated id:pid:admin_host:admin_port of every node (the destructive
@@ -66,7 +66,7 @@ def domain():
 
 @pytest.fixture
 def fanout_domain():
-    """A fanout domain with the app ids foo and bar (BMQ_SDK_FANOUT_DOMAIN)."""
+    """A fanout domain whose app ids include foo and bar (BMQ_SDK_FANOUT_DOMAIN)."""
     return _require("BMQ_SDK_FANOUT_DOMAIN")
 
 

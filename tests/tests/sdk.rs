@@ -16,7 +16,6 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use bmq_config::{DomainConfig, DomainMode};
 use bmq_tests::{broker_binary, repo_root, venv_python, Cluster};
 
 /// Longest a pytest run may take before it is killed and the test fails.
@@ -59,7 +58,7 @@ fn pytest(cluster: &Cluster, marker: &str) -> anyhow::Result<String> {
             "BMQ_SDK_BROKERS",
             join(&|n| format!("tcp://{}", n.bmqp_addr())),
         )
-        .env("BMQ_SDK_DOMAIN", "bmq.test")
+        .env("BMQ_SDK_DOMAIN", "bmq.test.mmap.priority")
         .env("BMQ_SDK_FANOUT_DOMAIN", FANOUT_DOMAIN)
         .env("BMQCTL", broker_binary().with_file_name("bmqctl"))
         .env("BMQ_BROKERS", join(&|n| n.client_addr()))
@@ -105,16 +104,15 @@ fn pytest(cluster: &Cluster, marker: &str) -> anyhow::Result<String> {
     Ok(output)
 }
 
-/// The fanout domain of the suite's cluster and its app ids.
-const FANOUT_DOMAIN: &str = "bmq.test.fanout";
+/// The fanout domain the suite opens: BlazingMQ's development domain (app ids foo, bar and
+/// baz), as the embedded default configuration serves it.
+const FANOUT_DOMAIN: &str = "bmq.test.mmap.fanout";
 
+/// Three nodes of the embedded default configuration, which serves BlazingMQ's development
+/// domains (`bmq.test.mmap.priority`, `bmq.test.mmap.fanout`) the suite opens, as the SDKs'
+/// examples do against BlazingMQ's local setup.
 fn started_cluster() -> anyhow::Result<Cluster> {
-    let mut cluster = Cluster::configure(3, |config| {
-        let mut fanout = DomainConfig::new(FANOUT_DOMAIN);
-        fanout.mode = DomainMode::Fanout;
-        fanout.app_ids = vec!["foo".into(), "bar".into()];
-        config.domains.push(fanout);
-    })?;
+    let mut cluster = Cluster::configure(3, |_| {})?;
     for id in 1..=3 {
         cluster.start_node(id)?;
     }
