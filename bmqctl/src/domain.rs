@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
 
-use crate::admin::{percent_encode, AdminTarget};
+use crate::admin::percent_encode;
 
 /// `bmqctl domain ...`.
 #[derive(Debug, Subcommand)]
@@ -65,7 +65,7 @@ pub struct CreateArgs {
     pub set: Vec<String>,
     /// Any node; a change goes to the leader.
     #[command(flatten)]
-    pub target: AdminTarget,
+    pub target: ClusterTarget,
 }
 
 /// `bmqctl domain update`.
@@ -81,7 +81,7 @@ pub struct UpdateArgs {
     pub if_version: Option<String>,
     /// Any node; a change goes to the leader.
     #[command(flatten)]
-    pub target: AdminTarget,
+    pub target: ClusterTarget,
 }
 
 /// `bmqctl domain delete`.
@@ -97,7 +97,7 @@ pub struct DeleteArgs {
     pub if_version: Option<String>,
     /// Any node; a change goes to the leader.
     #[command(flatten)]
-    pub target: AdminTarget,
+    pub target: ClusterTarget,
 }
 
 /// `bmqctl domain list`.
@@ -108,7 +108,7 @@ pub struct ListArgs {
     pub json: bool,
     /// Any node.
     #[command(flatten)]
-    pub target: AdminTarget,
+    pub target: ClusterTarget,
 }
 
 /// `bmqctl domain show`.
@@ -118,7 +118,7 @@ pub struct ShowArgs {
     pub name: String,
     /// Any node.
     #[command(flatten)]
-    pub target: AdminTarget,
+    pub target: ClusterTarget,
 }
 
 /// `KEY=VALUE` as a pair; an error naming the argument otherwise.
@@ -173,7 +173,7 @@ pub fn create_settings(a: &CreateArgs) -> anyhow::Result<Vec<(String, String)>> 
 }
 
 /// The token of `target`: given, or CLUSTER_DIR/security/admin.token (as `bmqctl admin`).
-fn token(target: &AdminTarget) -> Option<String> {
+fn token(target: &ClusterTarget) -> Option<String> {
     target.token.clone().or_else(|| {
         let file = crate::credentials::cluster_dir()
             .join(crate::credentials::SECURITY_DIR)
@@ -185,22 +185,53 @@ fn token(target: &AdminTarget) -> Option<String> {
     })
 }
 
+/// Which node to ask: domains are cluster state, so any node serves (a change is redirected
+/// to the leader), and without `--admin` the first of `$BMQ_ADMIN`, else the local cluster's
+/// node 1, as `bmqctl status` finds its nodes.
+#[derive(Debug, Args)]
+pub struct ClusterTarget {
+    /// Admin HTTP address of any node, host:port (default: the first of $BMQ_ADMIN, else
+    /// the local cluster's 127.0.0.1:30301).
+    #[arg(long = "admin", value_name = "HOST:PORT")]
+    pub admin: Option<String>,
+    /// Timeout of the request, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
+    pub timeout_ms: u64,
+    /// Admin token of the node (`admin.token`), sent as a bearer token; without it (and
+    /// without $BMQ_ADMIN_TOKEN), CLUSTER_DIR/security/admin.token if it exists (CLUSTER_DIR is
+    /// $BMQ_CLUSTER_DIR, else .cluster).
+    #[arg(
+        long,
+        env = "BMQ_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+}
+
+impl ClusterTarget {
+    /// The address asked: `--admin`, else the first of [`crate::status::resolve_admins`].
+    fn address(&self) -> String {
+        self.admin.clone().unwrap_or_else(|| {
+            crate::status::resolve_admins(&[])
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| "127.0.0.1:30301".to_string())
+        })
+    }
+}
+
 /// One request to `target`, within its timeout.
-async fn send(target: &AdminTarget, method: &str, path: &str) -> anyhow::Result<String> {
+async fn send(target: &ClusterTarget, method: &str, path: &str) -> anyhow::Result<String> {
     let timeout = Duration::from_millis(target.timeout_ms);
     let token = token(target);
+    let admin = target.address();
     tokio::time::timeout(
         timeout,
-        crate::http::request(&target.admin, method, path, token.as_deref()),
+        crate::http::request(&admin, method, path, token.as_deref()),
     )
     .await
-    .map_err(|_| {
-        anyhow!(
-            "no answer from {} within {} ms",
-            target.admin,
-            timeout.as_millis()
-        )
-    })?
+    .map_err(|_| anyhow!("no answer from {admin} within {} ms", timeout.as_millis()))?
 }
 
 fn domain_path(name: &str) -> String {
@@ -259,7 +290,7 @@ pub async fn run(command: DomainCommand) -> anyhow::Result<()> {
 }
 
 /// The server's wait for the commit, a little shorter than ours so its answer arrives.
-fn server_timeout(target: &AdminTarget) -> (String, String) {
+fn server_timeout(target: &ClusterTarget) -> (String, String) {
     (
         "timeout_ms".into(),
         target.timeout_ms.saturating_sub(500).max(100).to_string(),
@@ -292,10 +323,11 @@ pub fn table(doc: &serde_json::Value) -> String {
             d["name"].as_str().unwrap_or("?"),
             d["mode"].as_str().unwrap_or("?"),
             d["consistency"].as_str().unwrap_or("?"),
-            d["max_queue_messages"],
-            d["max_queue_bytes"],
-            d["message_ttl_ms"],
-            d["max_delivery_attempts"],
+            // A JSON value's Display ignores the width: through a string it pads.
+            d["max_queue_messages"].to_string(),
+            d["max_queue_bytes"].to_string(),
+            d["message_ttl_ms"].to_string(),
+            d["max_delivery_attempts"].to_string(),
             d["version"].as_str().unwrap_or("?"),
             apps.join(",")
         ));
