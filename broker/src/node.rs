@@ -411,6 +411,10 @@ async fn start_actors(
         // And its learners: a primary elected after this restart streams to them (only a
         // later change would tell them otherwise, and a learner waits for every partition).
         router.set_partition_learners(crate::wiring::learners_of(membership));
+        if membership.role(self_id) == Some(bmq_metadata::MemberRole::Leaving) {
+            // Restarted while leaving: it votes but never leads again (see the wiring).
+            elector.do_send(Retire);
+        }
     }
     hub.start(
         pending_links,

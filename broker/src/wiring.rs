@@ -22,7 +22,7 @@ use bmq_proto::NodeId;
 use tokio::sync::watch;
 
 use crate::actors::elector::{
-    ElectorActor, ElectorInbound, ElectorOutbound, LeadershipChanged, PeerAvailability,
+    ElectorActor, ElectorInbound, ElectorOutbound, LeadershipChanged, PeerAvailability, Retire,
     SetMembership,
 };
 use crate::actors::health::{HealthActor, NodeStopping, PeersChanged};
@@ -175,6 +175,12 @@ impl Handler<ClusterStateCommitted> for CommitFanout {
                     membership: elector_membership(membership),
                 });
                 self.router.set_partition_learners(learners_of(membership));
+                if membership.role(self.self_id) == Some(MemberRole::Leaving) {
+                    // A leaving member never leads again (it still votes): the active leader
+                    // removes a leaving member once it holds no primary, never itself, so a
+                    // leaving leader would keep itself for ever.
+                    self.elector.do_send(Retire);
+                }
             }
         }
         if msg
