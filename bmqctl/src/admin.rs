@@ -162,8 +162,14 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
 /// The admin token to send: `--token` / `$BMQ_ADMIN_TOKEN`, else the local cluster's
 /// `CLUSTER_DIR/security/admin.token` when it exists, else none.
 pub fn admin_token(target: &AdminTarget) -> Option<String> {
-    match &target.token {
-        Some(t) => Some(t.clone()),
+    given_or_cluster_token(target.token.as_deref())
+}
+
+/// `given`, else the local cluster's `CLUSTER_DIR/security/admin.token` when it exists and
+/// is not empty, else none (what every admin-token option of bmqctl falls back to).
+pub fn given_or_cluster_token(given: Option<&str>) -> Option<String> {
+    match given {
+        Some(t) => Some(t.to_string()),
         None => {
             let file = crate::credentials::cluster_dir()
                 .join(crate::credentials::SECURITY_DIR)

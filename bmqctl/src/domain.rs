@@ -174,15 +174,7 @@ pub fn create_settings(a: &CreateArgs) -> anyhow::Result<Vec<(String, String)>> 
 
 /// The token of `target`: given, or CLUSTER_DIR/security/admin.token (as `bmqctl admin`).
 fn token(target: &ClusterTarget) -> Option<String> {
-    target.token.clone().or_else(|| {
-        let file = crate::credentials::cluster_dir()
-            .join(crate::credentials::SECURITY_DIR)
-            .join(crate::credentials::ADMIN_TOKEN_FILE);
-        std::fs::read_to_string(file)
-            .ok()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-    })
+    crate::admin::given_or_cluster_token(target.token.as_deref())
 }
 
 /// Which node to ask: domains are cluster state, so any node serves (a change is redirected

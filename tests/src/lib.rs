@@ -253,6 +253,20 @@ impl TestNode {
     }
 }
 
+/// The admin path of `POST /admin/members` that adds `member` with its addresses (the request
+/// waits up to 30 s for the change, DESIGN.md §5a).
+pub fn add_member_path(member: &bmq_config::MemberConfig) -> String {
+    let m = member;
+    let mut path = format!(
+        "/admin/members?id={}&host={}&client_port={}&peer_port={}&admin_port={}&timeout_ms=30000",
+        m.id, m.host, m.client_port, m.peer_port, m.admin_port
+    );
+    if let Some(p) = m.bmqp_port {
+        path.push_str(&format!("&bmqp_port={p}"));
+    }
+    path
+}
+
 /// A cluster of real `broker` processes on loopback; dropped = every process killed.
 pub struct Cluster {
     /// The nodes, index `i` is node id `i + 1`.

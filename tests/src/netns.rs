@@ -835,15 +835,7 @@ impl NetCluster {
     /// The admin path of `POST /admin/members` that adds node `id` with its configured
     /// addresses (the request waits up to 30 s for the change).
     pub fn add_path(&self, id: u32) -> String {
-        let m = self.cluster.node(id).config.self_member().clone();
-        let mut path = format!(
-            "/admin/members?id={id}&host={}&client_port={}&peer_port={}&admin_port={}&timeout_ms=30000",
-            m.host, m.client_port, m.peer_port, m.admin_port
-        );
-        if let Some(p) = m.bmqp_port {
-            path.push_str(&format!("&bmqp_port={p}"));
-        }
-        path
+        crate::add_member_path(self.cluster.node(id).config.self_member())
     }
 
     /// The admin path of `DELETE /admin/members/{id}` (waits up to 30 s for the change).

@@ -41,14 +41,7 @@ async fn seeded(cluster: &Cluster) -> anyhow::Result<()> {
 
 /// `POST /admin/members` for node `id` (its own configured addresses), sent to `via`.
 async fn add_member(cluster: &Cluster, via: u32, id: u32) -> anyhow::Result<String> {
-    let m = cluster.node(id).config.self_member().clone();
-    let mut path = format!(
-        "/admin/members?id={id}&host={}&client_port={}&peer_port={}&admin_port={}&timeout_ms=30000",
-        m.host, m.client_port, m.peer_port, m.admin_port
-    );
-    if let Some(p) = m.bmqp_port {
-        path.push_str(&format!("&bmqp_port={p}"));
-    }
+    let path = bmq_tests::add_member_path(cluster.node(id).config.self_member());
     bmqctl::http::request(&cluster.node(via).admin_addr(), "POST", &path, None).await
 }
 
