@@ -18,8 +18,20 @@
 //!   shell that syncs a group of records sends one ack. A leader sync query that arrives before
 //!   the elector names its sender as leader of its (newer) term is kept and answered then.
 //! - **Passive leader**: runs leader sync (below), then proposes the `LeaderAdvisory` at
-//!   `(term, 1)`; it becomes **active** when that commits. Only an active leader accepts
-//!   proposals and queue assignment requests.
+//!   `(term, 1)` (the term start); it becomes **active** when that commits. Only an active
+//!   leader accepts proposals and queue assignment requests.
+//! - **Term start without the state**: when the new leader's own history is the most advanced
+//!   of the sync quorum (the usual failover: the survivors hold the same records), the term
+//!   start only names the last advisory of that history (`continues`) and carries no
+//!   snapshot; the leader's uncommitted advisories of older terms stay pending and its commit
+//!   commits them. A follower takes it only if its own last advisory is that LSN (it then
+//!   holds exactly that history: within a term records are gap-free, and each term starts
+//!   from a history named this way or whole); otherwise it says hello. A follower that
+//!   announced another last advisory in the sync, or says hello, gets the same record whole
+//!   (the snapshot). So a failover builds, writes and sends no copy of the state unless a
+//!   follower lags (DESIGN.md §5a, failover flat in the state). The cluster's first term,
+//!   which seeds the membership and the domains, and a leader that adopted another node's
+//!   state, start whole.
 //! - **Active leader**: stamps each advisory with the next LSN, persists it, broadcasts it, counts
 //!   acks (its own after `on_persisted`), and at quorum persists a COMMIT record (its own LSN is
 //!   the next sequence, naming the committed LSN) and broadcasts `AdvisoryCommit`. Committing an
@@ -47,7 +59,8 @@
 //!    either shares n's last term and holds a superset of n's records in it, or has a later
 //!    term's snapshot, which contains everything committed before that term's sync.
 //! 4. Hence m's state with all its advisories applied contains every committed advisory, and so
-//!    does the new leader's `LeaderAdvisory`. Uncommitted advisories that survive this way are
+//!    does the new leader's `LeaderAdvisory` — whole, or as the continuation of m's history
+//!    when m is the leader itself (a quorum acks it only by holding that same history). Uncommitted advisories that survive this way are
 //!    committed by the new term (that is allowed: no client was told they failed); those that do
 //!    not survive were never committed.
 
@@ -340,6 +353,12 @@ pub struct MetadataCounters {
     /// Sync data responses that held less than the node had announced (it lost unsynced
     /// records in between): dropped, and the node asked again.
     pub sync_data_behind: u64,
+    /// Term starts that only continue a history (a `LeaderAdvisory` without a snapshot) whose
+    /// last advisory is not this node's: dropped, and the leader asked for the whole state.
+    pub continuation_mismatches: u64,
+    /// Term starts sent whole (with the snapshot) to a follower whose history differs from the
+    /// new leader's, by this node as leader.
+    pub term_snapshots_sent: u64,
     /// Queue assignment requests dropped because [`MetadataConfig::assignment_requests_max`]
     /// were already kept.
     pub assignment_requests_dropped: u64,
@@ -386,10 +405,17 @@ enum SyncPhase {
 
 #[derive(Debug, Clone)]
 struct LeaderSync {
-    /// Node -> its last LSN (self included).
+    /// Node -> the LSN of its last advisory (self included).
     responses: BTreeMap<NodeId, Lsn>,
     phase: SyncPhase,
     next_retry: Instant,
+    /// The proposed term start only continues the history whose last advisory is this LSN
+    /// (no snapshot): followers that announced another get the whole state instead.
+    continues: Option<Lsn>,
+    /// The term start with the snapshot, built when a follower first needs it.
+    whole: Option<peer::Advisory>,
+    /// Followers that asked (with a hello) for the whole term start.
+    wants_whole: BTreeSet<NodeId>,
 }
 
 /// The replication state machine of one node. See the module documentation for the rules.
@@ -803,11 +829,14 @@ impl MetadataCore {
             }
             info!(term = %term, "metadata leader sync started");
             let mut responses = BTreeMap::new();
-            responses.insert(self.self_id, self.last_lsn);
+            responses.insert(self.self_id, self.last_advisory_lsn());
             self.sync = Some(LeaderSync {
                 responses,
                 phase: SyncPhase::Collecting,
                 next_retry: now + self.config.sync_retry,
+                continues: None,
+                whole: None,
+                wants_whole: BTreeSet::new(),
             });
             self.broadcast(Msg::SyncStateQuery(peer::LeaderSyncStateQuery {
                 term: term.0,
@@ -875,6 +904,21 @@ impl MetadataCore {
             Msg::FollowerHello(hello) => {
                 if self.role == MetadataRole::ActiveLeader && Term(hello.term) == self.term {
                     self.send_catch_up(from);
+                } else if self.role == MetadataRole::PassiveLeader
+                    && Term(hello.term) == self.term
+                    && self.sync.as_ref().is_some_and(|s| {
+                        matches!(s.phase, SyncPhase::Proposed { .. }) && s.continues.is_some()
+                    })
+                {
+                    // A follower whose history is not the one the term start continues (it
+                    // lost records in a crash after it answered the sync): it gets the whole
+                    // state, as the term start, and counts towards the commit with it.
+                    self.sync
+                        .as_mut()
+                        .expect("proposed")
+                        .wants_whole
+                        .insert(from);
+                    self.send_term_start(from);
                 } else {
                     self.counters.not_active += 1;
                     debug!(from = %from, term = hello.term, "follower hello dropped: not the active leader of that term");
@@ -964,10 +1008,11 @@ impl MetadataCore {
                 term: term.0,
                 last_lsn: Some(self.last_lsn.into()),
                 committed_lsn: Some(self.committed_lsn.into()),
+                last_advisory_lsn: Some(self.last_advisory_lsn().into()),
             }),
             DeferredQuery::Data => Msg::SyncDataResponse(peer::LeaderSyncDataResponse {
                 term: term.0,
-                last_lsn: Some(self.last_lsn.into()),
+                last_lsn: Some(self.last_advisory_lsn().into()),
                 state: Some(self.tip_state.to_snapshot()),
             }),
         };
@@ -1352,13 +1397,27 @@ impl MetadataCore {
     }
 
     /// Accepts the next record in sequence. `false` if it is invalid (dropped).
-    fn accept_record(&mut self, _now: Instant, lsn: Lsn, advisory: peer::Advisory) -> bool {
+    fn accept_record(&mut self, now: Instant, lsn: Lsn, advisory: peer::Advisory) -> bool {
         let leader_advisory = is_leader_advisory(&advisory);
         if (lsn.sequence == 1) != leader_advisory {
             // A term starts with its snapshot and has only one.
             self.counters.invalid += 1;
             debug!(lsn = %lsn, "dropped: a term's first record must be its LeaderAdvisory, and only it");
             return false;
+        }
+        let continues = crate::ledger::leader_continues(&advisory).flatten();
+        if let Some(continues) = continues {
+            let own = self.last_advisory_lsn();
+            if continues != own {
+                // The term continues a history that is not ours: ask the leader for the whole
+                // state (it answers a hello with the term start carrying the snapshot, or a
+                // CatchUp once active).
+                self.counters.continuation_mismatches += 1;
+                info!(lsn = %lsn, continues = %continues, last_advisory = %own, "term start continues another history; asking the leader for the whole state");
+                self.out_of_sync = true;
+                self.send_hello(now);
+                return false;
+            }
         }
         // `apply` is all or nothing: on error the tip state is unchanged.
         match self.tip_state.apply(&advisory) {
@@ -1374,8 +1433,9 @@ impl MetadataCore {
                 error!(lsn = %lsn, error = %error, "replicated advisory does not apply to the tip state");
             }
         }
-        if leader_advisory {
-            // The new term's snapshot supersedes every older uncommitted advisory.
+        if leader_advisory && continues.is_none() {
+            // The new term's snapshot supersedes every older uncommitted advisory (a term
+            // start that continues our history keeps them: its commit commits them).
             self.pending.retain(|p| p.lsn.term >= lsn.term);
         }
         self.advance_last(lsn);
@@ -1720,7 +1780,9 @@ impl MetadataCore {
             debug!(from = %from, term = response.term, "sync state response dropped");
             return;
         }
-        let last = lsn_of(response.last_lsn);
+        // What the sync compares is the last advisory: commit records carry no state, and a
+        // node that lacks only the latest commit record holds the same history.
+        let last = lsn_of(response.last_advisory_lsn.or(response.last_lsn));
         self.sync
             .as_mut()
             .expect("collecting")
@@ -1804,8 +1866,7 @@ impl MetadataCore {
             .expect("quorum >= 1 responses");
         info!(term = %self.term, best = %best, best_lsn = %best_lsn, responses = sync.responses.len(), "leader sync quorum reached");
         if best == self_id {
-            let state = self.tip_state.clone();
-            self.propose_leader_advisory(now, state);
+            self.propose_continuation(now);
         } else {
             sync.phase = SyncPhase::Fetching {
                 from: best,
@@ -1867,6 +1928,82 @@ impl MetadataCore {
         }
     }
 
+    /// The term's start when this node's history is the most advanced of the sync quorum:
+    /// a `LeaderAdvisory` that only names the last advisory of that history (no snapshot),
+    /// so what a failover costs does not grow with the state (DESIGN.md §5a). This node's
+    /// uncommitted advisories of older terms stay pending; the term start's commit commits
+    /// them. Followers that announced another last advisory get the whole state instead
+    /// ([`MetadataCore::send_term_start`]). The cluster's first term, whose snapshot seeds the
+    /// membership and the domains, is sent whole.
+    fn propose_continuation(&mut self, now: Instant) {
+        let continues = self.last_advisory_lsn();
+        let seeding = (self.tip_state.domains.is_none() && self.seed_domains.is_some())
+            || (self.tip_state.membership.is_none() && self.seed_membership.is_some());
+        if seeding || continues == Lsn::ZERO {
+            let state = self.tip_state.clone();
+            self.propose_leader_advisory(now, state);
+            return;
+        }
+        let advisory = peer::Advisory {
+            kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+                state: None,
+                continues: Some(continues.into()),
+            })),
+        };
+        let lsn = self.stamp_own(now, advisory);
+        assert_eq!(
+            lsn,
+            Lsn::new(self.term, 1),
+            "a term's start is its first record"
+        );
+        info!(term = %self.term, continues = %continues, pending = self.pending.len() - 1, "term start proposed: continues this node's history");
+        if let Some(sync) = self.sync.as_mut() {
+            sync.phase = SyncPhase::Proposed { lsn };
+            sync.continues = Some(continues);
+        }
+        for to in self.targets() {
+            if to != self.self_id {
+                self.send_term_start(to);
+            }
+        }
+    }
+
+    /// Sends the proposed term start to `to`: as proposed when `to` announced the history it
+    /// continues, else the whole state (built once) — the same record at the same LSN, as a
+    /// follower with another history needs it.
+    fn send_term_start(&mut self, to: NodeId) {
+        let term_start = Lsn::new(self.term, 1);
+        let Some(sync) = self.sync.as_mut() else {
+            return;
+        };
+        let Some(continues) = sync.continues else {
+            return;
+        };
+        // A node that did not answer the sync (down, or slow) gets the term start as proposed:
+        // building the whole state for a node that may never read it would put O(state) on
+        // the failover's path; if its history differs it says so with a hello.
+        let same_history = sync.responses.get(&to).is_none_or(|l| *l == continues)
+            && !sync.wants_whole.contains(&to);
+        let advisory = if same_history {
+            match self.pending.iter().find(|p| p.lsn == term_start) {
+                Some(p) => p.advisory.clone(),
+                None => return,
+            }
+        } else {
+            self.counters.term_snapshots_sent += 1;
+            let state = &self.tip_state;
+            sync.whole
+                .get_or_insert_with(|| peer::Advisory {
+                    kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+                        state: Some(state.to_snapshot()),
+                        continues: None,
+                    })),
+                })
+                .clone()
+        };
+        self.send(to, Msg::Record(record_message(term_start, advisory)));
+    }
+
     fn propose_leader_advisory(&mut self, now: Instant, mut state: ClusterState) {
         if state.domains.is_none() {
             if let Some(seed) = &self.seed_domains {
@@ -1894,6 +2031,7 @@ impl MetadataCore {
         let advisory = peer::Advisory {
             kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
                 state: Some(state.to_snapshot()),
+                continues: None,
             })),
         };
         self.tip_state = state;
@@ -1927,6 +2065,23 @@ impl MetadataCore {
 
     /// Stamps, persists and broadcasts an advisory (already applied to the tip state).
     fn append_own(&mut self, now: Instant, advisory: peer::Advisory) -> Lsn {
+        let lsn = self.stamp_own(now, advisory.clone());
+        self.broadcast(Msg::Record(record_message(lsn, advisory)));
+        lsn
+    }
+
+    /// The LSN of the last advisory held, committed or not (commit records aside): what
+    /// leader sync compares, and what a term start that continues a history names.
+    fn last_advisory_lsn(&self) -> Lsn {
+        self.pending
+            .back()
+            .map_or(self.committed_lsn, |p| p.lsn)
+            .max(self.committed_lsn)
+    }
+
+    /// Stamps and persists an advisory (already applied to the tip state); sending is the
+    /// caller's.
+    fn stamp_own(&mut self, now: Instant, advisory: peer::Advisory) -> Lsn {
         let lsn = self.next_lsn();
         assert!(
             lsn > self.last_lsn,
@@ -1939,8 +2094,7 @@ impl MetadataCore {
             advisory: advisory.clone(),
             sent_at: Some(now),
         });
-        self.persist_update(lsn, advisory.clone());
-        self.broadcast(Msg::Record(record_message(lsn, advisory)));
+        self.persist_update(lsn, advisory);
         lsn
     }
 
@@ -2238,14 +2392,21 @@ impl MetadataCore {
             if targets.is_empty() {
                 continue;
             }
+            let term_start = p.lsn.sequence == 1;
             for to in targets {
-                sends.push((to, record_message(p.lsn, p.advisory.clone())));
+                sends.push((to, term_start, record_message(p.lsn, p.advisory.clone())));
             }
             self.pending[i].sent_at = Some(now);
         }
-        for (to, record) in sends {
+        let continuation = self.sync.as_ref().is_some_and(|s| s.continues.is_some());
+        for (to, term_start, record) in sends {
             self.counters.records_resent += 1;
-            self.send(to, Msg::Record(record));
+            if term_start && continuation {
+                // Each follower gets the form of the term start its history needs.
+                self.send_term_start(to);
+            } else {
+                self.send(to, Msg::Record(record));
+            }
         }
     }
 

@@ -61,15 +61,31 @@ fn leader_advisory(state: &ClusterState) -> peer::Advisory {
     peer::Advisory {
         kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
             state: Some(state.to_snapshot()),
+            continues: None,
         })),
     }
 }
 
+fn continuation(continues: Lsn) -> peer::Advisory {
+    peer::Advisory {
+        kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+            state: None,
+            continues: Some(continues.into()),
+        })),
+    }
+}
+
+/// A sync state response whose last record is an advisory.
 fn sync_response(term: u64, last: Lsn, committed: Lsn) -> peer::MetadataMessage {
+    sync_answer(term, last, committed, last)
+}
+
+fn sync_answer(term: u64, last: Lsn, committed: Lsn, last_advisory: Lsn) -> peer::MetadataMessage {
     msg(Msg::SyncStateResponse(peer::LeaderSyncStateResponse {
         term,
         last_lsn: Some(last.into()),
         committed_lsn: Some(committed.into()),
+        last_advisory_lsn: Some(last_advisory.into()),
     }))
 }
 
@@ -583,7 +599,7 @@ fn follower_answers_sync_queries_only_from_the_leader_it_follows() {
         drain(&mut f),
         vec![MetadataOutput::Send {
             to: n(3),
-            message: sync_response(2, lsn(1, 2), lsn(1, 1))
+            message: sync_answer(2, lsn(1, 2), lsn(1, 1), lsn(1, 1))
         }]
     );
     // From then on, the old leader's records are stale.
@@ -1058,6 +1074,158 @@ fn harness_uncommitted_advisory_of_the_most_advanced_node_survives() {
     assert_eq!(h.state(2), h.state(3));
 }
 
+/// Whether `m` is a term start (`(term, 1)`) carrying the whole state.
+fn is_whole_term_start(m: &peer::MetadataMessage) -> bool {
+    matches!(
+        &m.kind,
+        Some(Msg::Record(peer::AdvisoryRecord {
+            advisory: Some(peer::Advisory {
+                kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+                    state: Some(_),
+                    ..
+                })),
+            }),
+            ..
+        }))
+    )
+}
+
+#[test]
+fn harness_a_failover_continues_the_history_without_sending_the_state() {
+    // Scenario: DESIGN.md §5a, failover flat in the state. A commits queues with B and C,
+    // then one more advisory reaches B and C but not A's quorum count (their acks are lost);
+    // A dies. B leads term 2 with the same history as C: its term start only names the last
+    // advisory (no snapshot is built, sent or written), keeps the uncommitted advisory of
+    // term 1, and its commit commits that advisory on B and C at its own LSN.
+    let mut h = Harness::new();
+    h.elect(1, 1);
+    let now = h.now;
+    for i in 0..3 {
+        h.node(1)
+            .propose(now, assign(&format!("q{i}"), 0, i))
+            .unwrap();
+        h.run();
+    }
+    h.drop_if = Some(Box::new(|_, to, m| {
+        matches!(m.kind, Some(Msg::Ack(_))) && to == NodeId(1)
+    }));
+    let last = h.node(1).propose(now, assign("uncommitted", 1, 3)).unwrap();
+    h.run();
+    assert!(!h.node(2).state().queues.contains_key("uncommitted"));
+    let whole_sent = std::rc::Rc::new(std::cell::Cell::new(0));
+    let seen = whole_sent.clone();
+    h.drop_if = Some(Box::new(move |_, _, m| {
+        if is_whole_term_start(m) {
+            seen.set(seen.get() + 1);
+        }
+        false
+    }));
+    h.down.insert(n(1));
+    h.elect(2, 2);
+    assert_eq!(h.node(2).status().role, MetadataRole::ActiveLeader);
+    assert_eq!(whole_sent.get(), 0, "no follower needed the whole state");
+    assert_eq!(h.node(2).counters().term_snapshots_sent, 0);
+    for id in [2, 3] {
+        assert!(
+            h.node(id).state().queues.contains_key("uncommitted"),
+            "node {id}"
+        );
+        let committed = &h.committed[&n(id)];
+        let start = committed
+            .iter()
+            .position(|(l, _)| *l == lsn(2, 1))
+            .expect("the term start is committed");
+        assert_eq!(committed[start].1, continuation(last));
+        assert_eq!(
+            committed[start - 1].0,
+            last,
+            "node {id} commits term 1's advisory first"
+        );
+    }
+    assert_eq!(h.state(2), h.state(3));
+    assert_eq!(h.node(3).counters().continuation_mismatches, 0);
+}
+
+#[test]
+fn harness_a_follower_with_another_history_gets_the_whole_state_as_the_term_start() {
+    // Scenario: A's advisory reaches only B before A dies; B leads term 2 and is the most
+    // advanced. C announced an older last advisory in the sync, so C's copy of the term start
+    // carries the whole state (and C drops nothing it needs); B's own record only continues.
+    let mut h = Harness::new();
+    h.elect(1, 1);
+    h.drop_if = Some(Box::new(|from, to, m| {
+        let is_ack = matches!(m.kind, Some(Msg::Ack(_)));
+        let is_record_to_c = matches!(m.kind, Some(Msg::Record(_))) && to == NodeId(3);
+        (is_ack && to == NodeId(1) && from != NodeId(1)) || is_record_to_c
+    }));
+    let now = h.now;
+    let last = h.node(1).propose(now, assign("only-on-b", 0, 0)).unwrap();
+    h.run();
+    h.drop_if = None;
+    h.down.insert(n(1));
+    h.elect(2, 2);
+    assert_eq!(h.node(2).status().role, MetadataRole::ActiveLeader);
+    assert_eq!(h.node(2).counters().term_snapshots_sent, 1);
+    assert!(h.node(3).state().queues.contains_key("only-on-b"));
+    assert_eq!(h.state(2), h.state(3));
+    let b = &h.committed[&n(2)];
+    assert!(b.contains(&(lsn(2, 1), continuation(last))), "{b:?}");
+}
+
+#[test]
+fn a_term_start_that_continues_another_history_is_refused_with_a_hello() {
+    // Scenario: a follower that lost records (a crash after it answered the sync) is sent a
+    // term start naming a last advisory it does not hold: it takes nothing, says hello, and
+    // the passive leader answers with the whole state as the term start.
+    let now = Instant::now();
+    let mut f = follower(now);
+    f.handle_leadership(now, Term(2), Some(n(3)));
+    drain(&mut f);
+    f.handle_message(now, n(3), record(lsn(2, 1), continuation(lsn(1, 5))));
+    let out = drain(&mut f);
+    assert_eq!(f.counters().continuation_mismatches, 1);
+    assert_eq!(f.status().last_lsn, lsn(1, 2), "nothing taken");
+    assert_eq!(
+        out,
+        vec![MetadataOutput::Send {
+            to: n(3),
+            message: msg(Msg::FollowerHello(peer::FollowerHello {
+                term: 2,
+                last_lsn: Some(lsn(1, 2).into()),
+            })),
+        }]
+    );
+    // The passive leader of term 2 answers that hello with the whole state at (2, 1).
+    let recovered = Recovered {
+        committed_state: ClusterState::new(2),
+        committed_lsn: lsn(1, 1),
+        uncommitted: vec![(lsn(1, 3), assign("a", 0, 0))],
+        last_lsn: lsn(1, 3),
+    };
+    let mut leader = MetadataCore::new(n(3), &members(), 0, recovered);
+    leader.handle_leadership(now, Term(2), Some(n(3)));
+    leader.handle_message(now, n(2), sync_response(2, lsn(1, 1), lsn(1, 1)));
+    let out = drain(&mut leader);
+    assert!(
+        out.iter().any(|o| matches!(o, MetadataOutput::Persist { record: LedgerRecord::Update { advisory, .. } } if *advisory == continuation(lsn(1, 3)))),
+        "{out:?}"
+    );
+    leader.handle_message(
+        now,
+        n(2),
+        msg(Msg::FollowerHello(peer::FollowerHello {
+            term: 2,
+            last_lsn: Some(lsn(1, 2).into()),
+        })),
+    );
+    let out = messages_to(drain(&mut leader), n(2));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert!(is_whole_term_start(&out[0]), "{out:?}");
+    f.handle_message(now, n(3), out[0].clone());
+    assert_eq!(f.status().last_lsn, lsn(2, 1));
+    assert!(f.tip_state().queues.contains_key("a"));
+}
+
 #[test]
 fn harness_restarted_follower_catches_up_after_missing_records() {
     // Scenario: C is cut off while A commits advisories with B, then returns and catches up by
@@ -1384,7 +1552,7 @@ fn a_sync_query_that_overtakes_the_elector_is_answered_when_the_leader_is_named(
     assert!(
         out.contains(&MetadataOutput::Send {
             to: n(3),
-            message: sync_response(2, lsn(1, 2), lsn(1, 1))
+            message: sync_answer(2, lsn(1, 2), lsn(1, 1), lsn(1, 1))
         }),
         "{out:?}"
     );
@@ -1457,7 +1625,7 @@ fn a_sync_data_response_behind_its_announced_lsn_is_refused() {
         panic!("the term's snapshot is proposed: {out:?}");
     };
     assert_eq!(*first, lsn(2, 1));
-    assert_eq!(*advisory, leader_advisory(leader.tip_state()));
+    assert_eq!(*advisory, continuation(lsn(1, 2)));
     assert!(leader
         .tip_state()
         .queues

@@ -176,9 +176,10 @@ impl Recovered {
     /// Applies one record, as replay does.
     ///
     /// - SNAPSHOT sets the committed state and drops older uncommitted records.
-    /// - UPDATE appends to the uncommitted list; a `LeaderAdvisory` of a newer term supersedes
-    ///   every uncommitted record of an older term (the new leader's snapshot already holds
-    ///   every committed one, see `core.rs`), so those are dropped.
+    /// - UPDATE appends to the uncommitted list; a `LeaderAdvisory` with a snapshot
+    ///   supersedes every uncommitted record of an older term (the new leader's snapshot
+    ///   already holds every committed one, see `core.rs`), so those are dropped; one that
+    ///   only continues a history keeps them (its commit commits them).
     /// - COMMIT applies every uncommitted record with LSN <= `committed`.
     pub(crate) fn replay(&mut self, record: &LedgerRecord) {
         let mut settled = Vec::new();
@@ -203,8 +204,13 @@ impl Recovered {
                 self.uncommitted.retain(|(l, _)| l > lsn);
             }
             LedgerRecord::Update { lsn, advisory } => {
-                if is_leader_advisory(advisory) {
-                    self.uncommitted.retain(|(l, _)| l.term >= lsn.term);
+                match leader_continues(advisory) {
+                    // A term that continues a history keeps its uncommitted advisories: it
+                    // commits them (the node wrote it only when its last advisory was the one
+                    // named, so nothing follows it; dropped if something does).
+                    Some(Some(continues)) => self.uncommitted.retain(|(l, _)| *l <= continues),
+                    Some(None) => self.uncommitted.retain(|(l, _)| l.term >= lsn.term),
+                    None => {}
                 }
                 self.uncommitted.push((*lsn, advisory.clone()));
             }
@@ -231,6 +237,21 @@ fn apply_committed(state: &mut ClusterState, lsn: Lsn, advisory: &peer::Advisory
 
 pub(crate) fn is_leader_advisory(advisory: &peer::Advisory) -> bool {
     matches!(advisory.kind, Some(peer::advisory::Kind::Leader(_)))
+}
+
+/// For a `LeaderAdvisory`: `Some(Some(lsn))` when it only continues the history whose last
+/// advisory is `lsn` (no snapshot), `Some(None)` when it carries the whole state; `None` for
+/// any other advisory.
+pub fn leader_continues(advisory: &peer::Advisory) -> Option<Option<Lsn>> {
+    match &advisory.kind {
+        Some(peer::advisory::Kind::Leader(leader)) => {
+            Some(match (&leader.state, leader.continues) {
+                (None, Some(lsn)) => Some(Lsn::from(lsn)),
+                _ => None,
+            })
+        }
+        _ => None,
+    }
 }
 
 /// Ledger failures. Any of them on write stops the node (STYLE.md: never retry an fsync); the
@@ -1687,6 +1708,7 @@ mod tests {
         let leader = peer::Advisory {
             kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
                 state: Some(snapshot.to_snapshot()),
+                continues: None,
             })),
         };
         ledger.append(&update(lsn(2, 1), leader.clone())).unwrap();
@@ -1698,6 +1720,33 @@ mod tests {
         assert_eq!(recovered.committed_lsn, lsn(2, 1));
         assert!(recovered.uncommitted.is_empty());
         assert_eq!(recovered.last_lsn, lsn(2, 2));
+    }
+
+    #[test]
+    fn a_term_start_that_continues_the_history_keeps_and_commits_older_uncommitted_records() {
+        // Scenario: term 2's LeaderAdvisory only continues the history whose last advisory is
+        // 1:4 (q2, uncommitted): the replay keeps q2 and the term start's commit commits it.
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = write_history(dir.path());
+        let start = peer::Advisory {
+            kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
+                state: None,
+                continues: Some(lsn(1, 4).into()),
+            })),
+        };
+        ledger.append(&update(lsn(2, 1), start.clone())).unwrap();
+        assert_eq!(
+            ledger.recovered().uncommitted,
+            vec![(lsn(1, 4), assign("q2", 0, 1)), (lsn(2, 1), start)]
+        );
+        ledger.append(&commit(lsn(2, 2), lsn(2, 1))).unwrap();
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        let mut expected = expected_state();
+        expected.apply(&assign("q2", 0, 1)).unwrap();
+        assert_eq!(recovered.committed_state, expected);
+        assert_eq!(recovered.committed_lsn, lsn(2, 1));
+        assert!(recovered.uncommitted.is_empty());
     }
 
     #[test]
@@ -1902,6 +1951,7 @@ mod tests {
         let snapshot = peer::Advisory {
             kind: Some(peer::advisory::Kind::Leader(peer::LeaderAdvisory {
                 state: Some(seeded.to_snapshot()),
+                continues: None,
             })),
         };
         ledger.append(&update(lsn(1, 1), snapshot)).unwrap();

@@ -42,8 +42,8 @@ pub use crate::core::{
 };
 pub use crate::domains::{Domain, DomainError, DomainState};
 pub use crate::ledger::{
-    FsyncPolicy, Ledger, LedgerError, LedgerRecord, LedgerRelease, LedgerSnapshot, LedgerSync,
-    Recovered, SnapshotWritten, SyncDone,
+    leader_continues, FsyncPolicy, Ledger, LedgerError, LedgerRecord, LedgerRelease,
+    LedgerSnapshot, LedgerSync, Recovered, SnapshotWritten, SyncDone,
 };
 pub use crate::lsn::Lsn;
 pub use crate::membership::{ClusterMembership, Member, MemberRole, MembershipError, MAX_VOTERS};

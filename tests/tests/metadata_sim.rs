@@ -72,9 +72,9 @@ use std::time::{Duration, Instant};
 
 use bmq_metadata::disk::{Disk, Faults, Open, SimDisk};
 use bmq_metadata::{
-    frame, ClusterMembership, ClusterState, FsyncPolicy, Ledger, LedgerError, LedgerRecord, Lsn,
-    Member, MemberRole, MetadataConfig, MetadataCore, MetadataOutput, MetadataRole, PeerOutbox,
-    Recovered,
+    frame, leader_continues, ClusterMembership, ClusterState, FsyncPolicy, Ledger, LedgerError,
+    LedgerRecord, Lsn, Member, MemberRole, MetadataConfig, MetadataCore, MetadataOutput,
+    MetadataRole, PeerOutbox, Recovered,
 };
 use bmq_proto::peer::{self, advisory::Kind};
 use bmq_proto::{NodeId, PartitionId, Term};
@@ -155,8 +155,10 @@ impl Acked {
         self.last = self.last.max(record.lsn());
         match record {
             LedgerRecord::Update { lsn, advisory } => {
-                if is_leader_advisory(&advisory) {
-                    self.updates.retain(|l, _| l.term >= lsn.term);
+                match leader_continues(&advisory) {
+                    Some(Some(continues)) => self.updates.retain(|l, _| *l <= continues),
+                    Some(None) => self.updates.retain(|l, _| l.term >= lsn.term),
+                    None => {}
                 }
                 self.updates.insert(lsn, advisory);
             }
@@ -187,10 +189,6 @@ impl Acked {
         }
         acked
     }
-}
-
-fn is_leader_advisory(advisory: &peer::Advisory) -> bool {
-    matches!(advisory.kind, Some(Kind::Leader(_)))
 }
 
 struct Node {
@@ -248,8 +246,11 @@ struct Sim {
     faults: bool,
     loss: f64,
     dup: f64,
-    /// Every advisory ever reported committed, by LSN.
+    /// Every advisory ever reported committed, by LSN (a term start as its continuation
+    /// when a node committed that form).
     committed: BTreeMap<Lsn, peer::Advisory>,
+    /// Term starts committed in their whole form (with the snapshot), by LSN.
+    whole_term_starts: BTreeMap<Lsn, peer::Advisory>,
     /// Every (partition, lease) -> primary ever seen in a committed state.
     leases: BTreeMap<(u32, u64), Option<u32>>,
     queue_counter: u64,
@@ -339,6 +340,7 @@ impl Sim {
             loss: 0.05,
             dup: 0.05,
             committed: BTreeMap::new(),
+            whole_term_starts: BTreeMap::new(),
             leases: BTreeMap::new(),
             queue_counter: 0,
             crashes: 0,
@@ -597,7 +599,7 @@ impl Sim {
         let superseding = recovered
             .uncommitted
             .iter()
-            .filter(|(_, a)| is_leader_advisory(a))
+            .filter(|(_, a)| leader_continues(a) == Some(None))
             .map(|(l, _)| l.term)
             .max();
         for (lsn, advisory) in &acked.updates {
@@ -919,14 +921,7 @@ impl Sim {
                 }
                 MetadataOutput::Send { to, message } => outbox.push(Some(to), message),
                 MetadataOutput::Broadcast { message } => outbox.push(None, message),
-                MetadataOutput::Committed { lsn, advisory } => match self.committed.get(&lsn) {
-                    Some(seen) if *seen != advisory => self.fail(format!(
-                        "LSN {lsn} committed with two contents: {seen:?} and {advisory:?}"
-                    )),
-                    _ => {
-                        self.committed.insert(lsn, advisory);
-                    }
-                },
+                MetadataOutput::Committed { lsn, advisory } => self.record_committed(lsn, advisory),
                 // Routing opens while an assignment commits is the router's, not simulated here.
                 MetadataOutput::RoleChanged { .. } | MetadataOutput::AssignmentProposed { .. } => {}
             }
@@ -1388,6 +1383,50 @@ impl Sim {
             })
     }
 
+    /// Keeps an advisory a node reported committed: one content per LSN. A term start
+    /// reaches a follower whose history differs from the leader's whole (with the
+    /// snapshot), the others as the continuation of that history: two forms of one record.
+    /// `committed` keeps the continuation (the replay then goes through the history it
+    /// commits), `whole_term_starts` the whole form, and `check_nothing_committed_was_lost`
+    /// checks that the two describe one state.
+    fn record_committed(&mut self, lsn: Lsn, advisory: peer::Advisory) {
+        let seen = self.committed.get(&lsn).cloned();
+        let two = |seen: &peer::Advisory| {
+            format!("LSN {lsn} committed with two contents: {seen:?} and {advisory:?}")
+        };
+        match leader_continues(&advisory) {
+            Some(None) => {
+                if let Some(whole) = self.whole_term_starts.get(&lsn) {
+                    if *whole != advisory {
+                        self.fail(two(whole));
+                    }
+                }
+                self.whole_term_starts.insert(lsn, advisory.clone());
+                match &seen {
+                    None => {
+                        self.committed.insert(lsn, advisory);
+                    }
+                    Some(seen) if leader_continues(seen).is_none() => self.fail(two(seen)),
+                    Some(_) => {}
+                }
+            }
+            Some(Some(_)) => match &seen {
+                Some(seen) if leader_continues(seen) != Some(None) && *seen != advisory => {
+                    self.fail(two(seen))
+                }
+                _ => {
+                    self.committed.insert(lsn, advisory);
+                }
+            },
+            None => match &seen {
+                Some(seen) if *seen != advisory => self.fail(two(seen)),
+                _ => {
+                    self.committed.insert(lsn, advisory);
+                }
+            },
+        }
+    }
+
     /// Replays every advisory ever reported committed, in LSN order. Each committed
     /// `LeaderAdvisory` snapshot (a new leader's state after leader sync) must keep everything
     /// committed before it: every assigned queue with its partition and key, every partition's
@@ -1396,8 +1435,30 @@ impl Sim {
     fn check_nothing_committed_was_lost(&self) {
         let mut replay = ClusterState::new(PARTITIONS);
         for (lsn, advisory) in &self.committed {
-            if let Some(Kind::Leader(leader)) = &advisory.kind {
-                let snapshot = leader.state.as_ref().expect("a LeaderAdvisory has a state");
+            let whole = match &advisory.kind {
+                Some(Kind::Leader(peer::LeaderAdvisory {
+                    state: Some(snapshot),
+                    ..
+                })) => Some(snapshot),
+                _ => None,
+            };
+            if let (None, Some(Kind::Leader(_))) = (whole, &advisory.kind) {
+                // A continuation: the state stays; where a follower got the term start whole,
+                // its snapshot must be exactly the history committed up to here.
+                if let Some(Some(Kind::Leader(peer::LeaderAdvisory {
+                    state: Some(snapshot),
+                    ..
+                }))) = self.whole_term_starts.get(lsn).map(|a| &a.kind)
+                {
+                    let state = ClusterState::from_snapshot(snapshot).expect("a valid snapshot");
+                    if state != replay {
+                        self.fail(format!(
+                            "the whole term start at {lsn} differs from the history its continuation commits: {state:?} vs {replay:?}"
+                        ));
+                    }
+                }
+            }
+            if let Some(snapshot) = whole {
                 let state = ClusterState::from_snapshot(snapshot).expect("a valid snapshot");
                 self.check_keeps(&format!("the snapshot at {lsn}"), &replay, &state);
                 replay = state;

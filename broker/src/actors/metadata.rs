@@ -50,8 +50,10 @@
 //!   whole state encoded, written and fsynced, while the fsyncs go on) and frees the blocks of
 //!   the files the ledger let go of. A worker that is gone (or could not start) is a failed
 //!   fsync: the node stops. What runs on the main thread: writing records (a `write` of a few
-//!   hundred bytes), applying commits (O(log n) in the state's size), and, once per failover, a
-//!   new leader's snapshot; the peer links' heartbeat tolerance covers that.
+//!   hundred bytes), applying commits (O(log n) in the state's size), and, when a failover
+//!   finds a follower whose history differs from the new leader's (or the new leader adopts
+//!   another node's state), one whole copy of the state; the peer links' heartbeat tolerance
+//!   covers that. The usual failover's term start names a history and copies nothing.
 //! - **Metrics**: gauges `bmq_metadata_lsn_term`, `bmq_metadata_lsn_sequence`,
 //!   `bmq_metadata_committed_lsn_term`, `bmq_metadata_committed_lsn_sequence`,
 //!   `bmq_metadata_role` (0 follower, 1 passive leader, 2 active leader), `bmq_metadata_uncommitted_advisories`,
@@ -1102,6 +1104,7 @@ mod tests {
                     term: 1,
                     last_lsn: None,
                     committed_lsn: None,
+                    last_advisory_lsn: None,
                 },
             )))
             .await
