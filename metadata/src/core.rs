@@ -390,7 +390,10 @@ enum Gated {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DeferredQuery {
     State,
-    Data,
+    /// `after`: the asking leader's last advisory (see [`MetadataCore::answer_sync_query`]).
+    Data {
+        after: Option<Lsn>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -898,7 +901,8 @@ impl MetadataCore {
             }
             Msg::SyncStateResponse(response) => self.on_sync_state_response(now, from, response),
             Msg::SyncDataQuery(query) => {
-                self.on_sync_query(from, Term(query.term), DeferredQuery::Data)
+                let after = query.after.map(Lsn::from);
+                self.on_sync_query(from, Term(query.term), DeferredQuery::Data { after })
             }
             Msg::SyncDataResponse(response) => self.on_sync_data_response(now, from, response),
             Msg::FollowerHello(hello) => {
@@ -995,7 +999,9 @@ impl MetadataCore {
         if later {
             self.counters.sync_queries_deferred += 1;
             debug!(from = %from, term = %term, ?kind, "sync query kept until the elector names its sender");
-            self.deferred_queries.retain(|(_, _, k)| *k != kind);
+            let same =
+                |k: &DeferredQuery| std::mem::discriminant(k) == std::mem::discriminant(&kind);
+            self.deferred_queries.retain(|(_, _, k)| !same(k));
             self.deferred_queries.push((from, term, kind));
         } else {
             self.drop_not_following(from, term, "sync query");
@@ -1010,11 +1016,31 @@ impl MetadataCore {
                 committed_lsn: Some(self.committed_lsn.into()),
                 last_advisory_lsn: Some(self.last_advisory_lsn().into()),
             }),
-            DeferredQuery::Data => Msg::SyncDataResponse(peer::LeaderSyncDataResponse {
-                term: term.0,
-                last_lsn: Some(self.last_advisory_lsn().into()),
-                state: Some(self.tip_state.to_snapshot()),
-            }),
+            DeferredQuery::Data { after } => {
+                // The leader holds the advisory `after`: if this node holds it too, both hold
+                // the same history up to it (one leader per term, gap-free terms), and the
+                // advisories after it are all the leader lacks — O(them), not O(state).
+                let holds = after.filter(|a| {
+                    *a == self.committed_lsn || self.pending.iter().any(|p| p.lsn == *a)
+                });
+                let (state, records) = match holds {
+                    Some(after) => (
+                        None,
+                        self.pending
+                            .iter()
+                            .filter(|p| p.lsn > after)
+                            .map(|p| record_message(p.lsn, p.advisory.clone()))
+                            .collect(),
+                    ),
+                    None => (Some(self.tip_state.to_snapshot()), Vec::new()),
+                };
+                Msg::SyncDataResponse(peer::LeaderSyncDataResponse {
+                    term: term.0,
+                    last_lsn: Some(self.last_advisory_lsn().into()),
+                    state,
+                    records,
+                })
+            }
         };
         self.send(from, message);
     }
@@ -1829,6 +1855,10 @@ impl MetadataCore {
             );
             return;
         }
+        if response.state.is_none() {
+            self.adopt_records(now, from, last, response.records);
+            return;
+        }
         let Some(state) = response
             .state
             .as_ref()
@@ -1840,6 +1870,58 @@ impl MetadataCore {
         };
         info!(from = %from, last_lsn = %last, "leader sync adopted the most advanced state");
         self.propose_leader_advisory(now, state);
+    }
+
+    /// Leader sync's fetch answered with the advisories that follow this node's last one on
+    /// the most advanced node: they are appended to this node's history (ledger and tip state,
+    /// uncommitted, at their own LSNs), and the term starts as the continuation of it. Records
+    /// out of order, not after this node's last record, or that do not apply are dropped and
+    /// counted (the sync retries).
+    fn adopt_records(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        last: Lsn,
+        records: Vec<peer::AdvisoryRecord>,
+    ) {
+        let mut tip = self.tip_state.clone();
+        let mut previous = self.last_lsn;
+        let mut adopted = Vec::with_capacity(records.len());
+        for record in records {
+            let lsn = lsn_of(record.lsn);
+            let valid = lsn > previous && lsn.term < self.term;
+            let Some(advisory) = record.advisory.filter(|_| valid) else {
+                self.counters.invalid += 1;
+                debug!(from = %from, lsn = %lsn, "sync data records out of order dropped");
+                return;
+            };
+            if let Err(error) = tip.apply(&advisory) {
+                self.counters.invalid += 1;
+                debug!(from = %from, lsn = %lsn, %error, "sync data record does not apply; dropped");
+                return;
+            }
+            previous = lsn;
+            adopted.push((lsn, advisory));
+        }
+        if adopted.last().map_or(self.last_advisory_lsn(), |(l, _)| *l) != last {
+            self.counters.invalid += 1;
+            debug!(from = %from, last_lsn = %last, "sync data records do not end at the announced LSN; dropped");
+            return;
+        }
+        info!(from = %from, last_lsn = %last, records = adopted.len(), "leader sync adopted the most advanced node's advisories");
+        self.tip_state = tip;
+        for (lsn, advisory) in adopted {
+            self.advance_last(lsn);
+            self.pending.push_back(Pending {
+                lsn,
+                advisory: advisory.clone(),
+                sent_at: None,
+            });
+            self.persist_update(lsn, advisory);
+        }
+        // The responses said which followers hold what: the most advanced one's history is
+        // now ours.
+        self.propose_continuation(now);
     }
 
     /// Moves leader sync forward once enough is known.
@@ -1873,7 +1955,10 @@ impl MetadataCore {
                 attempts: 1,
             };
             sync.next_retry = now + self.config.sync_retry;
-            let query = peer::LeaderSyncDataQuery { term: self.term.0 };
+            let query = peer::LeaderSyncDataQuery {
+                term: self.term.0,
+                after: Some(self.last_advisory_lsn().into()),
+            };
             self.send(best, Msg::SyncDataQuery(query));
         }
     }
@@ -1895,7 +1980,10 @@ impl MetadataCore {
                     from,
                     attempts: attempts + 1,
                 };
-                let query = peer::LeaderSyncDataQuery { term: self.term.0 };
+                let query = peer::LeaderSyncDataQuery {
+                    term: self.term.0,
+                    after: Some(self.last_advisory_lsn().into()),
+                };
                 self.send(from, Msg::SyncDataQuery(query));
                 return;
             }

@@ -542,7 +542,10 @@ fn leader_sync_fetches_the_state_of_the_most_advanced_node() {
         drain(&mut leader),
         vec![MetadataOutput::Send {
             to: n(3),
-            message: msg(Msg::SyncDataQuery(peer::LeaderSyncDataQuery { term: 2 }))
+            message: msg(Msg::SyncDataQuery(peer::LeaderSyncDataQuery {
+                term: 2,
+                after: Some(lsn(1, 1).into())
+            }))
         }]
     );
     // Retried until answered.
@@ -551,7 +554,10 @@ fn leader_sync_fetches_the_state_of_the_most_advanced_node() {
         drain(&mut leader),
         vec![MetadataOutput::Send {
             to: n(3),
-            message: msg(Msg::SyncDataQuery(peer::LeaderSyncDataQuery { term: 2 }))
+            message: msg(Msg::SyncDataQuery(peer::LeaderSyncDataQuery {
+                term: 2,
+                after: Some(lsn(1, 1).into())
+            }))
         }]
     );
     let mut advanced = base.clone();
@@ -561,6 +567,7 @@ fn leader_sync_fetches_the_state_of_the_most_advanced_node() {
         term: 2,
         last_lsn: Some(lsn(1, 3).into()),
         state: Some(advanced.to_snapshot()),
+        records: vec![],
     }));
     leader.handle_message(now, n(2), data.clone());
     assert_eq!(drain(&mut leader), vec![]);
@@ -575,6 +582,62 @@ fn leader_sync_fetches_the_state_of_the_most_advanced_node() {
             }
         ]
     );
+}
+
+#[test]
+fn leader_sync_fetches_only_the_advisories_it_lacks_from_a_node_with_its_history() {
+    // Scenario: failover flat in the state. The new leader (node 1, last advisory 1:1) is
+    // behind node 3, which holds 1:1 and an uncommitted 1:3: node 3 answers the fetch with the
+    // advisory after 1:1 only, the leader appends it at its own LSN and starts its term as the
+    // continuation of 1:3, which node 3 takes.
+    let now = Instant::now();
+    let mut base = ClusterState::new(2);
+    base.apply(&primaries(&[(0, Some(1), 1)])).unwrap();
+    let holding = |uncommitted: Vec<(Lsn, peer::Advisory)>, last: Lsn| Recovered {
+        committed_state: base.clone(),
+        committed_lsn: lsn(1, 1),
+        uncommitted,
+        last_lsn: last,
+    };
+    let mut third = MetadataCore::new(
+        n(3),
+        &members(),
+        0,
+        holding(vec![(lsn(1, 3), assign("on-3", 0, 0))], lsn(1, 3)),
+    );
+    third.handle_leadership(now, Term(2), Some(n(1)));
+    drain(&mut third);
+    let mut leader = MetadataCore::new(n(1), &members(), 0, holding(vec![], lsn(1, 2)));
+    leader.handle_leadership(now, Term(2), Some(n(1)));
+    drain(&mut leader);
+    leader.handle_message(now, n(3), sync_response(2, lsn(1, 3), lsn(1, 1)));
+    let query = messages_to(drain(&mut leader), n(3));
+    assert_eq!(query.len(), 1, "{query:?}");
+    third.handle_message(now, n(1), query[0].clone());
+    let answer = messages_to(drain(&mut third), n(1));
+    let Some(Msg::SyncDataResponse(response)) = &answer[0].kind else {
+        panic!("{answer:?}");
+    };
+    assert!(response.state.is_none(), "no state sent: {response:?}");
+    assert_eq!(response.records.len(), 1);
+    leader.handle_message(now, n(3), answer[0].clone());
+    let out = drain(&mut leader);
+    assert_eq!(
+        out[0],
+        persist_update(lsn(1, 3), assign("on-3", 0, 0)),
+        "{out:?}"
+    );
+    assert!(out.contains(&persist_update(lsn(2, 1), continuation(lsn(1, 3)))));
+    assert!(leader.tip_state().queues.contains_key("on-3"));
+    let to_3 = messages_to(out.clone(), n(3));
+    assert_eq!(to_3, vec![record(lsn(2, 1), continuation(lsn(1, 3)))]);
+    // Node 2 did not answer the sync: it gets the term start as proposed (and, its history
+    // being older, would say hello for the whole state).
+    let to_2 = messages_to(out, n(2));
+    assert_eq!(to_2, to_3);
+    third.handle_message(now, n(1), to_3[0].clone());
+    assert_eq!(third.status().last_lsn, lsn(2, 1));
+    assert_eq!(third.counters().continuation_mismatches, 0);
 }
 
 #[test]
@@ -1602,6 +1665,7 @@ fn a_sync_data_response_behind_its_announced_lsn_is_refused() {
         term: 2,
         last_lsn: Some(lsn(1, 1).into()),
         state: Some(base.to_snapshot()),
+        records: vec![],
     }));
     leader.handle_message(now, n(3), behind);
     assert_eq!(
