@@ -1,25 +1,49 @@
 #!/usr/bin/env python3
-"""Failover benchmark: leader SIGKILL -> new leader, primary SIGKILL -> first ACK, and
-leader SIGKILL -> the next metadata write committed (`metadata`, see metadata_runs).
+"""Failover benchmark: every figure of a failover, with a cluster state of PREFILL queues.
 
-Run through scripts/bench-failover.sh, which builds the release binaries first.
+Run through scripts/bench-failover.sh (builds the release binaries first), or
+scripts/bench-failover-sizes.sh (every mode at 100, 100,000 and 1,000,000 queues, one table).
 
-Method
-- A 3-node cluster with the embedded default configuration (`bmqctl cluster up --configs-only
-  --no-security` writes the per-node files, then this script runs the three `broker`
-  processes itself so it can kill and restart them one by one).
-- Leader runs: find the leader on /status, SIGKILL it, poll the survivors' /status every
-  POLL_S until one reports `elector.state == "leader"` with a higher term. The figure is the
-  time from the kill to that observation (an upper bound: it includes up to one poll
-  interval). The killed node is restarted and the cluster is let settle (every node ready,
-  one leader) before the next run.
-- Primary runs: `bmqctl bench messages` produces at RATE msg/s through a node that is not the
-  queue's primary; after WARMUP_S the queue's primary (from /status) is SIGKILLed. The figure is
-  the largest ACK latency of the run: the PUTs caught by the kill wait for the new primary, so it
-  is the kill -> first ACK gap plus at most one inter-PUT interval and one normal ACK latency.
-  Every ACKed message must be consumed (`missing == 0`), or the run is reported as a loss.
-- PREFILL (default 0): queues assigned before the runs, so failovers carry a cluster state of
-  that size.
+Modes (the first argument; default `all` = leader, metadata, primary):
+- `leader`: SIGKILL of the elector leader -> a survivor reports itself leader with a higher
+  term (its /metrics `bmq_elector_state` / `bmq_elector_term`, polled every POLL_MS).
+- `metadata`: SIGKILL of the leader -> the next metadata write is committed: right after the
+  kill a client opens a never-opened queue through a survivor; the figure is the time until a
+  survivor's committed state holds one more queue (`bmq_cluster_queues`). Election + leader
+  sync + one commit; the open itself may wait longer for its partition's primary.
+- `open`: SIGKILL of the leader -> the first successful open of a never-opened queue, opens
+  started every 10 ms from the kill on, alternately through clients of the two survivors
+  (`bmqctl bench first-open --kill-pid`: the driver connects first, then kills, so its clock
+  starts at the kill). The same runs also give `open-dead-primary`: the first successful open
+  of a queue on a partition whose primary was the killed leader (that open also waits for a
+  new primary to heal and go active; the broker names the partition in its answer).
+- `silent`: SIGSTOP of the leader -> a survivor reports itself leader with a higher term
+  (polled as in `leader`); then SIGCONT, and the stopped node rejoins as a follower.
+- `restart`: SIGKILL of a node that is not the leader, started again at once -> ready: its
+  `/readyz` answers 200, polled every POLL_MS from the process's start. Ready means (admin.rs)
+  that the node follows an active leader (or is one) whose metadata term it has caught up with,
+  and every partition's journal on this node is open (the outstanding index of each read);
+  a node whose ledger (the cluster state) has not been recovered cannot answer at all. The
+  runs also report when its committed state held as many queues as the survivors'
+  (`caught up`).
+- `primary`: `bmqctl bench messages` produces at RATE msg/s through every node; after
+  WARMUP_S the queue's primary is SIGKILLed. The figure is the largest ACK latency of the
+  run: the PUTs caught by the kill wait for the new primary, so it is the kill -> first ACK
+  gap plus at most one inter-PUT interval and one normal ACK latency. Every ACKed message
+  must be consumed (`missing == 0`), or the run is reported as a loss. The queue is assigned
+  first (`bmqctl bench first-open --opens 1`, which names its partition) so that its primary
+  is known without /status.
+
+Every run first waits until the cluster settled: every node answers /readyz, all follow one
+leader, every partition has an active primary and every node holds the same number of
+queues. Nothing here reads /status: with 1,000,000 queues it is tens of megabytes.
+
+`python3 scripts/bench_failover.py table FILE...` prints RESULTS_JSON files side by side.
+
+Environment: RUNS (20), PREFILL (0: queues assigned before the runs, 64 in flight), BIN (the
+build, default target/release), BMQCTL (the bmqctl binary, default BIN's: a newer bmqctl can
+drive an older broker), BASE_PORT (31100), POLL_MS (10), RATE, WARMUP_S, BENCH_S (primary),
+RESULTS_JSON (a file to write every mode's values to, for bench-failover-sizes.sh).
 """
 import json
 import os
@@ -32,6 +56,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("BIN", os.path.join(ROOT, "target", "release"))
+BMQCTL = os.environ.get("BMQCTL", os.path.join(BIN, "bmqctl"))
 RUNS = int(os.environ.get("RUNS", "20"))
 BASE_PORT = int(os.environ.get("BASE_PORT", "31100"))
 DIR = os.environ.get("CLUSTER_DIR_BENCH", "/tmp/bmq-bench-failover")
@@ -42,7 +67,9 @@ BENCH_S = int(os.environ.get("BENCH_S", "5"))
 # Queues assigned before the runs (each opened for writing and closed once), so the failover
 # carries a cluster state of that size: the new leader's snapshot, every node's ledger.
 PREFILL = int(os.environ.get("PREFILL", "0"))
+RESULTS_JSON = os.environ.get("RESULTS_JSON")
 NODES = [1, 2, 3]
+LEADER = 3  # bmq_elector_state of a leader
 
 
 def admin(i):
@@ -53,12 +80,69 @@ def client(i):
     return f"127.0.0.1:{BASE_PORT + i}"
 
 
-def status(i, timeout=0.5):
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def scrape(i, timeout=0.5):
+    """Node i's /metrics as {name with labels: value}, or None when it does not answer."""
     try:
-        with urllib.request.urlopen(f"http://{admin(i)}/status", timeout=timeout) as r:
-            return json.load(r)
+        with urllib.request.urlopen(f"http://{admin(i)}/metrics", timeout=timeout) as r:
+            found = {}
+            for line in r.read().decode().splitlines():
+                if not line or line[0] == "#":
+                    continue
+                name, _, value = line.rpartition(" ")
+                try:
+                    found[name] = float(value)
+                except ValueError:
+                    pass
+            return found
     except Exception:
         return None
+
+
+def metrics(i, names, timeout=0.2):
+    """The values of the gauges `names` in node i's /metrics (missing ones absent), or None
+    when the node does not answer."""
+    m = scrape(i, timeout)
+    if m is None:
+        return None
+    return {n: int(m[n]) for n in names if n in m}
+
+
+def cluster_queues(i):
+    """bmq_cluster_queues of node i (queues in its committed state), or None."""
+    return (metrics(i, ("bmq_cluster_queues",)) or {}).get("bmq_cluster_queues")
+
+
+def elector(i, timeout=0.2):
+    """(bmq_elector_state, bmq_elector_term) of node i from its /metrics (state 3 = leader), or
+    None."""
+    found = metrics(i, ("bmq_elector_state", "bmq_elector_term"), timeout) or {}
+    if "bmq_elector_state" not in found or "bmq_elector_term" not in found:
+        return None
+    return found["bmq_elector_state"], found["bmq_elector_term"]
+
+
+def ready(i, timeout=0.5):
+    try:
+        with urllib.request.urlopen(f"http://{admin(i)}/readyz", timeout=timeout) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def primaries(m):
+    """{partition: primary node} of a scrape, with the partitions' announced status."""
+    out = {}
+    for name, value in m.items():
+        if name.startswith("bmq_cluster_partition_primary_node_id{"):
+            part = int(name.split('partition="')[1].split('"')[0])
+            status = m.get(f'bmq_cluster_partition_status{{partition="{part}"}}', 0)
+            out[part] = (int(value), int(status))
+    return out
 
 
 procs = {}
@@ -76,60 +160,63 @@ def kill(i):
     procs[i].wait()
 
 
-def settle(timeout=30):
-    """Waits until every node is ready and all agree on one leader; returns (leader, term)."""
+def settle(timeout=120):
+    """Waits until every node is ready, all follow one leader, every partition has an active
+    primary and every node holds the same number of queues; returns (leader, term,
+    {partition: primary})."""
     deadline = time.time() + timeout
+    last = None
     while time.time() < deadline:
-        docs = [status(i) for i in NODES]
-        if all(d and d["ready"] for d in docs):
-            leaders = {d["elector"]["leader"] for d in docs}
-            actives = all(p["status"] == "active" and p["primary"] is not None
-                          for p in docs[0]["partitions"])
-            if len(leaders) == 1 and None not in leaders and actives:
-                leader = leaders.pop()
-                return leader, docs[0]["elector"]["term"]
-        time.sleep(0.05)
-    raise SystemExit("cluster did not settle: " + json.dumps([status(i) for i in NODES]))
+        scrapes = [scrape(i, timeout=2) for i in NODES]
+        if all(scrapes) and all(ready(i, timeout=5) for i in NODES):
+            leaders = {int(m.get("bmq_elector_leader_node_id", 0)) for m in scrapes}
+            terms = {int(m.get("bmq_elector_term", 0)) for m in scrapes}
+            queues = {int(m.get("bmq_cluster_queues", -1)) for m in scrapes}
+            parts = primaries(scrapes[0])
+            active = parts and all(p and s == 2 for p, s in parts.values())
+            last = (leaders, terms, queues, parts)
+            if len(leaders) == 1 and 0 not in leaders and len(terms) == 1 and active \
+                    and len(queues) == 1:
+                return leaders.pop(), terms.pop(), {k: p for k, (p, _) in parts.items()}
+        time.sleep(0.2)
+    raise SystemExit(f"cluster did not settle: {last}")
 
 
-def metrics(i, names, timeout=0.2):
-    """The values of the unlabelled gauges `names` in node i's /metrics (missing ones absent),
-    or None when the node does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://{admin(i)}/metrics", timeout=timeout) as r:
-            found = {}
-            for line in r.read().decode().splitlines():
-                name, _, value = line.partition(" ")
-                if name in names:
-                    found[name] = int(float(value.split()[0]))
-            return found
-    except Exception:
-        return None
-
-
-def cluster_queues(i):
-    """bmq_cluster_queues of node i (queues in its committed state), or None."""
-    return (metrics(i, ("bmq_cluster_queues",)) or {}).get("bmq_cluster_queues")
-
-
-def elector(i):
-    """(bmq_elector_state, bmq_elector_term) of node i from its /metrics (state 3 = leader), or
-    None: as /status says, without listing every queue (a cluster state of 100,000 queues
-    makes /status megabytes long)."""
-    found = metrics(i, ("bmq_elector_state", "bmq_elector_term")) or {}
-    if "bmq_elector_state" not in found or "bmq_elector_term" not in found:
-        return None
-    return found["bmq_elector_state"], found["bmq_elector_term"]
+def new_leader(survivors, term, t0, limit=30):
+    """Polls the survivors' /metrics until one is leader with a term above `term`; returns
+    (node, ms since t0)."""
+    while True:
+        for i in survivors:
+            e = elector(i)
+            if e and e[0] == LEADER and e[1] > term:
+                return i, (time.monotonic() - t0) * 1000
+        if time.monotonic() - t0 > limit:
+            raise SystemExit(f"no new leader within {limit} s")
+        time.sleep(POLL_S)
 
 
 def prefill(leader):
     """Assigns PREFILL queues through the leader, 64 in flight."""
     t0 = time.monotonic()
     subprocess.run(
-        [os.path.join(BIN, "bmqctl"), "bench", "metadata", "--queues", str(PREFILL),
+        [BMQCTL, "bench", "metadata", "--queues", str(PREFILL),
          "--parallel", "64", "--broker", client(leader), "--no-tls", "--token", "", "--quiet"],
         check=True, stdout=subprocess.DEVNULL)
-    print(f"prefill: {PREFILL} queues assigned in {time.monotonic() - t0:.1f} s", flush=True)
+    print(f"prefill: {PREFILL} queues assigned in {time.monotonic() - t0:.1f} s "
+          f"(load {loadavg()})", flush=True)
+
+
+def rss_mib():
+    out = []
+    for i in NODES:
+        try:
+            with open(f"/proc/{procs[i].pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        out.append(f"node {i} {int(line.split()[1]) / 1024:.0f} MiB")
+        except OSError:
+            out.append(f"node {i} -")
+    return ", ".join(out)
 
 
 def pct(values, q):
@@ -138,6 +225,9 @@ def pct(values, q):
 
 
 def summary(name, values):
+    if not values:
+        print(f"{name}: no runs", flush=True)
+        return
     print(f"{name}: runs {len(values)}  p50 {pct(values, 0.5):.0f} ms  "
           f"p99 {pct(values, 0.99):.0f} ms  max {max(values):.0f} ms  "
           f"mean {statistics.mean(values):.0f} ms", flush=True)
@@ -146,44 +236,28 @@ def summary(name, values):
 def leader_runs():
     out = []
     for run in range(RUNS):
-        leader, term = settle()
+        leader, term, _ = settle()
         t0 = time.monotonic()
         kill(leader)
-        survivors = [i for i in NODES if i != leader]
-        while True:
-            seen = None
-            for i in survivors:
-                d = status(i, timeout=0.2)
-                if d and d["elector"]["state"] == "leader" and d["elector"]["term"] > term:
-                    seen = i
-            if seen:
-                break
-            if time.monotonic() - t0 > 30:
-                raise SystemExit("no new leader within 30 s")
-            time.sleep(POLL_S)
-        ms = (time.monotonic() - t0) * 1000
+        seen, ms = new_leader([i for i in NODES if i != leader], term, t0)
         out.append(ms)
         print(f"leader run {run + 1}: killed node {leader} (term {term}), "
-              f"node {seen} leads after {ms:.0f} ms", flush=True)
+              f"node {seen} leads after {ms:.0f} ms (load {loadavg()})", flush=True)
         start(leader)
     return out
 
 
 def metadata_runs():
-    """Leader SIGKILL -> the next metadata write is committed: right after the kill a
-    client opens a never-opened queue through a survivor; the figure is the time until a
-    survivor's committed state holds one more queue (its /metrics `bmq_cluster_queues`, polled
-    every POLL_S). Election + the new leader's sync + one commit; the open itself may wait
-    longer for the queue's partition primary, which is not measured here."""
+    """See the module doc (`metadata`)."""
     out = []
     for run in range(RUNS):
-        leader, term = settle()
+        leader, term, _ = settle()
         survivors = [i for i in NODES if i != leader]
         before = max(cluster_queues(i) or 0 for i in survivors)
         t0 = time.monotonic()
         kill(leader)
         writer = subprocess.Popen(
-            [os.path.join(BIN, "bmqctl"), "bench", "metadata", "--queues", "1", "--broker",
+            [BMQCTL, "bench", "metadata", "--queues", "1", "--broker",
              client(survivors[0]), "--no-tls", "--token", "", "--quiet", "--json",
              "--timeout-secs", "20"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -192,7 +266,7 @@ def metadata_runs():
             if elected is None:
                 for i in survivors:
                     e = elector(i)
-                    if e and e[0] == 3 and e[1] > term:
+                    if e and e[0] == LEADER and e[1] > term:
                         elected = (time.monotonic() - t0) * 1000
             if any((cluster_queues(i) or 0) > before for i in survivors):
                 break
@@ -203,31 +277,115 @@ def metadata_runs():
         out.append(ms)
         seen = "not seen" if elected is None else f"{elected:.0f} ms"
         print(f"metadata run {run + 1}: killed leader {leader} (term {term}), new leader seen "
-              f"after {seen}, next write committed after {ms:.0f} ms", flush=True)
+              f"after {seen}, next write committed after {ms:.0f} ms (load {loadavg()})",
+              flush=True)
         writer.wait(timeout=30)
         start(leader)
     return out
 
 
+def open_runs():
+    """See the module doc (`open`, `open-dead-primary`)."""
+    first, dead = [], []
+    for run in range(RUNS):
+        leader, term, parts = settle()
+        survivors = [i for i in NODES if i != leader]
+        on_leader = sorted(p for p, node in parts.items() if node == leader)
+        cmd = [BMQCTL, "bench", "first-open", "--broker",
+               ",".join(client(i) for i in survivors), "--interval-ms", "10",
+               "--kill-pid", str(procs[leader].pid), "--timeout-secs", "30", "--json",
+               "--no-tls", "--token", ""]
+        if on_leader:
+            cmd += ["--partitions", ",".join(map(str, on_leader))]
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs[leader].wait()
+        if done.returncode != 0:
+            raise SystemExit(f"first-open failed: {done.stderr.strip()}")
+        report = json.loads(done.stdout)
+        f = report["first"]
+        first.append(f["done_ms"])
+        line = (f"open run {run + 1}: killed leader {leader} (term {term}, primary of "
+                f"partitions {on_leader}), first open {f['done_ms']:.0f} ms "
+                f"(partition {f['partition']}, started at {f['started_ms']:.0f} ms)")
+        d = report.get("first_on_partitions")
+        if d:
+            dead.append(d["done_ms"])
+            line += (f", first open on a partition of the killed primary {d['done_ms']:.0f} ms "
+                     f"(partition {d['partition']}, started at {d['started_ms']:.0f} ms)")
+        print(f"{line}; opens started {report['opens_started']}, failed "
+              f"{report['opens_failed']} (load {loadavg()})", flush=True)
+        start(leader)
+    return first, dead
+
+
+def silent_runs():
+    """See the module doc (`silent`)."""
+    out = []
+    for run in range(RUNS):
+        leader, term, _ = settle()
+        t0 = time.monotonic()
+        procs[leader].send_signal(signal.SIGSTOP)
+        try:
+            seen, ms = new_leader([i for i in NODES if i != leader], term, t0)
+        finally:
+            procs[leader].send_signal(signal.SIGCONT)
+        out.append(ms)
+        print(f"silent run {run + 1}: stopped node {leader} (term {term}), "
+              f"node {seen} leads after {ms:.0f} ms (load {loadavg()})", flush=True)
+    return out
+
+
+def restart_runs():
+    """See the module doc (`restart`)."""
+    out, caught = [], []
+    for run in range(RUNS):
+        leader, term, _ = settle()
+        followers = [i for i in NODES if i != leader]
+        node = followers[run % len(followers)]
+        others = [i for i in NODES if i != node]
+        kill(node)
+        t0 = time.monotonic()
+        start(node)
+        want = max(cluster_queues(i) or 0 for i in others)
+        ready_ms = caught_ms = None
+        while ready_ms is None or caught_ms is None:
+            now = (time.monotonic() - t0) * 1000
+            if now > 120_000:
+                raise SystemExit(f"node {node} not ready within 120 s")
+            if caught_ms is None and (cluster_queues(node) or -1) >= want:
+                caught_ms = (time.monotonic() - t0) * 1000
+            if ready_ms is None and ready(node, timeout=2):
+                ready_ms = (time.monotonic() - t0) * 1000
+            time.sleep(POLL_S)
+        out.append(ready_ms)
+        caught.append(caught_ms)
+        print(f"restart run {run + 1}: node {node} SIGKILLed and started, ready after "
+              f"{ready_ms:.0f} ms, its state held {want} queues after {caught_ms:.0f} ms "
+              f"(load {loadavg()})", flush=True)
+    return out, caught
+
+
 def primary_runs():
     out, lost = [], 0
     for run in range(RUNS):
-        settle()
+        _, _, parts = settle()
         prefix = f"fo{os.getpid()}r{run}"
+        run_id = f"{run:08x}"
+        # Assign the queue first: the answer names its partition, hence its primary.
+        done = subprocess.run(
+            [BMQCTL, "bench", "first-open", "--broker", client(1), "--opens", "1",
+             "--queue-prefix", prefix, "--run-id", run_id, "--json", "--no-tls", "--token", ""],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True)
+        part = json.loads(done.stdout)["first"]["partition"]
+        _, _, parts = settle()
+        primary = parts[part]
         bench = subprocess.Popen(
-            [os.path.join(BIN, "bmqctl"), "bench", "messages", "--queue-prefix", prefix,
+            [BMQCTL, "bench", "messages", "--queue-prefix", prefix, "--run-id", run_id,
              "--rate", str(RATE), "--duration-secs", str(BENCH_S), "--size", "1024",
              "--window", "10000", "--json", "--quiet", "--no-tls", "--token", "",
-             "--broker", ",".join(client(i) for i in NODES)],
+             "--broker", ",".join(client(i) for i in NODES if i != primary)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         time.sleep(WARMUP_S)
-        doc = status(1) or status(2) or status(3)
-        queue = [q for q in doc["queues"] if prefix in q["uri"]]
-        if not queue:
-            bench.kill()
-            raise SystemExit(f"queue {prefix} not assigned after {WARMUP_S} s")
-        part = queue[0]["partition_id"]
-        primary = [p["primary"] for p in doc["partitions"] if p["partition_id"] == part][0]
         kill(primary)
         stdout, _ = bench.communicate(timeout=BENCH_S + 120)
         report = json.loads(stdout)
@@ -236,7 +394,8 @@ def primary_runs():
         lost += report["missing"]
         print(f"primary run {run + 1}: killed node {primary} (partition {part}), "
               f"longest ACK wait {gap:.0f} ms, acked {report['produced']['messages']}, "
-              f"missing {report['missing']}, redeliveries {report['redeliveries']}", flush=True)
+              f"missing {report['missing']}, redeliveries {report['redeliveries']} "
+              f"(load {loadavg()})", flush=True)
         start(primary)
     return out, lost
 
@@ -249,31 +408,82 @@ def write_configs():
                    check=True, stdout=subprocess.DEVNULL)
 
 
+WHAT = {
+    "leader": "leader SIGKILL -> new leader",
+    "metadata": "leader SIGKILL -> next metadata write committed",
+    "open": "leader SIGKILL -> first open of a new queue",
+    "open-dead-primary": "leader SIGKILL -> first open on a partition of the killed leader",
+    "silent": "leader SIGSTOP -> new leader",
+    "restart": "node SIGKILL + start -> /readyz",
+    "restart-caught-up": "node SIGKILL + start -> its state holds every queue",
+    "primary": "primary SIGKILL -> first ACK",
+}
+
+
+def table(paths):
+    """Prints the RESULTS_JSON files `paths` (one per number of queues) side by side, a
+    Markdown table: p50 / p99 / max in ms and the runs, per figure."""
+    docs = sorted((json.load(open(p)) for p in paths), key=lambda d: d["queues"])
+    print("| figure | " + " | ".join(f"{d['queues']:,} queues" for d in docs) + " |")
+    print("|---|" + "---|" * len(docs))
+    for name, what in WHAT.items():
+        if not any(d["results"].get(name) for d in docs):
+            continue
+        cells = []
+        for d in docs:
+            v = d["results"].get(name) or []
+            cells.append(f"{pct(v, 0.5):.0f} / {pct(v, 0.99):.0f} / {max(v):.0f} ms ({len(v)})"
+                         if v else "-")
+        print(f"| {what} | " + " | ".join(cells) + " |")
+    print("\np50 / p99 / max (runs); load average at each size's end: " +
+          ", ".join(f"{d['queues']:,}: {d['load']}" for d in docs))
+
+
 def main():
+    if sys.argv[1:2] == ["table"]:
+        table(sys.argv[2:])
+        return
+    which = sys.argv[1:] or ["all"]
+    if which == ["all"]:
+        which = ["leader", "metadata", "primary"]
     write_configs()
     for i in NODES:
         start(i)
+    results = {}
     try:
-        leader, _ = settle(60)  # the fresh cluster's first election
+        leader, _, _ = settle(60)  # the fresh cluster's first election
         if PREFILL:
             prefill(leader)
-        which = sys.argv[1] if len(sys.argv) > 1 else "all"
-        results = {}
-        if which in ("all", "leader"):
-            results["leader"] = leader_runs()
-        if which in ("all", "metadata"):
-            results["metadata"] = metadata_runs()
-        if which in ("all", "primary"):
-            results["primary"], lost = primary_runs()
-            print(f"acknowledged messages lost over all primary runs: {lost}")
+            settle()
+            print(f"after the prefill: RSS {rss_mib()}", flush=True)
+        print(f"bin {BIN}, queues {PREFILL}, runs {RUNS}, load {loadavg()}", flush=True)
+        for mode in which:
+            if mode == "leader":
+                results["leader"] = leader_runs()
+            elif mode == "metadata":
+                results["metadata"] = metadata_runs()
+            elif mode == "open":
+                results["open"], results["open-dead-primary"] = open_runs()
+            elif mode == "silent":
+                results["silent"] = silent_runs()
+            elif mode == "restart":
+                results["restart"], results["restart-caught-up"] = restart_runs()
+            elif mode == "primary":
+                results["primary"], lost = primary_runs()
+                print(f"acknowledged messages lost over all primary runs: {lost}")
+            else:
+                raise SystemExit(f"unknown mode {mode}")
+            print(f"after {mode}: RSS {rss_mib()}, load {loadavg()}", flush=True)
         for name, values in results.items():
-            what = {"leader": "leader SIGKILL -> new leader",
-                    "metadata": "leader SIGKILL -> next metadata write committed",
-                    "primary": "primary SIGKILL -> first ACK"}[name]
-            summary(what, values)
+            summary(WHAT[name], values)
+        if RESULTS_JSON:
+            with open(RESULTS_JSON, "w") as f:
+                json.dump({"queues": PREFILL, "bin": BIN, "load": loadavg(),
+                           "results": results}, f)
     finally:
         for p in procs.values():
             if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
                 p.kill()
                 p.wait()
 

@@ -19,6 +19,10 @@
 //!   `bmq_metadata_commit_latency_seconds`, compared before and after the run) and how many
 //!   queues the cluster had assigned before the run (`bmq_cluster_queues`).
 //!
+//! - `bmqctl bench first-open`: a fault (`--kill-pid`), then the open of a fresh queue every
+//!   `--interval-ms` through clients of the given brokers -> the first open that succeeds
+//!   (module `bench_first_open`).
+//!
 //! Both print a table, or a JSON report with `--json`; a progress bar on standard error while
 //! running (hidden with `--quiet` or when standard error is not a terminal). Benchmarks measure;
 //! they do not judge: the command fails only on errors (no broker, refused queue, nothing
@@ -57,10 +61,13 @@ pub enum BenchCommand {
     Messages(MessagesArgs),
     /// Queue assignments committed per second and their commit latency seen by a client.
     Metadata(MetadataArgs),
+    /// A fault (`--kill-pid`) -> the first successful open of a never-opened queue, opens
+    /// started every `--interval-ms` (`bench_first_open`).
+    FirstOpen(crate::bench_first_open::FirstOpenArgs),
 }
 
 /// A run id given in hexadecimal, as the queue names show it.
-fn parse_run_id(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_run_id(text: &str) -> Result<u32, String> {
     u32::from_str_radix(text, 16).map_err(|e| format!("{text:?} is not a hexadecimal u32: {e}"))
 }
 
@@ -473,6 +480,15 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
             }
             if report.errors > 0 {
                 bail!("{} queue opens failed", report.errors);
+            }
+        }
+        BenchCommand::FirstOpen(args) => {
+            let json = args.json;
+            let report = crate::bench_first_open::run(args).await?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                crate::bench_first_open::print(&report);
             }
         }
     }

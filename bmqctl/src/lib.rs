@@ -33,6 +33,7 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
 
 pub mod admin;
 pub mod bench;
+pub mod bench_first_open;
 pub mod client_thread;
 pub mod cluster;
 pub mod cluster_nodes;

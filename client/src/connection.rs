@@ -96,11 +96,11 @@ impl From<String> for ConnectFailure {
 /// A request from a [`Client`](super::Client) handle to the task.
 #[derive(Debug)]
 pub(super) enum Command {
-    /// Open (or update) a queue.
+    /// Open (or update) a queue; the reply carries the partition the broker named.
     Open {
         uri: String,
         options: OpenOptions,
-        reply: oneshot::Sender<Result<(), ClientError>>,
+        reply: oneshot::Sender<Result<u32, ClientError>>,
     },
     /// Send a PUT and keep it until its ack; `permit` is its slot in the PUT window.
     Put {
@@ -144,8 +144,8 @@ enum QueueState {
 struct QueueEntry {
     options: OpenOptions,
     state: QueueState,
-    /// The user's `open_queue` waiting for the response, if any.
-    waiter: Option<oneshot::Sender<Result<(), ClientError>>>,
+    /// The user's `open_queue` waiting for the response (its partition), if any.
+    waiter: Option<oneshot::Sender<Result<u32, ClientError>>>,
     /// Whether the queue was open once: a failed first open forgets the queue, a failed reopen
     /// is retried.
     ever_opened: bool,
@@ -535,7 +535,11 @@ impl Connection {
                 });
             }
             Some(Kind::OpenQueueResponse(response)) => {
-                return self.handle_open_response(response.request_id, response.status);
+                return self.handle_open_response(
+                    response.request_id,
+                    response.status,
+                    response.partition_id,
+                );
             }
             Some(Kind::CloseQueueResponse(response)) => {
                 if let Some(reply) = self.close_requests.remove(&response.request_id) {
@@ -555,6 +559,7 @@ impl Connection {
         &mut self,
         request_id: u64,
         status: Option<bmq_proto::client::Status>,
+        partition_id: u32,
     ) -> Vec<Kind> {
         let Some(uri) = self.open_requests.remove(&request_id) else {
             return Vec::new();
@@ -572,9 +577,9 @@ impl Connection {
             entry.ever_opened = true;
             entry.reopen_backoff = self.config.reconnect_backoff_min;
             if let Some(waiter) = entry.waiter.take() {
-                let _ = waiter.send(Ok(()));
+                let _ = waiter.send(Ok(partition_id));
             }
-            info!(uri = %uri, "queue open");
+            info!(uri = %uri, partition = partition_id, "queue open");
             return self.puts_of(&uri);
         }
         let refused = || ClientError::Refused {

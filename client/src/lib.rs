@@ -292,6 +292,16 @@ impl Client {
     /// other statuses, [`ClientError::Timeout`], [`ClientError::InvalidUri`],
     /// [`ClientError::Disconnected`].
     pub async fn open_queue(&self, uri: &str, options: OpenOptions) -> Result<(), ClientError> {
+        self.open_queue_partition(uri, options).await.map(|_| ())
+    }
+
+    /// As [`Client::open_queue`], and returns the partition the broker said the queue is
+    /// assigned to (`OpenQueueResponse.partition_id`; 0 from a broker that does not say).
+    pub async fn open_queue_partition(
+        &self,
+        uri: &str,
+        options: OpenOptions,
+    ) -> Result<u32, ClientError> {
         QueueUri::parse(uri)?;
         let what = || format!("open queue {uri}");
         let deadline = tokio::time::Instant::now() + self.shared.request_timeout;
