@@ -9,8 +9,9 @@
 #   RUNS=5 SIZES="100 100000" MODES="open restart" scripts/bench-failover-sizes.sh
 #   BIN=/tmp/base/release OUT=/tmp/fo-base scripts/bench-failover-sizes.sh   # another build
 # BIN: the build whose broker runs (default: target/release, built here); BMQCTL: the bmqctl
-# that drives it (default BIN's; it needs `bench first-open`). OUT keeps each size's JSON and
-# log; the table is printed at the end (again: python3 scripts/bench_failover.py table OUT/*.json).
+# that drives it (default BIN's; it needs `bench first-open`); RESTART_WIPE_LEDGER=1 (see
+# bench_failover.py) lets runs at 1,000,000 queues go on where a node cannot read its ledger. OUT keeps each size's JSON and
+# log, and the nodes' logs (info: a line per state change, with timestamps); the table is printed at the end (again: python3 scripts/bench_failover.py table OUT/*.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${BIN:-}" ]; then
@@ -26,8 +27,10 @@ echo "$(date -u +%FT%TZ) bin $BIN ($(git rev-parse --short HEAD)), sizes $SIZES,
 files=()
 for n in $SIZES; do
   echo "== $n queues"
-  PREFILL=$n RESULTS_JSON="$OUT/$n.json" python3 scripts/bench_failover.py $MODES 2>&1 | tee "$OUT/$n.log"
-  files+=("$OUT/$n.json")
+  # A size whose cluster fails (the harness says why in its JSON) does not stop the others.
+  PREFILL=$n RESULTS_JSON="$OUT/$n.json" python3 scripts/bench_failover.py $MODES 2>&1 | tee "$OUT/$n.log" || true
+  for i in 1 2 3; do cp "${CLUSTER_DIR_BENCH:-/tmp/bmq-bench-failover}/node-$i/broker.log" "$OUT/$n-node-$i.log" 2>/dev/null || true; done
+  [ -f "$OUT/$n.json" ] && files+=("$OUT/$n.json")
 done
 echo "== $(date -u +%FT%TZ)"
 python3 scripts/bench_failover.py table "${files[@]}"

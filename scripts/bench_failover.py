@@ -68,6 +68,11 @@ BENCH_S = int(os.environ.get("BENCH_S", "5"))
 # carries a cluster state of that size: the new leader's snapshot, every node's ledger.
 PREFILL = int(os.environ.get("PREFILL", "0"))
 RESULTS_JSON = os.environ.get("RESULTS_JSON")
+# RESTART_WIPE_LEDGER=1: a node killed by a run (not by `restart`) starts again with an empty
+# metadata ledger, so it catches up from the leader instead of reading its own. A workaround
+# for measuring at 1,000,000 queues on builds whose ledger refuses, at open, the snapshot
+# records it wrote (LEDGER_RECORD_BODY_MAX, 16 MiB: ~400,000 queues); never on by default.
+RESTART_WIPE_LEDGER = os.environ.get("RESTART_WIPE_LEDGER") == "1"
 NODES = [1, 2, 3]
 LEADER = 3  # bmq_elector_state of a leader
 
@@ -160,6 +165,16 @@ def kill(i):
     procs[i].wait()
 
 
+def restart(i):
+    """Starts node i again after a run killed it (RESTART_WIPE_LEDGER: with an empty
+    ledger)."""
+    if RESTART_WIPE_LEDGER:
+        ledger = os.path.join(DIR, f"node-{i}", "ledger")
+        for name in os.listdir(ledger):
+            os.remove(os.path.join(ledger, name))
+    start(i)
+
+
 def settle(timeout=120):
     """Waits until every node is ready, all follow one leader, every partition has an active
     primary and every node holds the same number of queues; returns (leader, term,
@@ -167,6 +182,9 @@ def settle(timeout=120):
     deadline = time.time() + timeout
     last = None
     while time.time() < deadline:
+        gone = [i for i in NODES if procs[i].poll() is not None]
+        if gone:
+            raise SystemExit(f"node {gone[0]} exited with {procs[gone[0]].returncode}")
         scrapes = [scrape(i, timeout=2) for i in NODES]
         if all(scrapes) and all(ready(i, timeout=5) for i in NODES):
             leaders = {int(m.get("bmq_elector_leader_node_id", 0)) for m in scrapes}
@@ -206,6 +224,19 @@ def prefill(leader):
           f"(load {loadavg()})", flush=True)
 
 
+def readyz_cost(calls=5):
+    """The median time of `calls` /readyz answers on each node, ms."""
+    out = []
+    for i in NODES:
+        took = []
+        for _ in range(calls):
+            t = time.monotonic()
+            ready(i, timeout=5)
+            took.append((time.monotonic() - t) * 1000)
+        out.append(f"node {i} {statistics.median(took):.1f} ms")
+    return ", ".join(out)
+
+
 def rss_mib():
     out = []
     for i in NODES:
@@ -233,8 +264,8 @@ def summary(name, values):
           f"mean {statistics.mean(values):.0f} ms", flush=True)
 
 
-def leader_runs():
-    out = []
+def leader_runs(results):
+    out = results.setdefault("leader", [])
     for run in range(RUNS):
         leader, term, _ = settle()
         t0 = time.monotonic()
@@ -243,13 +274,12 @@ def leader_runs():
         out.append(ms)
         print(f"leader run {run + 1}: killed node {leader} (term {term}), "
               f"node {seen} leads after {ms:.0f} ms (load {loadavg()})", flush=True)
-        start(leader)
-    return out
+        restart(leader)
 
 
-def metadata_runs():
+def metadata_runs(results):
     """See the module doc (`metadata`)."""
-    out = []
+    out = results.setdefault("metadata", [])
     for run in range(RUNS):
         leader, term, _ = settle()
         survivors = [i for i in NODES if i != leader]
@@ -280,13 +310,13 @@ def metadata_runs():
               f"after {seen}, next write committed after {ms:.0f} ms (load {loadavg()})",
               flush=True)
         writer.wait(timeout=30)
-        start(leader)
-    return out
+        restart(leader)
 
 
-def open_runs():
+def open_runs(results):
     """See the module doc (`open`, `open-dead-primary`)."""
-    first, dead = [], []
+    first = results.setdefault("open", [])
+    dead = results.setdefault("open-dead-primary", [])
     for run in range(RUNS):
         leader, term, parts = settle()
         survivors = [i for i in NODES if i != leader]
@@ -314,13 +344,12 @@ def open_runs():
                      f"(partition {d['partition']}, started at {d['started_ms']:.0f} ms)")
         print(f"{line}; opens started {report['opens_started']}, failed "
               f"{report['opens_failed']} (load {loadavg()})", flush=True)
-        start(leader)
-    return first, dead
+        restart(leader)
 
 
-def silent_runs():
+def silent_runs(results):
     """See the module doc (`silent`)."""
-    out = []
+    out = results.setdefault("silent", [])
     for run in range(RUNS):
         leader, term, _ = settle()
         t0 = time.monotonic()
@@ -332,12 +361,12 @@ def silent_runs():
         out.append(ms)
         print(f"silent run {run + 1}: stopped node {leader} (term {term}), "
               f"node {seen} leads after {ms:.0f} ms (load {loadavg()})", flush=True)
-    return out
 
 
-def restart_runs():
+def restart_runs(results):
     """See the module doc (`restart`)."""
-    out, caught = [], []
+    out = results.setdefault("restart", [])
+    caught = results.setdefault("restart-caught-up", [])
     for run in range(RUNS):
         leader, term, _ = settle()
         followers = [i for i in NODES if i != leader]
@@ -354,6 +383,12 @@ def restart_runs():
                 raise SystemExit(f"node {node} not ready within 120 s")
             if caught_ms is None and (cluster_queues(node) or -1) >= want:
                 caught_ms = (time.monotonic() - t0) * 1000
+            if procs[node].poll() is not None:
+                log = os.path.join(DIR, f"node-{node}", "broker.log")
+                tail = open(log, errors="replace").read().strip().splitlines()[-1:] \
+                    if os.path.exists(log) else []
+                raise SystemExit(f"node {node} exited with {procs[node].returncode} after "
+                                 f"its restart: {' '.join(tail)}")
             if ready_ms is None and ready(node, timeout=2):
                 ready_ms = (time.monotonic() - t0) * 1000
             time.sleep(POLL_S)
@@ -362,11 +397,10 @@ def restart_runs():
         print(f"restart run {run + 1}: node {node} SIGKILLed and started, ready after "
               f"{ready_ms:.0f} ms, its state held {want} queues after {caught_ms:.0f} ms "
               f"(load {loadavg()})", flush=True)
-    return out, caught
 
 
-def primary_runs():
-    out, lost = [], 0
+def primary_runs(results):
+    out, lost = results.setdefault("primary", []), 0
     for run in range(RUNS):
         _, _, parts = settle()
         prefix = f"fo{os.getpid()}r{run}"
@@ -396,8 +430,8 @@ def primary_runs():
               f"longest ACK wait {gap:.0f} ms, acked {report['produced']['messages']}, "
               f"missing {report['missing']}, redeliveries {report['redeliveries']} "
               f"(load {loadavg()})", flush=True)
-        start(primary)
-    return out, lost
+        restart(primary)
+    print(f"acknowledged messages lost over all primary runs: {lost}", flush=True)
 
 
 def write_configs():
@@ -437,6 +471,9 @@ def table(paths):
         print(f"| {what} | " + " | ".join(cells) + " |")
     print("\np50 / p99 / max (runs); load average at each size's end: " +
           ", ".join(f"{d['queues']:,}: {d['load']}" for d in docs))
+    for d in docs:
+        for mode, why in (d.get("errors") or {}).items():
+            print(f"- {d['queues']:,} queues: `{mode}` stopped: {why}")
 
 
 def main():
@@ -449,43 +486,45 @@ def main():
     write_configs()
     for i in NODES:
         start(i)
-    results = {}
+    results, errors = {}, {}
     try:
         leader, _, _ = settle(60)  # the fresh cluster's first election
         if PREFILL:
             prefill(leader)
             settle()
             print(f"after the prefill: RSS {rss_mib()}", flush=True)
+            print(f"one /readyz (the main thread's time with it): {readyz_cost()}", flush=True)
         print(f"bin {BIN}, queues {PREFILL}, runs {RUNS}, load {loadavg()}", flush=True)
         for mode in which:
-            if mode == "leader":
-                results["leader"] = leader_runs()
-            elif mode == "metadata":
-                results["metadata"] = metadata_runs()
-            elif mode == "open":
-                results["open"], results["open-dead-primary"] = open_runs()
-            elif mode == "silent":
-                results["silent"] = silent_runs()
-            elif mode == "restart":
-                results["restart"], results["restart-caught-up"] = restart_runs()
-            elif mode == "primary":
-                results["primary"], lost = primary_runs()
-                print(f"acknowledged messages lost over all primary runs: {lost}")
-            else:
-                raise SystemExit(f"unknown mode {mode}")
+            try:
+                run_mode(mode, results)
+            except SystemExit as e:
+                # The cluster is in an unknown state: no later mode runs.
+                errors[mode] = str(e)
+                print(f"{mode} failed: {e}", flush=True)
+                break
             print(f"after {mode}: RSS {rss_mib()}, load {loadavg()}", flush=True)
         for name, values in results.items():
             summary(WHAT[name], values)
+    finally:
         if RESULTS_JSON:
             with open(RESULTS_JSON, "w") as f:
                 json.dump({"queues": PREFILL, "bin": BIN, "load": loadavg(),
-                           "results": results}, f)
-    finally:
+                           "results": results, "errors": errors}, f)
         for p in procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
                 p.kill()
                 p.wait()
+
+
+def run_mode(mode, results):
+    """Runs `mode`, its values appended to `results` run by run (a failure keeps those)."""
+    runs = {"leader": leader_runs, "metadata": metadata_runs, "open": open_runs,
+            "silent": silent_runs, "restart": restart_runs, "primary": primary_runs}
+    if mode not in runs:
+        raise SystemExit(f"unknown mode {mode}")
+    runs[mode](results)
 
 
 if __name__ == "__main__":

@@ -180,3 +180,60 @@ async fn metadata_bench_commits_one_assignment_per_new_queue() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_open_bench_names_the_partition_the_queue_is_assigned_to() {
+    // `bench first-open --opens 1` (no fault) opens one new queue through node 1 and reports
+    // the partition its answer named: the partition every node's committed state holds.
+    let cluster = Cluster::start(3).expect("cluster starts");
+    cluster
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .expect("a leader is elected");
+    let report = bmqctl::bench_first_open::run(bmqctl::bench_first_open::FirstOpenArgs {
+        domain: "bmq.test".into(),
+        queue_prefix: "probe".into(),
+        run_id: Some(0xab),
+        opens: 1,
+        broker: vec![cluster.client_addrs()[0].clone()],
+        interval_ms: 10,
+        timeout_secs: 30,
+        kill_pid: None,
+        partitions: Vec::new(),
+        json: true,
+        security: plain(),
+    })
+    .await
+    .expect("the open succeeds");
+    let first = report.first.expect("one open succeeded");
+    assert_eq!(first.uri, "bmq://bmq.test/probe-000000ab-0");
+    assert_eq!((report.opens_started, report.opens_failed), (1, 0));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let partitions: Vec<Option<u32>> = cluster
+            .statuses()
+            .await
+            .into_iter()
+            .map(|(_, s)| {
+                s.ok().and_then(|s| {
+                    s.queues
+                        .iter()
+                        .find(|q| q.uri == first.uri)
+                        .map(|q| q.partition_id)
+                })
+            })
+            .collect();
+        if partitions.iter().all(|p| p.is_some()) {
+            assert!(
+                partitions.iter().all(|p| *p == Some(first.partition)),
+                "{partitions:?} against {first:?}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "assignment not on every node: {partitions:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
