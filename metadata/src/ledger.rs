@@ -85,8 +85,12 @@ pub const LEDGER_VERSION: u32 = 2;
 pub const LEDGER_MAX_FILE_SIZE_DEFAULT: u64 = 64 * 1024 * 1024;
 /// How far ahead of the records the ledger sets its file's length: 1 MiB (see the module doc).
 pub const LEDGER_LENGTH_STEP: u64 = 1024 * 1024;
-/// The largest record body accepted on read (a limit on everything): 16 MiB.
-pub const LEDGER_RECORD_BODY_MAX: u32 = 16 * 1024 * 1024;
+/// The largest record body accepted on read: any body the writer can frame (under 4 GiB).
+/// A snapshot record holds the whole state (~40 bytes per queue), so a lower limit made a
+/// ledger with a few hundred thousand queues unreadable by its own node (a 16 MiB limit did,
+/// above ~390,000 queues). The file is read whole and a body longer than what follows its
+/// header is a torn tail, so the length of the file bounds what a damaged length can cost.
+pub const LEDGER_RECORD_BODY_MAX: u32 = u32::MAX - ENTRY_HEADER_LEN as u32;
 
 const FILE_HEADER_LEN: usize = 16;
 /// Bytes at the start of a record's body before its protobuf: type, LSN, timestamp.
@@ -1747,6 +1751,21 @@ mod tests {
         assert_eq!(recovered.committed_state, expected);
         assert_eq!(recovered.committed_lsn, lsn(2, 1));
         assert!(recovered.uncommitted.is_empty());
+    }
+
+    #[test]
+    fn a_record_larger_than_sixteen_mib_is_read_back() {
+        // Scenario: a snapshot of a large state (~40 bytes per queue: 36 MB with 1,000,000
+        // queues) is written as one record; the node must read its own ledger at its next
+        // start. Here an update of 17 MiB stands for it.
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = write_history(dir.path());
+        let big = assign(&"q".repeat(17 * 1024 * 1024), 0, 9);
+        ledger.append(&update(lsn(1, 5), big.clone())).unwrap();
+        drop(ledger);
+        let (_, recovered) = open(dir.path());
+        assert_eq!(recovered.last_lsn, lsn(1, 5));
+        assert_eq!(recovered.uncommitted.last(), Some(&(lsn(1, 5), big)));
     }
 
     #[test]
