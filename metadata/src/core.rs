@@ -342,6 +342,12 @@ pub struct MetadataCounters {
     pub records_resent: u64,
     /// CatchUps sent by this node as leader.
     pub catch_ups_sent: u64,
+    /// Of those, the ones that carried the whole committed state (the follower's last
+    /// advisory was not one this leader holds).
+    pub whole_catch_ups_sent: u64,
+    /// CatchUps without the state that did not continue this follower's history (it then
+    /// asks for the whole state).
+    pub catch_ups_refused: u64,
     /// Latest commit records re-broadcast by this node as idle leader
     /// ([`MetadataConfig::commit_refresh`]).
     pub commits_refreshed: u64,
@@ -454,6 +460,9 @@ pub struct MetadataCore {
     deferred_queries: Vec<(NodeId, Term, DeferredQuery)>,
     snapshot_seen: bool,
     out_of_sync: bool,
+    /// A CatchUp without the state did not fit this node's history: the next hello asks for
+    /// the whole state.
+    wants_whole_catch_up: bool,
     gated: BTreeMap<u64, Gated>,
     hello_deadline: Option<Instant>,
     last_hello: Option<Instant>,
@@ -547,8 +556,12 @@ impl MetadataCore {
             ack_sent: recovered.last_lsn,
             epoch_reported: 0,
             deferred_queries: Vec::new(),
-            snapshot_seen: false,
+            // A recovered history that holds records of its last term holds that term's start
+            // (a term's records are gap-free from it): a restart within the same term needs
+            // no new term start, only what it missed.
+            snapshot_seen: recovered.last_lsn.sequence > 0,
             out_of_sync: false,
+            wants_whole_catch_up: false,
             gated: BTreeMap::new(),
             hello_deadline: None,
             last_hello: None,
@@ -851,9 +864,11 @@ impl MetadataCore {
             if refollowing && self.snapshot_seen {
                 // We had lost the leader of this term (a cut-off link or a partition) and found
                 // it again: records committed meanwhile may be missing, and no later record
-                // need come to show us the gap. Ask with a hello; a CatchUp that shows we are
-                // already in step clears this without touching the ledger.
+                // need come to show us the gap. Ask with a hello, at once (a restarted node
+                // is ready only once in step); a CatchUp that shows we are already in step
+                // clears this without touching the ledger.
                 self.out_of_sync = true;
+                self.send_hello(now);
             }
             self.emit_role_changed();
             self.answer_deferred_queries();
@@ -907,7 +922,7 @@ impl MetadataCore {
             Msg::SyncDataResponse(response) => self.on_sync_data_response(now, from, response),
             Msg::FollowerHello(hello) => {
                 if self.role == MetadataRole::ActiveLeader && Term(hello.term) == self.term {
-                    self.send_catch_up(from);
+                    self.send_catch_up(from, hello.last_advisory_lsn.map(Lsn::from));
                 } else if self.role == MetadataRole::PassiveLeader
                     && Term(hello.term) == self.term
                     && self.sync.as_ref().is_some_and(|s| {
@@ -1560,11 +1575,13 @@ impl MetadataCore {
         let hello = peer::FollowerHello {
             term: self.term.0,
             last_lsn: Some(self.last_lsn.into()),
+            last_advisory_lsn: (!self.wants_whole_catch_up)
+                .then(|| self.last_advisory_lsn().into()),
         };
         self.send(leader, Msg::FollowerHello(hello));
     }
 
-    fn on_catch_up(&mut self, _now: Instant, from: NodeId, catch_up: peer::CatchUp) {
+    fn on_catch_up(&mut self, now: Instant, from: NodeId, catch_up: peer::CatchUp) {
         let term = Term(catch_up.term);
         if !self.follows(from, term) {
             self.drop_not_following(from, term, "catch up");
@@ -1576,6 +1593,11 @@ impl MetadataCore {
             debug!(committed = %committed, own = %self.committed_lsn, "dropped: stale catch up");
             return;
         }
+        if catch_up.state.is_none() {
+            self.take_catch_up_records(now, committed, catch_up);
+            return;
+        }
+        self.wants_whole_catch_up = false;
         let Some(state) = catch_up
             .state
             .as_ref()
@@ -1661,6 +1683,59 @@ impl MetadataCore {
             committed_lsn: committed,
             uncommitted,
         });
+    }
+
+    /// A CatchUp without the state: taken if it continues this node's history (its last
+    /// advisory is `continues`, so its history up to it is the leader's), the advisories
+    /// after it appended as records in order, then committed up to `committed`. Anything
+    /// else is refused, counted, and the next hello asks for the whole state.
+    fn take_catch_up_records(&mut self, now: Instant, committed: Lsn, catch_up: peer::CatchUp) {
+        let continues = catch_up.continues.map(Lsn::from);
+        let own = self.last_advisory_lsn();
+        let mut records = Vec::with_capacity(catch_up.uncommitted.len());
+        let mut previous = self.last_lsn;
+        let mut fits = continues == Some(own);
+        for record in catch_up.uncommitted {
+            let lsn = lsn_of(record.lsn);
+            match record.advisory {
+                Some(advisory) if fits && lsn > previous => {
+                    previous = lsn;
+                    records.push((lsn, advisory));
+                }
+                _ => fits = false,
+            }
+        }
+        let last_advisory = records.last().map_or(own, |(l, _)| *l);
+        if !fits || committed > last_advisory {
+            self.counters.catch_ups_refused += 1;
+            self.wants_whole_catch_up = true;
+            info!(continues = ?continues, last_advisory = %own, committed = %committed, "catch up without the state does not continue our history; asking for the whole state");
+            return;
+        }
+        debug!(continues = %own, records = records.len(), committed = %committed, "caught up from the records after our last advisory");
+        for (lsn, advisory) in records {
+            if let Err(error) = self.tip_state.apply(&advisory) {
+                self.counters.apply_failures += 1;
+                error!(lsn = %lsn, error = %error, "caught-up advisory does not apply to the tip state");
+            }
+            self.advance_last(lsn);
+            self.pending.push_back(Pending {
+                lsn,
+                advisory: advisory.clone(),
+                sent_at: None,
+            });
+            self.persist_update(lsn, advisory);
+        }
+        if committed > self.committed_lsn {
+            self.apply_committed(committed);
+        }
+        self.settle_assignment_requests();
+        self.snapshot_seen = true;
+        self.out_of_sync = false;
+        self.wants_whole_catch_up = false;
+        self.resync = Some(committed);
+        // The gated records, if any, follow what was just taken.
+        self.drain_gated(now);
     }
 
     // ---------------------------------------------------------------- leader
@@ -2389,11 +2464,23 @@ impl MetadataCore {
         self.committed_lsn = committed;
     }
 
-    fn send_catch_up(&mut self, to: NodeId) {
+    /// Answers a follower's hello. When the follower's last advisory (`theirs`) is one this
+    /// leader holds — its committed LSN or an uncommitted advisory — the follower's history
+    /// up to it is this leader's, and the CatchUp carries only the advisories after it (a
+    /// restarted follower that missed nothing, or only uncommitted records, costs O(them));
+    /// otherwise the committed state whole and every uncommitted advisory.
+    fn send_catch_up(&mut self, to: NodeId, theirs: Option<Lsn>) {
         self.counters.catch_ups_sent += 1;
+        let continues =
+            theirs.filter(|a| *a == self.committed_lsn || self.pending.iter().any(|p| p.lsn == *a));
+        if continues.is_none() {
+            self.counters.whole_catch_ups_sent += 1;
+        }
+        let after = continues.unwrap_or(Lsn::ZERO);
         let uncommitted: Vec<peer::AdvisoryRecord> = self
             .pending
             .iter()
+            .filter(|p| p.lsn > after)
             .map(|p| record_message(p.lsn, p.advisory.clone()))
             .collect();
         let implied_last = self
@@ -2404,8 +2491,11 @@ impl MetadataCore {
         let catch_up = peer::CatchUp {
             term: self.term.0,
             committed: Some(self.committed_lsn.into()),
-            state: Some(self.committed_state.to_snapshot()),
+            state: continues
+                .is_none()
+                .then(|| self.committed_state.to_snapshot()),
             uncommitted,
+            continues: continues.map(Into::into),
         };
         debug!(to = %to, committed = %self.committed_lsn, "sending catch up");
         self.send(to, Msg::CatchUp(catch_up));

@@ -418,7 +418,8 @@ fn follower_rejects_wrong_leader_stale_duplicate_and_gap() {
             to: n(1),
             message: msg(Msg::FollowerHello(peer::FollowerHello {
                 term: 1,
-                last_lsn: Some(lsn(1, 2).into())
+                last_lsn: Some(lsn(1, 2).into()),
+                last_advisory_lsn: Some(lsn(1, 1).into()),
             })),
         }]
     );
@@ -511,7 +512,8 @@ fn follower_without_the_term_snapshot_says_hello_after_a_while() {
             to: n(1),
             message: msg(Msg::FollowerHello(peer::FollowerHello {
                 term: 1,
-                last_lsn: Some(Lsn::ZERO.into())
+                last_lsn: Some(Lsn::ZERO.into()),
+                last_advisory_lsn: Some(Lsn::ZERO.into()),
             })),
         }]
     );
@@ -837,6 +839,7 @@ fn catch_up_resyncs_past_trailing_commit_records() {
         msg(Msg::FollowerHello(peer::FollowerHello {
             term: 1,
             last_lsn: Some(Lsn::ZERO.into()),
+            last_advisory_lsn: None,
         })),
     );
     let out = drain(&mut leader);
@@ -882,6 +885,7 @@ fn follower_rejoining_its_leader_in_the_same_term_asks_for_a_catch_up() {
         msg(Msg::FollowerHello(peer::FollowerHello {
             term: 1,
             last_lsn: Some(Lsn::ZERO.into()),
+            last_advisory_lsn: None,
         })),
     );
     for o in drain(&mut leader) {
@@ -906,6 +910,7 @@ fn follower_rejoining_its_leader_in_the_same_term_asks_for_a_catch_up() {
             message: msg(Msg::FollowerHello(peer::FollowerHello {
                 term: 1,
                 last_lsn: Some(in_sync.last_lsn.into()),
+                last_advisory_lsn: Some(lsn(1, 1).into()),
             })),
         }]
     );
@@ -916,6 +921,7 @@ fn follower_rejoining_its_leader_in_the_same_term_asks_for_a_catch_up() {
         msg(Msg::FollowerHello(peer::FollowerHello {
             term: 1,
             last_lsn: Some(in_sync.last_lsn.into()),
+            last_advisory_lsn: None,
         })),
     );
     for o in drain(&mut leader) {
@@ -1255,6 +1261,7 @@ fn a_term_start_that_continues_another_history_is_refused_with_a_hello() {
             message: msg(Msg::FollowerHello(peer::FollowerHello {
                 term: 2,
                 last_lsn: Some(lsn(1, 2).into()),
+                last_advisory_lsn: Some(lsn(1, 1).into()),
             })),
         }]
     );
@@ -1279,6 +1286,7 @@ fn a_term_start_that_continues_another_history_is_refused_with_a_hello() {
         msg(Msg::FollowerHello(peer::FollowerHello {
             term: 2,
             last_lsn: Some(lsn(1, 2).into()),
+            last_advisory_lsn: None,
         })),
     );
     let out = messages_to(drain(&mut leader), n(2));
@@ -1287,6 +1295,75 @@ fn a_term_start_that_continues_another_history_is_refused_with_a_hello() {
     f.handle_message(now, n(3), out[0].clone());
     assert_eq!(f.status().last_lsn, lsn(2, 1));
     assert!(f.tip_state().queues.contains_key("a"));
+}
+
+/// Node `id` of `h` as it starts again from a ledger that holds what it holds now (its
+/// committed state, its uncommitted advisories and its last LSN).
+fn restarted(h: &mut Harness, id: u32) -> MetadataCore {
+    let old = h.node(id);
+    let recovered = Recovered {
+        committed_state: old.state().clone(),
+        committed_lsn: old.status().committed_lsn,
+        uncommitted: old
+            .pending
+            .iter()
+            .map(|p| (p.lsn, p.advisory.clone()))
+            .collect(),
+        last_lsn: old.status().last_lsn,
+    };
+    MetadataCore::new(n(id), &members(), 0, recovered)
+}
+
+#[test]
+fn harness_a_restarted_follower_that_missed_nothing_catches_up_without_the_state() {
+    // Scenario: failover flat in the state, a restarted node -> ready. C restarts within the
+    // leader's term holding everything: it says hello as soon as it knows the leader, and the
+    // CatchUp carries no state (nothing is rewritten); a follower that missed committed
+    // records the leader no longer keeps in memory gets the whole state instead.
+    let mut h = Harness::new();
+    h.elect(1, 1);
+    let now = h.now;
+    for i in 0..3 {
+        h.node(1)
+            .propose(now, assign(&format!("q{i}"), 0, i))
+            .unwrap();
+        h.run();
+    }
+    let fresh = restarted(&mut h, 3);
+    h.nodes.insert(n(3), fresh);
+    h.node(3).handle_leadership(now, Term(1), Some(n(1)));
+    let hello = h.node(3).poll_output();
+    assert!(
+        matches!(&hello, Some(MetadataOutput::Send { message: peer::MetadataMessage { kind: Some(Msg::FollowerHello(f)) }, .. }) if f.last_advisory_lsn.is_some()),
+        "a hello at once: {hello:?}"
+    );
+    if let Some(MetadataOutput::Send { to, message }) = hello {
+        h.queue.push_back((n(3), to, message));
+    }
+    h.run();
+    assert_eq!(h.node(1).counters().catch_ups_sent, 1);
+    assert_eq!(h.node(1).counters().whole_catch_ups_sent, 0);
+    assert_eq!(h.node(3).counters().catch_ups_refused, 0);
+    h.node(1).propose(now, assign("after", 1, 3)).unwrap();
+    h.run();
+    assert_eq!(h.state(3), h.state(1));
+    assert!(h.node(3).state().queues.contains_key("after"));
+    // Now C starts again from a ledger two commits behind.
+    let behind = restarted(&mut h, 3);
+    for i in 4..6 {
+        h.node(1)
+            .propose(now, assign(&format!("q{i}"), 0, i))
+            .unwrap();
+    }
+    h.down.insert(n(3));
+    h.run();
+    h.down.remove(&n(3));
+    h.nodes.insert(n(3), behind);
+    h.node(3).handle_leadership(now, Term(1), Some(n(1)));
+    h.run();
+    h.advance(Duration::from_millis(600));
+    assert_eq!(h.node(1).counters().whole_catch_ups_sent, 1);
+    assert_eq!(h.state(3), h.state(1));
 }
 
 #[test]
@@ -1361,6 +1438,7 @@ fn hello(last: Lsn) -> peer::MetadataMessage {
     msg(Msg::FollowerHello(peer::FollowerHello {
         term: 1,
         last_lsn: Some(last.into()),
+        last_advisory_lsn: None,
     }))
 }
 
