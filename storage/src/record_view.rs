@@ -20,7 +20,7 @@
 //! given twice is merged, and a different member replaces it, as prost's generated code does.
 
 use bmq_proto::client::Property;
-use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord};
+use bmq_proto::peer::{journal_record::Kind as RecordKind, JournalRecord, StoredQueueApps};
 use prost::Message;
 
 /// How deep unknown groups may nest before a body is refused (prost's default recursion
@@ -63,6 +63,46 @@ pub(crate) enum FactKind<'a> {
     Marker,
     /// `StoredLeaseStart` (a primary's first record of its lease; nothing to index).
     LeaseStart,
+    /// `StoredQueueApps`: a fanout queue's app ids change (rare: read in full when indexed).
+    QueueApps(QueueAppsRef<'a>),
+}
+
+/// Where a `StoredQueueApps` is: decoded, or in the body of its record's frame (decoded with
+/// prost when indexed: an operator's change, not worth a reader of its own). Compared and
+/// shown as the record it holds.
+#[derive(Clone, Copy)]
+pub(crate) enum QueueAppsRef<'a> {
+    /// A decoded record's.
+    Decoded(&'a StoredQueueApps),
+    /// The whole `JournalRecord` body it is the member of.
+    Body(&'a [u8]),
+}
+
+impl QueueAppsRef<'_> {
+    /// The record, decoded (a body was checked by [`parse_facts`], so it decodes).
+    pub(crate) fn get(&self) -> StoredQueueApps {
+        match self {
+            QueueAppsRef::Decoded(q) => (*q).clone(),
+            QueueAppsRef::Body(body) => match JournalRecord::decode(*body).map(|r| r.kind) {
+                Ok(Some(RecordKind::QueueApps(q))) => q,
+                _ => StoredQueueApps::default(),
+            },
+        }
+    }
+}
+
+impl PartialEq for QueueAppsRef<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for QueueAppsRef<'_> {}
+
+impl std::fmt::Debug for QueueAppsRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
 }
 
 /// The facts of a decoded record.
@@ -92,6 +132,7 @@ pub(crate) fn facts_of(record: &JournalRecord) -> RecordFacts<'_> {
         Some(RecordKind::Delivery(_)) => FactKind::Delivery,
         Some(RecordKind::Marker(_)) => FactKind::Marker,
         Some(RecordKind::LeaseStart(_)) => FactKind::LeaseStart,
+        Some(RecordKind::QueueApps(q)) => FactKind::QueueApps(QueueAppsRef::Decoded(q)),
     };
     RecordFacts {
         sequence: record.sequence,
@@ -323,6 +364,12 @@ pub(crate) fn parse_facts(body: &[u8]) -> Result<RecordFacts<'_>, String> {
                     _ => {}
                 }
             }
+            11 => {
+                // Rare: checked with prost, read with prost when indexed.
+                expect_wire(field, wire, LEN)?;
+                StoredQueueApps::decode(r.len_delimited()?).map_err(|e| e.to_string())?;
+                member = Some((field, Member::default()));
+            }
             4..=10 => {
                 expect_wire(field, wire, LEN)?;
                 let body = r.len_delimited()?;
@@ -355,6 +402,7 @@ pub(crate) fn parse_facts(body: &[u8]) -> Result<RecordFacts<'_>, String> {
         },
         Some((6, _)) => FactKind::Delivery,
         Some((10, _)) => FactKind::LeaseStart,
+        Some((11, _)) => FactKind::QueueApps(QueueAppsRef::Body(body)),
         Some(_) => FactKind::Marker,
     };
     Ok(RecordFacts {
@@ -442,6 +490,19 @@ mod tests {
                 }))
             ),
             Just(Some(RecordKind::LeaseStart(StoredLeaseStart {}))),
+            (
+                bytes_of(40),
+                proptest::collection::vec(".{0,8}", 0..3),
+                proptest::collection::vec(".{0,8}", 0..2)
+            )
+                .prop_map(|(uri, app_ids, added)| Some(RecordKind::QueueApps(
+                    StoredQueueApps {
+                        uri,
+                        app_ids,
+                        added,
+                        removed: Vec::new(),
+                    }
+                ))),
         ]
     }
 
@@ -560,7 +621,7 @@ mod tests {
             &[0x22, 0x05, 0x0a],             // a message longer than the body
             &[0x2a, 0x02, 0x1a, 0x01, 0xff], // a confirm's app_id not UTF-8 (cut short too)
             &[0x2a, 0x03, 0x1a, 0x01, 0xff], // a confirm's app_id not UTF-8
-            &[0x5c],                         // an end-group with no group (field 11)
+            &[0x64],                         // an end-group with no group (field 12)
             &[
                 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02,
             ], // 11 bytes
@@ -569,8 +630,8 @@ mod tests {
             assert!(JournalRecord::decode(body).is_err(), "{body:?}");
             assert!(parse_facts(body).is_err(), "{body:?}");
         }
-        // Unknown fields, a group among them, are skipped (field 11: 10 is the lease start).
-        let body = [0x5b, 0x08, 0x01, 0x5c, 0x10, 0x07];
+        // Unknown fields, a group among them, are skipped (field 12: 11 is the queue apps).
+        let body = [0x63, 0x08, 0x01, 0x64, 0x10, 0x07];
         assert_eq!(our_facts(&body), prost_facts(&body));
         assert_eq!(parse_facts(&body).unwrap().sequence, 7);
     }

@@ -95,6 +95,32 @@
 //! it). The highest lease the node served as primary is kept outside the journal
 //! (`lease_mark.rs`), since a journal set aside no longer tells.
 //!
+//! **Apps of a queue.** A message waits for each app of its queue (one bit per app slot in its
+//! index entry; a confirm or removal for that app clears it; with none left it is done). A
+//! queue's slots are set by the first record the index reads of it: a `StoredQueueApps` (the
+//! primary writes one before the first message of a fanout queue its journal does not know)
+//! gives its app ids, a message the ones the domain lists then (`apps_of`). A later
+//! `StoredQueueApps` at position `S` changes them in journal order — on the primary as it
+//! appends, on a replica as it receives, at open as it reads — so every node that holds the
+//! record agrees: an app it adds gets a new slot that only messages after `S` wait for; an app it
+//! removes has its slot made a tombstone (never shifted; reused by a later addition only once
+//! the removal is settled, should all 64 be taken) and, once the base passes `S`, every message
+//! before `S` is done with it (logged with the count; a message no other app waits for leaves
+//! the index, as after its last confirm). No record is written per message. A truncation of the
+//! record undoes the change (the slots before it are kept aside until the base passes it). The
+//! record itself is dead at once (it is no message's), so compaction and deletion may drop it
+//! once settled; what a node that reads the journal again (a restart, or an install, which
+//! sends live records only) sees then:
+//! - the record still held: exactly the above. A queue first read through a message has the
+//!   slots the domain lists *now*; a record that adds an app such a slot already holds makes
+//!   every message before it done with that app (it was not the queue's app when they were
+//!   stored), so a message stored before an app was added does not go to it.
+//! - the record dropped: the messages stored before it that are read again (the outstanding
+//!   ones, and done ones whose segment is still held) have the slots the domain lists now. A removed app is in none of them (unless it was added again
+//!   since: then it gets those messages again); an **added app also gets the messages stored
+//!   before it was added** — extra copies for the new app, never fewer for the others. Messages
+//!   after the record read the same slots as before the restart.
+//!
 //! **Disk full.** A full disk shows when a segment is created (its reservation fails) or, without
 //! a reservation, when a write fails with `ENOSPC`: the append is rolled back (a segment it
 //! created is removed, the segment cut back to its length before the write), nothing already
@@ -384,12 +410,75 @@ enum Effect {
     Done { guid: u128, app: u8 },
     /// The message's consumer failures for `app` are `failures`.
     Failed { guid: u128, app: u8, failures: u32 },
+    /// App slot `app` of queue `queue` is done with every message of the queue stored before
+    /// position `before` (a `StoredQueueApps` removed the app, or added one that slot already
+    /// held only because the domain listed it when the queue was first read: see "Apps of a
+    /// queue" in the module doc).
+    AppGone { queue: u32, app: u8, before: u64 },
 }
 
-#[derive(Debug)]
+/// A queue as the index knows it: its URI and its app slots.
+#[derive(Debug, Clone)]
 struct QueueInfo {
     uri: String,
+    /// The app of each slot: bit `i` of a message's `pending` is `apps[i]`. Slots never
+    /// shift; a removed app's slot stays, a tombstone, reused only once its removal is
+    /// settled (see "Apps of a queue" in the module doc).
     apps: Vec<String>,
+    /// Bit `i`: slot `i` is one of the queue's apps now (what a new message waits for).
+    live: u64,
+    /// Per slot, the position of the `StoredQueueApps` that removed its app (0: live).
+    gone_at: Vec<u64>,
+}
+
+impl QueueInfo {
+    fn new(uri: &str, mut apps: Vec<String>) -> QueueInfo {
+        if apps.is_empty() {
+            apps.push(String::new());
+        }
+        apps.truncate(APPS_MAX);
+        QueueInfo {
+            uri: uri.to_string(),
+            live: mask_of(apps.len()),
+            gone_at: vec![0; apps.len()],
+            apps,
+        }
+    }
+
+    /// The slot of live app `app`.
+    fn live_slot(&self, app: &str) -> Option<usize> {
+        self.apps
+            .iter()
+            .enumerate()
+            .position(|(i, a)| self.live & (1u64 << i) != 0 && a == app)
+    }
+
+    /// The apps now, in slot order.
+    fn live_apps(&self) -> impl Iterator<Item = &str> {
+        self.apps
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.live & (1u64 << i) != 0)
+            .map(|(_, a)| a.as_str())
+    }
+}
+
+/// The mask of slots `0..n`.
+fn mask_of(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// A queue's apps before a `StoredQueueApps` above the base changed them: what a truncation
+/// of that record puts back.
+#[derive(Debug)]
+struct AppsUndo {
+    sequence: u64,
+    queue: u32,
+    before: QueueInfo,
 }
 
 /// An outstanding message, as a new primary rebuilds its queues from it
@@ -700,6 +789,9 @@ pub struct Store {
     #[cfg(test)]
     fail_writes_after: Option<usize>,
     queues: Vec<QueueInfo>,
+    /// The queues' apps before each `StoredQueueApps` above the base, oldest first (what a
+    /// truncation restores; dropped as the base passes them).
+    apps_undo: Vec<AppsUndo>,
     /// `queues` positions by URI (foldhash: one look-up per record appended or loaded).
     queue_ids: HashMap<String, u32, foldhash::quality::RandomState>,
     /// Framed records of the active segment not yet written to its file (offsets `written..len`):
@@ -1021,6 +1113,7 @@ impl Store {
             #[cfg(test)]
             fail_writes_after: None,
             queues: Vec::new(),
+            apps_undo: Vec::new(),
             queue_ids: HashMap::default(),
             pending: WriteBehind::default(),
             cache: VecDeque::new(),
@@ -1094,18 +1187,122 @@ impl Store {
         if let Some(id) = self.queue_ids.get(uri) {
             return *id;
         }
+        let apps = (self.apps_of)(uri);
+        self.new_queue(uri, apps)
+    }
+
+    fn new_queue(&mut self, uri: &str, apps: Vec<String>) -> u32 {
         let id = self.queues.len() as u32;
-        let mut apps = (self.apps_of)(uri);
-        if apps.is_empty() {
-            apps.push(String::new());
-        }
-        apps.truncate(APPS_MAX);
-        self.queues.push(QueueInfo {
-            uri: uri.to_string(),
-            apps,
-        });
+        self.queues.push(QueueInfo::new(uri, apps));
         self.queue_ids.insert(uri.to_string(), id);
         id
+    }
+
+    /// The app ids queue `uri`'s next message is stored for, in slot order; `None` for a queue
+    /// the journal holds no record of (its first message will be stored for what the
+    /// domain lists then). What a primary compares with its domain's app ids before it writes
+    /// a `StoredQueueApps`.
+    pub fn queue_apps(&self, uri: &str) -> Option<Vec<String>> {
+        let id = *self.queue_ids.get(uri)?;
+        Some(
+            self.queues[id as usize]
+                .live_apps()
+                .map(String::from)
+                .collect(),
+        )
+    }
+
+    /// Indexes a `StoredQueueApps` at `sequence` (see "Apps of a queue" in the module doc):
+    /// new apps get a slot that only later messages wait for; a removed app's slot becomes a
+    /// tombstone and, as the base passes the record, every earlier message of the queue is
+    /// done with it; an added app the queue already had a slot for (given by the domain
+    /// when the queue was first read) is done with every earlier message the same way.
+    fn index_queue_apps(
+        &mut self,
+        sequence: u64,
+        apps: &bmq_proto::peer::StoredQueueApps,
+        effects: &mut Vec<(u64, Effect)>,
+    ) {
+        let uri = uri_text(&apps.uri);
+        let Some(&queue) = self.queue_ids.get(uri.as_ref()) else {
+            // The queue's first record: its apps are the record's (a truncation of the record
+            // leaves the queue as its first message would have found it).
+            let queue = self.new_queue(&uri, apps.app_ids.clone());
+            let before = QueueInfo::new(&uri, (self.apps_of)(&uri));
+            self.apps_undo.push(AppsUndo {
+                sequence,
+                queue,
+                before,
+            });
+            return;
+        };
+        let info = &self.queues[queue as usize];
+        self.apps_undo.push(AppsUndo {
+            sequence,
+            queue,
+            before: info.clone(),
+        });
+        let mut gone = Vec::new();
+        for added in &apps.added {
+            if let Some(slot) = info.live_slot(added) {
+                gone.push(slot as u8);
+            }
+        }
+        let removed: Vec<usize> = (0..info.apps.len())
+            .filter(|i| info.live & (1u64 << i) != 0 && !apps.app_ids.contains(&info.apps[*i]))
+            .collect();
+        let base = self.base;
+        let info = &mut self.queues[queue as usize];
+        for slot in removed {
+            info.live &= !(1u64 << slot);
+            info.gone_at[slot] = sequence;
+            gone.push(slot as u8);
+        }
+        for app in &apps.app_ids {
+            if info.live_slot(app).is_some() {
+                continue;
+            }
+            let slot = if info.apps.len() < APPS_MAX {
+                info.apps.push(app.clone());
+                info.gone_at.push(0);
+                info.apps.len() - 1
+            } else {
+                // A tombstone whose removal is settled: no message waits for it any more.
+                match (0..info.apps.len())
+                    .find(|i| info.live & (1u64 << i) == 0 && info.gone_at[*i] <= base)
+                {
+                    Some(slot) => {
+                        info.apps[slot] = app.clone();
+                        info.gone_at[slot] = 0;
+                        slot
+                    }
+                    None => {
+                        warn!(queue = %uri, app = %app, sequence, "queue has no free app slot: the app's copies are not tracked by the journal");
+                        metrics::counter!("bmq_journal_apps_untracked_total").increment(1);
+                        continue;
+                    }
+                }
+            };
+            info.live |= 1u64 << slot;
+        }
+        info!(
+            queue = %uri,
+            sequence,
+            apps = ?apps.app_ids,
+            added = ?apps.added,
+            removed = ?apps.removed,
+            "queue app ids changed in the journal"
+        );
+        for app in gone {
+            effects.push((
+                sequence,
+                Effect::AppGone {
+                    queue,
+                    app,
+                    before: sequence,
+                },
+            ));
+        }
     }
 
     /// The index of `app` among the apps of queue `queue`, if it is one of them. Called for
@@ -1114,10 +1311,13 @@ impl Store {
     /// visible share of the brokers' CPU at the maximum rate (docs/bench/JOURNAL.md, "The
     /// targets on a faster host").
     fn app_index(&self, queue: u32, app: &str) -> Option<u8> {
-        self.queues[queue as usize]
-            .apps
+        let info = &self.queues[queue as usize];
+        info.apps
             .iter()
-            .position(|a| a.len() == app.len() && (app.is_empty() || a == app))
+            .enumerate()
+            .position(|(i, a)| {
+                a.len() == app.len() && (app.is_empty() || a == app) && info.live & (1u64 << i) != 0
+            })
             .map(|i| i as u8)
     }
 
@@ -1370,12 +1570,7 @@ impl Store {
             } => {
                 let guid = guid_key(guid);
                 let queue = self.queue_id(&uri_text(uri));
-                let apps = self.queues[queue as usize].apps.len();
-                let pending = if apps == 64 {
-                    u64::MAX
-                } else {
-                    (1u64 << apps) - 1
-                };
+                let pending = self.queues[queue as usize].live;
                 match self.index.contains(guid) {
                     // The same GUID stored twice (a resend older than the duplicate window):
                     // the first copy stands, this one is dead.
@@ -1422,6 +1617,12 @@ impl Store {
                     None => false,
                 }
             }
+            // What it changes is the queue's, not a message's: dead at once (see "Apps of a
+            // queue" in the module doc).
+            FactKind::QueueApps(apps) => {
+                self.index_queue_apps(sequence, &apps.get(), effects);
+                false
+            }
             // Delivery records of version 1 (informational), lease starts: dead at once.
             FactKind::Delivery | FactKind::Marker | FactKind::LeaseStart | FactKind::None => false,
         };
@@ -1448,6 +1649,10 @@ impl Store {
             self.effects.pop_front();
             let (guid, app) = match effect {
                 Effect::Done { guid, app } | Effect::Failed { guid, app, .. } => (guid, app),
+                Effect::AppGone { queue, app, before } => {
+                    self.apply_app_gone(queue, app, before);
+                    continue;
+                }
             };
             let Some(entry) = self.index.get_mut(guid) else {
                 self.kill(sequence);
@@ -1472,6 +1677,7 @@ impl Store {
                             .push(sequence);
                     }
                 }
+                Effect::AppGone { .. } => unreachable!("handled above"),
                 Effect::Failed { failures, .. } => {
                     let extra = entry.extra.get_or_insert_with(Default::default);
                     match extra.failures.iter_mut().find(|(a, _)| *a == app) {
@@ -1482,6 +1688,44 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Every message of queue `queue` stored before `before` is done with app slot `app`: a
+    /// message no app waits for any more leaves the index, as after its last confirm. A walk
+    /// over the partition's outstanding messages: an operator's change of a domain's apps is
+    /// rare.
+    fn apply_app_gone(&mut self, queue: u32, app: u8, before: u64) {
+        let bit = 1u64 << app;
+        let hit: Vec<u128> = self
+            .index
+            .iter()
+            .filter(|(_, e)| e.queue == queue && e.sequence < before && e.pending & bit != 0)
+            .map(|(guid, _)| guid)
+            .collect();
+        let mut finished = 0usize;
+        for &guid in &hit {
+            let entry = self.index.get_mut(guid).expect("present");
+            entry.pending &= !bit;
+            if let Some(extra) = entry.extra.as_mut() {
+                extra.failures.retain(|(a, _)| *a != app);
+            }
+            if entry.pending == 0 {
+                let entry = self.index.remove(guid).expect("present");
+                self.retired.push(guid);
+                let records = entry.extra.map(|e| e.records).unwrap_or_default();
+                self.retire(entry.sequence, records);
+                finished += 1;
+            }
+        }
+        let info = &self.queues[queue as usize];
+        info!(
+            queue = %info.uri,
+            app = %info.apps[app as usize],
+            before,
+            copies = hit.len(),
+            finished,
+            "app's copies of a queue dropped from the journal's index"
+        );
     }
 
     /// The segment holding `sequence` and the record's index in it.
@@ -2412,6 +2656,14 @@ impl Store {
         if self.effects.front().is_some_and(|(s, _)| *s <= self.base) {
             self.apply_effects_through(self.base);
         }
+        if self
+            .apps_undo
+            .first()
+            .is_some_and(|u| u.sequence <= self.base)
+        {
+            let base = self.base;
+            self.apps_undo.retain(|u| u.sequence > base);
+        }
     }
 
     /// Drops every position after `sequence` (healing: records of an older lease that no
@@ -2477,6 +2729,10 @@ impl Store {
     fn forget_after(&mut self, sequence: u64) {
         while self.effects.back().is_some_and(|(s, _)| *s > sequence) {
             self.effects.pop_back();
+        }
+        while self.apps_undo.last().is_some_and(|u| u.sequence > sequence) {
+            let undo = self.apps_undo.pop().expect("checked");
+            self.queues[undo.queue as usize] = undo.before;
         }
         while self.cache.back().is_some_and(|r| r.sequence > sequence) {
             let r = self.cache.pop_back().expect("checked");
@@ -2728,8 +2984,11 @@ impl Store {
         // The effects above the base, per GUID.
         let mut done: HashMap<u128, u64> = HashMap::new();
         let mut failed: HashMap<(u128, u8), u32> = HashMap::new();
+        // Apps gone above the base: (queue, slot mask, messages before).
+        let mut gone: Vec<(u32, u64, u64)> = Vec::new();
         for (_, effect) in &self.effects {
             match *effect {
+                Effect::AppGone { queue, app, before } => gone.push((queue, 1u64 << app, before)),
                 Effect::Done { guid, app } => *done.entry(guid).or_default() |= 1u64 << app,
                 Effect::Failed {
                     guid,
@@ -2752,7 +3011,12 @@ impl Store {
         let mut apps: Vec<(&str, u32)> = Vec::new();
         for (sequence, position) in order {
             let (guid, e) = self.index.at(position as usize);
-            let pending = e.pending & !done.get(&guid).copied().unwrap_or(0);
+            let mut pending = e.pending & !done.get(&guid).copied().unwrap_or(0);
+            for (queue, mask, before) in &gone {
+                if *queue == e.queue && e.sequence < *before {
+                    pending &= !mask;
+                }
+            }
             if pending == 0 {
                 continue;
             }

@@ -214,6 +214,162 @@ fn fanout_apps_and_failures() {
     assert!(live > 0 && live < s.stats().bytes, "{:?}", s.stats());
 }
 
+fn queue_apps(sequence: u64, uri: &str, apps: &[&str], added: &[&str]) -> JournalRecord {
+    let list = |l: &[&str]| l.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    JournalRecord {
+        lease: 1,
+        sequence,
+        timestamp_ms: 0,
+        kind: Some(RecordKind::QueueApps(bmq_proto::peer::StoredQueueApps {
+            uri: bmq_proto::uri_bytes(uri),
+            app_ids: list(apps),
+            added: list(added),
+            removed: Vec::new(),
+        })),
+    }
+}
+
+/// `(guid, apps waiting)` of every outstanding message.
+fn waiting(s: &Store) -> Vec<(u128, Vec<String>)> {
+    s.outstanding()
+        .into_iter()
+        .map(|o| (o.guid, o.apps.into_iter().map(|(a, _)| a).collect()))
+        .collect()
+}
+
+fn names(apps: &[&str]) -> Vec<String> {
+    apps.iter().map(|a| a.to_string()).collect()
+}
+
+/// A fanout queue's apps change in journal order: an added app waits only for later messages,
+/// a removed one is done with every earlier message once the base passes the change (a
+/// message no app waits for leaves the index); a restart that reads the change agrees.
+#[test]
+fn a_queue_apps_record_adds_and_removes_apps_in_journal_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 1 << 20);
+    let f = "bmq://d/fanout";
+    s.append_one(&message(1, 1, f, 1)).unwrap();
+    s.append_one(&confirm(2, 1, f, 1, "a")).unwrap();
+    s.append_one(&message(3, 1, f, 2)).unwrap();
+    s.append_one(&queue_apps(4, f, &["a", "b", "c"], &["c"]))
+        .unwrap();
+    s.append_one(&message(5, 1, f, 3)).unwrap();
+    assert_eq!(s.queue_apps(f), Some(names(&["a", "b", "c"])));
+    assert_eq!(
+        waiting(&s),
+        vec![
+            (1, names(&["b"])),
+            (2, names(&["a", "b"])),
+            (3, names(&["a", "b", "c"]))
+        ]
+    );
+    // Remove "b": done with 1 and 2 at once for the rebuilt queues, for the index once settled.
+    s.append_one(&queue_apps(6, f, &["a", "c"], &[])).unwrap();
+    s.append_one(&message(7, 1, f, 4)).unwrap();
+    assert_eq!(s.queue_apps(f), Some(names(&["a", "c"])));
+    assert_eq!(
+        waiting(&s),
+        vec![
+            (2, names(&["a"])),
+            (3, names(&["a", "c"])),
+            (4, names(&["a", "c"]))
+        ]
+    );
+    assert_eq!(s.stats().outstanding, 4, "not settled");
+    s.set_base(7);
+    assert_eq!(s.stats().outstanding, 3, "message 1 waited for b alone");
+    // A confirm of the removed app finds no slot: it changes nothing.
+    s.append_one(&confirm(8, 1, f, 3, "b")).unwrap();
+    s.set_base(8);
+    let before = waiting(&s);
+    assert_eq!(before.len(), 3);
+    s.sync().unwrap();
+    drop(s);
+    // The domain now lists a and c; the records are held, so a restart agrees.
+    let apps_now: AppsOf = Arc::new(|_: &str| names(&["a", "c"]));
+    let s = Store::open(dir.path(), cfg(1 << 20), apps_now).unwrap();
+    assert_eq!(waiting(&s), before);
+    assert_eq!(s.queue_apps(f), Some(names(&["a", "c"])));
+}
+
+/// A queue first read through a message has the slots the domain lists now; a later record
+/// that adds one of them makes every earlier message done with it, so an app added after a
+/// message was stored does not get it after a restart, nor on a replica whose domain already
+/// listed the app when the queue's first message came.
+#[test]
+fn an_added_app_the_domain_already_listed_skips_earlier_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = "bmq://d/fanout";
+    let abc: AppsOf = Arc::new(|_: &str| names(&["a", "b", "c"]));
+    let mut s = Store::open(dir.path(), cfg(1 << 20), abc).unwrap();
+    s.append_one(&message(1, 1, f, 1)).unwrap();
+    s.append_one(&queue_apps(2, f, &["a", "b", "c"], &["c"]))
+        .unwrap();
+    s.append_one(&message(3, 1, f, 2)).unwrap();
+    let expected = vec![(1, names(&["a", "b"])), (2, names(&["a", "b", "c"]))];
+    assert_eq!(waiting(&s), expected, "the rebuild sees it before the base");
+    s.set_base(3);
+    assert_eq!(waiting(&s), expected);
+    // Every app of message 1 but the added one confirms: it is done.
+    s.append_one(&confirm(4, 1, f, 1, "a")).unwrap();
+    s.append_one(&confirm(5, 1, f, 1, "b")).unwrap();
+    s.set_base(5);
+    assert_eq!(waiting(&s), vec![(2, names(&["a", "b", "c"]))]);
+}
+
+/// A truncated `StoredQueueApps` takes its change with it: the removed app waits again for
+/// the earlier messages, the added one is gone.
+#[test]
+fn a_truncated_queue_apps_record_is_undone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), 1 << 20);
+    let f = "bmq://d/fanout";
+    s.append_one(&message(1, 1, f, 1)).unwrap();
+    s.set_base(1);
+    s.append_one(&queue_apps(2, f, &["a", "c"], &["c"]))
+        .unwrap();
+    assert_eq!(waiting(&s), vec![(1, names(&["a"]))]);
+    s.truncate_after(1).unwrap();
+    assert_eq!(s.queue_apps(f), Some(names(&["a", "b"])));
+    assert_eq!(waiting(&s), vec![(1, names(&["a", "b"]))]);
+    s.append_one(&message(2, 2, f, 2)).unwrap();
+    assert_eq!(
+        waiting(&s),
+        vec![(1, names(&["a", "b"])), (2, names(&["a", "b"]))]
+    );
+}
+
+/// A restart that no longer holds the record (deleted with its settled dead segment) reads
+/// the older messages with the apps the domain lists now: the added app gets them too (the
+/// documented approximation), the removed one does not.
+#[test]
+fn a_restart_without_the_record_uses_the_domains_apps() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = "bmq://d/fanout";
+    let mut s = open(dir.path(), 600);
+    s.append_one(&message(1, 1, f, 1)).unwrap();
+    // The record in a segment of its own, then settled dead records until that one goes.
+    let seq = append_until_roll_over(&mut s, 1);
+    s.append_one(&queue_apps(seq + 1, f, &["a", "c"], &["c"]))
+        .unwrap();
+    let (_, done) = put_confirm_and_settle(&mut s, seq + 1, 20);
+    assert!(done.deleted > 0, "{done:?}");
+    assert_eq!(waiting(&s)[0], (1, names(&["a"])));
+    s.sync().unwrap();
+    drop(s);
+    let apps_now: AppsOf = Arc::new(|uri: &str| {
+        if uri.contains("fanout") {
+            names(&["a", "c"])
+        } else {
+            vec![String::new()]
+        }
+    });
+    let s = Store::open(dir.path(), cfg(600), apps_now).unwrap();
+    let w: Vec<_> = waiting(&s).into_iter().filter(|(g, _)| *g == 1).collect();
+    assert_eq!(w, vec![(1, names(&["a", "c"]))]);
+}
+
 /// Closed segments whose records are all dead and settled are deleted; the floor rises; a
 /// restart reads only what remains and agrees on the state.
 #[test]
