@@ -57,6 +57,12 @@
 //!   each message failed, and what is gone. A primary move or a graceful stop is not a failure:
 //!   the message is redelivered with the same attempt number;
 //! - every removal without a confirm is logged (queue, app, GUID, reason) and counted;
+//! - a fanout domain's app ids change under its open queues ([`Partition::handle_domains`]):
+//!   the change is journaled (`StoredQueueApps`) before the queue's next PUT, so replicas and
+//!   restarts follow it; an added app's copies start with that PUT, a removed app's copies are
+//!   dropped (one line per app with their count, counted as `app_removed`: the journal record
+//!   removes them all, no record per message) and its consumers closed with an
+//!   `ErrorResponse` `NOT_OPEN` naming the app — as are the consumers of a deleted domain;
 //! - while the node stops gracefully ([`Partition::handle_stop_delivering`]) it pushes nothing
 //!   new, so its consumers can confirm what they hold before the partition moves.
 
@@ -66,12 +72,12 @@ use std::time::{Duration, Instant};
 
 use bmq_proto::client::{
     client_message::Kind, Ack, AckStatus, ClientMessage, CloseQueue, CloseQueueResponse, Confirm,
-    ConsumerOptions as ProtoConsumerOptions, OpenQueue, OpenQueueResponse, Push, Put, Status,
-    StatusCode,
+    ConsumerOptions as ProtoConsumerOptions, ErrorResponse, OpenQueue, OpenQueueResponse, Push,
+    Put, Status, StatusCode,
 };
 use bmq_proto::peer::{
     journal_record::Kind as RecordKind, PartitionMessage, StoredConfirm, StoredFailure,
-    StoredRemoval,
+    StoredQueueApps, StoredRemoval,
 };
 use bmq_proto::{uri_bytes, uri_str, LeaseId, NodeId, PartitionId, SessionAddr, UriBytes};
 use bytes::Bytes;
@@ -353,6 +359,12 @@ pub struct PartitionCounters {
     pub removed_attempts_exhausted: u64,
     /// Messages removed without a confirm by a purge.
     pub removed_purged: u64,
+    /// Copies dropped without a confirm because their app was removed from the queue's
+    /// fanout domain (one per message the app held).
+    pub removed_app_removed: u64,
+    /// Consumers closed by the broker: their app was removed from the fanout domain, or the
+    /// domain deleted (each told with an `ErrorResponse`).
+    pub consumers_closed: u64,
     /// Confirms that matched an unconfirmed message.
     pub confirms: u64,
     /// Requests of an unexpected kind.
@@ -370,6 +382,10 @@ struct QueueEntry {
     last_put: u64,
     /// The queue is in [`Partition::awaiting_marks`].
     awaiting_marks: bool,
+    /// Fanout: the journal's app ids for the queue were compared with `apps` (and a
+    /// `StoredQueueApps` written where they differed) since the entry was created or its apps
+    /// changed; checked before its next PUT ([`Partition::state_apps`]).
+    apps_stated: bool,
 }
 
 /// A GUID in hex, for logs and answers.
@@ -460,6 +476,7 @@ impl QueueEntry {
             apps,
             last_put: 0,
             awaiting_marks: false,
+            apps_stated: !matches!(policy.mode, DeliveryMode::Fanout { .. }),
         }
     }
 }
@@ -843,24 +860,37 @@ impl Partition {
 
     /// The committed domains changed (DESIGN.md §5a): new opens resolve against `policies`;
     /// each open queue whose domain's limits changed takes them at once (a lower depth limit
-    /// refuses the next PUT); an idle queue whose mode or app ids changed is dropped and
-    /// rebuilt with them on its next use; a queue whose domain is gone (a purging delete) has
-    /// every message removed — logged and counted as purged — and is dropped with its
-    /// consumers. Returns the copies removed.
+    /// refuses the next PUT); a fanout queue whose domain's app ids changed follows them at
+    /// once ([`Partition::change_apps`]: a `StoredQueueApps` is journaled before its next PUT,
+    /// an added app starts empty, a removed app's copies are dropped — counted and logged —
+    /// and its consumers closed with an `ErrorResponse`); an idle queue whose mode changed is
+    /// dropped and rebuilt with it on its next use; a queue whose domain is gone (a purging
+    /// delete) has every message removed — logged and counted as purged — and is dropped, its
+    /// consumers told with an `ErrorResponse`. Returns the copies removed.
     pub fn handle_domains(&mut self, now: Instant, policies: Arc<DomainPolicies>) -> usize {
         self.policies = policies;
         let mut removed = 0;
         let mut gone = Vec::new();
+        let mut apps_changed = Vec::new();
         for (uri, entry) in self.queues.iter_mut() {
             match self.policies.resolve(uri) {
                 None => gone.push(uri.clone()),
                 Some(p) if *p == entry.policy => {}
-                Some(p) if p.mode == entry.policy.mode && p.strong == entry.policy.strong => {
-                    for (_, q) in entry.apps.iter_mut() {
-                        q.set_limits(p.limits);
+                Some(p)
+                    if std::mem::discriminant(&p.mode)
+                        == std::mem::discriminant(&entry.policy.mode)
+                        && p.strong == entry.policy.strong =>
+                {
+                    if p.mode != entry.policy.mode {
+                        apps_changed.push((uri.clone(), p.clone()));
                     }
-                    entry.policy.limits = p.limits;
-                    info!(partition = %self.id, queue = %uri, limits = ?p.limits, "queue limits changed with its domain");
+                    if p.limits != entry.policy.limits {
+                        for (_, q) in entry.apps.iter_mut() {
+                            q.set_limits(p.limits);
+                        }
+                        entry.policy.limits = p.limits;
+                        info!(partition = %self.id, queue = %uri, limits = ?p.limits, "queue limits changed with its domain");
+                    }
                 }
                 Some(_) if entry.is_idle() => gone.push(uri.clone()),
                 Some(_) => {
@@ -869,6 +899,9 @@ impl Partition {
                     warn!(partition = %self.id, queue = %uri, "domain mode changed under a busy queue; its settings stay until it is idle");
                 }
             }
+        }
+        for (uri, policy) in apps_changed {
+            removed += self.change_apps(now, &uri, policy);
         }
         for uri in gone {
             let Some(mut entry) = self.queues.remove(&uri) else {
@@ -879,7 +912,9 @@ impl Partition {
                 continue;
             }
             let mut purged = 0;
+            let mut consumers = BTreeSet::new();
             for (app, q) in entry.apps.iter_mut() {
+                consumers.extend(q.consumer_keys());
                 purged += q.purge();
                 while let Some(event) = q.poll_event() {
                     self.record_event(now, &uri, app.clone(), event);
@@ -888,12 +923,142 @@ impl Partition {
             for queues in self.consumer_queues.values_mut() {
                 queues.remove(&uri);
             }
+            self.consumer_queues.retain(|_, queues| !queues.is_empty());
             self.awaiting_marks.retain(|u| *u != uri);
-            warn!(partition = %self.id, queue = %uri, purged, "queue of a deleted domain dropped with its messages");
+            warn!(partition = %self.id, queue = %uri, purged, consumers = consumers.len(), "queue of a deleted domain dropped with its messages");
+            let why = format!(
+                "queue {uri} was closed: its domain was deleted (its {purged} messages purged)"
+            );
+            for consumer in consumers {
+                self.close_consumer(consumer, &why);
+            }
             removed += purged;
         }
         self.absorb_replication(now);
         removed
+    }
+
+    /// A consumer this partition closed on its own (its app or its domain went): told with an
+    /// `ErrorResponse` `NOT_OPEN` saying why, counted.
+    fn close_consumer(&mut self, to: SessionAddr, why: &str) {
+        self.counters.consumers_closed += 1;
+        self.reply(
+            to,
+            ClientMessage {
+                kind: Some(Kind::Error(ErrorResponse {
+                    status: proto_status(StatusCode::NotOpen, why),
+                })),
+            },
+        );
+    }
+
+    /// Fanout queue `uri` takes the app ids of `policy` (same mode and consistency): an added
+    /// app gets an empty queue core (its copies start with the next PUT); a removed app's
+    /// core is dropped — the copies it held counted in
+    /// [`PartitionCounters::removed_app_removed`] and logged, its consumers closed
+    /// ([`Partition::close_consumer`]) — and the change is journaled before any later PUT of
+    /// the queue ([`Partition::state_apps`]), so the replicas' and a restart's index drop the
+    /// same copies (BlazingMQ journals a QueueOp with the app keys added or removed for the
+    /// same reason). Returns the copies dropped.
+    fn change_apps(&mut self, now: Instant, uri: &str, policy: DomainPolicy) -> usize {
+        let Some(entry) = self.queues.get_mut(uri) else {
+            return 0;
+        };
+        let mut old: Vec<(String, QueueCore)> = std::mem::take(&mut entry.apps);
+        let mut apps = Vec::with_capacity(policy.apps().len());
+        for app in policy.apps() {
+            let core = match old.iter().position(|(a, _)| *a == app) {
+                Some(i) => old.swap_remove(i).1,
+                None => QueueCore::new(queue_name(uri, &app), policy.limits),
+            };
+            apps.push((app, core));
+        }
+        entry.apps = apps;
+        entry.policy = policy;
+        entry.apps_stated = false;
+        let mut dropped = 0;
+        let mut closed = Vec::new();
+        for (app, mut core) in old {
+            // What the core has not reported yet goes to the journal first.
+            while let Some(event) = core.poll_event() {
+                self.record_event(now, uri, app.clone(), event);
+            }
+            let held = core.depth();
+            let consumers = core.consumer_keys();
+            dropped += held;
+            self.counters.removed_app_removed += held as u64;
+            warn!(
+                partition = %self.id,
+                queue = %uri,
+                app_id = %app,
+                copies = held,
+                consumers = consumers.len(),
+                reason = RemovalReason::AppRemoved.as_str(),
+                "app removed from its fanout domain: its copies dropped without a confirm"
+            );
+            let why = format!(
+                "app id {app:?} of queue {uri} was removed from its domain: its consumer is \
+                 closed and the {held} messages it held are dropped"
+            );
+            closed.extend(consumers.into_iter().map(|c| (c, why.clone())));
+        }
+        for (consumer, why) in closed {
+            self.close_consumer(consumer, &why);
+        }
+        self.state_apps(now, uri);
+        self.deliver(now, uri);
+        dropped
+    }
+
+    /// Before fanout queue `uri`'s next PUT: when the journal's app ids for it
+    /// ([`Store::queue_apps`]) are not the entry's, journals a `StoredQueueApps` with the
+    /// entry's (and what it adds and removes), so that every replica's index, and a restart's,
+    /// follows it from this position on (see "Apps of a queue" in the store's module doc).
+    fn state_apps(&mut self, now: Instant, uri: &str) {
+        let Some(entry) = self.queues.get_mut(uri) else {
+            return;
+        };
+        if entry.apps_stated {
+            return;
+        }
+        entry.apps_stated = true;
+        let wanted: Vec<String> = entry.apps.iter().map(|(a, _)| a.clone()).collect();
+        let journal = self.replication.store().queue_apps(uri);
+        let (added, removed) = match &journal {
+            None => (Vec::new(), Vec::new()),
+            Some(have) => (
+                wanted
+                    .iter()
+                    .filter(|a| !have.contains(a))
+                    .cloned()
+                    .collect(),
+                have.iter()
+                    .filter(|a| !wanted.contains(a))
+                    .cloned()
+                    .collect(),
+            ),
+        };
+        if journal.is_some() && added.is_empty() && removed.is_empty() {
+            return;
+        }
+        info!(partition = %self.id, queue = %uri, apps = ?wanted, ?added, ?removed, "queue app ids journaled");
+        let record = RecordKind::QueueApps(StoredQueueApps {
+            uri: uri_bytes(uri),
+            app_ids: wanted,
+            added,
+            removed,
+        });
+        let wall_ms = self.wall_ms(now);
+        if self
+            .replication
+            .handle_record(now, record, wall_ms)
+            .is_none()
+        {
+            // Not written (the journal failed): checked again before the next PUT.
+            if let Some(entry) = self.queues.get_mut(uri) {
+                entry.apps_stated = false;
+            }
+        }
     }
 
     /// The link to a proxy node dropped (it crashed, stopped or was cut off): every consumer it
@@ -1196,6 +1361,9 @@ impl Partition {
             self.reply(from, ack(put.uri, put.guid, AckStatus::LimitReached, why));
             return;
         }
+        if !entry.apps_stated {
+            self.state_apps(now, name);
+        }
         let Put {
             guid,
             payload,
@@ -1450,6 +1618,7 @@ impl Partition {
                         self.counters.removed_attempts_exhausted += 1
                     }
                     RemovalReason::Purged => self.counters.removed_purged += 1,
+                    RemovalReason::AppRemoved => self.counters.removed_app_removed += 1,
                 }
                 warn!(
                     partition = %self.id,
@@ -1585,6 +1754,18 @@ impl Partition {
         self.awaiting_marks = self.queues.keys().cloned().collect();
         for entry in self.queues.values_mut() {
             entry.awaiting_marks = true;
+        }
+        // A domain's app ids that changed while another node was primary (or before a
+        // restart) and that the journal does not say yet: said now, so that a removed app's
+        // copies leave the journal without waiting for the queue's next PUT.
+        let fanout: Vec<String> = self
+            .queues
+            .iter()
+            .filter(|(_, e)| !e.apps_stated)
+            .map(|(uri, _)| uri.clone())
+            .collect();
+        for uri in fanout {
+            self.state_apps(now, &uri);
         }
         self.send_notice(now, Notice::Active(lease));
         // Healing ended with the whole journal on a quorum: every rebuilt message is safe.

@@ -1404,3 +1404,169 @@ fn a_domain_change_applies_to_open_queues_and_a_deleted_domain_is_purged() {
     let gone = ack_status(&drain(&mut p));
     assert_eq!(gone[0].0, AckStatus::UnknownQueue as i32, "{gone:?}");
 }
+
+/// The fanout domain `f` with app ids `apps` (and the other test domains).
+fn policies_with_fanout_apps(apps: &[&str]) -> Arc<DomainPolicies> {
+    Arc::new(DomainPolicies::new([
+        ("d".to_string(), policy(DeliveryMode::Priority)),
+        (
+            "f".to_string(),
+            policy(DeliveryMode::Fanout {
+                app_ids: apps.iter().map(|a| a.to_string()).collect(),
+            }),
+        ),
+    ]))
+}
+
+/// `(guid's first byte, apps waiting)` of every outstanding message of the journal.
+fn waiting(p: &Partition) -> Vec<(u8, Vec<String>)> {
+    p.replication()
+        .store()
+        .outstanding()
+        .into_iter()
+        .map(|o| {
+            let apps = o.apps.into_iter().map(|(a, _)| a).collect();
+            (o.guid.to_be_bytes()[0], apps)
+        })
+        .collect()
+}
+
+fn names(apps: &[&str]) -> Vec<String> {
+    apps.iter().map(|a| a.to_string()).collect()
+}
+
+#[test]
+fn a_fanout_domains_app_ids_change_under_an_open_queue_holding_messages() {
+    // Apps a and b each hold two messages (b's pushed to its consumer); the domain's apps
+    // become a and c: b's copies are dropped (counted, its consumer told), a change record is
+    // journaled before the next PUT, c gets copies from that PUT on, a keeps all of its own;
+    // the journal's index agrees, and so does a new primary rebuilt from it.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://f/q";
+    p.handle_request(now, session(2), open(uri, true, "b"));
+    p.handle_request(now, session(1), put(uri, 1));
+    p.handle_request(now, session(1), put(uri, 2));
+    sync(&mut p, now);
+    let outputs = drain(&mut p);
+    assert_eq!(ack_status(&outputs).len(), 2);
+    assert_eq!(pushes(&outputs), 2, "b's consumer holds both");
+    let first = journal(&p);
+    assert!(
+        matches!(&first[0].kind, Some(RecordKind::QueueApps(q)) if q.app_ids == names(&["a", "b"]) && q.added.is_empty()),
+        "the queue's apps precede its first message: {first:?}"
+    );
+    let removed = p.handle_domains(now, policies_with_fanout_apps(&["a", "c"]));
+    assert_eq!(removed, 2, "b's copies");
+    let counters = p.take_counters();
+    assert_eq!(counters.removed_app_removed, 2);
+    assert_eq!(counters.consumers_closed, 1);
+    let outputs = drain(&mut p);
+    let told: Vec<_> = outputs
+        .iter()
+        .filter_map(|o| match o {
+            PartitionOutput::Reply {
+                to,
+                message:
+                    ClientMessage {
+                        kind: Some(Kind::Error(e)),
+                    },
+            } => Some((*to, e.status.clone().unwrap_or_default())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(told.len(), 1, "{outputs:?}");
+    assert_eq!(told[0].0, session(2));
+    assert_eq!(told[0].1.code, StatusCode::NotOpen as i32);
+    assert!(told[0].1.message.contains("\"b\""), "{:?}", told[0].1);
+    p.handle_request(now, session(3), open(uri, true, "c"));
+    p.handle_request(now, session(1), put(uri, 3));
+    sync(&mut p, now);
+    let outputs = drain(&mut p);
+    let pushed: Vec<_> = outputs
+        .iter()
+        .filter_map(|o| match o {
+            PartitionOutput::Reply {
+                to,
+                message:
+                    ClientMessage {
+                        kind: Some(Kind::Push(push)),
+                    },
+            } => Some((*to, push.guid[0], push.app_id.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pushed, vec![(session(3), 3, "c".to_string())]);
+    let records = journal(&p);
+    let change = records
+        .iter()
+        .find_map(|r| match &r.kind {
+            Some(RecordKind::QueueApps(q)) if !q.removed.is_empty() => Some((r.sequence, q)),
+            _ => None,
+        })
+        .expect("the change is journaled");
+    assert_eq!(change.1.app_ids, names(&["a", "c"]));
+    assert_eq!(change.1.added, names(&["c"]));
+    assert_eq!(change.1.removed, names(&["b"]));
+    let third = records
+        .iter()
+        .find(|r| matches!(&r.kind, Some(RecordKind::Message(m)) if m.guid[0] == 3))
+        .unwrap();
+    assert!(change.0 < third.sequence, "before the next PUT");
+    assert_eq!(
+        waiting(&p),
+        vec![
+            (1, names(&["a"])),
+            (2, names(&["a"])),
+            (3, names(&["a", "c"]))
+        ]
+    );
+    // A new primary with this journal rebuilds the same copies.
+    let dir = tempfile::tempdir().unwrap();
+    let policies = policies_with_fanout_apps(&["a", "c"]);
+    let (all, _) = p
+        .replication()
+        .store()
+        .read_from(0, usize::MAX, u64::MAX, false)
+        .unwrap();
+    let store = store_with(dir.path(), &all, &policies);
+    let queues = restore_queues(&store, now, |u| policies.resolve(u).cloned());
+    let depths: Vec<(&str, usize)> = queues[uri]
+        .apps
+        .iter()
+        .map(|(app, q)| (app.as_str(), q.depth()))
+        .collect();
+    assert_eq!(depths, vec![("a", 3), ("c", 1)]);
+}
+
+#[test]
+fn a_deleted_domains_consumers_are_told_their_queue_is_closed() {
+    // A purging delete of the domain under a consumer: its queue's messages are purged and the
+    // consumer gets an ErrorResponse NOT_OPEN naming the queue.
+    let now = Instant::now();
+    let mut p = active_single_node(now);
+    let uri = "bmq://d/q";
+    p.handle_request(now, session(2), open(uri, true, ""));
+    p.handle_request(now, session(1), put(uri, 1));
+    sync(&mut p, now);
+    drain(&mut p);
+    assert_eq!(p.handle_domains(now, Arc::new(DomainPolicies::new([]))), 1);
+    let told: Vec<_> = drain(&mut p)
+        .into_iter()
+        .filter_map(|o| match o {
+            PartitionOutput::Reply {
+                to,
+                message:
+                    ClientMessage {
+                        kind: Some(Kind::Error(e)),
+                    },
+            } => Some((to, e.status.unwrap_or_default())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(told.len(), 1);
+    assert_eq!(told[0].0, session(2));
+    assert_eq!(told[0].1.code, StatusCode::NotOpen as i32);
+    assert!(told[0].1.message.contains(uri), "{:?}", told[0].1);
+    assert_eq!(p.take_counters().consumers_closed, 1);
+}

@@ -657,7 +657,9 @@ impl Proxy {
         });
     }
 
-    /// An answer or delivery from a primary: Ack, Push or OpenQueueResponse.
+    /// An answer or delivery from a primary: Ack, Push, OpenQueueResponse, or an
+    /// ErrorResponse (the primary closed a consumer of this session: its app or domain was
+    /// removed), which goes to the client as it is.
     pub fn handle_from_primary(&mut self, now: Instant, message: ClientMessage) {
         match message.kind {
             Some(Kind::Ack(ack)) => self.on_ack(now, ack),
@@ -671,6 +673,9 @@ impl Proxy {
                 });
             }
             Some(Kind::OpenQueueResponse(resp)) => self.on_open_response(resp),
+            Some(Kind::Error(error)) => self.reply(ClientMessage {
+                kind: Some(Kind::Error(error)),
+            }),
             _ => {}
         }
     }

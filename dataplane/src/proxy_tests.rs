@@ -152,6 +152,24 @@ fn ack_releases_the_put_and_reports_latency() {
 }
 
 #[test]
+fn a_primarys_error_response_reaches_the_client() {
+    // The primary closed a consumer of this session (its app was removed from the domain):
+    // the ErrorResponse saying so goes to the client unchanged.
+    let now = Instant::now();
+    let mut p = attached(now);
+    let error = ClientMessage {
+        kind: Some(Kind::Error(bmq_proto::client::ErrorResponse {
+            status: Some(bmq_proto::client::Status {
+                code: StatusCode::NotOpen as i32,
+                message: "app id \"b\" was removed".into(),
+            }),
+        })),
+    };
+    p.handle_from_primary(now, error.clone());
+    assert_eq!(drain(&mut p), vec![ProxyOutput::ToClient(error)]);
+}
+
+#[test]
 fn a_full_buffer_nacks_and_unanswered_puts_are_resent() {
     // Beyond retransmit_buffer_max the PUT is NACKed LIMIT_REACHED; a PUT without an answer
     // for the retransmission interval is sent again (and counted).

@@ -118,15 +118,21 @@ pub enum RemovalReason {
     AttemptsExhausted,
     /// Removed by an operator's purge of the queue.
     Purged,
+    /// Its app was removed from the queue's fanout domain: the partition drops the app's
+    /// copies with its queue core (never a [`QueueEvent`]: the journal's `StoredQueueApps`
+    /// removes them all at once).
+    AppRemoved,
 }
 
 impl RemovalReason {
-    /// `ttl`, `attempts_exhausted` or `purged` (metric label, log field, journal value).
+    /// `ttl`, `attempts_exhausted`, `purged` or `app_removed` (metric label, log field,
+    /// journal value).
     pub fn as_str(self) -> &'static str {
         match self {
             RemovalReason::Ttl => "ttl",
             RemovalReason::AttemptsExhausted => "attempts_exhausted",
             RemovalReason::Purged => "purged",
+            RemovalReason::AppRemoved => "app_removed",
         }
     }
 }
@@ -987,7 +993,8 @@ impl QueueCore {
         match reason {
             RemovalReason::Ttl => self.counters.ttl_expired += 1,
             RemovalReason::AttemptsExhausted => self.counters.attempts_exhausted += 1,
-            RemovalReason::Purged => self.counters.purged += 1,
+            // An app's removal never comes here (the partition drops its core whole).
+            RemovalReason::Purged | RemovalReason::AppRemoved => self.counters.purged += 1,
         }
         self.events.push_back(QueueEvent::Removed {
             guid: held.guid(),

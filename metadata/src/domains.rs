@@ -8,8 +8,11 @@
 //! - The rules a change must pass ([`DomainState::applied`]): a create needs an unused valid
 //!   name, an update or a delete an existing domain still at the version the change was
 //!   computed against (compare-and-set), settings that pass
-//!   [`bmq_config::validate_domains`]; a change of mode, consistency or app ids, or a delete
-//!   without purge, is refused while queues of the domain are assigned.
+//!   [`bmq_config::validate_domains`]; a change of mode or consistency, or a delete without
+//!   purge, is refused while queues of the domain are assigned. The app ids of a fanout
+//!   domain may change with queues: each queue's primary journals the change before the
+//!   queue's next message (an added app gets copies from there on, a removed app's copies
+//!   are dropped), as BlazingMQ adds and removes the apps of a live fanout queue.
 //! - [`apply_settings`]: the `key=value` settings of the admin interface applied to a
 //!   domain's configuration, naming the key that is unknown or the value that is invalid.
 //! - [`audit`]: the line (and the counter) every node writes when it commits a change.
@@ -88,7 +91,8 @@ pub enum DomainError {
         /// The state's version.
         version: Lsn,
     },
-    /// A change of how messages are stored or delivered while the domain has queues.
+    /// A change of how messages are stored or delivered while the domain has queues (a
+    /// fanout domain's app ids excepted).
     #[error(
         "domain {name:?} has {queues} queue(s): its {field} cannot change while it has queues \
          (delete it with --purge and create it again)"
@@ -96,7 +100,7 @@ pub enum DomainError {
     ChangeWithQueues {
         /// The domain.
         name: String,
-        /// `mode`, `consistency` or `app_ids`.
+        /// `mode`, `consistency`, or `app_ids` of a domain that is not in fanout mode.
         field: &'static str,
         /// Its queues assigned.
         queues: usize,
@@ -254,7 +258,11 @@ impl DomainState {
                         Some("mode")
                     } else if config.consistency != current.config.consistency {
                         Some("consistency")
-                    } else if config.app_ids != current.config.app_ids {
+                    } else if config.mode != DomainMode::Fanout
+                        && config.app_ids != current.config.app_ids
+                    {
+                        // Unused outside fanout; refused as before, so that no queue of
+                        // another mode ever sees them change.
                         Some("app_ids")
                     } else {
                         None
@@ -685,6 +693,56 @@ mod tests {
         purge.purge = true;
         assert!(s.applied(&purge, |_| 2).is_ok());
         assert_eq!(s, seeded(), "refusals changed nothing");
+    }
+
+    #[test]
+    fn a_fanout_domains_app_ids_change_with_queues_its_mode_and_consistency_do_not() {
+        // A fanout domain with queues: its app ids change (the partitions follow), its mode
+        // and consistency stay refused; a priority domain's app ids stay refused too.
+        let mut fanout = DomainConfig::new("bmq.f");
+        fanout.mode = DomainMode::Fanout;
+        fanout.app_ids = vec!["foo".into(), "bar".into()];
+        let s = DomainState::seed(&[fanout.clone(), DomainConfig::new("bmq.p")], lsn(1, 1));
+        let update = |c: &DomainConfig| {
+            stamped(
+                Change::Update(config_to_wire(c, Lsn::ZERO)),
+                lsn(1, 2),
+                Some(lsn(1, 1)),
+            )
+        };
+        let mut more = fanout.clone();
+        more.app_ids.push("qux".into());
+        let next = s
+            .applied(&update(&more), |_| 3)
+            .expect("app ids change with queues");
+        assert_eq!(next.get("bmq.f").unwrap().config.app_ids, more.app_ids);
+        let mut fewer = fanout.clone();
+        fewer.app_ids = vec!["bar".into()];
+        assert!(s.applied(&update(&fewer), |_| 3).is_ok());
+        let mut mode = more.clone();
+        mode.mode = DomainMode::Priority;
+        assert!(matches!(
+            s.applied(&update(&mode), |_| 3),
+            Err(DomainError::ChangeWithQueues { field: "mode", .. })
+        ));
+        let mut consistency = more.clone();
+        consistency.consistency = Consistency::Eventual;
+        assert!(matches!(
+            s.applied(&update(&consistency), |_| 3),
+            Err(DomainError::ChangeWithQueues {
+                field: "consistency",
+                ..
+            })
+        ));
+        let mut priority = DomainConfig::new("bmq.p");
+        priority.app_ids = vec!["x".into()];
+        assert!(matches!(
+            s.applied(&update(&priority), |_| 1),
+            Err(DomainError::ChangeWithQueues {
+                field: "app_ids",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -419,10 +419,14 @@ impl PartitionActor {
             ("ttl", c.removed_ttl),
             ("attempts_exhausted", c.removed_attempts_exhausted),
             ("purged", c.removed_purged),
+            ("app_removed", c.removed_app_removed),
         ] {
             if n > 0 {
                 metrics::counter!("bmq_queue_removed_total", "reason" => reason).increment(n);
             }
+        }
+        if c.consumers_closed > 0 {
+            metrics::counter!("bmq_queue_consumers_closed_total").increment(c.consumers_closed);
         }
     }
 
