@@ -2,7 +2,9 @@
 //! created, changed and deleted through any node's admin port while the cluster runs,
 //! applied by every node at one LSN, and used by clients without a restart; bad requests are
 //! refused with their reason and change nothing; a change during a leader failover is
-//! applied on every node or on none.
+//! applied on every node or on none; a fanout domain's app ids change under a running
+//! producer (an added app gets the messages PUT after the change, a removed one's copies are
+//! dropped and counted).
 
 use std::time::Duration;
 
@@ -405,6 +407,207 @@ async fn a_change_during_a_leader_failover_applies_on_every_node_or_on_none() {
         )
         .await?;
         ensure!(again.contains("updated at LSN"), "{again}");
+        Ok(())
+    }
+    .await;
+    cluster.assert_ok(result);
+}
+
+/// The sum over every node of the samples of `family` whose labels include `label`.
+async fn total_labelled(cluster: &Cluster, family: &str, label: &str) -> anyhow::Result<f64> {
+    let mut sum = 0.0;
+    for id in 1..=3 {
+        let body = bmqctl::http::get(&cluster.node(id).admin_addr(), "/metrics").await?;
+        sum += String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|l| {
+                l.strip_prefix(family)
+                    .is_some_and(|rest| rest.starts_with('{') && rest.contains(label))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    Ok(sum)
+}
+
+/// Waits up to `timeout` for `done()`, checking every 20 ms.
+async fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        ensure!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Receives messages of producer 1 on `consumer` (confirming them when `confirm`) until every
+/// sequence of `wanted` arrived, within 60 s; returns every sequence received.
+async fn receive_sequences(
+    consumer: &bmq_client::Client,
+    wanted: std::ops::Range<u64>,
+    confirm: bool,
+) -> anyhow::Result<std::collections::BTreeSet<u64>> {
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !wanted.clone().all(|s| seen.contains(&s)) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let msg = tokio::time::timeout(left, consumer.next_message())
+            .await
+            .with_context(|| {
+                let missing = wanted.clone().filter(|s| !seen.contains(s)).count();
+                format!("{missing} of {wanted:?} not received")
+            })?
+            .context("consumer stream ended")?;
+        let (_, seq) = bmqctl::payload::verify(&msg.payload)
+            .map_err(|e| anyhow::anyhow!("corrupt payload: {e}"))?;
+        if confirm {
+            consumer.confirm(&msg.uri, msg.guid.clone()).await?;
+        }
+        seen.insert(seq);
+    }
+    Ok(seen)
+}
+
+/// Add a fanout app id while producing: a producer PUTs without pause to a fanout queue of
+/// apps foo and bar while `bmqctl domain update --set app_ids=foo,bar,qux` commits; a
+/// consumer of qux then receives every message PUT after the change (and none PUT before
+/// it was asked for), foo receives every ACKed message, and bar holds every one. Removing bar
+/// then drops its copies: `bmq_queue_removed_total{reason="app_removed"}` rises by exactly
+/// what bar held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_a_fanout_app_id_while_producing() {
+    use bmq_client::{Client, OpenOptions};
+    use bmq_proto::client::ConsumerOptions;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    const QUEUE: &str = "bmq://bmq.apps/live";
+    let cluster = Cluster::start(3).expect("start cluster");
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(30)).await?;
+        agreed_version(&cluster).await?;
+        let created = admin(
+            &cluster,
+            1,
+            "PUT",
+            "/admin/domains/bmq.apps?mode=fanout&app_ids=foo,bar&max_queue_messages=1000000",
+        )
+        .await?;
+        ensure!(created.contains("created at LSN"), "{created}");
+        agreed_version(&cluster).await?;
+        let addrs = cluster.client_addrs();
+        let reader = |app: &str| {
+            OpenOptions::read(ConsumerOptions {
+                app_id: app.to_string(),
+                max_unconfirmed_messages: 1_000_000,
+                max_unconfirmed_bytes: 1 << 30,
+                ..Default::default()
+            })
+        };
+        let connect = |node: usize, id: &str| {
+            Client::connect(bmq_tests::client_config(vec![addrs[node].clone()], id))
+        };
+        let foo = connect(1, "consumer-foo").await?;
+        foo.open_queue(QUEUE, reader("foo")).await?;
+
+        // The producer: one PUT at a time, each ACKed before the next, until told to stop.
+        let producer = open_producer(QUEUE, vec![addrs[0].clone()], "producer").await?;
+        let acked = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let producing = tokio::spawn({
+            let (acked, stop) = (acked.clone(), stop.clone());
+            async move {
+                let mut seq = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let payload = bmqctl::payload::encode(1, seq, 64);
+                    let ack = producer.put(QUEUE, payload, vec![]).await?.await?;
+                    ensure!(ack.status == AckStatus::Success as i32, "{ack:?}");
+                    seq += 1;
+                    acked.store(seq, Ordering::SeqCst);
+                }
+                producer.disconnect().await.ok();
+                anyhow::Ok(seq)
+            }
+        });
+        wait_until("100 messages ACKed", Duration::from_secs(30), || {
+            acked.load(Ordering::SeqCst) >= 100
+        })
+        .await?;
+
+        // Add qux while the producer runs.
+        let asked_at = acked.load(Ordering::SeqCst);
+        let out = bmqctl(
+            &cluster,
+            2,
+            &["update", "bmq.apps", "--set", "app_ids=foo,bar,qux"],
+        )
+        .await?;
+        ensure!(out.contains("updated at LSN"), "{out}");
+        agreed_version(&cluster).await?;
+        // Every node holds the change; its partitions take it right after.
+        let applied = acked.load(Ordering::SeqCst) + 20;
+        wait_until("100 more messages ACKed", Duration::from_secs(30), || {
+            acked.load(Ordering::SeqCst) >= applied + 100
+        })
+        .await?;
+        stop.store(true, Ordering::SeqCst);
+        let end = producing.await??;
+
+        let qux = connect(2, "consumer-qux").await?;
+        qux.open_queue(QUEUE, reader("qux")).await?;
+        let got = receive_sequences(&qux, applied..end, true).await?;
+        let first = got.first().copied().unwrap_or(end);
+        ensure!(
+            first >= asked_at,
+            "qux got message {first}, PUT before it was added (asked at {asked_at})"
+        );
+        receive_sequences(&foo, 0..end, true).await?;
+        // bar received every ACKed message and holds them all (none confirmed).
+        let bar = connect(0, "consumer-bar").await?;
+        bar.open_queue(QUEUE, reader("bar")).await?;
+        receive_sequences(&bar, 0..end, false).await?;
+
+        // Remove bar: what it held is dropped, counted.
+        let family = "bmq_queue_removed_total";
+        let label = "reason=\"app_removed\"";
+        let before = total_labelled(&cluster, family, label).await?;
+        let out = bmqctl(
+            &cluster,
+            3,
+            &["update", "bmq.apps", "--set", "app_ids=foo,qux"],
+        )
+        .await?;
+        ensure!(out.contains("updated at LSN"), "{out}");
+        agreed_version(&cluster).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut removed = before;
+        while removed < before + end as f64 {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "app_removed counted {} of bar's {end} copies",
+                removed - before
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            removed = total_labelled(&cluster, family, label).await?;
+        }
+        ensure!(
+            removed == before + end as f64,
+            "app_removed counted {} for bar's {end} copies",
+            removed - before
+        );
+        // foo and qux go on; bar is no app of the domain any more.
+        let refused = connect(0, "consumer-bar-again")
+            .await?
+            .open_queue(QUEUE, reader("bar"))
+            .await;
+        ensure!(
+            format!("{:?}", refused.as_ref().err()).contains("not one of this fanout domain"),
+            "bar opened after its removal: {:?}",
+            refused.err()
+        );
         Ok(())
     }
     .await;
