@@ -285,12 +285,21 @@ fn a_queue_apps_record_adds_and_removes_apps_in_journal_order() {
     let before = waiting(&s);
     assert_eq!(before.len(), 3);
     s.sync().unwrap();
+    let (records, _) = s.read_from(0, usize::MAX, u64::MAX, false).unwrap();
     drop(s);
     // The domain now lists a and c; the records are held, so a restart agrees.
     let apps_now: AppsOf = Arc::new(|_: &str| names(&["a", "c"]));
-    let s = Store::open(dir.path(), cfg(1 << 20), apps_now).unwrap();
+    let s = Store::open(dir.path(), cfg(1 << 20), apps_now.clone()).unwrap();
     assert_eq!(waiting(&s), before);
     assert_eq!(s.queue_apps(f), Some(names(&["a", "c"])));
+    // So does a replica that receives the records as frames, whatever its domain says.
+    let replica_dir = tempfile::tempdir().unwrap();
+    let mut r = Store::open(replica_dir.path(), cfg(1 << 20), apps_now).unwrap();
+    let frames = encode_frames(&records);
+    r.append_framed(&FramedBatch::split(&frames).unwrap(), 0, 0, 8)
+        .unwrap();
+    assert_eq!(waiting(&r), before);
+    assert_eq!(r.queue_apps(f), Some(names(&["a", "c"])));
 }
 
 /// A queue first read through a message has the slots the domain lists now; a later record
