@@ -160,6 +160,7 @@ fn error(code: StatusCode, message: &str) -> ClientMessage {
                 code: code as i32,
                 message: message.to_string(),
             }),
+            ..Default::default()
         })),
     }
 }

@@ -930,7 +930,7 @@ impl Partition {
                 "queue {uri} was closed: its domain was deleted (its {purged} messages purged)"
             );
             for consumer in consumers {
-                self.close_consumer(consumer, &why);
+                self.close_consumer(consumer, &uri, "", &why);
             }
             removed += purged;
         }
@@ -938,15 +938,19 @@ impl Partition {
         removed
     }
 
-    /// A consumer this partition closed on its own (its app or its domain went): told with an
-    /// `ErrorResponse` `NOT_OPEN` saying why, counted.
-    fn close_consumer(&mut self, to: SessionAddr, why: &str) {
+    /// A consumer of queue `uri` (and `app`, fanout) this partition closed on its own (its app
+    /// or its domain went): told with an `ErrorResponse` `NOT_OPEN` naming them and saying
+    /// why, counted. The session's proxy stops reading `app`, so that a later reopen does not
+    /// name it.
+    fn close_consumer(&mut self, to: SessionAddr, uri: &str, app: &str, why: &str) {
         self.counters.consumers_closed += 1;
         self.reply(
             to,
             ClientMessage {
                 kind: Some(Kind::Error(ErrorResponse {
                     status: proto_status(StatusCode::NotOpen, why),
+                    uri: uri.to_string(),
+                    app_id: app.to_string(),
                 })),
             },
         );
@@ -1000,10 +1004,10 @@ impl Partition {
                 "app id {app:?} of queue {uri} was removed from its domain: its consumer is \
                  closed and the {held} messages it held are dropped"
             );
-            closed.extend(consumers.into_iter().map(|c| (c, why.clone())));
+            closed.extend(consumers.into_iter().map(|c| (c, app.clone(), why.clone())));
         }
-        for (consumer, why) in closed {
-            self.close_consumer(consumer, &why);
+        for (consumer, app, why) in closed {
+            self.close_consumer(consumer, uri, &app, &why);
         }
         self.state_apps(now, uri);
         self.deliver(now, uri);

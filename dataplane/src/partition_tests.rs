@@ -1471,12 +1471,18 @@ fn a_fanout_domains_app_ids_change_under_an_open_queue_holding_messages() {
                     ClientMessage {
                         kind: Some(Kind::Error(e)),
                     },
-            } => Some((*to, e.status.clone().unwrap_or_default())),
+            } => Some((
+                *to,
+                e.status.clone().unwrap_or_default(),
+                e.uri.clone(),
+                e.app_id.clone(),
+            )),
             _ => None,
         })
         .collect();
     assert_eq!(told.len(), 1, "{outputs:?}");
     assert_eq!(told[0].0, session(2));
+    assert_eq!((told[0].2.as_str(), told[0].3.as_str()), (uri, "b"));
     assert_eq!(told[0].1.code, StatusCode::NotOpen as i32);
     assert!(told[0].1.message.contains("\"b\""), "{:?}", told[0].1);
     p.handle_request(now, session(3), open(uri, true, "c"));
@@ -1560,12 +1566,13 @@ fn a_deleted_domains_consumers_are_told_their_queue_is_closed() {
                     ClientMessage {
                         kind: Some(Kind::Error(e)),
                     },
-            } => Some((to, e.status.unwrap_or_default())),
+            } => Some((to, e.status.unwrap_or_default(), e.uri)),
             _ => None,
         })
         .collect();
     assert_eq!(told.len(), 1);
     assert_eq!(told[0].0, session(2));
+    assert_eq!(told[0].2, uri);
     assert_eq!(told[0].1.code, StatusCode::NotOpen as i32);
     assert!(told[0].1.message.contains(uri), "{:?}", told[0].1);
     assert_eq!(p.take_counters().consumers_closed, 1);

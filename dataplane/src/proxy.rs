@@ -673,10 +673,34 @@ impl Proxy {
                 });
             }
             Some(Kind::OpenQueueResponse(resp)) => self.on_open_response(resp),
-            Some(Kind::Error(error)) => self.reply(ClientMessage {
-                kind: Some(Kind::Error(error)),
-            }),
+            Some(Kind::Error(error)) => {
+                if !error.app_id.is_empty() {
+                    self.stop_reading_app(&error.uri, &error.app_id);
+                }
+                self.reply(ClientMessage {
+                    kind: Some(Kind::Error(error)),
+                });
+            }
             _ => {}
+        }
+    }
+
+    /// The primary closed this session's consumer of `app` on queue `uri` (the app left its
+    /// fanout domain): the open kept for reopens no longer names it, so a reopen after a
+    /// failover is not refused for it (with the session's other apps and its PUTs held).
+    fn stop_reading_app(&mut self, uri: &str, app: &str) {
+        let Some(q) = self.queues.get_mut(uri) else {
+            return;
+        };
+        let request = &mut q.request;
+        if request.consumers.is_empty() {
+            if request.consumer.as_ref().is_some_and(|c| c.app_id == app) {
+                request.read = false;
+                request.consumer = None;
+            }
+        } else {
+            request.consumers.retain(|c| c.app_id != app);
+            request.read = !request.consumers.is_empty();
         }
     }
 

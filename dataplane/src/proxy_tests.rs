@@ -152,21 +152,35 @@ fn ack_releases_the_put_and_reports_latency() {
 }
 
 #[test]
-fn a_primarys_error_response_reaches_the_client() {
-    // The primary closed a consumer of this session (its app was removed from the domain):
-    // the ErrorResponse saying so goes to the client unchanged.
+fn a_primarys_error_response_reaches_the_client_and_the_app_is_no_longer_read() {
+    // The primary closed this session's consumer of app b (removed from the domain): the
+    // ErrorResponse goes to the client unchanged, and the open kept for reopens reads a only.
     let now = Instant::now();
     let mut p = attached(now);
+    let app = |a: &str| bmq_proto::client::ConsumerOptions {
+        app_id: a.into(),
+        ..Default::default()
+    };
+    p.queues.get_mut(URI).unwrap().request = OpenQueue {
+        read: true,
+        consumers: vec![app("a"), app("b")],
+        ..open()
+    };
     let error = ClientMessage {
         kind: Some(Kind::Error(bmq_proto::client::ErrorResponse {
             status: Some(bmq_proto::client::Status {
                 code: StatusCode::NotOpen as i32,
                 message: "app id \"b\" was removed".into(),
             }),
+            uri: URI.into(),
+            app_id: "b".into(),
         })),
     };
     p.handle_from_primary(now, error.clone());
     assert_eq!(drain(&mut p), vec![ProxyOutput::ToClient(error)]);
+    let kept = &p.queues[URI].request;
+    assert!(kept.read);
+    assert_eq!(kept.consumers, vec![app("a")]);
 }
 
 #[test]
