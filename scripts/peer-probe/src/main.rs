@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! peer-probe messages --system bmq|nats --servers h:p,h:p,h:p [--producers 1 --consumers 1
-//!     --size 1024 --window 256 --count N | --duration-secs S] [--rate R] [--out results.jsonl]
+//!     --queues 1 --size 1024 --window 256 --count N | --duration-secs S] [--rate R]
+//!     [--out results.jsonl]
 //! peer-probe metadata --system bmq|etcd --servers ... --count N --parallel K [--out ...]
 //! peer-probe failover --system bmq|nats|etcd --scenario leader-stop|leader-kill|primary-kill
 //!     --servers ... --status ... --pids ... [--killed-file F] [--out ...]

@@ -1,8 +1,21 @@
-//! The message workload: P producers and C consumers on one fresh queue (ours) or stream
-//! (NATS), each with its own connection on a thread of its own (a current-thread runtime, as
-//! `bmqctl bench messages` runs its clients). Producer `i` dials node `i % N` first, consumer `j`
-//! node `(j + 1) % N`, so with 1/1 the producer and the consumer sit on different nodes of
-//! either system.
+//! The message workload: P producers and C consumers on `--queues` Q fresh queues (ours) or
+//! subjects of one fresh stream (NATS), each client with its own connection on a thread of its
+//! own (a current-thread runtime, as `bmqctl bench messages` runs its clients). Producer `i`
+//! dials node `i % N` first, consumer `j` node `(j + 1) % N`, so with 1/1 the producer and the
+//! consumer sit on different nodes of either system.
+//!
+//! Queues are spread over the clients by [`assigned`]: with Q at least the clients, client `k`
+//! of `n` takes queues `k, k + n, k + 2n, ..`; with fewer queues, client `k` takes queue
+//! `k % Q`. So every queue has at least one producer and one consumer, and with Q >= C exactly
+//! one consumer. A producer sends to its queues in turn. Ours: queue `q` is
+//! `bmq://<domain>/peer-<run>-<q>`, every consumer opens its queues on its one connection.
+//! NATS: one stream `PEER_<run>` on the subjects `peer.<run>.*`, queue `q` is the subject
+//! `peer.<run>.<q>` with its own durable pull consumer `probe-<q>` filtered on it (a consumer
+//! is what holds a queue's delivery state, as our queue does); a NATS client binds to all of its
+//! queues' consumers and merges their messages. One stream with a subject per queue, not a
+//! stream per queue: our queues share the cluster's 4 partitions (one replicated journal each),
+//! as NATS subjects share one stream's Raft group; 10,000 R3 streams would be 10,000 Raft
+//! groups more, which is not how NATS is meant to carry many small queues.
 //!
 //! Each producer sends payloads of `--size` bytes (its send time inside), unpaced or at
 //! `--rate` messages per second in total, for `--count` messages in total or `--duration-secs`;
@@ -48,6 +61,10 @@ pub struct MessagesArgs {
     /// Consumers (one connection each); 0 = produce only.
     #[arg(long, default_value_t = 1)]
     pub consumers: usize,
+    /// Queues (ours) or subjects of the stream, each with its own consumer (NATS); the clients
+    /// are spread over them (see the module's doc).
+    #[arg(long, default_value_t = 1)]
+    pub queues: usize,
     /// Payload size, bytes (at least 12).
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
@@ -94,6 +111,13 @@ pub struct MessagesResult {
     pub producers: usize,
     /// Consumers.
     pub consumers: usize,
+    /// Queues (ours) or subjects with a consumer each (NATS).
+    #[serde(default = "one")]
+    pub queues: usize,
+    /// Queues of which at least one message was received (all of them when every queue
+    /// delivered).
+    #[serde(default)]
+    pub queues_delivered: usize,
     /// Payload size, bytes.
     pub size: usize,
     /// Window per producer.
@@ -124,6 +148,29 @@ pub struct MessagesResult {
     pub loadavg: (f64, f64),
 }
 
+fn one() -> usize {
+    1
+}
+
+/// The queues (indices `0..queues`) client `k` of `clients` serves: every `clients`-th queue
+/// from `k` when there are at least as many queues as clients, else queue `k % queues` alone.
+pub fn assigned(k: usize, clients: usize, queues: usize) -> Vec<usize> {
+    assert!(
+        clients > 0 && queues > 0 && k < clients,
+        "bad assignment input"
+    );
+    if queues >= clients {
+        (k..queues).step_by(clients).collect()
+    } else {
+        vec![k % queues]
+    }
+}
+
+/// The queue index at the end of a queue URI (`..-<q>`) or subject (`...<q>`).
+fn queue_index(queue: &str) -> Option<usize> {
+    queue.rsplit(['-', '.']).next()?.parse().ok()
+}
+
 #[derive(Default)]
 struct Counters {
     sent: AtomicU64,
@@ -142,8 +189,8 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     if args.size < measure::HEADER_LEN {
         bail!("--size must be at least {} bytes", measure::HEADER_LEN);
     }
-    if args.producers == 0 || args.window == 0 || args.max_unconfirmed == 0 {
-        bail!("--producers, --window and --max-unconfirmed must be at least 1");
+    if args.producers == 0 || args.window == 0 || args.max_unconfirmed == 0 || args.queues == 0 {
+        bail!("--producers, --queues, --window and --max-unconfirmed must be at least 1");
     }
     let loadavg_start = crate::loadavg();
     let run_id: u32 = rand::random();
@@ -152,25 +199,40 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     let servers = &args.servers;
 
     // The queue or stream, and the consumers first so no message waits for its consumer.
-    let uri = format!("bmq://{}/peer-{run_id:08x}", args.domain);
+    let queues = args.queues;
+    let domain = args.domain.clone();
+    let uri = move |q: usize| format!("bmq://{domain}/peer-{run_id:08x}-{q}");
     let stream = format!("PEER_{run_id:08x}");
-    let subject = format!("peer.{run_id:08x}");
-    let durable = "probe";
+    let subject = move |q: usize| format!("peer.{run_id:08x}.{q}");
+    let durable = |q: usize| format!("probe-{q}");
     if args.system == System::Etcd {
         bail!("etcd has no message workload (use `metadata`)");
     }
     if args.system == System::Nats {
         let admin = systems::nats_connect(servers).await?;
         let js = systems::nats_js(admin.clone(), timeout);
-        let s = systems::nats_create_stream(&js, &stream, &subject, args.replicas).await?;
-        s.create_consumer(jetstream::consumer::pull::Config {
-            durable_name: Some(durable.to_string()),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            max_ack_pending: i64::from(args.max_unconfirmed),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot create consumer: {e}"))?;
+        let all = format!("peer.{run_id:08x}.*");
+        let s = systems::nats_create_stream(&js, &stream, &all, args.replicas).await?;
+        let mut creations = futures::stream::iter((0..queues).map(|q| {
+            let s = &s;
+            let subject = subject.clone();
+            async move {
+                s.create_consumer(jetstream::consumer::pull::Config {
+                    durable_name: Some(durable(q)),
+                    filter_subject: subject(q),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    max_ack_pending: i64::from(args.max_unconfirmed),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot create consumer {}: {e}", durable(q)))
+            }
+        }))
+        .buffer_unordered(systems::OPENS_IN_FLIGHT);
+        while let Some(r) = creations.next().await {
+            r?;
+        }
+        drop(creations);
         let _ = admin.drain().await;
     }
 
@@ -182,26 +244,29 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     let mut consumer_threads = Vec::new();
     for j in 0..args.consumers {
         let (system, servers) = (args.system, systems::rotated(servers, j + 1));
-        let (uri, stream, max_unconfirmed) = (uri.clone(), stream.clone(), args.max_unconfirmed);
+        let mine = assigned(j, args.consumers, queues);
+        let uris: Vec<String> = mine.iter().map(|&q| uri(q)).collect();
+        let durables: Vec<String> = mine.iter().map(|&q| durable(q)).collect();
+        let (stream, max_unconfirmed) = (stream.clone(), args.max_unconfirmed);
         let (counters, go, stop) = (counters.clone(), go_rx.clone(), stop_rx.clone());
         let (ready, thread) =
             on_own_thread(format!("probe-consumer-{j}"), move |ready| async move {
                 let consumer = match system {
                     System::Bmq => {
                         let c = systems::bmq_connect(servers, 1, "consumer").await?;
-                        Consumer::bmq(c, &uri, max_unconfirmed).await?
+                        Consumer::bmq_queues(c, &uris, max_unconfirmed).await?
                     }
                     _ => {
                         let c = systems::nats_connect(&servers).await?;
-                        Consumer::nats(c, timeout, &stream, durable).await?
+                        Consumer::nats(c, timeout, &stream, &durables).await?
                     }
                 };
                 let _ = ready.send(());
                 let Some(start) = wait_for_start(go).await else {
                     consumer.close().await;
-                    return Ok(measure::histogram());
+                    return Ok((measure::histogram(), vec![false; queues]));
                 };
-                Ok(consume(consumer, start, counters, stop).await)
+                Ok(consume(consumer, start, counters, stop, queues).await)
             })?;
         client_ready(ready, &mut consumer_threads, thread).await?;
     }
@@ -212,22 +277,38 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     let (producer_count, rate) = (args.producers, args.rate as f64);
     for i in 0..args.producers {
         let (system, first) = (args.system, systems::rotated(servers, i));
-        let (uri, subject, window) = (uri.clone(), subject.clone(), args.window);
+        let mine = assigned(i, args.producers, queues);
+        let targets: Vec<String> = match system {
+            System::Bmq => mine.iter().map(|&q| uri(q)).collect(),
+            _ => mine.iter().map(|&q| subject(q)).collect(),
+        };
+        let window = args.window;
         let (filler, counters, go) = (filler.clone(), counters.clone(), go_rx.clone());
         let (ready, thread) =
             on_own_thread(format!("probe-producer-{i}"), move |ready| async move {
                 let producer = match system {
                     System::Bmq => {
                         let client = systems::bmq_connect(first, window, "producer").await?;
-                        client
-                            .open_queue(&uri, bmq_client::OpenOptions::write())
-                            .await
-                            .with_context(|| format!("cannot open {uri} for writing"))?;
+                        let mut opens = futures::stream::iter(targets.iter().map(|uri| {
+                            let client = &client;
+                            async move {
+                                client
+                                    .open_queue(uri, bmq_client::OpenOptions::write())
+                                    .await
+                                    .with_context(|| format!("cannot open {uri} for writing"))
+                            }
+                        }))
+                        .buffer_unordered(systems::OPENS_IN_FLIGHT);
+                        while let Some(r) = opens.next().await {
+                            r?;
+                        }
+                        drop(opens);
+                        let uri = targets[0].clone();
                         Producer::Bmq { client, uri }
                     }
                     _ => Producer::Nats {
                         js: systems::nats_js(systems::nats_connect(&first).await?, timeout),
-                        subject,
+                        subject: targets[0].clone(),
                     },
                 };
                 let _ = ready.send(());
@@ -236,7 +317,7 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
                     return Ok(measure::histogram());
                 };
                 let run = ProducerRun::new(i, producer_count, count, duration, rate, window, start);
-                Ok(produce(producer, filler, run, counters).await)
+                Ok(produce(producer, &targets, filler, run, counters).await)
             })?;
         client_ready(ready, &mut producer_threads, thread).await?;
     }
@@ -258,8 +339,13 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     }
     let _ = stop_tx.send(true);
     let mut e2e = measure::histogram();
+    let mut delivered = vec![false; queues];
     for c in consumer_threads {
-        e2e.add(&finished(c).await?).expect("same histogram bounds");
+        let (h, seen) = finished(c).await?;
+        e2e.add(&h).expect("same histogram bounds");
+        for (d, s) in delivered.iter_mut().zip(seen) {
+            *d |= s;
+        }
     }
     if args.system == System::Nats {
         // Free the stream's disk for the next runs (best effort).
@@ -278,6 +364,8 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
         label: args.label,
         producers: args.producers,
         consumers: args.consumers,
+        queues,
+        queues_delivered: delivered.iter().filter(|&&d| d).count(),
         size: args.size,
         window: args.window,
         rate: args.rate,
@@ -302,6 +390,7 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
 /// One producer: sends what `run` says; a collector times each ACK as it completes.
 async fn produce(
     producer: Producer,
+    targets: &[String],
     filler: Vec<u8>,
     run: ProducerRun,
     counters: Arc<Counters>,
@@ -367,7 +456,11 @@ async fn produce(
             .await
             .expect("window never closed");
         let now = Instant::now();
-        match producer.put(measure::encode(&filler, now - start)).await {
+        let target = &targets[(n % targets.len() as u64) as usize];
+        match producer
+            .put_to(target, measure::encode(&filler, now - start))
+            .await
+        {
             Ok(ack) => {
                 counters.sent.fetch_add(1, Ordering::Relaxed);
                 let _ = tx.send((now, ack, permit));
@@ -387,14 +480,17 @@ async fn produce(
 }
 
 /// One consumer: times and acknowledges every message until `stop` turns true, then closes
-/// and returns its end-to-end latency histogram.
+/// and returns its end-to-end latency histogram and, per queue of the run's `queues`, whether
+/// it received a message from it.
 async fn consume(
     mut consumer: Consumer,
     start: Instant,
     counters: Arc<Counters>,
     mut stop: watch::Receiver<bool>,
-) -> Histogram<u64> {
+    queues: usize,
+) -> (Histogram<u64>, Vec<bool>) {
     let mut local = measure::histogram();
+    let mut seen = vec![false; queues];
     loop {
         let next = tokio::select! {
             m = consumer.next() => m,
@@ -416,6 +512,9 @@ async fn consume(
                 counters.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
+        if let Some(s) = queue_index(&r.queue).and_then(|q| seen.get_mut(q)) {
+            *s = true;
+        }
         counters.received.fetch_add(1, Ordering::Relaxed);
         if r.redelivered {
             counters.redeliveries.fetch_add(1, Ordering::Relaxed);
@@ -428,5 +527,41 @@ async fn consume(
         }
     }
     consumer.close().await;
-    local
+    (local, seen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_queue_has_a_client_and_clients_share_them_evenly() {
+        // 2 clients on 5 queues take every other queue; 8 clients on 3 queues share them.
+        assert_eq!(assigned(0, 2, 5), vec![0, 2, 4]);
+        assert_eq!(assigned(1, 2, 5), vec![1, 3]);
+        assert_eq!(assigned(7, 8, 3), vec![1]);
+        for (clients, queues) in [(1, 1), (8, 100), (64, 10_000), (64, 100), (8, 1)] {
+            let mut count = vec![0; queues];
+            for k in 0..clients {
+                for q in assigned(k, clients, queues) {
+                    count[q] += 1;
+                }
+            }
+            assert!(
+                count.iter().all(|&c| c >= 1),
+                "{clients} clients, {queues} queues"
+            );
+            if queues >= clients {
+                assert!(count.iter().all(|&c| c == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn queue_index_is_the_last_part_of_a_uri_or_subject() {
+        // Ours ends in `-<q>`, a NATS subject in `.<q>`.
+        assert_eq!(queue_index("bmq://bmq.test/peer-0a1b2c3d-42"), Some(42));
+        assert_eq!(queue_index("peer.0a1b2c3d.7"), Some(7));
+        assert_eq!(queue_index("peer"), None);
+    }
 }

@@ -10,7 +10,8 @@
 //! - **nats**: `async-nats`; a JetStream stream with file storage, 3 replicas and work-queue
 //!   retention (an acknowledged message is removed, as a confirmed one is from our queue); a
 //!   publish waits for the stream leader's PubAck (sent once the stream's Raft group has the
-//!   message on a quorum); a durable pull consumer with explicit acks.
+//!   message on a quorum); a durable pull consumer with explicit acks (with many queues, a
+//!   subject each and a consumer filtered on each: `messages.rs`).
 //! - **etcd**: its gRPC gateway over HTTP/1.1 (`POST /v3/kv/put`, JSON, base64 key and value);
 //!   a put answers once the Raft entry is committed on a quorum (each member fsyncs its WAL).
 
@@ -24,8 +25,13 @@ use base64::Engine;
 use bmq_client::{Client, ClientConfig, OpenOptions};
 use bmq_proto::client::{AckStatus, ConsumerOptions};
 use bytes::Bytes;
+use futures::stream::SelectAll;
 use futures::StreamExt;
 use serde::Deserialize;
+
+/// Queue opens (ours) or consumer binds and creations (NATS) one client has in flight at once
+/// when it opens many queues.
+pub const OPENS_IN_FLIGHT: usize = 64;
 
 /// Which system a probe drives.
 #[derive(
@@ -150,9 +156,19 @@ pub enum Producer {
 impl Producer {
     /// Hands one PUT to the client library; the returned future completes with its ACK.
     pub async fn put(&self, payload: Bytes) -> anyhow::Result<AckFuture> {
+        let target = match self {
+            Producer::Bmq { uri, .. } => uri,
+            Producer::Nats { subject, .. } => subject,
+        };
+        self.put_to(target, payload).await
+    }
+
+    /// Like [`Producer::put`], to another queue (ours, a URI this client opened for writing)
+    /// or subject (NATS) than the one the producer was made with.
+    pub async fn put_to(&self, target: &str, payload: Bytes) -> anyhow::Result<AckFuture> {
         match self {
-            Producer::Bmq { client, uri } => {
-                let pending = client.put(uri, payload, vec![]).await?;
+            Producer::Bmq { client, .. } => {
+                let pending = client.put(target, payload, vec![]).await?;
                 Ok(Box::pin(async move {
                     let ack = pending.await?;
                     match ack.status() {
@@ -161,9 +177,9 @@ impl Producer {
                     }
                 }))
             }
-            Producer::Nats { js, subject } => {
+            Producer::Nats { js, .. } => {
                 let pending = js
-                    .publish(subject.clone(), payload)
+                    .publish(target.to_string(), payload)
                     .await
                     .map_err(|e| anyhow!("publish: {e}"))?;
                 Ok(Box::pin(async move {
@@ -193,6 +209,8 @@ pub struct Received {
     pub payload: Bytes,
     /// Delivered before (ours: `delivery_attempt > 1`; NATS: `delivered > 1`).
     pub redelivered: bool,
+    /// Where it came from: ours, the queue's URI; NATS, the subject it was published to.
+    pub queue: String,
     ack: Acker,
 }
 
@@ -210,48 +228,75 @@ pub enum Consumer {
         /// The connection.
         client: Client,
     },
-    /// NATS: the message stream of a durable pull consumer.
+    /// NATS: the message streams of one or more durable pull consumers, merged.
     Nats {
         /// The connection (kept to drain it at the end).
         client: async_nats::Client,
-        /// Messages pulled in batches by the client library.
-        messages: jetstream::consumer::pull::Stream,
+        /// Messages pulled in batches by the client library, from every consumer bound.
+        messages: SelectAll<jetstream::consumer::pull::Stream>,
     },
 }
 
 impl Consumer {
-    /// Opens `uri` for reading with at most `max_unconfirmed` delivered-but-unconfirmed
-    /// messages.
-    pub async fn bmq(client: Client, uri: &str, max_unconfirmed: u32) -> anyhow::Result<Consumer> {
+    /// Opens every one of `uris` for reading on one connection, each with at most
+    /// `max_unconfirmed` delivered-but-unconfirmed messages; [`OPENS_IN_FLIGHT`] opens at a
+    /// time.
+    pub async fn bmq_queues(
+        client: Client,
+        uris: &[String],
+        max_unconfirmed: u32,
+    ) -> anyhow::Result<Consumer> {
         let options = ConsumerOptions {
             max_unconfirmed_messages: max_unconfirmed,
             ..Default::default()
         };
-        client
-            .open_queue(uri, OpenOptions::read(options))
-            .await
-            .with_context(|| format!("cannot open {uri} for reading"))?;
+        let mut opens = futures::stream::iter(uris.iter().map(|uri| {
+            let (client, options) = (&client, options.clone());
+            async move {
+                client
+                    .open_queue(uri, OpenOptions::read(options))
+                    .await
+                    .with_context(|| format!("cannot open {uri} for reading"))
+            }
+        }))
+        .buffer_unordered(OPENS_IN_FLIGHT);
+        while let Some(r) = opens.next().await {
+            r?;
+        }
+        drop(opens);
         Ok(Consumer::Bmq { client })
     }
 
-    /// Binds to the durable pull consumer `durable` of `stream` (created by the caller) and
-    /// starts pulling.
+    /// Binds to the durable pull consumers `durables` of `stream` (created by the caller) and
+    /// starts pulling from each; [`OPENS_IN_FLIGHT`] binds at a time.
     pub async fn nats(
         client: async_nats::Client,
         timeout: Duration,
         stream: &str,
-        durable: &str,
+        durables: &[String],
     ) -> anyhow::Result<Consumer> {
         let js = nats_js(client.clone(), timeout);
-        let consumer: jetstream::consumer::PullConsumer = js
-            .get_consumer_from_stream(durable, stream)
-            .await
-            .map_err(|e| anyhow!("cannot bind consumer {durable}: {e}"))?;
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(|e| anyhow!("cannot pull from {durable}: {e}"))?;
-        Ok(Consumer::Nats { client, messages })
+        let binds = futures::stream::iter(durables.iter().map(|durable| {
+            let js = &js;
+            async move {
+                let consumer: jetstream::consumer::PullConsumer = js
+                    .get_consumer_from_stream(durable, stream)
+                    .await
+                    .map_err(|e| anyhow!("cannot bind consumer {durable}: {e}"))?;
+                consumer
+                    .messages()
+                    .await
+                    .map_err(|e| anyhow!("cannot pull from {durable}: {e}"))
+            }
+        }))
+        .buffer_unordered(OPENS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+        let streams = binds.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Consumer::Nats {
+            client,
+            messages: futures::stream::select_all(streams),
+        })
     }
 
     /// The next message, `None` when the stream ended.
@@ -262,6 +307,7 @@ impl Consumer {
                 Some(Ok(Received {
                     payload: m.payload,
                     redelivered: m.delivery_attempt > 1,
+                    queue: m.uri.clone(),
                     ack: Acker::Bmq {
                         uri: m.uri,
                         guid: m.guid,
@@ -274,6 +320,7 @@ impl Consumer {
                     Some(Ok(Received {
                         payload: m.payload.clone(),
                         redelivered,
+                        queue: m.subject.to_string(),
                         ack: Acker::Nats(Box::new(m)),
                     }))
                 }
