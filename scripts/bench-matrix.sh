@@ -6,8 +6,9 @@
 # NATS per cell. A cell is: nodes, producers x consumers, queues, message size. For each cell
 # and system: msgs/s and MB/s (received), ACK and end-to-end p50/p99, the servers' CPU per
 # message (utime + stime of every node, /proc/<pid>/stat, over the run / messages sent) and the
-# resident set of each node at the end of the run (/proc/<pid>/status VmRSS; VmHWM, the peak,
-# beside it in results.jsonl), and whether every queue delivered.
+# resident set of each node at the end of the run (/proc/<pid>/status VmRSS, and RssAnon, the
+# part that is not mapped files such as journal segments; VmHWM, the peak, beside them in
+# results.jsonl), and whether every queue delivered, each message at least once.
 #
 #   scripts/bench-matrix.sh                                  # the whole matrix (72 cells)
 #   PC="1x1 8x8" QUEUES="1 100" SIZES="1024 65536" NODES=3 SECS=5 scripts/bench-matrix.sh
@@ -239,9 +240,10 @@ run_cell() {
   rc=${PIPESTATUS[0]}
   set -e
   after=$(server_cpu_us "$n")
-  local rss hwm sent=0 err=""
+  local rss hwm anon sent=0 err=""
   rss=$(status_kib "$n" VmRSS)
   hwm=$(status_kib "$n" VmHWM)
+  anon=$(status_kib "$n" RssAnon)
   if [ "$(wc -l <"$RESULTS")" -gt "$lines" ]; then
     sent=$(tail -n 1 "$RESULTS" | sed -n 's/.*"sent":\([0-9]*\).*/\1/p')
   else
@@ -249,7 +251,7 @@ run_cell() {
   fi
   local cpu=null
   [ "${sent:-0}" -gt 0 ] && cpu=$(awk "BEGIN {printf \"%.3f\", ($after - $before) / $sent}")
-  echo "{\"kind\":\"cell\",\"system\":\"$sys\",\"label\":\"$label\",\"nodes\":$n,\"window\":$window,\"ok\":$([ -z "$err" ] && echo true || echo false),\"error\":\"$err\",\"cpu_us_per_msg\":$cpu,\"rss_kib\":$rss,\"hwm_kib\":$hwm}" >>"$RESULTS"
+  echo "{\"kind\":\"cell\",\"system\":\"$sys\",\"label\":\"$label\",\"nodes\":$n,\"window\":$window,\"ok\":$([ -z "$err" ] && echo true || echo false),\"error\":\"$err\",\"cpu_us_per_msg\":$cpu,\"rss_kib\":$rss,\"hwm_kib\":$hwm,\"anon_kib\":$anon}" >>"$RESULTS"
   echo "   $sys: servers' CPU $(((after - before) / 1000)) ms ($cpu us/msg), VmRSS KiB $rss"
   stop_cluster
 }
@@ -312,15 +314,18 @@ def fig(label, sys):
         return None, c.get("error") or "not run"
     mbps = m["consumed_per_sec"] * m["size"] / 1e6
     rss = c.get("rss_kib") or [0]
+    anon = c.get("anon_kib") or [0]
     return {
         "msgs": m["consumed_per_sec"], "mb": mbps,
         "ack50": m["ack"]["p50_ms"], "ack99": m["ack"]["p99_ms"],
         "e2e50": m["e2e"]["p50_ms"], "e2e99": m["e2e"]["p99_ms"],
-        "cpu": c.get("cpu_us_per_msg"), "rss": max(rss) / 1024,
+        "cpu": c.get("cpu_us_per_msg"), "rss": max(rss) / 1024, "anon": max(anon) / 1024,
         "ok": (m["missing"] == 0 and m["errors"] == 0
+               and m.get("duplicates", 0) <= m["redeliveries"]
                and m.get("queues_delivered", 1) == m.get("queues", 1) and m["received"] > 0),
         "note": f'{m.get("queues_delivered", "?")}/{m.get("queues", 1)} queues delivered, '
-                f'missing {m["missing"]}, errors {m["errors"]}',
+                f'missing {m["missing"]}, errors {m["errors"]}, '
+                f'duplicates {m.get("duplicates", "?")} ({m["redeliveries"]} flagged)',
         "load": m["loadavg"],
     }, None
 
@@ -335,10 +340,10 @@ def ratio(a, b, higher_better=True):
 print(open(sys.argv[2]).read().strip().replace("\n", "  \n"))
 print()
 print("Each cell: ours | NATS | ours/NATS (for latencies, CPU and RSS: NATS/ours, so > 1 is ours better).")
-print("msgs/s and MB/s received; ACK and e2e in ms; CPU = all nodes' µs per message; RSS = largest node's VmRSS at the end, MiB.")
+print("msgs/s and MB/s received; ACK and e2e in ms; CPU = all nodes' µs per message; RSS = largest node's VmRSS at the end, MiB (anon = its RssAnon, without the file pages mapped).")
 print()
-print("| cell | msgs/s | MB/s | ACK p50 | ACK p99 | e2e p50 | e2e p99 | CPU µs/msg | RSS MiB | limits | target |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| cell | msgs/s | MB/s | ACK p50 | ACK p99 | e2e p50 | e2e p99 | CPU µs/msg | RSS MiB | anon MiB | limits | target |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for label in order:
     o, oerr = fig(label, "bmq")
     n, nerr = fig(label, "nats")
@@ -361,7 +366,7 @@ for label in order:
         target = "—"
     print(f"| {label} | {col('msgs', 0)} | {col('mb', 1)} | {col('ack50', 2, False)} | "
           f"{col('ack99', 2, False)} | {col('e2e50', 2, False)} | {col('e2e99', 2, False)} | "
-          f"{col('cpu', 1, False)} | {col('rss', 0, False)} | {'; '.join(limits) or 'ok'} | {target} |")
+          f"{col('cpu', 1, False)} | {col('rss', 0, False)} | {col('anon', 0, False)} | {'; '.join(limits) or 'ok'} | {target} |")
 PY
 echo
 cat "$OUT/report.md"

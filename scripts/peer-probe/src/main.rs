@@ -96,7 +96,8 @@ async fn main() -> anyhow::Result<()> {
             println!(
                 "{} messages [{}]: consumed {:.0} msgs/s (produced {:.0}), ACK p50/p90/p99/max \
                  {:.2}/{:.2}/{:.2}/{:.2} ms, end-to-end p50/p99 {:.2}/{:.2} ms, sent {} acked {} \
-                 received {} errors {} missing {} redeliveries {}, load {:.2} -> {:.2}",
+                 received {} errors {} missing {} redeliveries {} duplicates {}, queues {}/{} \
+                 delivered, load {:.2} -> {:.2}",
                 r.system.name(),
                 r.label,
                 r.consumed_per_sec,
@@ -113,6 +114,9 @@ async fn main() -> anyhow::Result<()> {
                 r.errors,
                 r.missing,
                 r.redeliveries,
+                r.duplicates,
+                r.queues_delivered,
+                r.queues,
                 r.loadavg.0,
                 r.loadavg.1
             );

@@ -93,6 +93,11 @@ pub struct MessagesArgs {
     /// NATS API request and publish-ACK timeout, seconds.
     #[arg(long, default_value_t = 10)]
     pub nats_timeout_secs: u64,
+    /// NATS API request timeout while the stream and its consumers are made and bound,
+    /// seconds (10,000 consumers of R3 are created at about 60 per second on 2 busy cores: a
+    /// request queued behind 63 others can wait more than 10 s).
+    #[arg(long, default_value_t = 120)]
+    pub nats_setup_timeout_secs: u64,
     /// Give up waiting for deliveries this many seconds after producing ended.
     #[arg(long, default_value_t = 60)]
     pub drain_timeout_secs: u64,
@@ -132,9 +137,15 @@ pub struct MessagesResult {
     pub errors: u64,
     /// Messages received (redeliveries included).
     pub received: u64,
-    /// Receipts of messages delivered before.
+    /// Receipts of messages delivered before, as the system flagged them.
     pub redeliveries: u64,
-    /// ACKed messages never received before the drain timeout.
+    /// Receipts of a message (by its GUID or stream sequence) this run received before,
+    /// flagged or not; `received - duplicates` messages were received at least once.
+    #[serde(default)]
+    pub duplicates: u64,
+    /// ACKed messages never received before the drain timeout: ACKed minus the distinct
+    /// messages received (a message stored but never ACKed, a NATS publish that timed out,
+    /// can make up for one).
     pub missing: u64,
     /// ACKed messages per second (first PUT -> last ACK).
     pub produced_per_sec: f64,
@@ -195,6 +206,7 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     let loadavg_start = crate::loadavg();
     let run_id: u32 = rand::random();
     let timeout = Duration::from_secs(args.nats_timeout_secs.max(1));
+    let setup_timeout = Duration::from_secs(args.nats_setup_timeout_secs.max(1));
     let drain = Duration::from_secs(args.drain_timeout_secs.max(1));
     let servers = &args.servers;
 
@@ -210,7 +222,7 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     }
     if args.system == System::Nats {
         let admin = systems::nats_connect(servers).await?;
-        let js = systems::nats_js(admin.clone(), timeout);
+        let js = systems::nats_js(admin.clone(), setup_timeout);
         let all = format!("peer.{run_id:08x}.*");
         let s = systems::nats_create_stream(&js, &stream, &all, args.replicas).await?;
         let mut creations = futures::stream::iter((0..queues).map(|q| {
@@ -258,13 +270,13 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
                     }
                     _ => {
                         let c = systems::nats_connect(&servers).await?;
-                        Consumer::nats(c, timeout, &stream, &durables).await?
+                        Consumer::nats(c, setup_timeout, &stream, &durables).await?
                     }
                 };
                 let _ = ready.send(());
                 let Some(start) = wait_for_start(go).await else {
                     consumer.close().await;
-                    return Ok((measure::histogram(), vec![false; queues]));
+                    return Ok((measure::histogram(), vec![false; queues], Vec::new()));
                 };
                 Ok(consume(consumer, start, counters, stop, queues).await)
             })?;
@@ -340,8 +352,12 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
     let _ = stop_tx.send(true);
     let mut e2e = measure::histogram();
     let mut delivered = vec![false; queues];
+    let mut ids = std::collections::HashSet::new();
+    let mut receipts: u64 = 0;
     for c in consumer_threads {
-        let (h, seen) = finished(c).await?;
+        let (h, seen, got) = finished(c).await?;
+        receipts += got.len() as u64;
+        ids.extend(got);
         e2e.add(&h).expect("same histogram bounds");
         for (d, s) in delivered.iter_mut().zip(seen) {
             *d |= s;
@@ -374,8 +390,9 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
         errors: counters.errors.load(Ordering::Relaxed),
         received,
         redeliveries: counters.redeliveries.load(Ordering::Relaxed),
+        duplicates: receipts - ids.len() as u64,
         missing: if args.consumers > 0 {
-            acked.saturating_sub(first_deliveries(&counters))
+            acked.saturating_sub(ids.len() as u64)
         } else {
             0
         },
@@ -480,17 +497,18 @@ async fn produce(
 }
 
 /// One consumer: times and acknowledges every message until `stop` turns true, then closes
-/// and returns its end-to-end latency histogram and, per queue of the run's `queues`, whether
-/// it received a message from it.
+/// and returns its end-to-end latency histogram, per queue of the run's `queues` whether it
+/// received a message from it, and the id of every message it received.
 async fn consume(
     mut consumer: Consumer,
     start: Instant,
     counters: Arc<Counters>,
     mut stop: watch::Receiver<bool>,
     queues: usize,
-) -> (Histogram<u64>, Vec<bool>) {
+) -> (Histogram<u64>, Vec<bool>, Vec<u128>) {
     let mut local = measure::histogram();
     let mut seen = vec![false; queues];
+    let mut ids = Vec::new();
     loop {
         let next = tokio::select! {
             m = consumer.next() => m,
@@ -515,6 +533,7 @@ async fn consume(
         if let Some(s) = queue_index(&r.queue).and_then(|q| seen.get_mut(q)) {
             *s = true;
         }
+        ids.push(r.id);
         counters.received.fetch_add(1, Ordering::Relaxed);
         if r.redelivered {
             counters.redeliveries.fetch_add(1, Ordering::Relaxed);
@@ -527,7 +546,7 @@ async fn consume(
         }
     }
     consumer.close().await;
-    (local, seen)
+    (local, seen, ids)
 }
 
 #[cfg(test)]

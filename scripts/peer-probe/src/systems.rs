@@ -211,6 +211,9 @@ pub struct Received {
     pub redelivered: bool,
     /// Where it came from: ours, the queue's URI; NATS, the subject it was published to.
     pub queue: String,
+    /// What names this message among all of a run's (ours: its 16-byte GUID; NATS: its
+    /// stream sequence), to count deliveries of a message received before.
+    pub id: u128,
     ack: Acker,
 }
 
@@ -308,6 +311,12 @@ impl Consumer {
                     payload: m.payload,
                     redelivered: m.delivery_attempt > 1,
                     queue: m.uri.clone(),
+                    id: m
+                        .guid
+                        .get(..16)
+                        .and_then(|g| g.try_into().ok())
+                        .map(u128::from_be_bytes)
+                        .unwrap_or(0),
                     ack: Acker::Bmq {
                         uri: m.uri,
                         guid: m.guid,
@@ -316,11 +325,14 @@ impl Consumer {
             }
             Consumer::Nats { messages, .. } => match messages.next().await? {
                 Ok(m) => {
-                    let redelivered = m.info().map(|i| i.delivered > 1).unwrap_or(false);
+                    let info = m.info().ok();
+                    let redelivered = info.as_ref().is_some_and(|i| i.delivered > 1);
+                    let id = info.map_or(0, |i| u128::from(i.stream_sequence));
                     Some(Ok(Received {
                         payload: m.payload.clone(),
                         redelivered,
                         queue: m.subject.to_string(),
+                        id,
                         ack: Acker::Nats(Box::new(m)),
                     }))
                 }
