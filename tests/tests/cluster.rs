@@ -187,3 +187,48 @@ async fn threads_run_the_configured_scheduling_policy() {
         panic!("{e:#}\n{}", cluster.log_tails(30));
     }
 }
+
+/// A 1 MiB message (and one of 4 MiB) round trips with the embedded defaults: produced through
+/// one node, consumed through another (a proxy hop each way, the replicas' journals in
+/// between), delivered byte for byte. The limit in the way would be `limits.frame_size_max_bytes`
+/// (64 MiB by default) on the client, the session and the peer links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_mib_message_round_trips() {
+    const LARGE: &str = "bmq://bmq.test/large";
+    let cluster = Cluster::start(3).expect("start cluster");
+    let result = async {
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let addrs = cluster.client_addrs();
+        let consumer = bmq_tests::open_consumer(LARGE, vec![addrs[1].clone()], "large-c").await?;
+        let producer = bmq_tests::open_producer(LARGE, vec![addrs[0].clone()], "large-p").await?;
+        for (i, size) in [1024 * 1024, 4 * 1024 * 1024].into_iter().enumerate() {
+            let body: Vec<u8> = (0..size).map(|k| (k * 31 + i) as u8).collect();
+            let ack = producer
+                .put(LARGE, bytes::Bytes::from(body.clone()), vec![])
+                .await?
+                .await?;
+            ensure!(
+                ack.status == bmq_proto::client::AckStatus::Success as i32,
+                "{size} bytes: {ack:?}"
+            );
+            let m = tokio::time::timeout(Duration::from_secs(30), consumer.next_message())
+                .await
+                .with_context(|| format!("no delivery of the {size}-byte message"))?
+                .context("the consumer's connection ended")?;
+            ensure!(
+                m.payload.len() == size,
+                "{} bytes delivered",
+                m.payload.len()
+            );
+            ensure!(m.payload[..] == body[..], "the {size}-byte message changed");
+            consumer.confirm(LARGE, m.guid).await?;
+        }
+        producer.disconnect().await.ok();
+        consumer.disconnect().await.ok();
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        panic!("{e:#}\n{}", cluster.log_tails(30));
+    }
+}
