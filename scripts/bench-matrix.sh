@@ -37,7 +37,7 @@
 #   CELL_TIMEOUT   a probe run that takes longer is stopped and the cell marked failed (600 s)
 #   SYSTEMS        "bmq nats" (either alone for a quick look)
 #   OUT            results directory (/tmp/bmq-bench-matrix): results.jsonl, report.md,
-#                  header.txt, probe.log, node logs of the last cell of each system
+#                  header.txt, probe.log, logs/<system>-<cell>/ (every node's log)
 #   BASE_PORT      first port (24000): ours +100.. (client +101.., bmqp +114.., peer +201..,
 #                  admin +301..), NATS +501.. (client), +521.. (cluster), +541.. (monitoring)
 #   BIN, PROBE     our release binaries (default: built here) and the probe binary
@@ -254,6 +254,10 @@ run_cell() {
   echo "{\"kind\":\"cell\",\"system\":\"$sys\",\"label\":\"$label\",\"nodes\":$n,\"window\":$window,\"ok\":$([ -z "$err" ] && echo true || echo false),\"error\":\"$err\",\"cpu_us_per_msg\":$cpu,\"rss_kib\":$rss,\"hwm_kib\":$hwm,\"anon_kib\":$anon}" >>"$RESULTS"
   echo "   $sys: servers' CPU $(((after - before) / 1000)) ms ($cpu us/msg), VmRSS KiB $rss"
   stop_cluster
+  # The nodes' logs of every cell are kept (the data directories are not: the next cell's setup
+  # removes them), to look into a cell afterwards.
+  mkdir -p "$OUT/logs/$sys-${label// /-}"
+  find "$OUT/$sys" -maxdepth 2 -name '*.log' -exec cp {} "$OUT/logs/$sys-${label// /-}/" \;
 }
 
 clients() { # clients SYSTEM N: the client addresses of its N nodes

@@ -159,6 +159,13 @@ pub struct MessagesResult {
     pub loadavg: (f64, f64),
 }
 
+/// NATS consumers created at once (fewer than our opens in flight: 64 made its meta group
+/// answer 503 from about 3,500 consumers on).
+const NATS_CREATES_IN_FLIGHT: usize = 16;
+
+/// Tries of each NATS consumer creation before the run fails.
+const NATS_CREATE_ATTEMPTS: u32 = 30;
+
 fn one() -> usize {
     1
 }
@@ -229,20 +236,43 @@ pub async fn run(args: MessagesArgs) -> anyhow::Result<MessagesResult> {
             let s = &s;
             let subject = subject.clone();
             async move {
-                s.create_consumer(jetstream::consumer::pull::Config {
-                    durable_name: Some(durable(q)),
-                    filter_subject: subject(q),
-                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    max_ack_pending: i64::from(args.max_unconfirmed),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot create consumer {}: {e}", durable(q)))
+                // NATS answers 503 ("JetStream system temporarily unavailable") when its meta
+                // group is behind (from about 3,500 consumers of R3 on 2 busy cores): retried
+                // at most NATS_CREATE_ATTEMPTS times, 1 s apart.
+                let mut attempt = 1;
+                loop {
+                    let r = s
+                        .create_consumer(jetstream::consumer::pull::Config {
+                            durable_name: Some(durable(q)),
+                            filter_subject: subject(q),
+                            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                            max_ack_pending: i64::from(args.max_unconfirmed),
+                            ..Default::default()
+                        })
+                        .await;
+                    match r {
+                        Ok(_) => return Ok(attempt - 1),
+                        Err(e) if attempt < NATS_CREATE_ATTEMPTS => {
+                            if attempt == 1 {
+                                eprintln!("peer-probe: consumer {} (retrying): {e}", durable(q));
+                            }
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        Err(e) => {
+                            anyhow::bail!("cannot create consumer {}: {e}", durable(q))
+                        }
+                    }
+                }
             }
         }))
-        .buffer_unordered(systems::OPENS_IN_FLIGHT);
+        .buffer_unordered(NATS_CREATES_IN_FLIGHT);
+        let mut retries = 0;
         while let Some(r) = creations.next().await {
-            r?;
+            retries += r?;
+        }
+        if retries > 0 {
+            eprintln!("peer-probe: {queues} NATS consumers created after {retries} retries");
         }
         drop(creations);
         let _ = admin.drain().await;
