@@ -1718,13 +1718,7 @@ impl MetadataCore {
                 self.counters.apply_failures += 1;
                 error!(lsn = %lsn, error = %error, "caught-up advisory does not apply to the tip state");
             }
-            self.advance_last(lsn);
-            self.pending.push_back(Pending {
-                lsn,
-                advisory: advisory.clone(),
-                sent_at: None,
-            });
-            self.persist_update(lsn, advisory);
+            self.hold_uncommitted(lsn, advisory);
         }
         if committed > self.committed_lsn {
             self.apply_committed(committed);
@@ -1986,13 +1980,7 @@ impl MetadataCore {
         info!(from = %from, last_lsn = %last, records = adopted.len(), "leader sync adopted the most advanced node's advisories");
         self.tip_state = tip;
         for (lsn, advisory) in adopted {
-            self.advance_last(lsn);
-            self.pending.push_back(Pending {
-                lsn,
-                advisory: advisory.clone(),
-                sent_at: None,
-            });
-            self.persist_update(lsn, advisory);
+            self.hold_uncommitted(lsn, advisory);
         }
         // The responses said which followers hold what: the most advanced one's history is
         // now ours.
@@ -2240,6 +2228,18 @@ impl MetadataCore {
             .back()
             .map_or(self.committed_lsn, |p| p.lsn)
             .max(self.committed_lsn)
+    }
+
+    /// Holds another node's advisory `lsn` (already applied to the tip state) as the next
+    /// uncommitted record of this node's history, and persists it.
+    fn hold_uncommitted(&mut self, lsn: Lsn, advisory: peer::Advisory) {
+        self.advance_last(lsn);
+        self.pending.push_back(Pending {
+            lsn,
+            advisory: advisory.clone(),
+            sent_at: None,
+        });
+        self.persist_update(lsn, advisory);
     }
 
     /// Stamps and persists an advisory (already applied to the tip state); sending is the
