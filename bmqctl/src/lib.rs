@@ -42,7 +42,8 @@ pub mod consume;
 pub mod credentials;
 pub mod dev_ca;
 pub mod domain;
-pub mod http;
+/// The admin-port HTTP client (in the client library: the brokers forward with it too).
+pub use bmq_client::http;
 pub mod payload;
 pub mod produce;
 pub mod prometheus;

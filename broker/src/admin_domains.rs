@@ -17,8 +17,9 @@
 //! committed domain, and computed again if another change came first. `timeout_ms` (default
 //! 10000) bounds the wait for the commit.
 //!
-//! The changes need the admin token, are answered by the active leader (307 to it from any
-//! other node, as the members endpoints) once committed, and answer 400 for an unknown key or
+//! The changes need the admin token, are answered by the active leader once committed (any
+//! other node forwards them to it and relays its answer; a request it forwarded itself gets a
+//! 307 to the leader instead, so nothing is forwarded twice), and answer 400 for an unknown key or
 //! an invalid value (naming it), 404 for an unknown domain, 409 for a name in use, a version
 //! that moved, or a change the domain's queues forbid, 503 while no leader is active or when
 //! the change was lost to a leader failover (nothing changed then; retry). A change is one
@@ -27,6 +28,7 @@
 use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use bmq_client::http;
 use bmq_config::{DomainConfig, Permission};
 use bmq_metadata::domains::{advisory, apply_settings, check_domain, config_to_wire};
 use bmq_metadata::{ApplyError, ClusterState, DomainError, DomainState, Lsn, ProposeError};
@@ -67,6 +69,42 @@ impl Answer {
             Answer::Refused(r) => r.answer(),
             Answer::NotFound(m) => HttpResponse::NotFound().body(format!("{m}\n")),
         }
+    }
+}
+
+/// The answer to a change: a follower forwards it to the leader and relays the leader's
+/// answer (the "any node answers"), unless the request was itself forwarded
+/// (`bmq_client::http::FORWARDED_BY`): then it redirects, so a request is forwarded once at
+/// most. A leader that cannot be reached gives 503 (nothing changed here; retry).
+async fn answer(ctx: &AdminContext, req: &HttpRequest, a: Answer) -> HttpResponse {
+    let Answer::Refused(Refusal::Redirect(location, why)) = a else {
+        return a.respond();
+    };
+    if req.headers().contains_key(http::FORWARDED_BY) {
+        return Refusal::Redirect(location, why).answer();
+    }
+    let Some((addr, path)) = location
+        .strip_prefix("http://")
+        .and_then(|rest| rest.find('/').map(|i| (&rest[..i], &rest[i..])))
+    else {
+        return Refusal::Redirect(location, why).answer();
+    };
+    let token = req
+        .headers()
+        .get("Authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let by = ctx.config.node_id.to_string();
+    match http::forward(addr, req.method().as_str(), path, token, &by).await {
+        Ok((code, body)) => {
+            let status = actix_web::http::StatusCode::from_u16(code)
+                .unwrap_or(actix_web::http::StatusCode::BAD_GATEWAY);
+            HttpResponse::build(status).body(body)
+        }
+        Err(error) => Refusal::Unavailable(format!(
+            "{why}, and forwarding to it at {addr} failed: {error:#}; nothing changed here, retry"
+        ))
+        .answer(),
     }
 }
 
@@ -328,7 +366,7 @@ async fn create(
     };
     match run.await {
         Ok(text) => HttpResponse::Ok().body(text),
-        Err(a) => a.respond(),
+        Err(a) => answer(&ctx, &req, a).await,
     }
 }
 
@@ -380,7 +418,7 @@ async fn update(
     };
     match run.await {
         Ok(text) => HttpResponse::Ok().body(text),
-        Err(a) => a.respond(),
+        Err(a) => answer(&ctx, &req, a).await,
     }
 }
 
@@ -435,6 +473,6 @@ async fn delete(
     };
     match run.await {
         Ok(text) => HttpResponse::Ok().body(text),
-        Err(a) => a.respond(),
+        Err(a) => answer(&ctx, &req, a).await,
     }
 }

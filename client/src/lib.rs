@@ -51,6 +51,7 @@
 
 mod connection;
 mod error;
+pub mod http;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(test)]

@@ -76,14 +76,17 @@ async fn domains_are_created_changed_and_deleted_while_the_cluster_runs() {
         );
         let via = follower(leader);
 
-        // Create through a follower (it redirects to the leader); every node applies it.
-        let created = admin(
-            &cluster,
-            via,
+        // Create through a follower, with a client that follows no redirect: the follower
+        // forwards to the leader and relays its answer; every node applies it.
+        let (code, created) = bmqctl::http::request_with_status(
+            &cluster.node(via).admin_addr(),
             "PUT",
             "/admin/domains/bmq.rt?max_queue_messages=1000&message_ttl_ms=0",
+            None,
         )
         .await?;
+        let created = String::from_utf8_lossy(&created);
+        ensure!(code == 200, "forwarded by the follower: {code} {created}");
         ensure!(created.contains("created at LSN"), "{created}");
         let v1 = agreed_version(&cluster).await?;
         ensure!(v1 != seeded, "the version moved: {seeded} -> {v1}");

@@ -1,4 +1,5 @@
-//! The one HTTP/1.1 client of `bmqctl` and the tests: a GET or a POST to a node's admin port
+//! The one HTTP/1.1 client of `bmqctl`, the tests and the brokers (a follower forwards an admin
+//! change to the leader, [`forward`]): a request without a body to a node's admin port
 //! (`/status`, `/readyz`, `/metrics`, `/admin/...`), `Connection: close`, bodies read up to
 //! [`RESPONSE_MAX_BYTES`], `Content-Length`, chunked and read-to-close bodies handled.
 
@@ -104,6 +105,37 @@ pub async fn request_with_status(
     Ok((code, body))
 }
 
+/// The header a broker adds to a request it forwards ([`forward`]): the node that forwarded
+/// it. A node that gets a forwarded request answers it itself (or redirects), never forwards
+/// it again, so two nodes that disagree about the leader cannot pass a request back and forth.
+pub const FORWARDED_BY: &str = "X-Bmq-Forwarded-By";
+
+/// One HTTP/1.1 request without a body on behalf of another client, as
+/// [`request_with_status`], with the [`FORWARDED_BY`] header naming `forwarded_by`: returns
+/// the status code and the body whatever the status (a 307 too, without following it).
+///
+/// Errors: the connection fails, or the response is malformed or too large.
+pub async fn forward(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    forwarded_by: &str,
+) -> anyhow::Result<(u16, Vec<u8>)> {
+    let extra = format!("{FORWARDED_BY}: {forwarded_by}\r\n");
+    let response = send_and_read_with(addr, method, path, token, &extra).await?;
+    let (code, _reason, body) = match parse_http_parts(&response) {
+        Err(e) if e.downcast_ref::<Redirect>().is_some() => {
+            ("307".to_string(), String::new(), e.to_string().into_bytes())
+        }
+        other => other?,
+    };
+    let code = code
+        .parse()
+        .with_context(|| format!("malformed HTTP status {code:?}"))?;
+    Ok((code, body))
+}
+
 async fn exchange_once(
     addr: &str,
     method: &str,
@@ -121,6 +153,17 @@ async fn send_and_read(
     path: &str,
     token: Option<&str>,
 ) -> anyhow::Result<Vec<u8>> {
+    send_and_read_with(addr, method, path, token, "").await
+}
+
+/// [`send_and_read`] with `extra` header lines (each ending in CRLF).
+async fn send_and_read_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    extra: &str,
+) -> anyhow::Result<Vec<u8>> {
     let authorization = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -129,7 +172,7 @@ async fn send_and_read(
         .with_context(|| format!("cannot connect to {addr}"))?;
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n\
-         Content-Length: 0\r\n{authorization}User-Agent: bmqctl/{}\r\nConnection: close\r\n\r\n",
+         Content-Length: 0\r\n{authorization}{extra}User-Agent: bmqctl/{}\r\nConnection: close\r\n\r\n",
         env!("CARGO_PKG_VERSION")
     );
     stream
