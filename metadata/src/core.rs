@@ -129,6 +129,10 @@ pub struct MetadataConfig {
     /// journal instead of one the others outvote while it heals. `false`: the ledger alone
     /// (a core without a data plane: the simulator, unit tests).
     pub promote_after_journals: bool,
+    /// Committed advisories each node keeps in memory, newest first out, to catch a follower
+    /// up with the records it missed instead of the whole state (a node paused, cut off or
+    /// restarted for a while: Raft's log, bounded). A follower further behind gets the state.
+    pub catch_up_records_max: usize,
 }
 
 impl Default for MetadataConfig {
@@ -146,6 +150,7 @@ impl Default for MetadataConfig {
             assignment_request_resend: Duration::from_millis(500),
             promote_learners: true,
             promote_after_journals: true,
+            catch_up_records_max: 4096,
         }
     }
 }
@@ -441,6 +446,12 @@ pub struct MetadataCore {
     committed_lsn: Lsn,
     /// Uncommitted advisories in LSN order.
     pending: VecDeque<Pending>,
+    /// The latest committed advisories, in LSN order, at most
+    /// [`MetadataConfig::catch_up_records_max`]: what a CatchUp without the state sends a
+    /// follower whose last advisory is one of them (or the one before the first).
+    recent: VecDeque<(Lsn, peer::Advisory)>,
+    /// The committed advisory just before `recent`'s first (the history `recent` continues).
+    recent_base: Lsn,
     /// `committed_state` with every pending advisory applied.
     tip_state: ClusterState,
     last_lsn: Lsn,
@@ -545,6 +556,8 @@ impl MetadataCore {
             role: MetadataRole::Follower,
             committed_state: recovered.committed_state,
             committed_lsn: recovered.committed_lsn,
+            recent: VecDeque::new(),
+            recent_base: recovered.committed_lsn,
             pending,
             tip_state,
             last_lsn: recovered.last_lsn,
@@ -1661,6 +1674,9 @@ impl MetadataCore {
         self.advance_last(previous);
         self.committed_state = state.clone();
         self.committed_lsn = committed;
+        // The history jumped: no record links what this node retained to the new state.
+        self.recent.clear();
+        self.recent_base = committed;
         self.tip_state = tip;
         self.pending = uncommitted
             .iter()
@@ -2449,6 +2465,19 @@ impl MetadataCore {
                     _ => {}
                 }
             }
+            if crate::ledger::leader_continues(&p.advisory) == Some(None) {
+                // A term start with the whole state replaces the history: the retained records
+                // start after it (and it is not kept: it is the size of the state).
+                self.recent.clear();
+                self.recent_base = p.lsn;
+            } else if self.config.catch_up_records_max > 0 {
+                if self.recent.len() >= self.config.catch_up_records_max {
+                    if let Some((first, _)) = self.recent.pop_front() {
+                        self.recent_base = first;
+                    }
+                }
+                self.recent.push_back((p.lsn, p.advisory.clone()));
+            }
             self.outputs.push_back(MetadataOutput::Committed {
                 lsn: p.lsn,
                 advisory: p.advisory,
@@ -2471,18 +2500,32 @@ impl MetadataCore {
     /// otherwise the committed state whole and every uncommitted advisory.
     fn send_catch_up(&mut self, to: NodeId, theirs: Option<Lsn>) {
         self.counters.catch_ups_sent += 1;
-        let continues =
-            theirs.filter(|a| *a == self.committed_lsn || self.pending.iter().any(|p| p.lsn == *a));
-        if continues.is_none() {
-            self.counters.whole_catch_ups_sent += 1;
-        }
+        let continues = theirs.filter(|a| {
+            *a == self.committed_lsn
+                || *a == self.recent_base
+                || self.recent.iter().any(|(l, _)| l == a)
+                || self.pending.iter().any(|p| p.lsn == *a)
+        });
         let after = continues.unwrap_or(Lsn::ZERO);
-        let uncommitted: Vec<peer::AdvisoryRecord> = self
-            .pending
-            .iter()
-            .filter(|p| p.lsn > after)
-            .map(|p| record_message(p.lsn, p.advisory.clone()))
-            .collect();
+        let mut uncommitted: Vec<peer::AdvisoryRecord> = Vec::new();
+        match continues {
+            Some(after) => {
+                // The committed advisories it lacks, then the uncommitted ones.
+                let from = self.recent.partition_point(|(l, _)| *l <= after);
+                uncommitted.extend(
+                    self.recent
+                        .range(from..)
+                        .map(|(l, a)| record_message(*l, a.clone())),
+                );
+            }
+            None => self.counters.whole_catch_ups_sent += 1,
+        }
+        uncommitted.extend(
+            self.pending
+                .iter()
+                .filter(|p| p.lsn > after)
+                .map(|p| record_message(p.lsn, p.advisory.clone())),
+        );
         let implied_last = self
             .pending
             .back()

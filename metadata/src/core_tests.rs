@@ -1318,8 +1318,8 @@ fn restarted(h: &mut Harness, id: u32) -> MetadataCore {
 fn harness_a_restarted_follower_that_missed_nothing_catches_up_without_the_state() {
     // Scenario: failover flat in the state, a restarted node -> ready. C restarts within the
     // leader's term holding everything: it says hello as soon as it knows the leader, and the
-    // CatchUp carries no state (nothing is rewritten); a follower that missed committed
-    // records the leader no longer keeps in memory gets the whole state instead.
+    // CatchUp carries no state (nothing is rewritten); then again two commits behind: the
+    // leader sends the committed records it retains.
     let mut h = Harness::new();
     h.elect(1, 1);
     let now = h.now;
@@ -1357,6 +1357,40 @@ fn harness_a_restarted_follower_that_missed_nothing_catches_up_without_the_state
     }
     h.down.insert(n(3));
     h.run();
+    h.down.remove(&n(3));
+    h.nodes.insert(n(3), behind);
+    h.node(3).handle_leadership(now, Term(1), Some(n(1)));
+    h.run();
+    h.advance(Duration::from_millis(600));
+    // The leader retains the committed records it missed: still no state sent.
+    assert_eq!(h.node(1).counters().whole_catch_ups_sent, 0);
+    assert_eq!(h.state(3), h.state(1));
+}
+
+#[test]
+fn harness_a_follower_behind_the_retained_records_gets_the_whole_state() {
+    // Scenario: the leader keeps one committed record (`catch_up_records_max`); C starts
+    // again three commits behind: its last advisory is not one the leader holds, so the
+    // CatchUp carries the whole state.
+    let config = MetadataConfig {
+        catch_up_records_max: 1,
+        ..MetadataConfig::default()
+    };
+    let mut h = Harness::with_nodes(members().into_iter().map(|id| {
+        let core =
+            MetadataCore::with_config(id, &members(), 0, Recovered::fresh(4), config.clone());
+        (id, core)
+    }));
+    h.elect(1, 1);
+    let now = h.now;
+    let behind = restarted(&mut h, 3);
+    h.down.insert(n(3));
+    for i in 0..3 {
+        h.node(1)
+            .propose(now, assign(&format!("q{i}"), 0, i))
+            .unwrap();
+        h.run();
+    }
     h.down.remove(&n(3));
     h.nodes.insert(n(3), behind);
     h.node(3).handle_leadership(now, Term(1), Some(n(1)));

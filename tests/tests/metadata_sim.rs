@@ -278,6 +278,9 @@ struct Sim {
 fn config() -> MetadataConfig {
     MetadataConfig {
         promote_after_journals: false,
+        // Few retained records, so that catch-ups take both paths: the records a follower
+        // lacks, and the whole state once it is further behind.
+        catch_up_records_max: 8,
         ..MetadataConfig::default()
     }
 }
