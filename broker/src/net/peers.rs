@@ -179,11 +179,6 @@ pub struct PeerHub {
     /// Wakes the dialers waiting out a backoff when this node follows a newer membership: a
     /// joining node refused as unknown until its addition commits dials again at once then.
     redial: tokio::sync::Notify,
-    /// Per peer: wakes this node's dialers of that peer out of a failed dial's backoff when
-    /// the peer connects to us (it is back: a restarted node). Without it a node that was
-    /// down waits out the survivors' backoff, up to `reconnect_backoff_max` and its jitter,
-    /// before its links are both ways up and it is ready.
-    returned: Mutex<HashMap<NodeId, Arc<tokio::sync::Notify>>>,
     /// Where what arrives goes (set by [`PeerHub::start`]): the dialers report a membership a
     /// refusing peer sent back (this node was removed) through it.
     inbound: std::sync::OnceLock<Arc<dyn PeerInbound>>,
@@ -222,7 +217,6 @@ impl PeerHub {
             links_changed: tokio::sync::Notify::new(),
             unauthenticated: Arc::new(tokio::sync::Semaphore::new(PEER_UNAUTHENTICATED_MAX)),
             redial: tokio::sync::Notify::new(),
-            returned: Mutex::new(HashMap::new()),
             inbound: std::sync::OnceLock::new(),
         });
         (hub, PendingLinks { receivers })
@@ -528,16 +522,6 @@ impl PeerHub {
         self.stopping.store(true, Ordering::SeqCst);
     }
 
-    /// The wake-up of `peer`'s dialers (see `PeerHub::returned`).
-    fn returned(&self, peer: NodeId) -> Arc<tokio::sync::Notify> {
-        self.returned
-            .lock()
-            .expect("returned lock")
-            .entry(peer)
-            .or_default()
-            .clone()
-    }
-
     fn with_link(&self, peer: NodeId, f: impl FnOnce(&mut LinkState)) {
         if let Some(l) = self.links.lock().expect("link state lock").get_mut(&peer) {
             f(l);
@@ -694,8 +678,6 @@ impl PeerHub {
             }
         });
         self.links_changed.notify_one();
-        // The peer is back: our dialers of it need not wait out their backoff.
-        self.returned(from).notify_waiters();
         let mut batch = Vec::new();
         let silence_max = self.config.heartbeat_timeout;
         let silence = tokio::time::sleep(silence_max);
@@ -855,7 +837,6 @@ async fn dial_loop(
     mut rx: mpsc::Receiver<Outbound>,
 ) {
     let cfg = hub.config.clone();
-    let returned = hub.returned(peer);
     let mut backoff = cfg.reconnect_backoff_min;
     // Whether a connection of this loop was up before (and so may have lost what it held).
     let mut lost_one = false;
@@ -868,12 +849,8 @@ async fn dial_loop(
                 // Messages queued while the link is down are stale by the time it is back: drop
                 // them (every protocol above retries on its own timer).
                 while rx.try_recv().is_ok() {}
-                tokio::select! {
-                    _ = tokio::time::sleep(with_jitter(backoff)) => {
-                        backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
-                    }
-                    _ = returned.notified() => backoff = cfg.reconnect_backoff_min,
-                }
+                tokio::time::sleep(with_jitter(backoff)).await;
+                backoff = (backoff * 2).min(cfg.reconnect_backoff_max);
                 continue;
             }
         };
