@@ -1048,18 +1048,8 @@ impl MetadataCore {
                 // The leader holds the advisory `after`: if this node holds it too, both hold
                 // the same history up to it (one leader per term, gap-free terms), and the
                 // advisories after it are all the leader lacks — O(them), not O(state).
-                let holds = after.filter(|a| {
-                    *a == self.committed_lsn || self.pending.iter().any(|p| p.lsn == *a)
-                });
-                let (state, records) = match holds {
-                    Some(after) => (
-                        None,
-                        self.pending
-                            .iter()
-                            .filter(|p| p.lsn > after)
-                            .map(|p| record_message(p.lsn, p.advisory.clone()))
-                            .collect(),
-                    ),
+                let (state, records) = match after.and_then(|a| self.records_after(a)) {
+                    Some(records) => (None, records),
                     None => (Some(self.tip_state.to_snapshot()), Vec::new()),
                 };
                 Msg::SyncDataResponse(peer::LeaderSyncDataResponse {
@@ -2493,6 +2483,32 @@ impl MetadataCore {
         self.committed_lsn = committed;
     }
 
+    /// The advisories after `a` — the retained committed ones, then the uncommitted ones — if
+    /// this node holds the advisory `a` (its committed LSN, the one before its retained
+    /// records, one of those, or an uncommitted one): then whoever also holds `a` holds this
+    /// node's history up to it (one leader per term, gap-free terms), and these records are
+    /// all it lacks. `None`: only the whole state can catch it up.
+    fn records_after(&self, a: Lsn) -> Option<Vec<peer::AdvisoryRecord>> {
+        let held = a == self.committed_lsn
+            || a == self.recent_base
+            || self.recent.iter().any(|(l, _)| *l == a)
+            || self.pending.iter().any(|p| p.lsn == a);
+        if !held {
+            return None;
+        }
+        let from = self.recent.partition_point(|(l, _)| *l <= a);
+        let committed = self
+            .recent
+            .range(from..)
+            .map(|(l, adv)| record_message(*l, adv.clone()));
+        let uncommitted = self
+            .pending
+            .iter()
+            .filter(|p| p.lsn > a)
+            .map(|p| record_message(p.lsn, p.advisory.clone()));
+        Some(committed.chain(uncommitted).collect())
+    }
+
     /// Answers a follower's hello. When the follower's last advisory (`theirs`) is one this
     /// leader holds — its committed LSN or an uncommitted advisory — the follower's history
     /// up to it is this leader's, and the CatchUp carries only the advisories after it (a
@@ -2500,32 +2516,18 @@ impl MetadataCore {
     /// otherwise the committed state whole and every uncommitted advisory.
     fn send_catch_up(&mut self, to: NodeId, theirs: Option<Lsn>) {
         self.counters.catch_ups_sent += 1;
-        let continues = theirs.filter(|a| {
-            *a == self.committed_lsn
-                || *a == self.recent_base
-                || self.recent.iter().any(|(l, _)| l == a)
-                || self.pending.iter().any(|p| p.lsn == *a)
-        });
-        let after = continues.unwrap_or(Lsn::ZERO);
-        let mut uncommitted: Vec<peer::AdvisoryRecord> = Vec::new();
-        match continues {
-            Some(after) => {
-                // The committed advisories it lacks, then the uncommitted ones.
-                let from = self.recent.partition_point(|(l, _)| *l <= after);
-                uncommitted.extend(
-                    self.recent
-                        .range(from..)
-                        .map(|(l, a)| record_message(*l, a.clone())),
-                );
+        let light = theirs.and_then(|a| Some((a, self.records_after(a)?)));
+        let continues = light.as_ref().map(|(a, _)| *a);
+        let uncommitted = match light {
+            Some((_, records)) => records,
+            None => {
+                self.counters.whole_catch_ups_sent += 1;
+                self.pending
+                    .iter()
+                    .map(|p| record_message(p.lsn, p.advisory.clone()))
+                    .collect()
             }
-            None => self.counters.whole_catch_ups_sent += 1,
-        }
-        uncommitted.extend(
-            self.pending
-                .iter()
-                .filter(|p| p.lsn > after)
-                .map(|p| record_message(p.lsn, p.advisory.clone())),
-        );
+        };
         let implied_last = self
             .pending
             .back()
